@@ -1,0 +1,1 @@
+"""HTTP API, Python client and Spark data source (later issues)."""

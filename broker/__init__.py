@@ -1,0 +1,1 @@
+"""The broker: message codec, DLedgerCommitLog, dispatcher, metadata, roles (later issues)."""

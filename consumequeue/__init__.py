@@ -1,0 +1,1 @@
+"""Consume queues and the key index built from committed entries (later issues)."""

@@ -1,0 +1,1 @@
+"""DLedger: a Raft-replicated log (store, core protocol, runtime)."""

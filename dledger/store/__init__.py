@@ -1,0 +1,54 @@
+"""The DLedger log store: entry codec, mmap segments, the file store and its memory twin.
+
+See DESIGN §4 for the bytes and :mod:`dledger.store.file_store` for the invariants.
+"""
+
+from .base import (
+    AppendHook,
+    LogStore,
+    StoreCorruptionError,
+    StoreError,
+    StoreSettings,
+    place_entry,
+)
+from .entry import (
+    BODY_OFFSET,
+    INDEX_UNIT_SIZE,
+    MAGIC_BLANK,
+    MAGIC_NOOP,
+    MAGIC_NORMAL,
+    CodecError,
+    Entry,
+    EntryMeta,
+    crc32,
+    decode_entry,
+    encode_entry,
+)
+from .file_store import FileStore, node_dir
+from .memory_store import MemoryStore
+from .meta import Checkpoint, TermVote
+
+__all__ = [
+    "BODY_OFFSET",
+    "INDEX_UNIT_SIZE",
+    "MAGIC_BLANK",
+    "MAGIC_NOOP",
+    "MAGIC_NORMAL",
+    "AppendHook",
+    "Checkpoint",
+    "CodecError",
+    "Entry",
+    "EntryMeta",
+    "FileStore",
+    "LogStore",
+    "MemoryStore",
+    "StoreCorruptionError",
+    "StoreError",
+    "StoreSettings",
+    "TermVote",
+    "crc32",
+    "decode_entry",
+    "encode_entry",
+    "node_dir",
+    "place_entry",
+]

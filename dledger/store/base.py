@@ -1,0 +1,140 @@
+"""The store contract: settings, errors, hooks and the ``LogStore`` protocol.
+
+Both :class:`~dledger.store.file_store.FileStore` (mmap segments, the real thing) and
+:class:`~dledger.store.memory_store.MemoryStore` (the in-memory twin for simulations)
+implement :class:`LogStore`. The Raft layer owns roles and terms; the store owns bytes:
+it assigns index and pos, checks that follower writes land exactly where the leader put
+them, and keeps ledger begin/end, the committed index and the durable state files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from ..codes import DLedgerCode, DLedgerError
+from .entry import INDEX_UNIT_SIZE, MIN_BLANK_LEN, Entry, EntryMeta
+from .meta import TermVote
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+AppendHook = Callable[[EntryMeta, memoryview, int], None]
+"""``hook(entry, entry_bytes, body_offset)``: runs on the leader after the entry's pos is
+fixed and before its bytes are written; may rewrite the body in ``entry_bytes`` (a
+writable view of the whole encoded entry). The body CRC is computed after all hooks."""
+
+
+class StoreError(DLedgerError):
+    """An append, read or truncate the store refused; nothing was changed."""
+
+
+class StoreCorruptionError(RuntimeError):
+    """Damage the store must not repair silently (e.g. inside the committed prefix).
+
+    This stops the node: an operator has to look at the named file and position."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSettings:
+    """Every limit of the store. Defaults follow DLedger (CHECKLIST §8) where it has one."""
+
+    data_file_size: int = GiB
+    index_file_size: int = 160 * MiB
+    flush: Literal["async", "sync"] = "async"
+    flush_interval_ms: int = 10
+    checkpoint_interval_ms: int = 3000
+    max_body_bytes: int = 16 * MiB
+    recovery_verify: Literal["checkpoint", "all"] = "checkpoint"
+    file_reserved_hours: float = 72.0
+    clean_interval_ms: int = 1000
+    max_files_deleted_per_clean: int = 10
+    disk_clean_ratio: float = 0.85
+    disk_full_ratio: float = 0.90
+    disk_check_interval_ms: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.index_file_size % INDEX_UNIT_SIZE or self.index_file_size < INDEX_UNIT_SIZE:
+            raise ValueError(f"index_file_size must be a positive multiple of {INDEX_UNIT_SIZE}")
+        if self.data_file_size < 64 + MIN_BLANK_LEN:
+            raise ValueError("data_file_size too small for a single entry")
+        if self.flush not in ("async", "sync"):
+            raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+        if self.recovery_verify not in ("checkpoint", "all"):
+            raise ValueError("recovery_verify must be 'checkpoint' or 'all'")
+        if not 0 < self.disk_clean_ratio <= self.disk_full_ratio <= 1:
+            raise ValueError("need 0 < disk_clean_ratio <= disk_full_ratio <= 1")
+        for name in ("flush_interval_ms", "checkpoint_interval_ms", "clean_interval_ms"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+
+    @property
+    def max_entry_bytes(self) -> int:
+        """An entry plus the blank record that may follow it must fit one segment."""
+        return min(self.max_body_bytes + 48, self.data_file_size - MIN_BLANK_LEN)
+
+
+class LogStore(Protocol):
+    """What the Raft layer needs from a log store (CHECKLIST ST-01)."""
+
+    @property
+    def ledger_begin_index(self) -> int: ...
+    @property
+    def ledger_before_begin_term(self) -> int: ...
+    @property
+    def ledger_end_index(self) -> int: ...
+    @property
+    def ledger_end_term(self) -> int: ...
+    @property
+    def ledger_end_pos(self) -> int: ...
+    @property
+    def committed_index(self) -> int: ...
+    @property
+    def committed_pos(self) -> int: ...
+
+    def add_append_hook(self, hook: AppendHook) -> None: ...
+    def append_as_leader(
+        self, term: int, bodies: Sequence[bytes | bytearray | memoryview], magic: int = ...
+    ) -> list[EntryMeta]: ...
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]: ...
+    def get(self, index: int) -> Entry: ...
+    def get_meta(self, index: int) -> EntryMeta: ...
+    def term_at(self, index: int) -> int: ...
+    def read(self, pos: int, size: int) -> bytes: ...
+    def read_entries(self, from_index: int, max_bytes: int, max_entries: int) -> bytes: ...
+    def truncate(self, from_index: int) -> int: ...
+    def reset(self, begin_index: int, begin_pos: int, before_begin_term: int) -> None: ...
+    def first_index_of_term(self, term: int, end_index: int) -> int: ...
+    def update_committed(self, index: int) -> None: ...
+    def load_term_vote(self) -> TermVote: ...
+    def save_term_vote(self, tv: TermVote) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+def place_entry(end_pos: int, segment_size: int, size: int) -> int:
+    """Where an entry of ``size`` bytes goes when the log ends at ``end_pos``.
+
+    The leader's rule (ST-10): it fits the current segment if ``size`` plus room for a
+    blank record is free; otherwise the rest is padded and it starts the next segment.
+    Followers apply the same rule, which is why replicas stay byte-identical."""
+    seg_start = end_pos - end_pos % segment_size
+    free = seg_start + segment_size - end_pos
+    if size + MIN_BLANK_LEN <= free:
+        return end_pos
+    return seg_start + segment_size
+
+
+def check_leader_bodies(
+    bodies: Sequence[bytes | bytearray | memoryview], settings: StoreSettings
+) -> None:
+    if not bodies:
+        raise StoreError(DLedgerCode.REQUEST_WITH_EMPTY_BODYS, "append with no bodies")
+    limit = settings.max_entry_bytes - 48
+    for i, body in enumerate(bodies):
+        if len(body) > limit:
+            raise StoreError(
+                DLedgerCode.UNEXPECTED_ARGUMENT,
+                f"body {i} is {len(body)} bytes, over the limit of {limit}",
+            )

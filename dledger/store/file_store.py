@@ -1,0 +1,885 @@
+"""``FileStore``: the DLedger mmap file store (``DLedgerMmapFileStore``).
+
+Layout under the node directory (DESIGN §4)::
+
+    data/<20-digit start pos>     entries, 1 GiB segments by default
+    index/<20-digit start>        32-byte index units, unit i at i*32
+    currterm                      term and vote (atomic replace)
+    checkpoint                    begin, committed index/pos (atomic replace)
+
+Invariants (checked by tests/store):
+- entries ``ledger_begin_index .. ledger_end_index`` are contiguous, each at the pos its
+  index unit names, with non-decreasing terms;
+- ``committed_index <= ledger_end_index``; the checkpoint's committed index is durable;
+- leader and follower fed the same entries end with byte-identical data and index files.
+
+Threads: callers serialise through ``self._lock`` (one writer, as DLedger's
+``synchronized(memberState)``); a background thread syncs dirty segments every
+``flush_interval_ms`` (async mode), writes the checkpoint and applies retention.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..codes import DLedgerCode
+from .base import (
+    AppendHook,
+    StoreCorruptionError,
+    StoreError,
+    StoreSettings,
+    check_leader_bodies,
+    place_entry,
+)
+from .entry import (
+    BLANK,
+    BODY_CRC_OFFSET,
+    BODY_OFFSET,
+    ENTRY_MAGICS,
+    HEADER,
+    INDEX_UNIT,
+    INDEX_UNIT_SIZE,
+    MAGIC_BLANK,
+    MAGIC_NORMAL,
+    MIN_BLANK_LEN,
+    CodecError,
+    Entry,
+    EntryHeader,
+    EntryMeta,
+    IndexUnit,
+    decode_entry,
+    decode_header,
+    decode_index_unit,
+)
+from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
+from .mmapfile import MmapFile, MmapFileList
+
+log = logging.getLogger(__name__)
+
+_U32 = struct.Struct(">I")
+
+
+def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
+    """``<data_dir>/dledger/<group>/<node_id>`` (DESIGN §4)."""
+    return Path(data_dir) / "dledger" / group / node_id
+
+
+def disk_usage_ratio(path: Path) -> float:
+    u = shutil.disk_usage(path)
+    return (u.total - u.free) / u.total if u.total else 0.0
+
+
+class FileStore:
+    """The mmap segmented log store. See the module docstring for layout and invariants."""
+
+    def __init__(
+        self,
+        directory: Path | str,
+        settings: StoreSettings | None = None,
+        *,
+        disk_usage: Callable[[], float] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.dir = Path(directory)
+        self.settings = s = settings or StoreSettings()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._data = MmapFileList(self.dir / "data", s.data_file_size)
+        self._index = MmapFileList(self.dir / "index", s.index_file_size)
+        self._term_vote = TermVoteFile(self.dir / "currterm")
+        self._checkpoint = CheckpointFile(self.dir / "checkpoint")
+        self._disk_usage = disk_usage or (lambda: disk_usage_ratio(self.dir))
+        self._clock = clock
+        self._lock = threading.RLock()
+        self._hooks: list[AppendHook] = []
+
+        self._begin_index = 0
+        self._begin_pos = 0
+        self._before_begin_term = -1
+        self._end_index = -1
+        self._end_term = -1
+        self._committed_index = -1
+        self._committed_pos = 0
+        self._durable_index = -1  # every entry up to here is synced (data and index)
+        self._generation = 0  # bumped by truncate/reset: a sync snapshot taken before is stale
+        self._retention_floor: int | None = None
+        self._disk_ratio = 0.0
+        self._disk_checked_at = -1e18
+        self._closed = False
+
+        self.recovery_stats: dict[str, float] = {}
+        self._recover()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._background, name=f"dledger-flush-{self.dir.name}", daemon=True
+        )
+        self._thread.start()
+
+    # ---- ledger state ------------------------------------------------------------------
+
+    @property
+    def ledger_begin_index(self) -> int:
+        return self._begin_index
+
+    @property
+    def ledger_before_begin_index(self) -> int:
+        return self._begin_index - 1
+
+    @property
+    def ledger_before_begin_term(self) -> int:
+        return self._before_begin_term
+
+    @property
+    def ledger_end_index(self) -> int:
+        return self._end_index
+
+    @property
+    def ledger_end_term(self) -> int:
+        return self._end_term
+
+    @property
+    def ledger_begin_pos(self) -> int:
+        return max(self._data.begin, self._begin_pos) if self._data.files else self._begin_pos
+
+    @property
+    def ledger_end_pos(self) -> int:
+        return self._data.end
+
+    @property
+    def committed_index(self) -> int:
+        return self._committed_index
+
+    @property
+    def committed_pos(self) -> int:
+        return self._committed_pos
+
+    @property
+    def durable_index(self) -> int:
+        return self._durable_index
+
+    def add_append_hook(self, hook: AppendHook) -> None:
+        self._hooks.append(hook)
+
+    # ---- appends -----------------------------------------------------------------------
+
+    def _check_disk(self) -> None:
+        now = time.monotonic()
+        if now - self._disk_checked_at >= self.settings.disk_check_interval_ms / 1000:
+            self._disk_ratio = self._disk_usage()
+            self._disk_checked_at = now
+        if self._disk_ratio > self.settings.disk_full_ratio:
+            raise StoreError(
+                DLedgerCode.DISK_FULL,
+                f"disk usage {self._disk_ratio:.1%} is above {self.settings.disk_full_ratio:.0%}",
+            )
+
+    def append_as_leader(
+        self,
+        term: int,
+        bodies: Sequence[bytes | bytearray | memoryview],
+        magic: int = MAGIC_NORMAL,
+    ) -> list[EntryMeta]:
+        """Assign index, term and pos to each body, run the append hooks, write.
+
+        All-or-nothing: every check and every hook runs before the first byte is written,
+        so a refused or failed batch leaves the log unchanged (AP-08, AP-10)."""
+        check_leader_bodies(bodies, self.settings)
+        if magic not in ENTRY_MAGICS:
+            raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, f"invalid entry magic {magic}")
+        with self._lock:
+            self._check_open()
+            self._check_disk()
+            if term < self._end_term:
+                raise StoreError(
+                    DLedgerCode.INCONSISTENT_TERM,
+                    f"leader term {term} is below the ledger end term {self._end_term}",
+                )
+            runs, metas = self._encode_leader_runs(term, bodies, magic)
+            self._write_runs(runs, metas)
+            return metas
+
+    def _encode_leader_runs(
+        self, term: int, bodies: Sequence[bytes | bytearray | memoryview], magic: int
+    ) -> tuple[list[tuple[int, bytearray]], list[EntryMeta]]:
+        """Encode ``bodies`` into runs of consecutive entries, one run per segment."""
+        seg_size = self.settings.data_file_size
+        hooks = self._hooks
+        pack_header = HEADER.pack_into
+        pack_crc = _U32.pack_into
+        runs: list[tuple[int, bytearray]] = []
+        metas: list[EntryMeta] = []
+        end_pos = self._data.end
+        index = self._end_index + 1
+        i, n = 0, len(bodies)
+        while i < n:
+            first_pos = place_entry(end_pos, seg_size, BODY_OFFSET + len(bodies[i]))
+            limit = first_pos - first_pos % seg_size + seg_size - MIN_BLANK_LEN
+            total, k = 0, i
+            while k < n and first_pos + total + BODY_OFFSET + len(bodies[k]) <= limit:
+                total += BODY_OFFSET + len(bodies[k])
+                k += 1
+            buf = bytearray(total)
+            view = memoryview(buf)
+            off = 0
+            for j in range(i, k):
+                body = bodies[j]
+                blen = len(body)
+                size = BODY_OFFSET + blen
+                pos = first_pos + off
+                pack_header(buf, off, magic, size, index, term, pos, 0, 0, 0, blen)
+                buf[off + BODY_OFFSET : off + size] = body
+                meta = EntryMeta(index, term, pos, size, magic)
+                for hook in hooks:
+                    hook(meta, view[off : off + size], BODY_OFFSET)
+                crc = zlib.crc32(view[off + BODY_OFFSET : off + size])
+                pack_crc(buf, off + BODY_CRC_OFFSET, crc)
+                metas.append(meta)
+                index += 1
+                off += size
+            view.release()
+            runs.append((first_pos, buf))
+            end_pos = first_pos + total
+            i = k
+        return runs, metas
+
+    def _write_runs(
+        self, runs: Sequence[tuple[int, bytes | bytearray | memoryview]], metas: list[EntryMeta]
+    ) -> None:
+        """Write pre-placed runs of entries and their index units; update ledger end."""
+        if not metas:
+            return
+        for pos, data in runs:
+            self._data_write(pos, data)
+        units = bytearray(INDEX_UNIT_SIZE * len(metas))
+        for k, m in enumerate(metas):
+            INDEX_UNIT.pack_into(units, k * INDEX_UNIT_SIZE, m.magic, m.pos, m.size, m.index, m.term)
+        self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
+        self._end_index = metas[-1].index
+        self._end_term = metas[-1].term
+        if self.settings.flush == "sync":
+            self._sync_now()
+
+    def _data_write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        files = self._data.files
+        if not files:
+            assert pos == self._data.end, (pos, self._data.end)
+        elif pos != files[-1].end:
+            # place_entry decided this run starts the next segment: pad the current one.
+            assert pos == files[-1].limit, (pos, files[-1].end, files[-1].limit)
+            self._data.pad_to_limit()
+        if not files or files[-1].free == 0:
+            self._data.new_segment()
+        self._data.write_at_end(data)
+
+    def _index_write(self, index_pos: int, units: bytes | bytearray) -> None:
+        assert index_pos == self._index.end, (index_pos, self._index.end)
+        view = memoryview(units)
+        while view:
+            files = self._index.files
+            if not files or files[-1].free == 0:
+                self._index.new_segment()
+            n = min(len(view), self._index.files[-1].free)
+            self._index.write_at_end(view[:n])
+            view = view[n:]
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]:
+        """Write the leader's raw entry bytes exactly where the leader wrote them.
+
+        ``data`` holds one or more consecutive entries. Each must carry the next index, a
+        term no lower than the one before, the pos the leader's placement rule gives, and
+        a valid body CRC; otherwise nothing is written (ST-15, DESIGN §4)."""
+        view = memoryview(data)
+        with self._lock:
+            self._check_open()
+            self._check_disk()
+            seg_size = self.settings.data_file_size
+            end_pos = self._data.end
+            index = self._end_index + 1
+            term = self._end_term
+            metas: list[EntryMeta] = []
+            runs: list[tuple[int, memoryview]] = []
+            run_start, run_pos = 0, -1
+            off = 0
+            while off < len(view):
+                try:
+                    h = decode_header(view, off)
+                except CodecError as e:
+                    raise StoreError(DLedgerCode.INCONSISTENT_STATE, f"bad entry header: {e}") from e
+                if h.index != index:
+                    raise StoreError(
+                        DLedgerCode.INCONSISTENT_INDEX,
+                        f"entry index {h.index}, expected {index}",
+                    )
+                if h.term < term:
+                    raise StoreError(
+                        DLedgerCode.INCONSISTENT_TERM, f"entry {h.index} term {h.term} < {term}"
+                    )
+                if h.size > self.settings.max_entry_bytes or off + h.size > len(view):
+                    raise StoreError(
+                        DLedgerCode.INCONSISTENT_STATE, f"entry {h.index} size {h.size} is invalid"
+                    )
+                pos = place_entry(end_pos, seg_size, h.size)
+                if h.pos != pos:
+                    raise StoreError(
+                        DLedgerCode.INCONSISTENT_STATE,
+                        f"entry {h.index} has pos {h.pos}, but it goes at {pos} here",
+                    )
+                crc = zlib.crc32(view[off + BODY_OFFSET : off + h.size])
+                if crc != h.body_crc:
+                    raise StoreError(
+                        DLedgerCode.INCONSISTENT_STATE, f"entry {h.index}: body CRC mismatch"
+                    )
+                if pos != end_pos or run_pos < 0:
+                    if run_pos >= 0:
+                        runs.append((run_pos, view[run_start:off]))
+                    run_start, run_pos = off, pos
+                metas.append(EntryMeta(h.index, h.term, pos, h.size, h.magic))
+                end_pos = pos + h.size
+                index += 1
+                term = h.term
+                off += h.size
+            if run_pos >= 0:
+                runs.append((run_pos, view[run_start:off]))
+            self._write_runs(runs, metas)
+            return metas
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def _unit(self, index: int) -> IndexUnit:
+        if not self._begin_index <= index <= self._end_index:
+            raise StoreError(
+                DLedgerCode.INDEX_OUT_OF_RANGE,
+                f"index {index} outside [{self._begin_index}, {self._end_index}]",
+            )
+        return decode_index_unit(self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
+
+    def get_meta(self, index: int) -> EntryMeta:
+        with self._lock:
+            u = self._unit(index)
+            return EntryMeta(u.index, u.term, u.pos, u.size, u.magic)
+
+    def get(self, index: int) -> Entry:
+        """The entry at ``index``, body CRC verified."""
+        with self._lock:
+            u = self._unit(index)
+            raw = self._data.read(u.pos, u.size)
+        try:
+            e = decode_entry(raw)
+        except CodecError as err:
+            raise StoreCorruptionError(f"{self._where(u.pos)}: {err}") from err
+        if e.index != index or e.pos != u.pos:
+            raise StoreCorruptionError(f"{self._where(u.pos)}: index unit and entry disagree")
+        return e
+
+    def term_at(self, index: int) -> int:
+        """Term of the entry at ``index``; the before-begin term for ``begin - 1``."""
+        if index == self._begin_index - 1:
+            return self._before_begin_term
+        return self.get_meta(index).term
+
+    def read(self, pos: int, size: int) -> bytes:
+        """Raw bytes at ``[pos, pos + size)`` within written data of one segment."""
+        with self._lock:
+            if size < 0 or pos < self.ledger_begin_pos or pos + size > self._data.end:
+                raise StoreError(
+                    DLedgerCode.INDEX_OUT_OF_RANGE,
+                    f"read [{pos}, {pos + size}) outside [{self.ledger_begin_pos},"
+                    f" {self._data.end})",
+                )
+            try:
+                return self._data.read(pos, size)
+            except IndexError as e:
+                raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, str(e)) from e
+
+    def read_entries(self, from_index: int, max_bytes: int, max_entries: int) -> bytes:
+        """Raw bytes of consecutive entries from ``from_index`` (at least one when it
+        exists), stopping at ``max_bytes``, ``max_entries`` or a segment end."""
+        with self._lock:
+            first = self._unit(from_index)
+            last_index = min(self._end_index, from_index + max(1, max_entries) - 1)
+            end = first.pos + first.size
+            seg_limit = first.pos - first.pos % self.settings.data_file_size
+            seg_limit += self.settings.data_file_size
+            i = from_index + 1
+            while i <= last_index:
+                u = self._unit(i)
+                if u.pos != end or u.pos + u.size > seg_limit or end + u.size - first.pos > max_bytes:
+                    break
+                end += u.size
+                i += 1
+            return self._data.read(first.pos, end - first.pos)
+
+    def first_index_of_term(self, term: int, end_index: int) -> int:
+        """``getFirstLogOfTargetTerm``: walk back from ``end_index`` to the first entry of
+        ``term``; -1 if that term has no entry there (ST-18)."""
+        with self._lock:
+            found = -1
+            i = min(end_index, self._end_index)
+            while i >= self._begin_index:
+                t = self._unit(i).term
+                if t < term:
+                    break
+                if t == term:
+                    found = i
+                i -= 1
+            return found
+
+    def _where(self, pos: int) -> str:
+        f = self._data.segment_for(pos)
+        return f"{f.path} at byte {pos - f.start} (pos {pos})" if f else f"pos {pos}"
+
+    # ---- truncate, reset, commit -------------------------------------------------------
+
+    def truncate(self, from_index: int) -> int:
+        """Delete ``from_index`` and every later entry; returns the new ledger end index.
+
+        Both the data list and the *index* list are cut (the seed truncates the index by
+        rebuilding the data list, CV-30), and the ledger end term moves with the end
+        index (the seed leaves it stale, CV-32)."""
+        with self._lock:
+            self._check_open()
+            if from_index > self._end_index:
+                return self._end_index
+            if from_index <= self._committed_index:
+                raise StoreError(
+                    DLedgerCode.UNEXPECTED_ARGUMENT,
+                    f"truncate from {from_index} would drop committed entry"
+                    f" {self._committed_index}",
+                )
+            if from_index < self._begin_index:
+                raise StoreError(
+                    DLedgerCode.INDEX_LESS_THAN_LOCAL_BEGIN,
+                    f"truncate from {from_index} below ledger begin {self._begin_index}",
+                )
+            pos = self._unit(from_index).pos
+            self._data.truncate(pos)
+            self._index.truncate(from_index * INDEX_UNIT_SIZE)
+            self._end_index = from_index - 1
+            self._end_term = (
+                self._before_begin_term
+                if from_index == self._begin_index
+                else self._unit(from_index - 1).term
+            )
+            self._durable_index = min(self._durable_index, self._end_index)
+            self._generation += 1
+            return self._end_index
+
+    def reset(self, begin_index: int, begin_pos: int, before_begin_term: int) -> None:
+        """Drop the whole log; the next entry is ``begin_index`` at ``begin_pos``.
+
+        For a follower behind the leader's head (after INSTALL_SNAPSHOT). Everything up to
+        ``begin_index - 1`` counts as committed: the snapshot covers it."""
+        if begin_index < 0 or begin_pos < 0:
+            raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "negative begin index or pos")
+        with self._lock:
+            self._check_open()
+            cp = Checkpoint(
+                begin_index=begin_index,
+                begin_pos=begin_pos,
+                before_begin_term=before_begin_term,
+                committed_index=begin_index - 1,
+                committed_pos=begin_pos,
+                end_index=begin_index - 1,
+            )
+            self._checkpoint.save(cp)  # first: a crash below leaves the new begin in force
+            self._data.reset(begin_pos)
+            self._index.reset(begin_index * INDEX_UNIT_SIZE)
+            self._begin_index = begin_index
+            self._begin_pos = begin_pos
+            self._before_begin_term = before_begin_term
+            self._end_index = self._durable_index = begin_index - 1
+            self._end_term = before_begin_term
+            self._committed_index = begin_index - 1
+            self._committed_pos = begin_pos
+            self._generation += 1
+
+    def update_committed(self, index: int) -> None:
+        """Move the committed index forward (never back) to an entry the log holds."""
+        with self._lock:
+            if index <= self._committed_index:
+                return
+            if index > self._end_index:
+                raise StoreError(
+                    DLedgerCode.INDEX_OUT_OF_RANGE,
+                    f"committed index {index} beyond ledger end {self._end_index}",
+                )
+            u = self._unit(index)
+            self._committed_index = index
+            self._committed_pos = u.pos + u.size
+
+    # ---- term and vote -----------------------------------------------------------------
+
+    def load_term_vote(self) -> TermVote:
+        return self._term_vote.load()
+
+    def save_term_vote(self, tv: TermVote) -> None:
+        self._term_vote.save(tv)
+
+    # ---- durability --------------------------------------------------------------------
+
+    def _sync_now(self) -> None:
+        with self._lock:
+            todo_d = self._data.unflushed()
+            todo_i = self._index.unflushed()
+            end_index = self._end_index
+            generation = self._generation
+        self._data.sync(todo_d)
+        self._index.sync(todo_i)
+        with self._lock:
+            if self._generation == generation:
+                self._durable_index = max(self._durable_index, end_index)
+
+    def flush(self) -> None:
+        """Sync every written byte now and write the checkpoint."""
+        self._sync_now()
+        self._write_checkpoint()
+
+    def _write_checkpoint(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            committed = min(self._committed_index, self._durable_index)
+            committed_pos = self._committed_pos
+            if committed != self._committed_index:
+                committed_pos = (
+                    self.ledger_begin_pos
+                    if committed < self._begin_index
+                    else self._unit(committed).pos + self._unit(committed).size
+                )
+            cp = Checkpoint(
+                begin_index=self._begin_index,
+                begin_pos=self.ledger_begin_pos,
+                before_begin_term=self._before_begin_term,
+                committed_index=max(committed, self._begin_index - 1),
+                committed_pos=committed_pos,
+                end_index=self._durable_index,
+            )
+            self._checkpoint.save(cp)
+
+    def _background(self) -> None:
+        s = self.settings
+        tick = s.flush_interval_ms / 1000 if s.flush == "async" else 0.1
+        last_cp = last_clean = time.monotonic()
+        while not self._stop.wait(tick):
+            try:
+                if s.flush == "async":
+                    t0 = time.monotonic()
+                    self._sync_now()
+                    took = time.monotonic() - t0
+                    if took > 0.5:
+                        log.warning("flush of %s took %.0f ms", self.dir, took * 1000)
+                now = time.monotonic()
+                if now - last_cp >= s.checkpoint_interval_ms / 1000:
+                    self._write_checkpoint()
+                    last_cp = now
+                if now - last_clean >= s.clean_interval_ms / 1000:
+                    self.clean()
+                    last_clean = now
+            except Exception:  # keep flushing; the error is logged and retried next tick
+                log.exception("background flush of %s failed", self.dir)
+
+    # ---- retention ---------------------------------------------------------------------
+
+    def set_retention_floor(self, pos: int | None) -> None:
+        """Retention never deletes bytes at or above ``pos`` (the broker passes its
+        dispatch position); ``None`` means the committed position."""
+        self._retention_floor = pos
+
+    def clean(self, force: bool = False) -> int:
+        """Delete expired head segments; returns how many. A segment goes when it is
+        older than ``file_reserved_hours``, or (oldest first) while disk usage is above
+        ``disk_clean_ratio`` or ``force`` is set; never the active segment, never data at
+        or above the committed position or the retention floor."""
+        s = self.settings
+        deleted = 0
+        with self._lock:
+            if self._closed:
+                return 0
+            floor = self._committed_pos
+            if self._retention_floor is not None:
+                floor = min(floor, self._retention_floor)
+            now = self._clock()
+            while deleted < s.max_files_deleted_per_clean and len(self._data.files) > 1:
+                head = self._data.files[0]
+                if head.limit > floor:
+                    break
+                expired = now - head.path.stat().st_mtime > s.file_reserved_hours * 3600
+                pressured = force or self._disk_usage() > s.disk_clean_ratio
+                if not (expired or pressured):
+                    break
+                self._drop_head_segment(head)
+                deleted += 1
+        if deleted:
+            self._write_checkpoint()
+            log.info("retention deleted %d head segment(s) of %s", deleted, self.dir / "data")
+        return deleted
+
+    def _drop_head_segment(self, head: MmapFile) -> None:
+        nxt = self._data.files[1]
+        new_begin_pos = nxt.start
+        if new_begin_pos >= self._data.end:
+            new_begin = self._end_index + 1
+        else:
+            new_begin = decode_header(nxt.mm, 0).index
+        before_term = self._unit(new_begin - 1).term
+        self._data.delete_head(new_begin_pos, 1)
+        self._index.delete_head(new_begin * INDEX_UNIT_SIZE, len(self._index.files))
+        self._begin_index = new_begin
+        self._begin_pos = new_begin_pos
+        self._before_begin_term = before_term
+
+    # ---- recovery ----------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Rebuild ledger state from the files (ST-26, DESIGN §4).
+
+        Scans entries from the checkpoint's committed entry (or the log begin) forward,
+        verifying header, placement, index contiguity, term order and body CRC; stops at
+        the first invalid record, truncates the torn tail there, zeroes garbage after it
+        and rewrites index units that disagree with the data. Damage at or below the
+        checkpoint's committed index raises :class:`StoreCorruptionError`."""
+        t0 = time.monotonic()
+        cp = self._checkpoint.load()
+        self._data.load()
+        self._index.load()
+
+        if cp is not None:
+            begin_index, begin_pos, before_term = cp.begin_index, cp.begin_pos, cp.before_begin_term
+            # Head segments wholly below the begin were due for deletion (retention or a
+            # reset that crashed before finishing).
+            self._data.delete_head(begin_pos, len(self._data.files))
+        elif self._data.files:
+            begin_pos = self._data.files[0].start
+            begin_index, before_term = self._infer_begin(begin_pos)
+        else:
+            begin_index, begin_pos, before_term = 0, 0, -1
+        if self._data.files and self._data.files[0].start > begin_pos:
+            raise StoreCorruptionError(
+                f"{self._data.dir}: the log should begin at pos {begin_pos} but the first"
+                f" segment starts at {self._data.files[0].start}"
+            )
+        self._begin_index, self._begin_pos, self._before_begin_term = (
+            begin_index,
+            begin_pos,
+            before_term,
+        )
+        committed = cp.committed_index if cp else -1
+
+        # Where to start the scan.
+        pos, index, term = begin_pos, begin_index, before_term
+        if committed >= begin_index and self.settings.recovery_verify == "checkpoint":
+            start = self._checkpoint_start(committed)
+            if start is not None:
+                pos, index, term = start
+
+        scanned = 0
+        rebuild_from: int | None = None
+        while True:
+            f = self._data.segment_for(pos)
+            if f is None:
+                break
+            rel = pos - f.start
+            problem = None
+            if f.size - rel < MIN_BLANK_LEN:
+                problem = "no room for a record header"
+            else:
+                magic = int.from_bytes(f.mm[rel : rel + 4], "big", signed=True)
+                if magic == MAGIC_BLANK:
+                    size = int.from_bytes(f.mm[rel + 4 : rel + 8], "big", signed=True)
+                    rest = f.size - rel - MIN_BLANK_LEN
+                    if size == f.size - rel and f.mm[rel + 8 : f.size].count(0) == rest:
+                        pos = f.limit
+                        continue
+                    problem = "damaged blank record"
+                elif magic == 0 and f.mm[rel : rel + BODY_OFFSET].count(0) == BODY_OFFSET:
+                    break  # clean end of the log
+                else:
+                    problem = self._check_entry_at(f, rel, pos, index, term)
+            if problem is not None:
+                if index <= committed:
+                    raise StoreCorruptionError(
+                        f"{f.path} at byte {rel} (pos {pos}): committed entry {index} is"
+                        f" damaged ({problem}); the checkpoint says entries up to {committed}"
+                        " are committed. Refusing to start: restore this replica from a peer."
+                    )
+                log.warning(
+                    "recovery: torn tail in %s at byte %d (entry %d: %s); truncating",
+                    f.path,
+                    rel,
+                    index,
+                    problem,
+                )
+                break
+            h = EntryHeader._make(HEADER.unpack_from(f.mm, rel))
+            if rebuild_from is None and not self._index_unit_matches(h):
+                rebuild_from = index
+                self._index_reset_to(index)
+            if rebuild_from is not None:
+                self._index_write(
+                    index * INDEX_UNIT_SIZE,
+                    INDEX_UNIT.pack(h.magic, pos, h.size, index, h.term),
+                )
+            term = h.term
+            index += 1
+            pos += h.size
+            scanned += 1
+
+        end_index = index - 1
+        if end_index < committed:
+            raise StoreCorruptionError(
+                f"{self._data.dir}: the log ends at entry {end_index} (pos {pos}) but the"
+                f" checkpoint says entries up to {committed} are committed. Refusing to start."
+            )
+        # Cut the torn tail and everything after it, in both lists.
+        self._data.set_end(pos)
+        if rebuild_from is None:
+            self._index_reset_to(end_index + 1, keep=True)
+        self._end_index = self._durable_index = end_index
+        self._end_term = term
+        if cp is not None and committed >= begin_index:
+            self._committed_index = committed
+            u = self._unit(committed)
+            self._committed_pos = u.pos + u.size
+        else:
+            self._committed_index = begin_index - 1
+            self._committed_pos = self.ledger_begin_pos
+        self.recovery_stats = {
+            "seconds": time.monotonic() - t0,
+            "scanned_entries": scanned,
+            "rebuilt_index_from": -1 if rebuild_from is None else rebuild_from,
+        }
+        log.info(
+            "recovered %s: entries [%d, %d], committed %d, scanned %d in %.3f s",
+            self.dir,
+            self._begin_index,
+            self._end_index,
+            self._committed_index,
+            scanned,
+            self.recovery_stats["seconds"],
+        )
+
+    def _infer_begin(self, begin_pos: int) -> tuple[int, int]:
+        """Begin index and before-begin term without a checkpoint: from the first entry."""
+        try:
+            h = decode_header(self._data.files[0].mm, 0)
+        except CodecError:
+            return 0, -1
+        before_term = -1
+        if h.index > 0:
+            try:
+                before_term = decode_index_unit(
+                    self._index.read((h.index - 1) * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+                ).term
+            except (IndexError, CodecError):
+                before_term = h.term
+        return h.index, before_term
+
+    def _checkpoint_start(self, committed: int) -> tuple[int, int, int] | None:
+        """(pos, index, prev term) to scan from: the committed entry, when its index unit
+        and data header agree. ``None`` means scan from the begin (index rebuilt)."""
+        try:
+            u = decode_index_unit(
+                self._index.read(committed * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+            )
+        except (IndexError, CodecError):
+            return None
+        f = self._data.segment_for(u.pos)
+        if u.index != committed or u.magic not in ENTRY_MAGICS or f is None:
+            return None
+        try:
+            h = decode_header(f.mm, u.pos - f.start)
+        except CodecError:
+            return None
+        if (h.index, h.term, h.pos, h.size) != (u.index, u.term, u.pos, u.size):
+            return None
+        prev_term = (
+            self._before_begin_term if committed == self._begin_index else self._unit_raw_term(committed - 1)
+        )
+        if prev_term is None:
+            return None
+        return u.pos, committed, prev_term
+
+    def _unit_raw_term(self, index: int) -> int | None:
+        try:
+            return decode_index_unit(self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)).term
+        except (IndexError, CodecError):
+            return None
+
+    def _check_entry_at(self, f: MmapFile, rel: int, pos: int, index: int, term: int) -> str | None:
+        """Why the record at ``pos`` is not the valid entry ``index``; None if it is."""
+        if f.size - rel < BODY_OFFSET:
+            return "header crosses the segment end"
+        h = EntryHeader._make(HEADER.unpack_from(f.mm, rel))
+        if h.magic not in ENTRY_MAGICS:
+            return f"bad magic {h.magic}"
+        if h.body_size < 0 or h.size != BODY_OFFSET + h.body_size:
+            return f"size {h.size} != 48 + body size {h.body_size}"
+        if h.size + MIN_BLANK_LEN > f.size - rel:
+            return f"size {h.size} does not fit the segment"
+        if h.index != index:
+            return f"index {h.index}, expected {index}"
+        if h.pos != pos:
+            return f"pos field {h.pos}, expected {pos}"
+        if h.term < term:
+            return f"term {h.term} below the previous entry's {term}"
+        if zlib.crc32(f.mm[rel + BODY_OFFSET : rel + h.size]) != h.body_crc:
+            return "body CRC mismatch"
+        return None
+
+    def _index_unit_matches(self, h: EntryHeader) -> bool:
+        ipos = h.index * INDEX_UNIT_SIZE
+        f = self._index.segment_for(ipos)
+        if f is None or ipos + INDEX_UNIT_SIZE > f.end:
+            return False
+        u = decode_index_unit(f.mm, ipos - f.start)
+        return (u.magic, u.pos, u.size, u.index, u.term) == (h.magic, h.pos, h.size, h.index, h.term)
+
+    def _index_reset_to(self, index: int, keep: bool = False) -> None:
+        """Make the index list end at unit ``index`` (truncating or resetting)."""
+        ipos = index * INDEX_UNIT_SIZE
+        if self._index.files and self._index.begin <= ipos <= self._index.files[-1].limit:
+            self._index.set_end(ipos)
+        elif not (keep and not self._index.files and self._index.end == ipos):
+            self._index.reset(ipos)
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"store {self.dir} is closed")
+
+    def close(self) -> None:
+        """Stop the flusher, sync everything, write the checkpoint, unmap the files."""
+        if self._closed:
+            return
+        self._stop.set()
+        self._thread.join()
+        self.flush()
+        with self._lock:
+            self._closed = True
+            self._data.close()
+            self._index.close()
+
+    def __enter__(self) -> FileStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- introspection for tests and tools -------------------------------------------
+
+    def data_files(self) -> list[Path]:
+        return [f.path for f in self._data.files]
+
+    def index_files(self) -> list[Path]:
+        return [f.path for f in self._index.files]
+
+    def disk_bytes(self) -> int:
+        return sum(os.path.getsize(p) for p in self.data_files() + self.index_files())

@@ -1,0 +1,253 @@
+"""``MemoryStore``: the in-memory twin of :class:`~dledger.store.file_store.FileStore`.
+
+Same interface and the same placement rule (entries get the positions the file store
+would give them, blank padding included), so simulations see identical ``pos`` values and
+the broker's commitlog offsets mean the same thing on either store. Nothing is durable
+except what the caller keeps: the term/vote lives in this object.
+"""
+
+from __future__ import annotations
+
+import bisect
+import zlib
+from collections.abc import Sequence
+
+from ..codes import DLedgerCode
+from .base import AppendHook, StoreError, StoreSettings, check_leader_bodies, place_entry
+from .entry import (
+    BODY_CRC_OFFSET,
+    BODY_OFFSET,
+    ENTRY_MAGICS,
+    HEADER,
+    MAGIC_NORMAL,
+    CodecError,
+    Entry,
+    EntryMeta,
+    decode_entry,
+    decode_header,
+)
+from .meta import TermVote
+
+
+class MemoryStore:
+    """Entries as encoded ``bytes`` in a list; ``_pos[i]`` is entry ``begin + i``'s pos."""
+
+    def __init__(self, settings: StoreSettings | None = None) -> None:
+        self.settings = settings or StoreSettings()
+        self._hooks: list[AppendHook] = []
+        self._entries: list[bytes] = []
+        self._pos: list[int] = []
+        self._terms: list[int] = []
+        self._begin_index = 0
+        self._begin_pos = 0
+        self._before_begin_term = -1
+        self._end_pos = 0
+        self._committed_index = -1
+        self._committed_pos = 0
+        self._term_vote = TermVote()
+
+    @property
+    def ledger_begin_index(self) -> int:
+        return self._begin_index
+
+    @property
+    def ledger_before_begin_term(self) -> int:
+        return self._before_begin_term
+
+    @property
+    def ledger_end_index(self) -> int:
+        return self._begin_index + len(self._entries) - 1
+
+    @property
+    def ledger_end_term(self) -> int:
+        return self._terms[-1] if self._terms else self._before_begin_term
+
+    @property
+    def ledger_begin_pos(self) -> int:
+        return self._begin_pos
+
+    @property
+    def ledger_end_pos(self) -> int:
+        return self._end_pos
+
+    @property
+    def committed_index(self) -> int:
+        return self._committed_index
+
+    @property
+    def committed_pos(self) -> int:
+        return self._committed_pos
+
+    def add_append_hook(self, hook: AppendHook) -> None:
+        self._hooks.append(hook)
+
+    def _push(self, raw: bytes, pos: int, term: int) -> None:
+        self._entries.append(raw)
+        self._pos.append(pos)
+        self._terms.append(term)
+        self._end_pos = pos + len(raw)
+
+    def append_as_leader(
+        self,
+        term: int,
+        bodies: Sequence[bytes | bytearray | memoryview],
+        magic: int = MAGIC_NORMAL,
+    ) -> list[EntryMeta]:
+        check_leader_bodies(bodies, self.settings)
+        if magic not in ENTRY_MAGICS:
+            raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, f"invalid entry magic {magic}")
+        if term < self.ledger_end_term:
+            raise StoreError(DLedgerCode.INCONSISTENT_TERM, f"leader term {term} went back")
+        seg = self.settings.data_file_size
+        encoded: list[tuple[bytes, int, EntryMeta]] = []
+        end_pos, index = self._end_pos, self.ledger_end_index + 1
+        for body in bodies:
+            size = BODY_OFFSET + len(body)
+            pos = place_entry(end_pos, seg, size)
+            buf = bytearray(size)
+            HEADER.pack_into(buf, 0, magic, size, index, term, pos, 0, 0, 0, len(body))
+            buf[BODY_OFFSET:] = body
+            meta = EntryMeta(index, term, pos, size, magic)
+            with memoryview(buf) as view:
+                for hook in self._hooks:
+                    hook(meta, view, BODY_OFFSET)
+            crc = zlib.crc32(memoryview(buf)[BODY_OFFSET:])
+            buf[BODY_CRC_OFFSET : BODY_CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+            encoded.append((bytes(buf), pos, meta))
+            end_pos, index = pos + size, index + 1
+        for raw, pos, meta in encoded:
+            self._push(raw, pos, meta.term)
+        return [m for _, _, m in encoded]
+
+    def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]:
+        view = memoryview(data)
+        seg = self.settings.data_file_size
+        end_pos, index, term = self._end_pos, self.ledger_end_index + 1, self.ledger_end_term
+        staged: list[tuple[bytes, EntryMeta]] = []
+        off = 0
+        while off < len(view):
+            try:
+                e = decode_entry(view, off)
+            except CodecError as err:
+                raise StoreError(DLedgerCode.INCONSISTENT_STATE, str(err)) from err
+            if e.index != index:
+                raise StoreError(
+                    DLedgerCode.INCONSISTENT_INDEX, f"entry index {e.index}, expected {index}"
+                )
+            if e.term < term:
+                raise StoreError(DLedgerCode.INCONSISTENT_TERM, f"entry {e.index} term went back")
+            pos = place_entry(end_pos, seg, e.size)
+            if e.pos != pos:
+                raise StoreError(
+                    DLedgerCode.INCONSISTENT_STATE, f"entry {e.index} pos {e.pos}, goes at {pos}"
+                )
+            staged.append(
+                (bytes(view[off : off + e.size]), EntryMeta(e.index, e.term, pos, e.size, e.magic))
+            )
+            end_pos, index, term = pos + e.size, index + 1, e.term
+            off += e.size
+        for raw, meta in staged:
+            self._push(raw, meta.pos, meta.term)
+        return [m for _, m in staged]
+
+    def _slot(self, index: int) -> int:
+        if not self._begin_index <= index <= self.ledger_end_index:
+            raise StoreError(
+                DLedgerCode.INDEX_OUT_OF_RANGE,
+                f"index {index} outside [{self._begin_index}, {self.ledger_end_index}]",
+            )
+        return index - self._begin_index
+
+    def get(self, index: int) -> Entry:
+        return decode_entry(self._entries[self._slot(index)])
+
+    def get_meta(self, index: int) -> EntryMeta:
+        k = self._slot(index)
+        h = decode_header(self._entries[k])
+        return EntryMeta(h.index, h.term, h.pos, h.size, h.magic)
+
+    def term_at(self, index: int) -> int:
+        if index == self._begin_index - 1:
+            return self._before_begin_term
+        return self._terms[self._slot(index)]
+
+    def read(self, pos: int, size: int) -> bytes:
+        k = bisect.bisect_right(self._pos, pos) - 1
+        if k < 0 or size < 0 or pos + size > self._pos[k] + len(self._entries[k]):
+            raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"read [{pos}, {pos + size})")
+        rel = pos - self._pos[k]
+        return self._entries[k][rel : rel + size]
+
+    def read_entries(self, from_index: int, max_bytes: int, max_entries: int) -> bytes:
+        k = self._slot(from_index)
+        seg = self.settings.data_file_size
+        seg_limit = self._pos[k] - self._pos[k] % seg + seg
+        out = [self._entries[k]]
+        total, end = len(out[0]), self._pos[k] + len(out[0])
+        for j in range(k + 1, min(len(self._entries), k + max(1, max_entries))):
+            raw = self._entries[j]
+            if self._pos[j] != end or end + len(raw) > seg_limit or total + len(raw) > max_bytes:
+                break
+            out.append(raw)
+            total += len(raw)
+            end += len(raw)
+        return b"".join(out)
+
+    def first_index_of_term(self, term: int, end_index: int) -> int:
+        found = -1
+        i = min(end_index, self.ledger_end_index)
+        while i >= self._begin_index:
+            t = self._terms[i - self._begin_index]
+            if t < term:
+                break
+            if t == term:
+                found = i
+            i -= 1
+        return found
+
+    def truncate(self, from_index: int) -> int:
+        if from_index > self.ledger_end_index:
+            return self.ledger_end_index
+        if from_index <= self._committed_index:
+            raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "truncate would drop committed data")
+        k = self._slot(from_index)
+        self._end_pos = self._pos[k]
+        del self._entries[k:], self._pos[k:], self._terms[k:]
+        return self.ledger_end_index
+
+    def reset(self, begin_index: int, begin_pos: int, before_begin_term: int) -> None:
+        self._entries, self._pos, self._terms = [], [], []
+        self._begin_index, self._begin_pos = begin_index, begin_pos
+        self._before_begin_term = before_begin_term
+        self._end_pos = begin_pos
+        self._committed_index, self._committed_pos = begin_index - 1, begin_pos
+
+    def delete_before(self, index: int) -> None:
+        """Retention for the memory store: drop entries below ``index`` (committed only)."""
+        index = min(index, self._committed_index + 1)
+        n = index - self._begin_index
+        if n <= 0:
+            return
+        self._before_begin_term = self._terms[n - 1]
+        self._begin_pos = self._pos[n] if n < len(self._pos) else self._end_pos
+        del self._entries[:n], self._pos[:n], self._terms[:n]
+        self._begin_index = index
+
+    def update_committed(self, index: int) -> None:
+        if index <= self._committed_index:
+            return
+        k = self._slot(index)
+        self._committed_index = index
+        self._committed_pos = self._pos[k] + len(self._entries[k])
+
+    def load_term_vote(self) -> TermVote:
+        return self._term_vote
+
+    def save_term_vote(self, tv: TermVote) -> None:
+        self._term_vote = tv
+
+    def flush(self) -> None:
+        """Nothing to sync."""
+
+    def close(self) -> None:
+        """Nothing to release."""

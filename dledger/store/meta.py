@@ -1,0 +1,143 @@
+"""Small durable state files: ``currterm`` (term + vote) and ``checkpoint``.
+
+Both are Java-properties style text (``key=value`` lines, as DLedger writes them) and are
+replaced atomically: write a temp file, fsync it, rename it over the old one, fsync the
+directory. A reader therefore sees the old or the new content, never a mix.
+
+Invariants:
+- ``currterm`` is durable before any vote or append reply that depends on it is sent
+  (the Raft layer calls :meth:`TermVoteFile.save` and only then replies);
+- ``checkpoint`` never claims more than is durable in the data files: the store writes a
+  committed index only after the data up to that entry has been synced.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class MetaFileError(ValueError):
+    """A state file exists but cannot be parsed."""
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    data = text.encode()
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def read_properties(path: Path) -> dict[str, str] | None:
+    """Parse a properties file; ``None`` when it does not exist."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    props: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise MetaFileError(f"{path}:{n}: expected key=value, got {line!r}")
+        props[key.strip()] = value.strip()
+    return props
+
+
+def _int(props: dict[str, str], key: str, path: Path, default: int) -> int:
+    raw = props.get(key)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise MetaFileError(f"{path}: {key}={raw!r} is not an integer") from None
+
+
+@dataclass(frozen=True, slots=True)
+class TermVote:
+    term: int = 0
+    voted_for: str | None = None
+
+
+class TermVoteFile:
+    """The ``currterm`` file: ``currTerm`` and ``voteLeader`` (DLedger's key names)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> TermVote:
+        props = read_properties(self.path)
+        if props is None:
+            return TermVote()
+        term = _int(props, "currTerm", self.path, 0)
+        if term < 0:
+            raise MetaFileError(f"{self.path}: negative currTerm {term}")
+        vote = props.get("voteLeader") or None
+        return TermVote(term, vote)
+
+    def save(self, tv: TermVote) -> None:
+        write_atomic(self.path, f"currTerm={tv.term}\nvoteLeader={tv.voted_for or ''}\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """What the store persists besides the segments.
+
+    ``begin_index``/``begin_pos``: the first entry the log holds or will hold (after a
+    reset or head deletion); ``before_begin_term``: the term of entry ``begin_index - 1``
+    (-1 when there is none); ``committed_index``/``committed_pos``: the last entry known
+    committed and durable, and the position just past it.
+    """
+
+    begin_index: int = 0
+    begin_pos: int = 0
+    before_begin_term: int = -1
+    committed_index: int = -1
+    committed_pos: int = 0
+    end_index: int = -1
+
+
+class CheckpointFile:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self) -> Checkpoint | None:
+        props = read_properties(self.path)
+        if props is None:
+            return None
+        p = self.path
+        cp = Checkpoint(
+            begin_index=_int(props, "beginIndex", p, 0),
+            begin_pos=_int(props, "beginPos", p, 0),
+            before_begin_term=_int(props, "beforeBeginTerm", p, -1),
+            committed_index=_int(props, "committedIndex", p, -1),
+            committed_pos=_int(props, "committedPos", p, 0),
+            end_index=_int(props, "endIndex", p, -1),
+        )
+        if cp.begin_index < 0 or cp.begin_pos < 0 or cp.committed_index < cp.begin_index - 1:
+            raise MetaFileError(f"{p}: inconsistent checkpoint {cp}")
+        return cp
+
+    def save(self, cp: Checkpoint) -> None:
+        write_atomic(
+            self.path,
+            f"beginIndex={cp.begin_index}\nbeginPos={cp.begin_pos}\n"
+            f"beforeBeginTerm={cp.before_begin_term}\ncommittedIndex={cp.committed_index}\n"
+            f"committedPos={cp.committed_pos}\nendIndex={cp.end_index}\n",
+        )

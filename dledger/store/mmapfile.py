@@ -1,0 +1,329 @@
+"""Segmented memory-mapped files: ``MmapFile`` (one segment) and ``MmapFileList`` (a log).
+
+The RocketMQ ``MappedFile``/``MappedFileQueue`` pair, DLedger's ``DefaultMmapFile``/
+``MmapFileList`` (CHECKLIST ST-03, ST-10..ST-14).
+
+Invariants:
+- a segment file is named by the 20-digit absolute position of its first byte and is
+  exactly ``file_size`` bytes long; segment ``k+1`` starts at ``start_k + file_size``;
+- every segment but the last is full (``wrote == file_size``); writes go to the last one;
+- bytes at and after the last segment's ``wrote`` are zero (truncation zeroes what it
+  drops, recovery zeroes torn garbage), so a reader never mistakes stale bytes for data;
+- a record never straddles two segments: the writer pads the rest of a segment with a
+  blank record (``pad_to_limit``) and rolls to the next one (``new_segment``).
+
+Thread safety: the owning store serialises all calls; ``flush`` may run on another thread
+and only touches file descriptors, under ``flush_lock`` which closers also take.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+from .entry import MIN_BLANK_LEN, encode_blank
+
+log = logging.getLogger(__name__)
+
+NAME_DIGITS = 20
+ZERO_CHUNK = 1 << 16
+
+
+class StoreFileError(OSError):
+    """A segment file or directory is not what the store expects."""
+
+
+def segment_name(start: int) -> str:
+    return f"{start:0{NAME_DIGITS}d}"
+
+
+class MmapFile:
+    """One fixed-size segment, mapped read/write."""
+
+    __slots__ = ("_fd", "_mm", "flushed", "path", "size", "start", "wrote")
+
+    def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
+        self.path = path
+        self.start = start
+        self.size = size
+        flags = os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(self._fd).st_size
+            if actual > size:
+                raise StoreFileError(
+                    f"{path}: {actual} bytes, larger than the configured segment size {size}"
+                    " (was the segment size setting changed?)"
+                )
+            if actual < size:
+                # A new file, or one cut short by a crash or an operator: extend with zeros
+                # (sparse), which recovery reads as "no more records".
+                os.ftruncate(self._fd, size)
+            self._mm = mmap.mmap(self._fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.wrote = 0
+        self.flushed = 0
+
+    @property
+    def end(self) -> int:
+        """Absolute position just past the last written byte."""
+        return self.start + self.wrote
+
+    @property
+    def limit(self) -> int:
+        return self.start + self.size
+
+    @property
+    def free(self) -> int:
+        return self.size - self.wrote
+
+    @property
+    def mm(self) -> mmap.mmap:
+        return self._mm
+
+    def write(self, rel: int, data: bytes | bytearray | memoryview) -> None:
+        n = len(data)
+        assert 0 <= rel and rel + n <= self.size, (rel, n, self.size)
+        self._mm[rel : rel + n] = data
+
+    def read(self, rel: int, n: int) -> bytes:
+        assert 0 <= rel and rel + n <= self.size, (rel, n, self.size)
+        return self._mm[rel : rel + n]
+
+    def zero(self, rel: int, end_rel: int) -> None:
+        """Zero ``[rel, end_rel)`` in bounded chunks."""
+        while rel < end_rel:
+            n = min(ZERO_CHUNK, end_rel - rel)
+            self._mm[rel : rel + n] = bytes(n)
+            rel += n
+
+    def zero_garbage_from(self, rel: int) -> int:
+        """Zero non-zero bytes from ``rel`` on, chunk by chunk, stopping at the first chunk
+        that is already all zero. Returns the number of bytes zeroed."""
+        zeroed = 0
+        while rel < self.size:
+            n = min(ZERO_CHUNK, self.size - rel)
+            if self._mm[rel : rel + n].count(0) == n:
+                break
+            self._mm[rel : rel + n] = bytes(n)
+            zeroed += n
+            rel += n
+        return zeroed
+
+    def fsync(self) -> None:
+        # fdatasync on the descriptor writes back the pages dirtied through the shared
+        # mapping too, and (unlike mmap.flush) releases the GIL while it waits.
+        os.fdatasync(self._fd)
+
+    def close(self) -> None:
+        if not self._mm.closed:
+            self._mm.close()
+            os.close(self._fd)
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class MmapFileList:
+    """A logical byte log over consecutive segments in one directory."""
+
+    def __init__(self, directory: Path, file_size: int) -> None:
+        if file_size < MIN_BLANK_LEN * 2:
+            raise ValueError(f"segment size {file_size} too small")
+        self.dir = directory
+        self.file_size = file_size
+        self.files: list[MmapFile] = []
+        self.flush_lock = threading.Lock()
+        self._next_start = 0  # where a new segment starts when there is none
+        self._next_wrote = 0
+        directory.mkdir(parents=True, exist_ok=True)
+
+    # ---- loading ---------------------------------------------------------------------
+
+    def load(self) -> None:
+        """Open every segment in the directory; each is assumed full until recovery says
+        where the tail ends (``set_end``)."""
+        names = sorted(p.name for p in self.dir.iterdir() if p.is_file())
+        starts: list[int] = []
+        for name in names:
+            if len(name) != NAME_DIGITS or not name.isdigit():
+                if name.endswith(".tmp"):
+                    (self.dir / name).unlink()
+                    continue
+                raise StoreFileError(f"{self.dir / name}: unexpected file in a segment directory")
+            starts.append(int(name))
+        for prev, cur in zip(starts, starts[1:], strict=False):
+            if cur != prev + self.file_size:
+                raise StoreFileError(
+                    f"{self.dir}: segments {segment_name(prev)} and {segment_name(cur)} are not"
+                    f" contiguous for segment size {self.file_size}"
+                )
+        if starts and starts[0] % self.file_size:
+            raise StoreFileError(
+                f"{self.dir / segment_name(starts[0])}: start is not a multiple of the segment"
+                f" size {self.file_size}"
+            )
+        for start in starts:
+            f = MmapFile(self.dir / segment_name(start), start, self.file_size, create=False)
+            f.wrote = f.flushed = self.file_size
+            self.files.append(f)
+
+    # ---- positions ---------------------------------------------------------------------
+
+    @property
+    def begin(self) -> int:
+        """Start of the first segment (or where the first one will be created)."""
+        return self.files[0].start if self.files else self._next_start
+
+    @property
+    def end(self) -> int:
+        """Absolute position just past the last written byte."""
+        if not self.files:
+            return self._next_start + self._next_wrote
+        return self.files[-1].end
+
+    def segment_for(self, pos: int) -> MmapFile | None:
+        if not self.files or pos < self.files[0].start:
+            return None
+        k = (pos - self.files[0].start) // self.file_size
+        return self.files[k] if k < len(self.files) else None
+
+    def __iter__(self) -> Iterator[MmapFile]:
+        return iter(self.files)
+
+    # ---- appending ---------------------------------------------------------------------
+
+    def new_segment(self) -> MmapFile:
+        """Create the next segment (after the last one, or at the reset position)."""
+        if self.files:
+            start, wrote = self.files[-1].limit, 0
+        else:
+            start, wrote = self._next_start, self._next_wrote
+        f = MmapFile(self.dir / segment_name(start), start, self.file_size, create=True)
+        f.wrote = f.flushed = wrote
+        self.files.append(f)
+        return f
+
+    def pad_to_limit(self) -> None:
+        """Fill the rest of the last segment with a blank record (ST-10)."""
+        last = self.files[-1]
+        if last.free:
+            last.write(last.wrote, encode_blank(last.free)[:MIN_BLANK_LEN])
+            last.wrote = last.size
+
+    def write_at_end(self, data: bytes | bytearray | memoryview) -> None:
+        """Write bytes that the caller has already placed with ``pre_append``."""
+        last = self.files[-1]
+        assert last.wrote + len(data) <= last.size
+        last.write(last.wrote, data)
+        last.wrote += len(data)
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def read(self, pos: int, n: int) -> bytes:
+        f = self.segment_for(pos)
+        if f is None or pos + n > f.end:
+            raise IndexError(f"read of {n} bytes at pos {pos} is outside [{self.begin}, {self.end})")
+        return f.read(pos - f.start, n)
+
+    # ---- truncation, reset, deletion -----------------------------------------------------
+
+    def truncate(self, pos: int) -> None:
+        """Drop everything at and after ``pos``: later segments are deleted, the segment
+        holding ``pos`` is zeroed from there on."""
+        with self.flush_lock:
+            while self.files and self.files[-1].start > pos:
+                self.files.pop().destroy()
+            if not self.files or pos < self.files[0].start:
+                self._reset_unlocked(pos)
+                return
+            last = self.files[-1]
+            rel = pos - last.start
+            if rel < last.wrote:
+                last.zero(rel, last.wrote)
+            last.zero_garbage_from(max(rel, last.wrote))
+            last.wrote = rel
+            last.flushed = min(last.flushed, rel)
+
+    def set_end(self, pos: int) -> None:
+        """Recovery: the log ends at ``pos``. Later segments are deleted; garbage after
+        ``pos`` in its segment is zeroed (only as far as it is non-zero, so a mostly
+        empty preallocated segment is not rewritten)."""
+        with self.flush_lock:
+            while self.files and self.files[-1].start > pos:
+                self.files.pop().destroy()
+            if not self.files or pos < self.files[0].start:
+                self._reset_unlocked(pos)
+                return
+            last = self.files[-1]
+            rel = pos - last.start
+            assert rel <= last.size, (pos, last.start)
+            last.zero_garbage_from(rel)
+            last.wrote = rel
+            last.flushed = min(last.flushed, rel)
+
+    def reset(self, pos: int) -> None:
+        """Delete every segment; the next record is written at ``pos``."""
+        with self.flush_lock:
+            self._reset_unlocked(pos)
+
+    def _reset_unlocked(self, pos: int) -> None:
+        while self.files:
+            self.files.pop().destroy()
+        self._next_start = pos - pos % self.file_size
+        self._next_wrote = pos % self.file_size
+
+    def delete_head(self, before: int, max_files: int) -> int:
+        """Delete whole head segments that end at or before ``before``; never the last
+        segment. Returns how many were deleted."""
+        deleted = 0
+        with self.flush_lock:
+            while (
+                deleted < max_files and len(self.files) > 1 and self.files[0].limit <= before
+            ):
+                self.files.pop(0).destroy()
+                deleted += 1
+        return deleted
+
+    # ---- durability --------------------------------------------------------------------
+
+    def unflushed(self) -> list[tuple[MmapFile, int]]:
+        """Segments with bytes not yet synced, with the ``wrote`` to record once synced."""
+        return [(f, f.wrote) for f in self.files if f.flushed < f.wrote]
+
+    def sync(self, todo: list[tuple[MmapFile, int]]) -> None:
+        """fsync the given segments (call without the store lock held)."""
+        with self.flush_lock:
+            for f, wrote in todo:
+                if f.mm.closed:
+                    continue
+                f.fsync()
+                f.flushed = max(f.flushed, min(wrote, f.wrote))
+
+    @property
+    def flushed_end(self) -> int:
+        """Absolute position below which every byte is synced."""
+        for f in self.files:
+            if f.flushed < f.wrote:
+                return f.start + f.flushed
+        return self.end
+
+    def fsync_dir(self) -> None:
+        fd = os.open(self.dir, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self) -> None:
+        with self.flush_lock:
+            for f in self.files:
+                f.close()
+            self.files.clear()
