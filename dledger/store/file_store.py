@@ -40,9 +40,9 @@ from .base import (
     place_entry,
 )
 from .entry import (
-    BLANK,
     BODY_CRC_OFFSET,
     BODY_OFFSET,
+    CHAIN_CRC_OFFSET,
     ENTRY_MAGICS,
     HEADER,
     INDEX_UNIT,
@@ -55,6 +55,7 @@ from .entry import (
     EntryHeader,
     EntryMeta,
     IndexUnit,
+    chain_crc,
     decode_entry,
     decode_header,
     decode_index_unit,
@@ -70,6 +71,11 @@ _U32 = struct.Struct(">I")
 def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
     """``<data_dir>/dledger/<group>/<node_id>`` (DESIGN §4)."""
     return Path(data_dir) / "dledger" / group / node_id
+
+
+UNKNOWN_CHAIN = -1
+"""A chain seed recovery cannot know (checkpoint lost on a log that does not start at 0):
+the first entry's chain is then accepted as it is."""
 
 
 def disk_usage_ratio(path: Path) -> float:
@@ -103,6 +109,8 @@ class FileStore:
         self._begin_index = 0
         self._begin_pos = 0
         self._before_begin_term = -1
+        self._before_begin_chain = 0
+        self._end_chain = 0  # chain CRC of the last entry (the next entry's seed)
         self._end_index = -1
         self._end_term = -1
         self._committed_index = -1
@@ -137,8 +145,16 @@ class FileStore:
         return self._before_begin_term
 
     @property
+    def ledger_before_begin_chain(self) -> int:
+        return self._before_begin_chain
+
+    @property
     def ledger_end_index(self) -> int:
         return self._end_index
+
+    @property
+    def ledger_end_chain(self) -> int:
+        return self._end_chain
 
     @property
     def ledger_end_term(self) -> int:
@@ -201,13 +217,13 @@ class FileStore:
                     DLedgerCode.INCONSISTENT_TERM,
                     f"leader term {term} is below the ledger end term {self._end_term}",
                 )
-            runs, metas = self._encode_leader_runs(term, bodies, magic)
-            self._write_runs(runs, metas)
+            runs, metas, chain = self._encode_leader_runs(term, bodies, magic)
+            self._write_runs(runs, metas, chain)
             return metas
 
     def _encode_leader_runs(
         self, term: int, bodies: Sequence[bytes | bytearray | memoryview], magic: int
-    ) -> tuple[list[tuple[int, bytearray]], list[EntryMeta]]:
+    ) -> tuple[list[tuple[int, bytearray]], list[EntryMeta], int]:
         """Encode ``bodies`` into runs of consecutive entries, one run per segment."""
         seg_size = self.settings.data_file_size
         hooks = self._hooks
@@ -217,6 +233,7 @@ class FileStore:
         metas: list[EntryMeta] = []
         end_pos = self._data.end
         index = self._end_index + 1
+        chain = self._end_chain
         i, n = 0, len(bodies)
         while i < n:
             first_pos = place_entry(end_pos, seg_size, BODY_OFFSET + len(bodies[i]))
@@ -238,8 +255,11 @@ class FileStore:
                 meta = EntryMeta(index, term, pos, size, magic)
                 for hook in hooks:
                     hook(meta, view[off : off + size], BODY_OFFSET)
-                crc = zlib.crc32(view[off + BODY_OFFSET : off + size])
-                pack_crc(buf, off + BODY_CRC_OFFSET, crc)
+                pack_crc(
+                    buf, off + BODY_CRC_OFFSET, zlib.crc32(view[off + BODY_OFFSET : off + size])
+                )
+                chain = chain_crc(buf, chain, off)
+                pack_crc(buf, off + CHAIN_CRC_OFFSET, chain)
                 metas.append(meta)
                 index += 1
                 off += size
@@ -247,10 +267,13 @@ class FileStore:
             runs.append((first_pos, buf))
             end_pos = first_pos + total
             i = k
-        return runs, metas
+        return runs, metas, chain
 
     def _write_runs(
-        self, runs: Sequence[tuple[int, bytes | bytearray | memoryview]], metas: list[EntryMeta]
+        self,
+        runs: Sequence[tuple[int, bytes | bytearray | memoryview]],
+        metas: list[EntryMeta],
+        end_chain: int,
     ) -> None:
         """Write pre-placed runs of entries and their index units; update ledger end."""
         if not metas:
@@ -259,10 +282,13 @@ class FileStore:
             self._data_write(pos, data)
         units = bytearray(INDEX_UNIT_SIZE * len(metas))
         for k, m in enumerate(metas):
-            INDEX_UNIT.pack_into(units, k * INDEX_UNIT_SIZE, m.magic, m.pos, m.size, m.index, m.term)
+            INDEX_UNIT.pack_into(
+                units, k * INDEX_UNIT_SIZE, m.magic, m.pos, m.size, m.index, m.term
+            )
         self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
         self._end_index = metas[-1].index
         self._end_term = metas[-1].term
+        self._end_chain = end_chain
         if self.settings.flush == "sync":
             self._sync_now()
 
@@ -303,6 +329,7 @@ class FileStore:
             end_pos = self._data.end
             index = self._end_index + 1
             term = self._end_term
+            chain = self._end_chain
             metas: list[EntryMeta] = []
             runs: list[tuple[int, memoryview]] = []
             run_start, run_pos = 0, -1
@@ -311,7 +338,9 @@ class FileStore:
                 try:
                     h = decode_header(view, off)
                 except CodecError as e:
-                    raise StoreError(DLedgerCode.INCONSISTENT_STATE, f"bad entry header: {e}") from e
+                    raise StoreError(
+                        DLedgerCode.INCONSISTENT_STATE, f"bad entry header: {e}"
+                    ) from e
                 if h.index != index:
                     raise StoreError(
                         DLedgerCode.INCONSISTENT_INDEX,
@@ -336,6 +365,12 @@ class FileStore:
                     raise StoreError(
                         DLedgerCode.INCONSISTENT_STATE, f"entry {h.index}: body CRC mismatch"
                     )
+                chain = chain_crc(view, chain, off)
+                if chain != h.chain_crc:
+                    raise StoreError(
+                        DLedgerCode.INCONSISTENT_STATE,
+                        f"entry {h.index}: chain CRC mismatch (histories differ before it)",
+                    )
                 if pos != end_pos or run_pos < 0:
                     if run_pos >= 0:
                         runs.append((run_pos, view[run_start:off]))
@@ -347,7 +382,7 @@ class FileStore:
                 off += h.size
             if run_pos >= 0:
                 runs.append((run_pos, view[run_start:off]))
-            self._write_runs(runs, metas)
+            self._write_runs(runs, metas, chain)
             return metas
 
     # ---- reads -------------------------------------------------------------------------
@@ -377,6 +412,10 @@ class FileStore:
         if e.index != index or e.pos != u.pos:
             raise StoreCorruptionError(f"{self._where(u.pos)}: index unit and entry disagree")
         return e
+
+    def _header(self, index: int) -> EntryHeader:
+        u = self._unit(index)
+        return decode_header(self._data.read(u.pos, BODY_OFFSET))
 
     def term_at(self, index: int) -> int:
         """Term of the entry at ``index``; the before-begin term for ``begin - 1``."""
@@ -410,7 +449,11 @@ class FileStore:
             i = from_index + 1
             while i <= last_index:
                 u = self._unit(i)
-                if u.pos != end or u.pos + u.size > seg_limit or end + u.size - first.pos > max_bytes:
+                if (
+                    u.pos != end
+                    or u.pos + u.size > seg_limit
+                    or end + u.size - first.pos > max_bytes
+                ):
                     break
                 end += u.size
                 i += 1
@@ -461,17 +504,19 @@ class FileStore:
             pos = self._unit(from_index).pos
             self._data.truncate(pos)
             self._index.truncate(from_index * INDEX_UNIT_SIZE)
+            if from_index == self._begin_index:
+                self._end_term, self._end_chain = self._before_begin_term, self._before_begin_chain
+            else:
+                prev = self._header(from_index - 1)
+                self._end_term, self._end_chain = prev.term, prev.chain_crc
             self._end_index = from_index - 1
-            self._end_term = (
-                self._before_begin_term
-                if from_index == self._begin_index
-                else self._unit(from_index - 1).term
-            )
             self._durable_index = min(self._durable_index, self._end_index)
             self._generation += 1
             return self._end_index
 
-    def reset(self, begin_index: int, begin_pos: int, before_begin_term: int) -> None:
+    def reset(
+        self, begin_index: int, begin_pos: int, before_begin_term: int, before_begin_chain: int = 0
+    ) -> None:
         """Drop the whole log; the next entry is ``begin_index`` at ``begin_pos``.
 
         For a follower behind the leader's head (after INSTALL_SNAPSHOT). Everything up to
@@ -484,6 +529,7 @@ class FileStore:
                 begin_index=begin_index,
                 begin_pos=begin_pos,
                 before_begin_term=before_begin_term,
+                before_begin_chain=before_begin_chain,
                 committed_index=begin_index - 1,
                 committed_pos=begin_pos,
                 end_index=begin_index - 1,
@@ -494,6 +540,7 @@ class FileStore:
             self._begin_index = begin_index
             self._begin_pos = begin_pos
             self._before_begin_term = before_begin_term
+            self._before_begin_chain = self._end_chain = before_begin_chain
             self._end_index = self._durable_index = begin_index - 1
             self._end_term = before_begin_term
             self._committed_index = begin_index - 1
@@ -557,6 +604,7 @@ class FileStore:
                 begin_index=self._begin_index,
                 begin_pos=self.ledger_begin_pos,
                 before_begin_term=self._before_begin_term,
+                before_begin_chain=self._before_begin_chain,
                 committed_index=max(committed, self._begin_index - 1),
                 committed_pos=committed_pos,
                 end_index=self._durable_index,
@@ -628,12 +676,13 @@ class FileStore:
             new_begin = self._end_index + 1
         else:
             new_begin = decode_header(nxt.mm, 0).index
-        before_term = self._unit(new_begin - 1).term
+        before = self._header(new_begin - 1)
         self._data.delete_head(new_begin_pos, 1)
         self._index.delete_head(new_begin * INDEX_UNIT_SIZE, len(self._index.files))
         self._begin_index = new_begin
         self._begin_pos = new_begin_pos
-        self._before_begin_term = before_term
+        self._before_begin_term = before.term
+        self._before_begin_chain = before.chain_crc
 
     # ---- recovery ----------------------------------------------------------------------
 
@@ -650,6 +699,7 @@ class FileStore:
         self._data.load()
         self._index.load()
 
+        before_chain = cp.before_begin_chain if cp is not None else 0
         if cp is not None:
             begin_index, begin_pos, before_term = cp.begin_index, cp.begin_pos, cp.before_begin_term
             # Head segments wholly below the begin were due for deletion (retention or a
@@ -657,7 +707,7 @@ class FileStore:
             self._data.delete_head(begin_pos, len(self._data.files))
         elif self._data.files:
             begin_pos = self._data.files[0].start
-            begin_index, before_term = self._infer_begin(begin_pos)
+            begin_index, before_term, before_chain = self._infer_begin()
         else:
             begin_index, begin_pos, before_term = 0, 0, -1
         if self._data.files and self._data.files[0].start > begin_pos:
@@ -665,19 +715,16 @@ class FileStore:
                 f"{self._data.dir}: the log should begin at pos {begin_pos} but the first"
                 f" segment starts at {self._data.files[0].start}"
             )
-        self._begin_index, self._begin_pos, self._before_begin_term = (
-            begin_index,
-            begin_pos,
-            before_term,
-        )
+        self._begin_index, self._begin_pos = begin_index, begin_pos
+        self._before_begin_term, self._before_begin_chain = before_term, before_chain
         committed = cp.committed_index if cp else -1
 
         # Where to start the scan.
-        pos, index, term = begin_pos, begin_index, before_term
+        pos, index, term, chain = begin_pos, begin_index, before_term, before_chain
         if committed >= begin_index and self.settings.recovery_verify == "checkpoint":
             start = self._checkpoint_start(committed)
             if start is not None:
-                pos, index, term = start
+                pos, index, term, chain = start
 
         scanned = 0
         rebuild_from: int | None = None
@@ -701,7 +748,7 @@ class FileStore:
                 elif magic == 0 and f.mm[rel : rel + BODY_OFFSET].count(0) == BODY_OFFSET:
                     break  # clean end of the log
                 else:
-                    problem = self._check_entry_at(f, rel, pos, index, term)
+                    problem = self._check_entry_at(f, rel, pos, index, term, chain)
             if problem is not None:
                 if index <= committed:
                     raise StoreCorruptionError(
@@ -726,7 +773,7 @@ class FileStore:
                     index * INDEX_UNIT_SIZE,
                     INDEX_UNIT.pack(h.magic, pos, h.size, index, h.term),
                 )
-            term = h.term
+            term, chain = h.term, h.chain_crc
             index += 1
             pos += h.size
             scanned += 1
@@ -742,7 +789,11 @@ class FileStore:
         if rebuild_from is None:
             self._index_reset_to(end_index + 1, keep=True)
         self._end_index = self._durable_index = end_index
-        self._end_term = term
+        self._end_term, self._end_chain = term, chain
+        if self._before_begin_chain == UNKNOWN_CHAIN:
+            self._before_begin_chain = 0
+            if self._end_chain == UNKNOWN_CHAIN:
+                self._end_chain = 0
         if cp is not None and committed >= begin_index:
             self._committed_index = committed
             u = self._unit(committed)
@@ -765,29 +816,25 @@ class FileStore:
             self.recovery_stats["seconds"],
         )
 
-    def _infer_begin(self, begin_pos: int) -> tuple[int, int]:
-        """Begin index and before-begin term without a checkpoint: from the first entry."""
+    def _infer_begin(self) -> tuple[int, int, int]:
+        """Begin index, before-begin term and chain without a checkpoint (it was lost):
+        the first segment's first entry says where the log begins. Its chain seed is
+        unknown, so it is taken from that entry (the chain is then checked from there)."""
         try:
             h = decode_header(self._data.files[0].mm, 0)
         except CodecError:
-            return 0, -1
-        before_term = -1
-        if h.index > 0:
-            try:
-                before_term = decode_index_unit(
-                    self._index.read((h.index - 1) * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
-                ).term
-            except (IndexError, CodecError):
-                before_term = h.term
-        return h.index, before_term
+            return 0, -1, 0
+        if h.index == 0:
+            return 0, -1, 0
+        before_term = self._unit_raw_term(h.index - 1)
+        log.warning("no checkpoint in %s: the log is taken to begin at entry %d", self.dir, h.index)
+        return h.index, h.term if before_term is None else before_term, UNKNOWN_CHAIN
 
-    def _checkpoint_start(self, committed: int) -> tuple[int, int, int] | None:
-        """(pos, index, prev term) to scan from: the committed entry, when its index unit
-        and data header agree. ``None`` means scan from the begin (index rebuilt)."""
+    def _checkpoint_start(self, committed: int) -> tuple[int, int, int, int] | None:
+        """(pos, index, prev term, prev chain) to scan from: the committed entry, when its
+        index unit and data header agree. ``None`` means scan from the begin."""
         try:
-            u = decode_index_unit(
-                self._index.read(committed * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
-            )
+            u = decode_index_unit(self._index.read(committed * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
         except (IndexError, CodecError):
             return None
         f = self._data.segment_for(u.pos)
@@ -799,20 +846,31 @@ class FileStore:
             return None
         if (h.index, h.term, h.pos, h.size) != (u.index, u.term, u.pos, u.size):
             return None
-        prev_term = (
-            self._before_begin_term if committed == self._begin_index else self._unit_raw_term(committed - 1)
-        )
-        if prev_term is None:
+        if committed == self._begin_index:
+            return u.pos, committed, self._before_begin_term, self._before_begin_chain
+        try:
+            p = decode_index_unit(
+                self._index.read((committed - 1) * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+            )
+            pf = self._data.segment_for(p.pos)
+            if pf is None:
+                return None
+            prev = decode_header(pf.mm, p.pos - pf.start)
+        except (IndexError, CodecError):
             return None
-        return u.pos, committed, prev_term
+        return u.pos, committed, prev.term, prev.chain_crc
 
     def _unit_raw_term(self, index: int) -> int | None:
         try:
-            return decode_index_unit(self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)).term
+            return decode_index_unit(
+                self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+            ).term
         except (IndexError, CodecError):
             return None
 
-    def _check_entry_at(self, f: MmapFile, rel: int, pos: int, index: int, term: int) -> str | None:
+    def _check_entry_at(  # noqa: PLR0917
+        self, f: MmapFile, rel: int, pos: int, index: int, term: int, chain: int
+    ) -> str | None:
         """Why the record at ``pos`` is not the valid entry ``index``; None if it is."""
         if f.size - rel < BODY_OFFSET:
             return "header crosses the segment end"
@@ -829,6 +887,13 @@ class FileStore:
             return f"pos field {h.pos}, expected {pos}"
         if h.term < term:
             return f"term {h.term} below the previous entry's {term}"
+        if h.channel != 0:
+            return f"reserved channel field is {h.channel}"
+        if (
+            chain != UNKNOWN_CHAIN
+            and chain_crc(f.mm[rel : rel + BODY_OFFSET], chain) != h.chain_crc
+        ):
+            return "chain CRC mismatch (damaged header)"
         if zlib.crc32(f.mm[rel + BODY_OFFSET : rel + h.size]) != h.body_crc:
             return "body CRC mismatch"
         return None
@@ -839,7 +904,13 @@ class FileStore:
         if f is None or ipos + INDEX_UNIT_SIZE > f.end:
             return False
         u = decode_index_unit(f.mm, ipos - f.start)
-        return (u.magic, u.pos, u.size, u.index, u.term) == (h.magic, h.pos, h.size, h.index, h.term)
+        return (u.magic, u.pos, u.size, u.index, u.term) == (
+            h.magic,
+            h.pos,
+            h.size,
+            h.index,
+            h.term,
+        )
 
     def _index_reset_to(self, index: int, keep: bool = False) -> None:
         """Make the index list end at unit ``index`` (truncating or resetting)."""

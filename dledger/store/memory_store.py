@@ -17,12 +17,14 @@ from .base import AppendHook, StoreError, StoreSettings, check_leader_bodies, pl
 from .entry import (
     BODY_CRC_OFFSET,
     BODY_OFFSET,
+    CHAIN_CRC_OFFSET,
     ENTRY_MAGICS,
     HEADER,
     MAGIC_NORMAL,
     CodecError,
     Entry,
     EntryMeta,
+    chain_crc,
     decode_entry,
     decode_header,
 )
@@ -41,6 +43,8 @@ class MemoryStore:
         self._begin_index = 0
         self._begin_pos = 0
         self._before_begin_term = -1
+        self._before_begin_chain = 0
+        self._chains: list[int] = []
         self._end_pos = 0
         self._committed_index = -1
         self._committed_pos = 0
@@ -63,6 +67,14 @@ class MemoryStore:
         return self._terms[-1] if self._terms else self._before_begin_term
 
     @property
+    def ledger_before_begin_chain(self) -> int:
+        return self._before_begin_chain
+
+    @property
+    def ledger_end_chain(self) -> int:
+        return self._chains[-1] if self._chains else self._before_begin_chain
+
+    @property
     def ledger_begin_pos(self) -> int:
         return self._begin_pos
 
@@ -81,10 +93,11 @@ class MemoryStore:
     def add_append_hook(self, hook: AppendHook) -> None:
         self._hooks.append(hook)
 
-    def _push(self, raw: bytes, pos: int, term: int) -> None:
+    def _push(self, raw: bytes, pos: int, term: int, chain: int) -> None:
         self._entries.append(raw)
         self._pos.append(pos)
         self._terms.append(term)
+        self._chains.append(chain)
         self._end_pos = pos + len(raw)
 
     def append_as_leader(
@@ -100,7 +113,7 @@ class MemoryStore:
             raise StoreError(DLedgerCode.INCONSISTENT_TERM, f"leader term {term} went back")
         seg = self.settings.data_file_size
         encoded: list[tuple[bytes, int, EntryMeta]] = []
-        end_pos, index = self._end_pos, self.ledger_end_index + 1
+        end_pos, index, chain = self._end_pos, self.ledger_end_index + 1, self.ledger_end_chain
         for body in bodies:
             size = BODY_OFFSET + len(body)
             pos = place_entry(end_pos, seg, size)
@@ -113,16 +126,19 @@ class MemoryStore:
                     hook(meta, view, BODY_OFFSET)
             crc = zlib.crc32(memoryview(buf)[BODY_OFFSET:])
             buf[BODY_CRC_OFFSET : BODY_CRC_OFFSET + 4] = crc.to_bytes(4, "big")
+            chain = chain_crc(buf, chain)
+            buf[CHAIN_CRC_OFFSET : CHAIN_CRC_OFFSET + 4] = chain.to_bytes(4, "big")
             encoded.append((bytes(buf), pos, meta))
             end_pos, index = pos + size, index + 1
         for raw, pos, meta in encoded:
-            self._push(raw, pos, meta.term)
+            self._push(raw, pos, meta.term, int.from_bytes(raw[CHAIN_CRC_OFFSET:BODY_CRC_OFFSET]))
         return [m for _, _, m in encoded]
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]:
         view = memoryview(data)
         seg = self.settings.data_file_size
         end_pos, index, term = self._end_pos, self.ledger_end_index + 1, self.ledger_end_term
+        chain = self.ledger_end_chain
         staged: list[tuple[bytes, EntryMeta]] = []
         off = 0
         while off < len(view):
@@ -136,6 +152,9 @@ class MemoryStore:
                 )
             if e.term < term:
                 raise StoreError(DLedgerCode.INCONSISTENT_TERM, f"entry {e.index} term went back")
+            chain = chain_crc(view, chain, off)
+            if chain != e.chain_crc:
+                raise StoreError(DLedgerCode.INCONSISTENT_STATE, f"entry {e.index}: chain CRC")
             pos = place_entry(end_pos, seg, e.size)
             if e.pos != pos:
                 raise StoreError(
@@ -147,7 +166,9 @@ class MemoryStore:
             end_pos, index, term = pos + e.size, index + 1, e.term
             off += e.size
         for raw, meta in staged:
-            self._push(raw, meta.pos, meta.term)
+            self._push(
+                raw, meta.pos, meta.term, int.from_bytes(raw[CHAIN_CRC_OFFSET:BODY_CRC_OFFSET])
+            )
         return [m for _, m in staged]
 
     def _slot(self, index: int) -> int:
@@ -212,11 +233,14 @@ class MemoryStore:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "truncate would drop committed data")
         k = self._slot(from_index)
         self._end_pos = self._pos[k]
-        del self._entries[k:], self._pos[k:], self._terms[k:]
+        del self._entries[k:], self._pos[k:], self._terms[k:], self._chains[k:]
         return self.ledger_end_index
 
-    def reset(self, begin_index: int, begin_pos: int, before_begin_term: int) -> None:
-        self._entries, self._pos, self._terms = [], [], []
+    def reset(
+        self, begin_index: int, begin_pos: int, before_begin_term: int, before_begin_chain: int = 0
+    ) -> None:
+        self._entries, self._pos, self._terms, self._chains = [], [], [], []
+        self._before_begin_chain = before_begin_chain
         self._begin_index, self._begin_pos = begin_index, begin_pos
         self._before_begin_term = before_begin_term
         self._end_pos = begin_pos
@@ -229,8 +253,9 @@ class MemoryStore:
         if n <= 0:
             return
         self._before_begin_term = self._terms[n - 1]
+        self._before_begin_chain = self._chains[n - 1]
         self._begin_pos = self._pos[n] if n < len(self._pos) else self._end_pos
-        del self._entries[:n], self._pos[:n], self._terms[:n]
+        del self._entries[:n], self._pos[:n], self._terms[:n], self._chains[:n]
         self._begin_index = index
 
     def update_committed(self, index: int) -> None:

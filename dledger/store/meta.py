@@ -48,8 +48,8 @@ def read_properties(path: Path) -> dict[str, str] | None:
     except FileNotFoundError:
         return None
     props: dict[str, str] = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
         if not line or line.startswith("#"):
             continue
         key, sep, value = line.partition("=")
@@ -101,13 +101,15 @@ class Checkpoint:
 
     ``begin_index``/``begin_pos``: the first entry the log holds or will hold (after a
     reset or head deletion); ``before_begin_term``: the term of entry ``begin_index - 1``
-    (-1 when there is none); ``committed_index``/``committed_pos``: the last entry known
-    committed and durable, and the position just past it.
+    (-1 when there is none) and ``before_begin_chain`` its chain CRC;
+    ``committed_index``/``committed_pos``: the last entry known committed and durable, and
+    the position just past it.
     """
 
     begin_index: int = 0
     begin_pos: int = 0
     before_begin_term: int = -1
+    before_begin_chain: int = 0
     committed_index: int = -1
     committed_pos: int = 0
     end_index: int = -1
@@ -126,6 +128,7 @@ class CheckpointFile:
             begin_index=_int(props, "beginIndex", p, 0),
             begin_pos=_int(props, "beginPos", p, 0),
             before_begin_term=_int(props, "beforeBeginTerm", p, -1),
+            before_begin_chain=_int(props, "beforeBeginChain", p, 0),
             committed_index=_int(props, "committedIndex", p, -1),
             committed_pos=_int(props, "committedPos", p, 0),
             end_index=_int(props, "endIndex", p, -1),
@@ -138,6 +141,7 @@ class CheckpointFile:
         write_atomic(
             self.path,
             f"beginIndex={cp.begin_index}\nbeginPos={cp.begin_pos}\n"
-            f"beforeBeginTerm={cp.before_begin_term}\ncommittedIndex={cp.committed_index}\n"
+            f"beforeBeginTerm={cp.before_begin_term}\nbeforeBeginChain={cp.before_begin_chain}\n"
+            f"committedIndex={cp.committed_index}\n"
             f"committedPos={cp.committed_pos}\nendIndex={cp.end_index}\n",
         )

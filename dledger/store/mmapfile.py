@@ -18,6 +18,7 @@ and only touches file descriptors, under ``flush_lock`` which closers also take.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import mmap
 import os
@@ -89,11 +90,11 @@ class MmapFile:
 
     def write(self, rel: int, data: bytes | bytearray | memoryview) -> None:
         n = len(data)
-        assert 0 <= rel and rel + n <= self.size, (rel, n, self.size)
+        assert rel >= 0 and rel + n <= self.size, (rel, n, self.size)
         self._mm[rel : rel + n] = data
 
     def read(self, rel: int, n: int) -> bytes:
-        assert 0 <= rel and rel + n <= self.size, (rel, n, self.size)
+        assert rel >= 0 and rel + n <= self.size, (rel, n, self.size)
         return self._mm[rel : rel + n]
 
     def zero(self, rel: int, end_rel: int) -> None:
@@ -159,7 +160,7 @@ class MmapFileList:
                     continue
                 raise StoreFileError(f"{self.dir / name}: unexpected file in a segment directory")
             starts.append(int(name))
-        for prev, cur in zip(starts, starts[1:], strict=False):
+        for prev, cur in itertools.pairwise(starts):
             if cur != prev + self.file_size:
                 raise StoreFileError(
                     f"{self.dir}: segments {segment_name(prev)} and {segment_name(cur)} are not"
@@ -230,7 +231,9 @@ class MmapFileList:
     def read(self, pos: int, n: int) -> bytes:
         f = self.segment_for(pos)
         if f is None or pos + n > f.end:
-            raise IndexError(f"read of {n} bytes at pos {pos} is outside [{self.begin}, {self.end})")
+            raise IndexError(
+                f"read of {n} bytes at pos {pos} is outside [{self.begin}, {self.end})"
+            )
         return f.read(pos - f.start, n)
 
     # ---- truncation, reset, deletion -----------------------------------------------------
@@ -285,9 +288,7 @@ class MmapFileList:
         segment. Returns how many were deleted."""
         deleted = 0
         with self.flush_lock:
-            while (
-                deleted < max_files and len(self.files) > 1 and self.files[0].limit <= before
-            ):
+            while deleted < max_files and len(self.files) > 1 and self.files[0].limit <= before:
                 self.files.pop(0).destroy()
                 deleted += 1
         return deleted
