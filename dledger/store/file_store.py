@@ -501,14 +501,18 @@ class FileStore:
                     DLedgerCode.INDEX_LESS_THAN_LOCAL_BEGIN,
                     f"truncate from {from_index} below ledger begin {self._begin_index}",
                 )
-            pos = self._unit(from_index).pos
-            self._data.truncate(pos)
-            self._index.truncate(from_index * INDEX_UNIT_SIZE)
+            # The log ends where its last entry ends: cutting at the entry that opened a
+            # segment also removes the blank padding before it, so the next placement is
+            # the same as on a replica that never had the entry.
             if from_index == self._begin_index:
+                pos = self.ledger_begin_pos
                 self._end_term, self._end_chain = self._before_begin_term, self._before_begin_chain
             else:
                 prev = self._header(from_index - 1)
+                pos = prev.pos + prev.size
                 self._end_term, self._end_chain = prev.term, prev.chain_crc
+            self._data.truncate(pos)
+            self._index.truncate(from_index * INDEX_UNIT_SIZE)
             self._end_index = from_index - 1
             self._durable_index = min(self._durable_index, self._end_index)
             self._generation += 1
@@ -728,6 +732,7 @@ class FileStore:
 
         scanned = 0
         rebuild_from: int | None = None
+        entries_end = pos  # the log ends where its last valid entry ends (not after a blank)
         while True:
             f = self._data.segment_for(pos)
             if f is None:
@@ -776,9 +781,11 @@ class FileStore:
             term, chain = h.term, h.chain_crc
             index += 1
             pos += h.size
+            entries_end = pos
             scanned += 1
 
         end_index = index - 1
+        pos = entries_end
         if end_index < committed:
             raise StoreCorruptionError(
                 f"{self._data.dir}: the log ends at entry {end_index} (pos {pos}) but the"

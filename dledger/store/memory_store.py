@@ -232,7 +232,7 @@ class MemoryStore:
         if from_index <= self._committed_index:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "truncate would drop committed data")
         k = self._slot(from_index)
-        self._end_pos = self._pos[k]
+        self._end_pos = self._pos[k - 1] + len(self._entries[k - 1]) if k else self._begin_pos
         del self._entries[k:], self._pos[k:], self._terms[k:], self._chains[k:]
         return self.ledger_end_index
 

@@ -1,0 +1,35 @@
+"""DESIGN §2: ``api → broker → {consumequeue, dledger}``; dledger and consumequeue import
+nothing of ours but (for consumequeue) dledger's file helpers."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+OURS = {"dledger", "broker", "consumequeue", "api"}
+ALLOWED = {
+    "dledger": {"dledger"},
+    "consumequeue": {"consumequeue", "dledger"},
+    "broker": OURS - {"api"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names & OURS
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_the_layers_below_it(package: str) -> None:
+    for path in sorted((ROOT / package).rglob("*.py")):
+        bad = _imports(path) - ALLOWED[package]
+        assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
