@@ -6,10 +6,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 from dledger.store import FileStore, StoreSettings
 
-TINY = StoreSettings(data_file_size=4096, index_file_size=32 * 16, flush_interval_ms=5)
+# A slow, noisy CI machine must not turn hypothesis' per-example deadline into flakes.
+settings.register_profile("ci", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci")
+
+# Background retention is off (an hour's interval) so tests that call clean() decide
+# exactly when it runs; test_background_retention_runs_on_its_own turns it on.
+TINY = StoreSettings(
+    data_file_size=4096, index_file_size=32 * 16, flush_interval_ms=5, clean_interval_ms=3_600_000
+)
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ Threads: callers serialise through ``self._lock`` (one writer, as DLedger's
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 import shutil
@@ -61,7 +62,7 @@ from .entry import (
     decode_index_unit,
 )
 from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
-from .mmapfile import MmapFile, MmapFileList
+from .mmapfile import MmapFile, MmapFileList, StoreFileError
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,18 @@ def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
 UNKNOWN_CHAIN = -1
 """A chain seed recovery cannot know (checkpoint lost on a log that does not start at 0):
 the first entry's chain is then accepted as it is."""
+
+
+def _lock_directory(directory: Path) -> int:
+    """Hold an exclusive lock on ``<dir>/lock`` for the store's lifetime: two processes
+    writing one log would corrupt it."""
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreFileError(f"{directory} is in use by another process") from None
+    return fd
 
 
 def disk_usage_ratio(path: Path) -> float:
@@ -97,6 +110,7 @@ class FileStore:
         self.dir = Path(directory)
         self.settings = s = settings or StoreSettings()
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_directory(self.dir)
         self._data = MmapFileList(self.dir / "data", s.data_file_size)
         self._index = MmapFileList(self.dir / "index", s.index_file_size)
         self._term_vote = TermVoteFile(self.dir / "currterm")
@@ -123,7 +137,13 @@ class FileStore:
         self._closed = False
 
         self.recovery_stats: dict[str, float] = {}
-        self._recover()
+        try:
+            self._recover()
+        except BaseException:
+            self._data.close()
+            self._index.close()
+            os.close(self._lock_fd)
+            raise
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._background, name=f"dledger-flush-{self.dir.name}", daemon=True
@@ -944,6 +964,7 @@ class FileStore:
             self._closed = True
             self._data.close()
             self._index.close()
+            os.close(self._lock_fd)
 
     def __enter__(self) -> FileStore:
         return self

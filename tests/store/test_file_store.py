@@ -6,6 +6,8 @@ import dataclasses
 import itertools
 import os
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -336,7 +338,8 @@ def test_term_and_vote_are_written_atomically(tmp_path: Path) -> None:
     assert (tmp_path / "currterm").read_text() == "currTerm=7\nvoteLeader=n2\n"
     assert not list(tmp_path.glob("*.tmp"))
     s.close()
-    assert FileStore(tmp_path, TINY).load_term_vote() == TermVote(7, "n2")
+    with FileStore(tmp_path, TINY) as s:
+        assert s.load_term_vote() == TermVote(7, "n2")
 
 
 def test_sync_flush_makes_every_append_durable_before_it_returns(tmp_path: Path) -> None:
@@ -459,6 +462,34 @@ def test_retention_deletes_expired_head_segments_but_never_past_committed(tmp_pa
     s = FileStore(tmp_path, TINY)
     assert s.ledger_begin_index == begin and s.ledger_end_index == 199
     s.close()
+
+
+def test_background_retention_runs_on_its_own(tmp_path: Path) -> None:
+    s = FileStore(tmp_path, dataclasses.replace(TINY, clean_interval_ms=10, file_reserved_hours=1))
+    s.append_as_leader(1, bodies(100, size=300))
+    _age_all(s, 2)
+    s.update_committed(99)
+    wait_until(lambda: len(s.data_files()) == 1)
+    assert s.ledger_begin_index > 0
+    s.close()
+
+
+def test_a_second_process_cannot_open_the_same_store(tmp_path: Path) -> None:
+    with FileStore(tmp_path, TINY):
+        code = (
+            "import sys; from dledger.store import FileStore;"
+            "from dledger.store.mmapfile import StoreFileError\n"
+            "try:\n FileStore(sys.argv[1])\nexcept StoreFileError as e:\n print(e); sys.exit(3)"
+        )
+        out = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 3, out.stderr
+        assert "in use" in out.stdout
 
 
 def test_retention_keeps_young_segments_and_the_active_one(tmp_path: Path) -> None:
