@@ -100,7 +100,7 @@ class LogStore(Protocol):
     def add_append_hook(self, hook: AppendHook) -> None: ...
     def append_as_leader(
         self, term: int, bodies: Sequence[bytes | bytearray | memoryview], magic: int = ...
-    ) -> list[EntryMeta]: ...
+    ) -> Sequence[EntryMeta]: ...
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]: ...
     def get(self, index: int) -> Entry: ...
     def get_meta(self, index: int) -> EntryMeta: ...
@@ -142,9 +142,9 @@ def check_leader_bodies(
     if not bodies:
         raise StoreError(DLedgerCode.REQUEST_WITH_EMPTY_BODYS, "append with no bodies")
     limit = settings.max_entry_bytes - 48
-    for i, body in enumerate(bodies):
-        if len(body) > limit:
-            raise StoreError(
-                DLedgerCode.UNEXPECTED_ARGUMENT,
-                f"body {i} is {len(body)} bytes, over the limit of {limit}",
-            )
+    if max(map(len, bodies)) > limit:
+        i = next(i for i, body in enumerate(bodies) if len(body) > limit)
+        raise StoreError(
+            DLedgerCode.UNEXPECTED_ARGUMENT,
+            f"body {i} is {len(bodies[i])} bytes, over the limit of {limit}",
+        )

@@ -10,11 +10,12 @@ Invariants:
 - ``pos`` is the entry's absolute byte position in the data segments, the same on every
   replica (followers write each entry at exactly the leader's ``pos``);
 - ``body_crc`` is CRC-32 of the body *as written*, i.e. after every append hook ran;
-- ``chain_crc`` is CRC-32 of this header's other fields (bytes 0-35 and 40-47) seeded with
-  the previous entry's ``chain_crc`` (0 before the first entry of a log): DLedger reserves
-  the field "like a block chain"; we fill it, so recovery detects a damaged header field
-  (a term or index changed in place), and equal chains at an index mean equal histories
-  up to it on two replicas;
+- ``chain_crc`` is CRC-32 of header bytes 0-35 (magic, size, index, term, pos, channel)
+  seeded with the previous entry's ``chain_crc`` XOR this entry's ``body_crc`` (the chain
+  before the first entry of a log is 0). DLedger reserves the field "like a block chain";
+  we fill it, so recovery detects a header field damaged in place (a term, an index),
+  and equal chains at an index mean equal histories up to it on two replicas. Body size
+  is bound by ``size`` (checked equal), so it needs no CRC of its own;
 - the tail of a segment too short for the next entry holds a blank record
   ``magic -1 | size`` followed by zeros, covering the rest of the segment.
 
@@ -29,7 +30,8 @@ from __future__ import annotations
 import mmap
 import struct
 import zlib
-from typing import Final, NamedTuple, TypeAlias
+from collections.abc import Sequence
+from typing import Final, NamedTuple, TypeAlias, overload
 
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 
@@ -70,8 +72,8 @@ def crc32(data: Buffer) -> int:
 
 def chain_crc(header: Buffer, prev_chain: int, offset: int = 0) -> int:
     """The chain CRC of the header at ``offset`` (whose body CRC must already be set)."""
-    first = zlib.crc32(header[offset : offset + CHAIN_CRC_OFFSET], prev_chain)
-    return zlib.crc32(header[offset + BODY_CRC_OFFSET : offset + BODY_OFFSET], first)
+    (body_crc,) = _U32.unpack_from(header, offset + BODY_CRC_OFFSET)
+    return zlib.crc32(header[offset : offset + CHAIN_CRC_OFFSET], prev_chain ^ body_crc)
 
 
 class CodecError(ValueError):
@@ -120,6 +122,47 @@ class EntryMeta(NamedTuple):
     pos: int
     size: int
     magic: int
+
+
+class EntryMetas(Sequence[EntryMeta]):
+    """The metas of a batch appended as leader: a sequence of :class:`EntryMeta` kept as
+    two lists (pos, size), so the hot path makes no object per entry."""
+
+    __slots__ = ("first_index", "magic", "positions", "sizes", "term")
+
+    def __init__(
+        self, first_index: int, term: int, magic: int, positions: list[int], sizes: list[int]
+    ) -> None:
+        self.first_index = first_index
+        self.term = term
+        self.magic = magic
+        self.positions = positions
+        self.sizes = sizes
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    @overload
+    def __getitem__(self, i: int) -> EntryMeta: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[EntryMeta]: ...
+    def __getitem__(self, i: int | slice) -> EntryMeta | list[EntryMeta]:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(len(self)))]
+        if i < 0:
+            i += len(self.positions)
+        pos, size = self.positions[i], self.sizes[i]
+        return EntryMeta(self.first_index + i, self.term, pos, size, self.magic)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"EntryMetas(first_index={self.first_index}, term={self.term}, n={len(self)})"
 
 
 class IndexUnit(NamedTuple):

@@ -41,7 +41,6 @@ from .base import (
     place_entry,
 )
 from .entry import (
-    BODY_CRC_OFFSET,
     BODY_OFFSET,
     CHAIN_CRC_OFFSET,
     ENTRY_MAGICS,
@@ -55,6 +54,7 @@ from .entry import (
     Entry,
     EntryHeader,
     EntryMeta,
+    EntryMetas,
     IndexUnit,
     chain_crc,
     decode_entry,
@@ -89,6 +89,9 @@ def _lock_directory(directory: Path) -> int:
         os.close(fd)
         raise StoreFileError(f"{directory} is in use by another process") from None
     return fd
+
+
+_CRCS = struct.Struct(">II")  # chain crc, body crc: adjacent header fields
 
 
 def disk_usage_ratio(path: Path) -> float:
@@ -198,7 +201,14 @@ class FileStore:
 
     @property
     def durable_index(self) -> int:
+        """Every entry up to here is synced, data and index (what the checkpoint may claim)."""
         return self._durable_index
+
+    @property
+    def data_flushed_pos(self) -> int:
+        """Every data byte below this position is synced."""
+        with self._lock:
+            return self._data.flushed_end
 
     def add_append_hook(self, hook: AppendHook) -> None:
         self._hooks.append(hook)
@@ -221,7 +231,7 @@ class FileStore:
         term: int,
         bodies: Sequence[bytes | bytearray | memoryview],
         magic: int = MAGIC_NORMAL,
-    ) -> list[EntryMeta]:
+    ) -> Sequence[EntryMeta]:
         """Assign index, term and pos to each body, run the append hooks, write.
 
         All-or-nothing: every check and every hook runs before the first byte is written,
@@ -237,80 +247,83 @@ class FileStore:
                     DLedgerCode.INCONSISTENT_TERM,
                     f"leader term {term} is below the ledger end term {self._end_term}",
                 )
-            runs, metas, chain = self._encode_leader_runs(term, bodies, magic)
-            self._write_runs(runs, metas, chain)
-            return metas
+            runs, metas, units, chain = self._encode_leader_runs(term, bodies, magic)
+            self._write_runs(runs, metas, units, chain)
+        if self.settings.flush == "sync":
+            self._sync_data()  # durable before we return; readers are not blocked meanwhile
+        return metas
 
     def _encode_leader_runs(
         self, term: int, bodies: Sequence[bytes | bytearray | memoryview], magic: int
-    ) -> tuple[list[tuple[int, bytearray]], list[EntryMeta], int]:
-        """Encode ``bodies`` into runs of consecutive entries, one run per segment."""
+    ) -> tuple[list[tuple[int, bytearray]], EntryMetas, bytearray, int]:
+        """Encode ``bodies`` into runs of consecutive entries (one run per segment) and
+        their index units, in one pass: this loop is the leader's hot path, so it does
+        the per-entry minimum (pack header, copy body, hooks, two CRCs, pack unit)."""
         seg_size = self.settings.data_file_size
         hooks = self._hooks
         pack_header = HEADER.pack_into
-        pack_crc = _U32.pack_into
+        pack_crcs = _CRCS.pack_into
+        pack_unit = INDEX_UNIT.pack_into
+        crc32 = zlib.crc32
+        n = len(bodies)
+        sizes = [BODY_OFFSET + len(b) for b in bodies]
+        units = bytearray(INDEX_UNIT_SIZE * n)
+        positions: list[int] = []
         runs: list[tuple[int, bytearray]] = []
-        metas: list[EntryMeta] = []
         end_pos = self._data.end
-        index = self._end_index + 1
+        first_index = index = self._end_index + 1
         chain = self._end_chain
-        i, n = 0, len(bodies)
+        i = uoff = 0
         while i < n:
-            first_pos = place_entry(end_pos, seg_size, BODY_OFFSET + len(bodies[i]))
-            limit = first_pos - first_pos % seg_size + seg_size - MIN_BLANK_LEN
+            run_pos = place_entry(end_pos, seg_size, sizes[i])
+            room = run_pos - run_pos % seg_size + seg_size - MIN_BLANK_LEN - run_pos
             total, k = 0, i
-            while k < n and first_pos + total + BODY_OFFSET + len(bodies[k]) <= limit:
-                total += BODY_OFFSET + len(bodies[k])
+            while k < n and total + sizes[k] <= room:
+                total += sizes[k]
                 k += 1
             buf = bytearray(total)
             view = memoryview(buf)
             off = 0
             for j in range(i, k):
                 body = bodies[j]
-                blen = len(body)
-                size = BODY_OFFSET + blen
-                pos = first_pos + off
-                pack_header(buf, off, magic, size, index, term, pos, 0, 0, 0, blen)
+                size = sizes[j]
+                pos = run_pos + off
+                pack_header(buf, off, magic, size, index, term, pos, 0, 0, 0, size - BODY_OFFSET)
                 buf[off + BODY_OFFSET : off + size] = body
-                meta = EntryMeta(index, term, pos, size, magic)
-                for hook in hooks:
-                    hook(meta, view[off : off + size], BODY_OFFSET)
-                pack_crc(
-                    buf, off + BODY_CRC_OFFSET, zlib.crc32(view[off + BODY_OFFSET : off + size])
-                )
-                chain = chain_crc(buf, chain, off)
-                pack_crc(buf, off + CHAIN_CRC_OFFSET, chain)
-                metas.append(meta)
+                if hooks:
+                    meta = EntryMeta(index, term, pos, size, magic)
+                    for hook in hooks:
+                        hook(meta, view[off : off + size], BODY_OFFSET)
+                    body_crc = crc32(view[off + BODY_OFFSET : off + size])
+                else:
+                    body_crc = crc32(body)
+                chain = crc32(view[off : off + CHAIN_CRC_OFFSET], chain ^ body_crc)
+                pack_crcs(buf, off + CHAIN_CRC_OFFSET, chain, body_crc)
+                pack_unit(units, uoff, magic, pos, size, index, term)
+                positions.append(pos)
                 index += 1
                 off += size
+                uoff += INDEX_UNIT_SIZE
             view.release()
-            runs.append((first_pos, buf))
-            end_pos = first_pos + total
+            runs.append((run_pos, buf))
+            end_pos = run_pos + total
             i = k
-        return runs, metas, chain
+        return runs, EntryMetas(first_index, term, magic, positions, sizes), units, chain
 
     def _write_runs(
         self,
         runs: Sequence[tuple[int, bytes | bytearray | memoryview]],
-        metas: list[EntryMeta],
+        metas: Sequence[EntryMeta],
+        units: bytes | bytearray,
         end_chain: int,
     ) -> None:
         """Write pre-placed runs of entries and their index units; update ledger end."""
-        if not metas:
-            return
         for pos, data in runs:
             self._data_write(pos, data)
-        units = bytearray(INDEX_UNIT_SIZE * len(metas))
-        for k, m in enumerate(metas):
-            INDEX_UNIT.pack_into(
-                units, k * INDEX_UNIT_SIZE, m.magic, m.pos, m.size, m.index, m.term
-            )
         self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
         self._end_index = metas[-1].index
         self._end_term = metas[-1].term
         self._end_chain = end_chain
-        if self.settings.flush == "sync":
-            self._sync_now()
 
     def _data_write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         files = self._data.files
@@ -351,6 +364,7 @@ class FileStore:
             term = self._end_term
             chain = self._end_chain
             metas: list[EntryMeta] = []
+            units = bytearray()
             runs: list[tuple[int, memoryview]] = []
             run_start, run_pos = 0, -1
             off = 0
@@ -396,14 +410,18 @@ class FileStore:
                         runs.append((run_pos, view[run_start:off]))
                     run_start, run_pos = off, pos
                 metas.append(EntryMeta(h.index, h.term, pos, h.size, h.magic))
+                units += INDEX_UNIT.pack(h.magic, pos, h.size, h.index, h.term)
                 end_pos = pos + h.size
                 index += 1
                 term = h.term
                 off += h.size
             if run_pos >= 0:
                 runs.append((run_pos, view[run_start:off]))
-            self._write_runs(runs, metas, chain)
-            return metas
+            if metas:
+                self._write_runs(runs, metas, units, chain)
+        if metas and self.settings.flush == "sync":
+            self._sync_data()
+        return metas
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -595,6 +613,14 @@ class FileStore:
 
     # ---- durability --------------------------------------------------------------------
 
+    def _sync_data(self) -> None:
+        """Sync mode: fsync the data segments (without the store lock, so readers and the
+        replication path are not blocked). The index is synced by the background thread;
+        recovery rebuilds any index units past the checkpoint from the data."""
+        with self._lock:
+            todo = self._data.unflushed()
+        self._data.sync(todo)
+
     def _sync_now(self) -> None:
         with self._lock:
             todo_d = self._data.unflushed()
@@ -637,16 +663,17 @@ class FileStore:
 
     def _background(self) -> None:
         s = self.settings
-        tick = s.flush_interval_ms / 1000 if s.flush == "async" else 0.1
+        tick = s.flush_interval_ms / 1000
         last_cp = last_clean = time.monotonic()
         while not self._stop.wait(tick):
             try:
-                if s.flush == "async":
-                    t0 = time.monotonic()
-                    self._sync_now()
-                    took = time.monotonic() - t0
-                    if took > 0.5:
-                        log.warning("flush of %s took %.0f ms", self.dir, took * 1000)
+                # Async mode: this is the flush. Sync mode: the data is synced already;
+                # this syncs the index and lets the checkpoint move.
+                t0 = time.monotonic()
+                self._sync_now()
+                took = time.monotonic() - t0
+                if took > 0.5:
+                    log.warning("flush of %s took %.0f ms", self.dir, took * 1000)
                 now = time.monotonic()
                 if now - last_cp >= s.checkpoint_interval_ms / 1000:
                     self._write_checkpoint()

@@ -105,7 +105,7 @@ class MemoryStore:
         term: int,
         bodies: Sequence[bytes | bytearray | memoryview],
         magic: int = MAGIC_NORMAL,
-    ) -> list[EntryMeta]:
+    ) -> Sequence[EntryMeta]:
         check_leader_bodies(bodies, self.settings)
         if magic not in ENTRY_MAGICS:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, f"invalid entry magic {magic}")
