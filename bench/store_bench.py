@@ -261,15 +261,7 @@ def run_store(
     pool = inputs.pool
     store = FileStore(directory, store_settings(args, flush))
     try:
-        append = store.append_as_leader
-
-        def step(start: int, count: int) -> None:
-            i, end = start, start + count
-            while i < end:
-                j = min(i + batch, end)
-                bodies = batches[(i // batch) % pool]
-                append(1, bodies if j - i == batch else bodies[: j - i])
-                i = j
+        step = batch_stepper(store, batches, batch, pool)
 
         target = 100 if flush == "sync" and batch == 1 else 2000
         seconds = timed_loop(f"store {name}", entries, chunk_for(batch, target), step)
@@ -299,6 +291,23 @@ def run_store(
     )
 
 
+def batch_stepper(
+    store: FileStore, batches: list[list[bytes]], batch: int, pool: int
+) -> Callable[[int, int], None]:
+    """A ``timed_loop`` step appending entries ``[start, start + count)`` in batches."""
+    append = store.append_as_leader
+
+    def step(start: int, count: int) -> None:
+        i, end = start, start + count
+        while i < end:
+            j = min(i + batch, end)
+            bodies = batches[(i // batch) % pool]
+            append(1, bodies if j - i == batch else bodies[: j - i])
+            i = j
+
+    return step
+
+
 # ---- recovery ------------------------------------------------------------------------
 
 
@@ -312,15 +321,7 @@ def build_recovery_log(
     pool = inputs.pool
     store = FileStore(directory, store_settings(args, "async"))
     try:
-        append = store.append_as_leader
-
-        def step(start: int, count: int) -> None:
-            i, end = start, start + count
-            while i < end:
-                j = min(i + batch, end)
-                bodies = batches[(i // batch) % pool]
-                append(1, bodies if j - i == batch else bodies[: j - i])
-                i = j
+        step = batch_stepper(store, batches, batch, pool)
 
         seconds = timed_loop(
             f"build {args.recovery_gib:g} GiB log", entries, chunk_for(batch, 5000), step

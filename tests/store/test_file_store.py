@@ -380,17 +380,23 @@ def test_operations_on_a_closed_store_fail_cleanly(tmp_path: Path) -> None:
 # ---- recovery ----------------------------------------------------------------------------
 
 
+def _flip_byte(root: Path, pos: int) -> Path:
+    """Corrupt the data byte at ``pos`` in place; returns the segment file."""
+    seg = pos - pos % TINY.data_file_size
+    path = root / "data" / f"{seg:020d}"
+    raw = bytearray(path.read_bytes())
+    raw[pos - seg] ^= 0xFF
+    path.write_bytes(raw)
+    return path
+
+
 def test_crc_failure_below_the_committed_index_stops_with_file_and_position(tmp_path: Path) -> None:
     s = FileStore(tmp_path, TINY)
     metas = s.append_as_leader(1, bodies(40))
     s.update_committed(39)
     s.close()
     victim = metas[30]
-    seg = victim.pos - victim.pos % TINY.data_file_size
-    path = tmp_path / "data" / f"{seg:020d}"
-    raw = bytearray(path.read_bytes())
-    raw[victim.pos - seg + 60] ^= 0xFF
-    path.write_bytes(raw)
+    path = _flip_byte(tmp_path, victim.pos + 60)
     with pytest.raises(StoreCorruptionError) as e:
         FileStore(tmp_path, dataclasses.replace(TINY, recovery_verify="all"))
     assert str(path) in str(e.value) and f"pos {victim.pos}" in str(e.value)
@@ -401,11 +407,7 @@ def test_recovery_from_the_checkpoint_detects_the_committed_entry_damaged(tmp_pa
     metas = s.append_as_leader(1, bodies(10))
     s.update_committed(9)
     s.close()
-    m = metas[9]
-    path = tmp_path / "data" / f"{m.pos - m.pos % 4096:020d}"
-    raw = bytearray(path.read_bytes())
-    raw[m.pos % 4096 + 50] ^= 1
-    path.write_bytes(raw)
+    _flip_byte(tmp_path, metas[9].pos + 50)
     with pytest.raises(StoreCorruptionError, match="committed entry 9"):
         FileStore(tmp_path, TINY)
 
