@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..codes import DLedgerCode, DLedgerError
-from .entry import INDEX_UNIT_SIZE, MIN_BLANK_LEN, Entry, EntryMeta
+from .entry import INDEX_UNIT_SIZE, MIN_BLANK_LEN, Entry, EntryMeta, place_entry
 from .meta import TermVote
+
+__all__ = ["place_entry"]  # re-exported: the placement rule lives with the codec
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -121,19 +123,6 @@ class LogStore(Protocol):
     def save_term_vote(self, tv: TermVote) -> None: ...
     def flush(self) -> None: ...
     def close(self) -> None: ...
-
-
-def place_entry(end_pos: int, segment_size: int, size: int) -> int:
-    """Where an entry of ``size`` bytes goes when the log ends at ``end_pos``.
-
-    The leader's rule (ST-10): it fits the current segment if ``size`` plus room for a
-    blank record is free; otherwise the rest is padded and it starts the next segment.
-    Followers apply the same rule, which is why replicas stay byte-identical."""
-    seg_start = end_pos - end_pos % segment_size
-    free = seg_start + segment_size - end_pos
-    if size + MIN_BLANK_LEN <= free:
-        return end_pos
-    return seg_start + segment_size
 
 
 def check_leader_bodies(

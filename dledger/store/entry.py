@@ -33,6 +33,8 @@ import zlib
 from collections.abc import Sequence
 from typing import Final, NamedTuple, TypeAlias, overload
 
+from ..codes import DLedgerCode
+
 Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 
 MAGIC_NORMAL: Final = 1
@@ -78,6 +80,33 @@ def chain_crc(header: Buffer, prev_chain: int, offset: int = 0) -> int:
 
 class CodecError(ValueError):
     """Bytes that do not form a valid entry or index unit."""
+
+
+class EntryRejectedError(CodecError):
+    """Bytes that are not the valid next entry of a log; ``code`` is the DLedger code a
+    follower answers with."""
+
+    def __init__(self, code: DLedgerCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+UNKNOWN_CHAIN: Final = -1
+"""A chain seed that cannot be known (a log whose checkpoint is lost and which does not
+start at 0): the next entry's chain is then accepted as it is."""
+
+
+def place_entry(end_pos: int, segment_size: int, size: int) -> int:
+    """Where an entry of ``size`` bytes goes when the log ends at ``end_pos``.
+
+    The leader's rule (ST-10): it fits the current segment if ``size`` plus room for a
+    blank record is free; otherwise the rest is padded and it starts the next segment.
+    Followers apply the same rule, which is why replicas stay byte-identical."""
+    seg_start = end_pos - end_pos % segment_size
+    free = seg_start + segment_size - end_pos
+    if size + MIN_BLANK_LEN <= free:
+        return end_pos
+    return seg_start + segment_size
 
 
 class EntryHeader(NamedTuple):
@@ -243,3 +272,59 @@ def decode_index_unit(buf: Buffer, offset: int = 0) -> IndexUnit:
     if len(buf) - offset < INDEX_UNIT_SIZE:
         raise CodecError(f"short index unit: {len(buf) - offset} bytes")
     return IndexUnit._make(INDEX_UNIT.unpack_from(buf, offset))
+
+
+def check_next_entry(
+    buf: Buffer,
+    offset: int,
+    avail: int,
+    *,
+    end_pos: int,
+    segment_size: int,
+    index: int,
+    term: int,
+    chain: int,
+) -> EntryHeader:
+    """Check that the bytes at ``offset`` are the valid next entry of a log that ends at
+    ``end_pos`` with entry ``index - 1`` of term ``term`` and chain CRC ``chain``.
+
+    The one rule for "is this the next entry", used by follower appends (on the leader's
+    frame) and by recovery (on the data files): a well-formed header, at most ``avail``
+    bytes long, the next index, a term no lower, the pos the placement rule gives, and
+    matching chain and body CRCs. Raises :class:`EntryRejectedError` with the DLedger code a
+    follower answers with."""
+    if avail < BODY_OFFSET:
+        raise EntryRejectedError(DLedgerCode.INCONSISTENT_STATE, "header cut short")
+    h = EntryHeader._make(HEADER.unpack_from(buf, offset))
+    try:
+        check_header(h)
+    except CodecError as e:
+        raise EntryRejectedError(DLedgerCode.INCONSISTENT_STATE, f"bad header: {e}") from e
+    if h.size > avail:
+        raise EntryRejectedError(DLedgerCode.INCONSISTENT_STATE, f"size {h.size} does not fit")
+    if h.index != index:
+        raise EntryRejectedError(
+            DLedgerCode.INCONSISTENT_INDEX, f"entry index {h.index}, expected {index}"
+        )
+    if h.term < term:
+        raise EntryRejectedError(
+            DLedgerCode.INCONSISTENT_TERM, f"entry {h.index} term {h.term} < {term}"
+        )
+    pos = place_entry(end_pos, segment_size, h.size)
+    if h.pos != pos:
+        raise EntryRejectedError(
+            DLedgerCode.INCONSISTENT_STATE, f"entry {h.index} has pos {h.pos}, it goes at {pos}"
+        )
+    end = offset + h.size
+    body_crc = zlib.crc32(buf[offset + BODY_OFFSET : end])
+    if body_crc != h.body_crc:
+        raise EntryRejectedError(
+            DLedgerCode.INCONSISTENT_STATE, f"entry {h.index}: body CRC mismatch"
+        )
+    header = buf[offset : offset + CHAIN_CRC_OFFSET]
+    if chain != UNKNOWN_CHAIN and zlib.crc32(header, chain ^ body_crc) != h.chain_crc:
+        raise EntryRejectedError(
+            DLedgerCode.INCONSISTENT_STATE,
+            f"entry {h.index}: chain CRC mismatch (damaged header, or histories differ)",
+        )
+    return h

@@ -50,13 +50,15 @@ from .entry import (
     MAGIC_BLANK,
     MAGIC_NORMAL,
     MIN_BLANK_LEN,
+    UNKNOWN_CHAIN,
     CodecError,
     Entry,
     EntryHeader,
     EntryMeta,
     EntryMetas,
+    EntryRejectedError,
     IndexUnit,
-    chain_crc,
+    check_next_entry,
     decode_entry,
     decode_header,
     decode_index_unit,
@@ -72,11 +74,6 @@ _U32 = struct.Struct(">I")
 def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
     """``<data_dir>/dledger/<group>/<node_id>`` (DESIGN §4)."""
     return Path(data_dir) / "dledger" / group / node_id
-
-
-UNKNOWN_CHAIN = -1
-"""A chain seed recovery cannot know (checkpoint lost on a log that does not start at 0):
-the first entry's chain is then accepted as it is."""
 
 
 def _lock_directory(directory: Path) -> int:
@@ -368,43 +365,22 @@ class FileStore:
             runs: list[tuple[int, memoryview]] = []
             run_start, run_pos = 0, -1
             off = 0
+            max_entry = self.settings.max_entry_bytes
             while off < len(view):
                 try:
-                    h = decode_header(view, off)
-                except CodecError as e:
-                    raise StoreError(
-                        DLedgerCode.INCONSISTENT_STATE, f"bad entry header: {e}"
-                    ) from e
-                if h.index != index:
-                    raise StoreError(
-                        DLedgerCode.INCONSISTENT_INDEX,
-                        f"entry index {h.index}, expected {index}",
+                    h = check_next_entry(
+                        view,
+                        off,
+                        min(len(view) - off, max_entry),
+                        end_pos=end_pos,
+                        segment_size=seg_size,
+                        index=index,
+                        term=term,
+                        chain=chain,
                     )
-                if h.term < term:
-                    raise StoreError(
-                        DLedgerCode.INCONSISTENT_TERM, f"entry {h.index} term {h.term} < {term}"
-                    )
-                if h.size > self.settings.max_entry_bytes or off + h.size > len(view):
-                    raise StoreError(
-                        DLedgerCode.INCONSISTENT_STATE, f"entry {h.index} size {h.size} is invalid"
-                    )
-                pos = place_entry(end_pos, seg_size, h.size)
-                if h.pos != pos:
-                    raise StoreError(
-                        DLedgerCode.INCONSISTENT_STATE,
-                        f"entry {h.index} has pos {h.pos}, but it goes at {pos} here",
-                    )
-                crc = zlib.crc32(view[off + BODY_OFFSET : off + h.size])
-                if crc != h.body_crc:
-                    raise StoreError(
-                        DLedgerCode.INCONSISTENT_STATE, f"entry {h.index}: body CRC mismatch"
-                    )
-                chain = chain_crc(view, chain, off)
-                if chain != h.chain_crc:
-                    raise StoreError(
-                        DLedgerCode.INCONSISTENT_STATE,
-                        f"entry {h.index}: chain CRC mismatch (histories differ before it)",
-                    )
+                except EntryRejectedError as e:
+                    raise StoreError(e.code, str(e)) from e
+                pos, chain = h.pos, h.chain_crc
                 if pos != end_pos or run_pos < 0:
                     if run_pos >= 0:
                         runs.append((run_pos, view[run_start:off]))
@@ -644,12 +620,11 @@ class FileStore:
                 return
             committed = min(self._committed_index, self._durable_index)
             committed_pos = self._committed_pos
-            if committed != self._committed_index:
-                committed_pos = (
-                    self.ledger_begin_pos
-                    if committed < self._begin_index
-                    else self._unit(committed).pos + self._unit(committed).size
-                )
+            if committed < self._begin_index:
+                committed_pos = self.ledger_begin_pos
+            elif committed != self._committed_index:
+                u = self._unit(committed)
+                committed_pos = u.pos + u.size
             cp = Checkpoint(
                 begin_index=self._begin_index,
                 begin_pos=self.ledger_begin_pos,
@@ -841,7 +816,7 @@ class FileStore:
         # Cut the torn tail and everything after it, in both lists.
         self._data.set_end(pos)
         if rebuild_from is None:
-            self._index_reset_to(end_index + 1, keep=True)
+            self._index_reset_to(end_index + 1)
         self._end_index = self._durable_index = end_index
         self._end_term, self._end_chain = term, chain
         if self._before_begin_chain == UNKNOWN_CHAIN:
@@ -880,76 +855,62 @@ class FileStore:
             return 0, -1, 0
         if h.index == 0:
             return 0, -1, 0
-        before_term = self._unit_raw_term(h.index - 1)
+        before = self._raw_unit(h.index - 1)
         log.warning("no checkpoint in %s: the log is taken to begin at entry %d", self.dir, h.index)
-        return h.index, h.term if before_term is None else before_term, UNKNOWN_CHAIN
+        return h.index, h.term if before is None else before.term, UNKNOWN_CHAIN
 
     def _checkpoint_start(self, committed: int) -> tuple[int, int, int, int] | None:
         """(pos, index, prev term, prev chain) to scan from: the committed entry, when its
         index unit and data header agree. ``None`` means scan from the begin."""
-        try:
-            u = decode_index_unit(self._index.read(committed * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
-        except (IndexError, CodecError):
-            return None
-        f = self._data.segment_for(u.pos)
-        if u.index != committed or u.magic not in ENTRY_MAGICS or f is None:
-            return None
-        try:
-            h = decode_header(f.mm, u.pos - f.start)
-        except CodecError:
+        u = self._raw_unit(committed)
+        h = self._raw_header(u.pos) if u is not None else None
+        if u is None or h is None or u.index != committed or u.magic not in ENTRY_MAGICS:
             return None
         if (h.index, h.term, h.pos, h.size) != (u.index, u.term, u.pos, u.size):
             return None
         if committed == self._begin_index:
             return u.pos, committed, self._before_begin_term, self._before_begin_chain
-        try:
-            p = decode_index_unit(
-                self._index.read((committed - 1) * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
-            )
-            pf = self._data.segment_for(p.pos)
-            if pf is None:
-                return None
-            prev = decode_header(pf.mm, p.pos - pf.start)
-        except (IndexError, CodecError):
+        p = self._raw_unit(committed - 1)
+        prev = self._raw_header(p.pos) if p is not None else None
+        if prev is None:
             return None
         return u.pos, committed, prev.term, prev.chain_crc
 
-    def _unit_raw_term(self, index: int) -> int | None:
+    def _raw_unit(self, index: int) -> IndexUnit | None:
+        """Recovery: the index unit stored for ``index``, unchecked; None if absent."""
         try:
-            return decode_index_unit(
-                self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
-            ).term
+            return decode_index_unit(self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
         except (IndexError, CodecError):
+            return None
+
+    def _raw_header(self, pos: int) -> EntryHeader | None:
+        """Recovery: the entry header stored at ``pos``; None if absent or malformed."""
+        f = self._data.segment_for(pos)
+        if f is None:
+            return None
+        try:
+            return decode_header(f.mm, pos - f.start)
+        except CodecError:
             return None
 
     def _check_entry_at(  # noqa: PLR0917
         self, f: MmapFile, rel: int, pos: int, index: int, term: int, chain: int
     ) -> str | None:
-        """Why the record at ``pos`` is not the valid entry ``index``; None if it is."""
-        if f.size - rel < BODY_OFFSET:
-            return "header crosses the segment end"
-        h = EntryHeader._make(HEADER.unpack_from(f.mm, rel))
-        if h.magic not in ENTRY_MAGICS:
-            return f"bad magic {h.magic}"
-        if h.body_size < 0 or h.size != BODY_OFFSET + h.body_size:
-            return f"size {h.size} != 48 + body size {h.body_size}"
-        if h.size + MIN_BLANK_LEN > f.size - rel:
-            return f"size {h.size} does not fit the segment"
-        if h.index != index:
-            return f"index {h.index}, expected {index}"
-        if h.pos != pos:
-            return f"pos field {h.pos}, expected {pos}"
-        if h.term < term:
-            return f"term {h.term} below the previous entry's {term}"
-        if h.channel != 0:
-            return f"reserved channel field is {h.channel}"
-        if (
-            chain != UNKNOWN_CHAIN
-            and chain_crc(f.mm[rel : rel + BODY_OFFSET], chain) != h.chain_crc
-        ):
-            return "chain CRC mismatch (damaged header)"
-        if zlib.crc32(f.mm[rel + BODY_OFFSET : rel + h.size]) != h.body_crc:
-            return "body CRC mismatch"
+        """Why the record at ``pos`` is not the valid entry ``index``; None if it is.
+        An entry must leave room for a blank record after it in its segment."""
+        try:
+            check_next_entry(
+                f.mm,
+                rel,
+                f.size - rel - MIN_BLANK_LEN,
+                end_pos=pos,
+                segment_size=self.settings.data_file_size,
+                index=index,
+                term=term,
+                chain=chain,
+            )
+        except EntryRejectedError as e:
+            return str(e)
         return None
 
     def _index_unit_matches(self, h: EntryHeader) -> bool:
@@ -966,12 +927,12 @@ class FileStore:
             h.term,
         )
 
-    def _index_reset_to(self, index: int, keep: bool = False) -> None:
-        """Make the index list end at unit ``index`` (truncating or resetting)."""
+    def _index_reset_to(self, index: int) -> None:
+        """Make the index list end at unit ``index`` (cut within it, else restart there)."""
         ipos = index * INDEX_UNIT_SIZE
         if self._index.files and self._index.begin <= ipos <= self._index.files[-1].limit:
             self._index.set_end(ipos)
-        elif not (keep and not self._index.files and self._index.end == ipos):
+        else:
             self._index.reset(ipos)
 
     # ---- lifecycle ---------------------------------------------------------------------

@@ -21,10 +21,11 @@ from .entry import (
     ENTRY_MAGICS,
     HEADER,
     MAGIC_NORMAL,
-    CodecError,
     Entry,
     EntryMeta,
+    EntryRejectedError,
     chain_crc,
+    check_next_entry,
     decode_entry,
     decode_header,
 )
@@ -143,28 +144,22 @@ class MemoryStore:
         off = 0
         while off < len(view):
             try:
-                e = decode_entry(view, off)
-            except CodecError as err:
-                raise StoreError(DLedgerCode.INCONSISTENT_STATE, str(err)) from err
-            if e.index != index:
-                raise StoreError(
-                    DLedgerCode.INCONSISTENT_INDEX, f"entry index {e.index}, expected {index}"
+                h = check_next_entry(
+                    view,
+                    off,
+                    min(len(view) - off, self.settings.max_entry_bytes),
+                    end_pos=end_pos,
+                    segment_size=seg,
+                    index=index,
+                    term=term,
+                    chain=chain,
                 )
-            if e.term < term:
-                raise StoreError(DLedgerCode.INCONSISTENT_TERM, f"entry {e.index} term went back")
-            chain = chain_crc(view, chain, off)
-            if chain != e.chain_crc:
-                raise StoreError(DLedgerCode.INCONSISTENT_STATE, f"entry {e.index}: chain CRC")
-            pos = place_entry(end_pos, seg, e.size)
-            if e.pos != pos:
-                raise StoreError(
-                    DLedgerCode.INCONSISTENT_STATE, f"entry {e.index} pos {e.pos}, goes at {pos}"
-                )
-            staged.append(
-                (bytes(view[off : off + e.size]), EntryMeta(e.index, e.term, pos, e.size, e.magic))
-            )
-            end_pos, index, term = pos + e.size, index + 1, e.term
-            off += e.size
+            except EntryRejectedError as err:
+                raise StoreError(err.code, str(err)) from err
+            meta = EntryMeta(h.index, h.term, h.pos, h.size, h.magic)
+            staged.append((bytes(view[off : off + h.size]), meta))
+            end_pos, index, term, chain = h.pos + h.size, index + 1, h.term, h.chain_crc
+            off += h.size
         for raw, meta in staged:
             self._push(
                 raw, meta.pos, meta.term, int.from_bytes(raw[CHAIN_CRC_OFFSET:BODY_CRC_OFFSET])

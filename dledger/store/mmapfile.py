@@ -26,7 +26,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from .entry import MIN_BLANK_LEN, encode_blank
+from .entry import BLANK, MAGIC_BLANK, MIN_BLANK_LEN
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,8 @@ class MmapFileList:
         """Fill the rest of the last segment with a blank record (ST-10)."""
         last = self.files[-1]
         if last.free:
-            last.write(last.wrote, encode_blank(last.free)[:MIN_BLANK_LEN])
+            # Only the header: the rest of a segment is zero already (see invariants).
+            last.write(last.wrote, BLANK.pack(MAGIC_BLANK, last.free))
             last.wrote = last.size
 
     def write_at_end(self, data: bytes | bytearray | memoryview) -> None:

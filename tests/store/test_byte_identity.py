@@ -113,4 +113,3 @@ def test_memory_store_follower_reset_and_retention() -> None:
     _replicate(leader, follower, random.Random(0))
     assert follower.ledger_end_index == 39
     assert follower.get(30) == leader.get(30)
-    follower.save_term_vote(follower.load_term_vote())
