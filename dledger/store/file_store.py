@@ -28,7 +28,7 @@ import struct
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from ..codes import DLedgerCode
@@ -106,6 +106,7 @@ class FileStore:
         *,
         disk_usage: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
+        background: bool = True,
     ) -> None:
         self.dir = Path(directory)
         self.settings = s = settings or StoreSettings()
@@ -145,10 +146,12 @@ class FileStore:
             os.close(self._lock_fd)
             raise
         self._stop = threading.Event()
-        self._thread = threading.Thread(
-            target=self._background, name=f"dledger-flush-{self.dir.name}", daemon=True
-        )
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if background:  # off for deterministic simulations, which call sync() themselves
+            self._thread = threading.Thread(
+                target=self._background, name=f"dledger-flush-{self.dir.name}", daemon=True
+            )
+            self._thread.start()
 
     # ---- ledger state ------------------------------------------------------------------
 
@@ -454,24 +457,38 @@ class FileStore:
     def read_entries(self, from_index: int, max_bytes: int, max_entries: int) -> bytes:
         """Raw bytes of consecutive entries from ``from_index`` (at least one when it
         exists), stopping at ``max_bytes``, ``max_entries`` or a segment end."""
+        return self.read_batch(from_index, max_bytes, max_entries)[0]
+
+    def read_batch(
+        self, from_index: int, max_bytes: int, max_entries: int
+    ) -> tuple[bytes, int, int]:
+        """``read_entries`` plus the entry count and the last entry's term (a push's
+        ``count`` and the term its ack is filed under). One read of the index units."""
         with self._lock:
             first = self._unit(from_index)
             last_index = min(self._end_index, from_index + max(1, max_entries) - 1)
-            end = first.pos + first.size
-            seg_limit = first.pos - first.pos % self.settings.data_file_size
-            seg_limit += self.settings.data_file_size
-            i = from_index + 1
-            while i <= last_index:
-                u = self._unit(i)
-                if (
-                    u.pos != end
-                    or u.pos + u.size > seg_limit
-                    or end + u.size - first.pos > max_bytes
-                ):
+            seg = self.settings.data_file_size
+            seg_limit = first.pos - first.pos % seg + seg
+            start = end = first.pos
+            count, last_term = 0, first.term
+            for _magic, pos, size, _index, term in self._units(from_index, last_index):
+                too_big = count and end + size - start > max_bytes
+                if pos != end or pos + size > seg_limit or too_big:
                     break
-                end += u.size
-                i += 1
-            return self._data.read(first.pos, end - first.pos)
+                end += size
+                count += 1
+                last_term = term
+            return self._data.read(start, end - start), count, last_term
+
+    def _units(self, first: int, last: int) -> Iterator[tuple[int, int, int, int, int]]:
+        """Decode index units ``first..last``, one read per index segment."""
+        isz = self.settings.index_file_size
+        i = first
+        while i <= last:
+            unit_pos = i * INDEX_UNIT_SIZE
+            n = min(last - i + 1, (isz - unit_pos % isz) // INDEX_UNIT_SIZE)
+            yield from INDEX_UNIT.iter_unpack(self._index.read(unit_pos, n * INDEX_UNIT_SIZE))
+            i += n
 
     def first_index_of_term(self, term: int, end_index: int) -> int:
         """``getFirstLogOfTargetTerm``: walk back from ``end_index`` to the first entry of
@@ -608,6 +625,10 @@ class FileStore:
         with self._lock:
             if self._generation == generation:
                 self._durable_index = max(self._durable_index, end_index)
+
+    def sync(self) -> None:
+        """Sync every written byte now (data and index), without a checkpoint."""
+        self._sync_now()
 
     def flush(self) -> None:
         """Sync every written byte now and write the checkpoint."""
@@ -946,13 +967,33 @@ class FileStore:
         if self._closed:
             return
         self._stop.set()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
         self.flush()
         with self._lock:
             self._closed = True
             self._data.close()
             self._index.close()
             os.close(self._lock_fd)
+
+    def abandon(self) -> None:
+        """Let go of the files without syncing anything: a process that died. Tests and
+        the simulator use it to model a crash (they then drop the unsynced bytes)."""
+        if self._closed:
+            return
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        with self._lock:
+            self._closed = True
+            self._data.close()
+            self._index.close()
+            os.close(self._lock_fd)
+
+    @property
+    def index_flushed_pos(self) -> int:
+        with self._lock:
+            return self._index.flushed_end
 
     def __enter__(self) -> FileStore:
         return self

@@ -195,6 +195,11 @@ class MemoryStore:
         return self._entries[k][rel : rel + size]
 
     def read_entries(self, from_index: int, max_bytes: int, max_entries: int) -> bytes:
+        return self.read_batch(from_index, max_bytes, max_entries)[0]
+
+    def read_batch(
+        self, from_index: int, max_bytes: int, max_entries: int
+    ) -> tuple[bytes, int, int]:
         k = self._slot(from_index)
         seg = self.settings.data_file_size
         seg_limit = self._pos[k] - self._pos[k] % seg + seg
@@ -207,7 +212,7 @@ class MemoryStore:
             out.append(raw)
             total += len(raw)
             end += len(raw)
-        return b"".join(out)
+        return b"".join(out), len(out), self._terms[k + len(out) - 1]
 
     def first_index_of_term(self, term: int, end_index: int) -> int:
         found = -1
@@ -265,6 +270,13 @@ class MemoryStore:
 
     def save_term_vote(self, tv: TermVote) -> None:
         self._term_vote = tv
+
+    @property
+    def durable_index(self) -> int:
+        return self.ledger_end_index  # memory is as durable as it gets
+
+    def sync(self) -> None:
+        pass
 
     def flush(self) -> None:
         """Nothing to sync."""

@@ -1,0 +1,1 @@
+"""The DLedger protocol as a sans-I/O, deterministic state machine."""

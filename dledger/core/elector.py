@@ -1,0 +1,575 @@
+"""``LeaderElector``: DLedger's election (CHECKLIST §1) with pre-vote and check-quorum.
+
+One object per node, driven by ``maintain(now_ms)`` on every tick (LE-04/LE-05) and by
+the vote and heartbeat messages the node routes to it. Rounds replace DLedger's latches:
+a round collects answers paired by ``req_id`` and is read (``_parse_vote_round``, 1.8;
+``_finish_heartbeat_round``, LE-39) as soon as the latch would open or its deadline passes.
+
+Departures from DLedger, each for Raft safety or failover time (DESIGN §3):
+- Pre-vote (SOFAJRaft JR-05): a candidate raises its term past every term it has heard of
+  only after a majority says it would vote for it; a node returning from a partition can
+  therefore not push a healthy leader out with an inflated term.
+- A follower whose leader went quiet starts its first round in a *new* term (textbook
+  Raft) instead of re-asking in the old one, where every voter has already voted (CV-12):
+  that round could only fail and cost a vote interval. Pre-vote keeps it harmless.
+- Check-quorum: a leader that has heard from no majority (heartbeat or push answers) for
+  an election timeout steps down (LE-39 counts heartbeat rounds only).
+- ``max_term`` of a heartbeat round keeps the maximum answer (the CV-31 bug sets it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ..codes import DLedgerCode
+from .messages import (
+    HeartBeatRequest,
+    HeartBeatResponse,
+    ParseResult,
+    Role,
+    VoteRequest,
+    VoteResponse,
+    VoteResult,
+)
+
+if TYPE_CHECKING:
+    from .node import DLedgerCore
+
+
+@dataclass(slots=True)
+class VoteRound:
+    """The candidate's counters for one round (LE-15)."""
+
+    term: int
+    req_id: int
+    deadline_ms: int
+    known_max_term: int
+    all_num: int = 0
+    valid_num: int = 0
+    accepted_num: int = 0
+    not_ready_term_num: int = 0
+    bigger_ledger_num: int = 0
+    already_has_leader: bool = False
+    answered: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class PreVoteRound:
+    term: int  # the term the candidate would move to
+    req_id: int
+    deadline_ms: int
+    granted: set[str] = field(default_factory=set)
+    answered: set[str] = field(default_factory=set)
+    max_term: int = -1
+
+
+@dataclass(slots=True)
+class HeartbeatRound:
+    """``sendHeartbeats`` counters (LE-37); self counts as answered and successful."""
+
+    term: int
+    req_id: int
+    deadline_ms: int
+    all_num: int = 1
+    succ_num: int = 1
+    not_ready_num: int = 0
+    max_term: int = -1
+    inconsistent_leader: bool = False
+    answered: set[str] = field(default_factory=set)
+
+
+class LeaderElector:
+    def __init__(self, node: DLedgerCore) -> None:
+        self.node = node
+        self.ms = node.ms
+        self.settings = node.settings
+        self.last_leader_heartbeat_ms = -1
+        self.last_send_heartbeat_ms = -1
+        self.last_succ_heartbeat_ms = -1
+        self.next_time_to_request_vote_ms = -1
+        self.need_increase_term_immediately = False
+        self.last_parse_result = ParseResult.WAIT_TO_REVOTE
+        if self.ms.curr_vote_for == self.ms.self_id:
+            # We may have led this term before a restart. A leader must create at most
+            # one entry per (index, term) (Raft §5.3), so campaign in a new term.
+            self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+        self.vote_round: VoteRound | None = None
+        self.pre_vote_round: PreVoteRound | None = None
+        self.heartbeat_round: HeartbeatRound | None = None
+        self.peer_heard_ms: dict[str, int] = {}  # leader: last answer from each peer
+
+    # ---- timers --------------------------------------------------------------------------
+
+    def next_time_to_request_vote(self, now_ms: int) -> int:
+        """LE-09: now + a random vote interval (30-100 ms while taking leadership)."""
+        s = self.settings
+        if self.ms.is_taking_leadership():
+            lo, hi = s.taking_leadership_vote_min_ms, s.taking_leadership_vote_max_ms
+        else:
+            lo, hi = s.min_vote_interval_ms, s.max_vote_interval_ms
+        return now_ms + self.node.rng.randint(lo, hi)
+
+    def maintain(self, now_ms: int) -> None:
+        """``maintainState`` (LE-05), after closing any round whose deadline passed."""
+        self._expire_rounds(now_ms)
+        if self.ms.role is Role.LEADER:
+            self._maintain_as_leader(now_ms)
+        elif self.ms.role is Role.FOLLOWER:
+            self._maintain_as_follower(now_ms)
+        else:
+            self._maintain_as_candidate(now_ms)
+
+    def _expire_rounds(self, now_ms: int) -> None:
+        if self.vote_round and now_ms >= self.vote_round.deadline_ms:
+            self._parse_vote_round(now_ms)
+        if self.pre_vote_round and now_ms >= self.pre_vote_round.deadline_ms:
+            self._finish_pre_vote_round(now_ms)
+        if self.heartbeat_round and now_ms >= self.heartbeat_round.deadline_ms:
+            self._finish_heartbeat_round(now_ms)
+
+    # ---- role changes (LE-43, LE-44) ------------------------------------------------------
+
+    def change_role_to_leader(self, term: int, now_ms: int) -> None:
+        if self.ms.curr_term != term or self.ms.role is not Role.CANDIDATE:
+            return
+        self.ms.change_to_leader(term)
+        self.last_send_heartbeat_ms = -1  # heartbeat at once
+        self.last_succ_heartbeat_ms = now_ms
+        self.peer_heard_ms.clear()
+        self.node.role_changed(now_ms)
+
+    def change_role_to_candidate(self, term: int, now_ms: int) -> None:
+        if term < self.ms.curr_term:
+            return
+        was = self.ms.role
+        self.ms.change_to_candidate(term)
+        self.heartbeat_round = None
+        if was is not Role.CANDIDATE:
+            self.node.role_changed(now_ms)
+
+    def change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> None:
+        self.last_parse_result = ParseResult.WAIT_TO_REVOTE
+        self.vote_round = self.pre_vote_round = None
+        self.ms.change_to_follower(term, leader_id)
+        self.last_leader_heartbeat_ms = now_ms
+        self.node.role_changed(now_ms)
+
+    # ---- follower (LE-42) -----------------------------------------------------------------
+
+    def _maintain_as_follower(self, now_ms: int) -> None:
+        if now_ms - self.last_leader_heartbeat_ms > self.settings.election_timeout_ms:
+            self.change_role_to_candidate(self.ms.curr_term, now_ms)
+            # textbook Raft: the next round is in a new term (see the module docstring)
+            self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+            self.next_time_to_request_vote_ms = -1
+
+    # ---- candidate (LE-11 .. LE-18) -------------------------------------------------------
+
+    def _maintain_as_candidate(self, now_ms: int) -> None:
+        if self.vote_round or self.pre_vote_round:
+            return  # waiting for answers (the latch)
+        if self.next_time_to_request_vote_ms == -1 and not self.need_increase_term_immediately:
+            self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
+            if self.last_parse_result is not ParseResult.WAIT_TO_VOTE_NEXT:
+                return  # a fresh node waits one random interval: fewer split votes
+        if now_ms < self.next_time_to_request_vote_ms and not self.need_increase_term_immediately:
+            return
+        ms = self.ms
+        if self.last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT or (
+            self.need_increase_term_immediately
+        ):
+            if (
+                self.settings.pre_vote
+                and not self.need_increase_term_immediately
+                and ms.known_max_term <= ms.curr_term
+                and not ms.is_taking_leadership()
+            ):
+                self._start_pre_vote(now_ms, ms.curr_term + 1)
+                return
+            ms.next_term()
+            self.last_parse_result = ParseResult.WAIT_TO_REVOTE
+        if self.need_increase_term_immediately:  # LE-13: adopt the term, vote next time
+            self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
+            self.need_increase_term_immediately = False
+            return
+        self._start_vote(now_ms, ms.curr_term)
+
+    def _start_vote(self, now_ms: int, term: int) -> None:
+        ms, node = self.ms, self.node
+        req_id = node.next_req_id()
+        r = VoteRound(
+            term=term,
+            req_id=req_id,
+            deadline_ms=now_ms + self.settings.vote_response_timeout_ms,
+            known_max_term=term,
+        )
+        self.vote_round = r
+        end_index, end_term = ms.ledger_end_index, ms.ledger_end_term
+        for peer in ms.peer_ids:
+            req = VoteRequest(
+                group=ms.group,
+                local_id=ms.self_id,
+                remote_id=peer,
+                term=term,
+                req_id=req_id,
+                leader_id=ms.self_id,
+                ledger_end_index=end_index,
+                ledger_end_term=end_term,
+            )
+            if peer == ms.self_id:
+                result, resp_term = self.handle_vote(req, now_ms, self_vote=True)
+                self._tally(r, ms.self_id, result, resp_term, now_ms)
+            else:
+                node.send(req)
+
+    def on_vote_response(self, resp: VoteResponse, now_ms: int) -> None:
+        if resp.pre_vote:
+            self._on_pre_vote_response(resp, now_ms)
+            return
+        r = self.vote_round
+        if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
+            return
+        self._tally(r, resp.local_id, resp.vote_result, resp.term, now_ms)
+
+    def _tally(self, r: VoteRound, voter: str, result: VoteResult, term: int, now_ms: int) -> None:
+        """The per-answer callback (LE-16, table 1.7)."""
+        r.answered.add(voter)
+        r.all_num += 1
+        if result is not VoteResult.UNKNOWN:
+            r.valid_num += 1
+        if result is VoteResult.ACCEPT:
+            r.accepted_num += 1
+        elif result is VoteResult.REJECT_ALREADY_HAS_LEADER:
+            r.already_has_leader = True
+        elif result in (
+            VoteResult.REJECT_TERM_SMALL_THAN_LEDGER,
+            VoteResult.REJECT_EXPIRED_VOTE_TERM,
+        ):
+            r.known_max_term = max(r.known_max_term, term)
+        elif result in (
+            VoteResult.REJECT_EXPIRED_LEDGER_TERM,
+            VoteResult.REJECT_SMALL_LEDGER_END_INDEX,
+        ):
+            r.bigger_ledger_num += 1
+        elif result is VoteResult.REJECT_TERM_NOT_READY:
+            r.not_ready_term_num += 1
+        q = self.ms.is_quorum
+        if (
+            r.already_has_leader
+            or q(r.accepted_num)
+            or q(r.accepted_num + r.not_ready_term_num)
+            or r.all_num == len(self.ms.peer_ids)
+        ):
+            self._parse_vote_round(now_ms)
+
+    def _parse_vote_round(self, now_ms: int) -> None:
+        """From tally to ``ParseResult``, in DLedger's order (1.8)."""
+        r, self.vote_round = self.vote_round, None
+        assert r is not None
+        ms = self.ms
+        if ms.role is not Role.CANDIDATE or ms.curr_term != r.term:
+            return  # the round went stale: a heartbeat or a higher term got here first
+        q, s = ms.is_quorum, self.settings
+        nxt = self.next_time_to_request_vote(now_ms)
+        if r.known_max_term > r.term:
+            result = ParseResult.WAIT_TO_VOTE_NEXT
+            self.next_time_to_request_vote_ms = nxt
+            self.change_role_to_candidate(r.known_max_term, now_ms)
+        elif r.already_has_leader:
+            result = ParseResult.WAIT_TO_REVOTE
+            self.next_time_to_request_vote_ms = nxt + s.election_timeout_ms
+        elif not q(r.valid_num):
+            result = ParseResult.WAIT_TO_REVOTE
+            self.next_time_to_request_vote_ms = nxt
+        elif not q(r.valid_num - r.bigger_ledger_num):
+            result = ParseResult.WAIT_TO_REVOTE
+            self.next_time_to_request_vote_ms = nxt + s.max_vote_interval_ms
+        elif q(r.accepted_num):
+            result = ParseResult.PASSED
+        elif q(r.accepted_num + r.not_ready_term_num):
+            result = ParseResult.REVOTE_IMMEDIATELY  # same term, next tick (LE-30)
+        else:
+            result = ParseResult.WAIT_TO_VOTE_NEXT
+            self.next_time_to_request_vote_ms = nxt
+        self.last_parse_result = result
+        self.node.log_event(
+            "vote_round",
+            term=r.term,
+            result=result.value,
+            all=r.all_num,
+            accepted=r.accepted_num,
+            not_ready=r.not_ready_term_num,
+            bigger=r.bigger_ledger_num,
+            has_leader=r.already_has_leader,
+        )
+        if result is ParseResult.PASSED:
+            self.change_role_to_leader(r.term, now_ms)
+
+    # ---- pre-vote (JR-05 .. JR-07) ----------------------------------------------------------
+
+    def _start_pre_vote(self, now_ms: int, term: int) -> None:
+        ms, node = self.ms, self.node
+        r = PreVoteRound(
+            term=term,
+            req_id=node.next_req_id(),
+            deadline_ms=now_ms + self.settings.vote_response_timeout_ms,
+        )
+        self.pre_vote_round = r
+        r.granted.add(ms.self_id)
+        r.answered.add(ms.self_id)
+        for peer in ms.other_ids:
+            node.send(
+                VoteRequest(
+                    group=ms.group,
+                    local_id=ms.self_id,
+                    remote_id=peer,
+                    term=term,
+                    req_id=r.req_id,
+                    leader_id=ms.self_id,
+                    ledger_end_index=ms.ledger_end_index,
+                    ledger_end_term=ms.ledger_end_term,
+                    pre_vote=True,
+                )
+            )
+        self._check_pre_vote_round(now_ms)
+
+    def _on_pre_vote_response(self, resp: VoteResponse, now_ms: int) -> None:
+        r = self.pre_vote_round
+        if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
+            return
+        r.answered.add(resp.local_id)
+        r.max_term = max(r.max_term, resp.term)
+        if resp.vote_result is VoteResult.ACCEPT:
+            r.granted.add(resp.local_id)
+        self._check_pre_vote_round(now_ms)
+
+    def _check_pre_vote_round(self, now_ms: int) -> None:
+        r = self.pre_vote_round
+        assert r is not None
+        if self.ms.is_quorum(len(r.granted)) or len(r.answered) == len(self.ms.peer_ids):
+            self._finish_pre_vote_round(now_ms)
+
+    def _finish_pre_vote_round(self, now_ms: int) -> None:
+        r, self.pre_vote_round = self.pre_vote_round, None
+        assert r is not None
+        ms = self.ms
+        if ms.role is not Role.CANDIDATE or r.term != ms.curr_term + 1:
+            return
+        if r.max_term > ms.curr_term:
+            ms.known_max_term = max(ms.known_max_term, r.max_term)
+        granted = ms.is_quorum(len(r.granted))
+        self.node.log_event("pre_vote", term=r.term, granted=len(r.granted))
+        if not granted:
+            self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+            self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
+            return
+        ms.next_term()
+        self.last_parse_result = ParseResult.WAIT_TO_REVOTE
+        self._start_vote(now_ms, ms.curr_term)
+
+    def handle_pre_vote(self, req: VoteRequest, now_ms: int) -> tuple[VoteResult, int]:
+        """Would this node vote for ``req.leader_id`` at ``req.term``? Changes nothing."""
+        ms = self.ms
+        if req.leader_id not in ms.peers or req.leader_id == ms.self_id:
+            return VoteResult.REJECT_UNKNOWN_LEADER, ms.curr_term
+        if req.term <= ms.curr_term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM, ms.curr_term
+        log_check = self._log_check(req)
+        if log_check is not None:
+            return log_check, ms.curr_term
+        if self.leader_alive(now_ms):
+            return VoteResult.REJECT_ALREADY_HAS_LEADER, ms.curr_term
+        return VoteResult.ACCEPT, ms.curr_term
+
+    def leader_alive(self, now_ms: int) -> bool:
+        """This node leads, or heard its leader within an election timeout."""
+        if self.ms.role is Role.LEADER:
+            return True
+        return (
+            self.ms.role is Role.FOLLOWER
+            and now_ms - self.last_leader_heartbeat_ms <= self.settings.election_timeout_ms
+        )
+
+    # ---- voter (LE-21 .. LE-29) -------------------------------------------------------------
+
+    def _log_check(self, req: VoteRequest) -> VoteResult | None:
+        """Is the candidate's log at least as up to date as ours? (LE-23)"""
+        end_term, end_index = self.ms.ledger_end_term, self.ms.ledger_end_index
+        if req.ledger_end_term < end_term:
+            return VoteResult.REJECT_EXPIRED_LEDGER_TERM
+        if req.ledger_end_term == end_term and req.ledger_end_index < end_index:
+            return VoteResult.REJECT_SMALL_LEDGER_END_INDEX
+        return None
+
+    def handle_vote(
+        self, req: VoteRequest, now_ms: int, *, self_vote: bool = False
+    ) -> tuple[VoteResult, int]:
+        """``handleVote``: the decision order of LE-21..LE-29; returns (result, term)."""
+        ms = self.ms
+        cand = req.leader_id
+        if cand not in ms.peers:
+            return VoteResult.REJECT_UNKNOWN_LEADER, ms.curr_term
+        if not self_vote and cand == ms.self_id:
+            return VoteResult.REJECT_UNEXPECTED_LEADER, ms.curr_term
+        log_check = self._log_check(req)
+        if log_check is not None:
+            return log_check, ms.curr_term
+        if req.term < ms.curr_term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM, ms.curr_term
+        if req.term == ms.curr_term:
+            if ms.curr_vote_for is not None and ms.curr_vote_for != cand:
+                if ms.leader_id is not None:
+                    return VoteResult.REJECT_ALREADY_HAS_LEADER, ms.curr_term
+                return VoteResult.REJECT_ALREADY_VOTED, ms.curr_term
+        else:  # LE-26: a vote is only granted at equal terms
+            self.change_role_to_candidate(req.term, now_ms)
+            self.need_increase_term_immediately = True
+            return VoteResult.REJECT_TERM_NOT_READY, ms.curr_term
+        if req.term < ms.ledger_end_term:
+            return VoteResult.REJECT_TERM_SMALL_THAN_LEDGER, ms.ledger_end_term
+        if (
+            not self_vote
+            and ms.is_taking_leadership()
+            and req.ledger_end_term == ms.ledger_end_term
+            and ms.ledger_end_index >= req.ledger_end_index
+        ):
+            return VoteResult.REJECT_TAKING_LEADERSHIP, ms.curr_term
+        ms.set_vote(cand)
+        return VoteResult.ACCEPT, ms.curr_term
+
+    def on_vote_request(self, req: VoteRequest, now_ms: int) -> VoteResponse:
+        if req.pre_vote:
+            result, term = self.handle_pre_vote(req, now_ms)
+        else:
+            result, term = self.handle_vote(req, now_ms)
+        return VoteResponse(
+            group=self.ms.group,
+            local_id=self.ms.self_id,
+            remote_id=req.local_id,
+            term=term,
+            req_id=req.req_id,
+            vote_result=result,
+            pre_vote=req.pre_vote,
+        )
+
+    # ---- leader heartbeats (LE-35 .. LE-39) ---------------------------------------------------
+
+    def _maintain_as_leader(self, now_ms: int) -> None:
+        s, ms = self.settings, self.ms
+        if s.check_quorum:
+            heard = 1 + sum(
+                1
+                for p in ms.other_ids
+                if now_ms - self.peer_heard_ms.get(p, -(10**15)) <= s.election_timeout_ms
+            )
+            if ms.is_quorum(heard):
+                self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, now_ms)
+            elif now_ms - self.last_succ_heartbeat_ms > s.election_timeout_ms:
+                self.node.log_event("check_quorum_step_down", heard=heard)
+                self.change_role_to_candidate(ms.curr_term, now_ms)
+                return
+        if (
+            self.heartbeat_round is None
+            and now_ms - self.last_send_heartbeat_ms > s.heartbeat_interval_ms
+        ) or self.last_send_heartbeat_ms == -1:
+            self._send_heartbeats(now_ms)
+
+    def _send_heartbeats(self, now_ms: int) -> None:
+        ms, node = self.ms, self.node
+        self.last_send_heartbeat_ms = now_ms
+        r = HeartbeatRound(
+            term=ms.curr_term,
+            req_id=node.next_req_id(),
+            deadline_ms=now_ms + self.settings.heartbeat_interval_ms,
+        )
+        self.heartbeat_round = r
+        for peer in ms.other_ids:
+            node.send(
+                HeartBeatRequest(
+                    group=ms.group,
+                    local_id=ms.self_id,
+                    remote_id=peer,
+                    term=r.term,
+                    req_id=r.req_id,
+                    leader_id=ms.self_id,
+                )
+            )
+        if len(ms.peer_ids) == 1:
+            self._finish_heartbeat_round(now_ms)
+
+    def on_heartbeat_response(self, resp: HeartBeatResponse, now_ms: int) -> None:
+        if resp.code is not DLedgerCode.NETWORK_ERROR:
+            self.peer_heard_ms[resp.local_id] = now_ms
+        r = self.heartbeat_round
+        if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
+            return
+        r.answered.add(resp.local_id)
+        r.all_num += 1
+        if resp.code is DLedgerCode.SUCCESS:
+            r.succ_num += 1
+        elif resp.code is DLedgerCode.EXPIRED_TERM:
+            r.max_term = max(r.max_term, resp.term)  # the CV-31 fix: keep the maximum
+        elif resp.code is DLedgerCode.INCONSISTENT_LEADER:
+            r.inconsistent_leader = True
+        elif resp.code is DLedgerCode.TERM_NOT_READY:
+            r.not_ready_num += 1
+        q = self.ms.is_quorum
+        if q(r.succ_num) or q(r.succ_num + r.not_ready_num) or r.all_num == len(self.ms.peer_ids):
+            self._finish_heartbeat_round(now_ms)
+
+    def _finish_heartbeat_round(self, now_ms: int) -> None:
+        """Result handling in the newer order (LE-39; the CV-42 fix)."""
+        r, self.heartbeat_round = self.heartbeat_round, None
+        assert r is not None
+        ms = self.ms
+        if ms.role is not Role.LEADER or ms.curr_term != r.term:
+            return
+        if r.max_term > r.term:
+            self.change_role_to_candidate(r.max_term, now_ms)
+            return
+        if ms.is_quorum(r.succ_num):
+            self.last_succ_heartbeat_ms = now_ms
+        elif ms.is_quorum(r.succ_num + r.not_ready_num):
+            self.last_send_heartbeat_ms = -1
+        elif r.inconsistent_leader or (
+            now_ms - self.last_succ_heartbeat_ms > self.settings.election_timeout_ms
+        ):
+            self.change_role_to_candidate(r.term, now_ms)
+
+    # ---- follower side of heartbeats (LE-40) ----------------------------------------------------
+
+    def on_heartbeat_request(self, req: HeartBeatRequest, now_ms: int) -> HeartBeatResponse:
+        ms = self.ms
+        code = self._heartbeat_code(req, now_ms)
+        return HeartBeatResponse(
+            group=ms.group,
+            local_id=ms.self_id,
+            remote_id=req.local_id,
+            term=ms.curr_term,
+            req_id=req.req_id,
+            code=code,
+        )
+
+    def _heartbeat_code(self, req: HeartBeatRequest, now_ms: int) -> DLedgerCode:
+        ms = self.ms
+        if req.leader_id not in ms.peers:
+            return DLedgerCode.UNKNOWN_MEMBER
+        if req.leader_id == ms.self_id:
+            return DLedgerCode.UNEXPECTED_MEMBER
+        if req.term < ms.curr_term:
+            return DLedgerCode.EXPIRED_TERM
+        if req.term == ms.curr_term:
+            if ms.leader_id is None:
+                self.change_role_to_follower(req.term, req.leader_id, now_ms)
+                return DLedgerCode.SUCCESS
+            if ms.leader_id == req.leader_id:
+                self.last_leader_heartbeat_ms = now_ms
+                return DLedgerCode.SUCCESS
+            self.node.log_event(
+                "inconsistent_leader", term=req.term, theirs=req.leader_id, ours=ms.leader_id
+            )
+            return DLedgerCode.INCONSISTENT_LEADER
+        self.change_role_to_candidate(req.term, now_ms)
+        self.need_increase_term_immediately = True
+        return DLedgerCode.TERM_NOT_READY

@@ -1,0 +1,120 @@
+"""``MemberState``: who this node is, its role, term and vote (CHECKLIST LE-01, 1.11).
+
+Invariants:
+- ``curr_term`` never decreases; ``curr_vote_for`` belongs to ``curr_term`` and is cleared
+  when the term moves (``next_term``).
+- Any change of term or vote sets ``hard_state_dirty``: the node loop makes the pair
+  durable before it sends a single message (DESIGN §3).
+- The ledger end index and term are read from the store every time, never cached, so a
+  truncate can not leave them stale for votes (the CV-32 bug).
+- A higher term never makes a node FOLLOWER directly: it becomes CANDIDATE first and
+  adopts the term in its candidate loop (LE-07); ``known_max_term`` carries it there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .messages import Role
+
+if TYPE_CHECKING:
+    from ..store.base import LogStore
+    from ..store.meta import TermVote
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must be durable before replies leave: ``currterm`` in DLedger (CV-23)."""
+
+    term: int
+    voted_for: str | None
+
+
+class MemberState:
+    def __init__(
+        self,
+        group: str,
+        self_id: str,
+        peers: dict[str, str],
+        store: LogStore,
+        hard_state: HardState | TermVote,
+    ) -> None:
+        if self_id not in peers:
+            raise ValueError(f"self id {self_id!r} is not among the peers {sorted(peers)}")
+        self.group = group
+        self.self_id = self_id
+        self.peers = dict(sorted(peers.items()))  # id -> address, sorted: deterministic
+        self.peer_ids = tuple(self.peers)
+        self.other_ids = tuple(p for p in self.peer_ids if p != self_id)
+        self.store = store
+        self.role = Role.CANDIDATE  # LE-06: a node starts as CANDIDATE
+        self.curr_term = hard_state.term
+        self.curr_vote_for = hard_state.voted_for
+        self.leader_id: str | None = None
+        self.known_max_term = hard_state.term
+        self.transferee: str | None = None  # leader side: leadership is being handed over
+        self.term_to_take_leadership = -1  # transferee side (LE-47)
+        self.hard_state_dirty = False
+
+    # ---- derived -----------------------------------------------------------------------
+
+    @property
+    def ledger_end_index(self) -> int:
+        return self.store.ledger_end_index
+
+    @property
+    def ledger_end_term(self) -> int:
+        return self.store.ledger_end_term
+
+    @property
+    def committed_index(self) -> int:
+        return self.store.committed_index
+
+    def is_quorum(self, n: int) -> bool:
+        """More than half of all configured peers, self included (LE-32)."""
+        return n >= len(self.peer_ids) // 2 + 1
+
+    def is_leader(self) -> bool:
+        return self.role is Role.LEADER
+
+    def is_taking_leadership(self) -> bool:
+        return self.term_to_take_leadership != -1
+
+    def hard_state(self) -> HardState:
+        return HardState(self.curr_term, self.curr_vote_for)
+
+    # ---- transitions (callers hold the node's single-threaded step) --------------------
+
+    def next_term(self) -> int:
+        """Adopt the highest term heard of, else move one past ours; clears the vote."""
+        self.curr_term = max(self.known_max_term, self.curr_term + 1)
+        self.known_max_term = self.curr_term
+        self.curr_vote_for = None
+        self.hard_state_dirty = True
+        return self.curr_term
+
+    def set_vote(self, candidate: str) -> None:
+        self.curr_vote_for = candidate
+        self.hard_state_dirty = True
+
+    def change_to_leader(self, term: int) -> None:
+        assert term == self.curr_term, f"leader for term {term} at term {self.curr_term}"
+        self.role = Role.LEADER
+        self.leader_id = self.self_id
+        self.term_to_take_leadership = -1
+
+    def change_to_follower(self, term: int, leader_id: str) -> None:
+        assert term == self.curr_term, f"follower for term {term} at term {self.curr_term}"
+        self.role = Role.FOLLOWER
+        self.leader_id = leader_id
+        self.transferee = None
+        self.term_to_take_leadership = -1
+
+    def change_to_candidate(self, term: int) -> None:
+        """Role CANDIDATE; ``curr_term`` is untouched, ``known_max_term`` remembers
+        ``term`` for the candidate loop to adopt (LE-44)."""
+        self.known_max_term = max(self.known_max_term, term)
+        self.role = Role.CANDIDATE
+        self.leader_id = None
+        self.transferee = None

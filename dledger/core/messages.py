@@ -1,0 +1,279 @@
+"""The protocol's messages: frozen, slotted values the core takes in and puts out.
+
+Every message names its ``group``, its sender (``local_id``) and receiver (``remote_id``),
+the sender's ``term``, and a ``req_id``: requests number themselves per sender, and a
+response echoes the number of the request it answers, so the core can pair them without
+any RPC machinery (the runtime's wire format carries the same fields, CHECKLIST LE-48).
+
+Vocabulary follows DLedger: ``VoteRequest``/``VoteResponse`` with every ``VoteResult``
+(CHECKLIST 1.7), ``HeartBeatRequest``, ``PushEntryRequest`` of type APPEND, COMMIT,
+COMPARE or TRUNCATE (RP-06), ``LeadershipTransferRequest`` (LE-47). A vote request with
+``pre_vote=True`` is SOFAJRaft's pre-vote (JR-05): it asks "would you vote for me at
+``term``?" and changes nothing on the receiver.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum, IntEnum
+
+from ..codes import DLedgerCode
+
+
+class Role(Enum):
+    """Raft roles (the broker maps them to MASTER/SLAVE in one place)."""
+
+    LEADER = "LEADER"
+    FOLLOWER = "FOLLOWER"
+    CANDIDATE = "CANDIDATE"
+
+
+class RequestCode(IntEnum):
+    """DLedger's request codes (``DLedgerRequestCode``); the wire format uses them."""
+
+    METADATA = 50000
+    APPEND = 50001
+    GET = 50002
+    VOTE = 51001
+    HEART_BEAT = 51002
+    PULL = 51003
+    PUSH = 51004
+    LEADERSHIP_TRANSFER = 51005
+
+
+class VoteResult(IntEnum):
+    """Every vote result code, in DLedger's order (CHECKLIST 1.7)."""
+
+    UNKNOWN = 0
+    ACCEPT = 1
+    REJECT_UNKNOWN_LEADER = 2
+    REJECT_UNEXPECTED_LEADER = 3
+    REJECT_EXPIRED_VOTE_TERM = 4
+    REJECT_ALREADY_VOTED = 5
+    REJECT_ALREADY_HAS_LEADER = 6
+    REJECT_TERM_NOT_READY = 7
+    REJECT_TERM_SMALL_THAN_LEDGER = 8
+    REJECT_EXPIRED_LEDGER_TERM = 9
+    REJECT_SMALL_LEDGER_END_INDEX = 10
+    REJECT_TAKING_LEADERSHIP = 11
+
+
+class ParseResult(Enum):
+    """The candidate's reading of a vote round (CHECKLIST 1.8)."""
+
+    WAIT_TO_REVOTE = "WAIT_TO_REVOTE"
+    REVOTE_IMMEDIATELY = "REVOTE_IMMEDIATELY"
+    PASSED = "PASSED"
+    WAIT_TO_VOTE_NEXT = "WAIT_TO_VOTE_NEXT"
+
+
+class PushType(IntEnum):
+    """``PushEntryRequest.Type`` (RP-06)."""
+
+    APPEND = 0
+    COMMIT = 1
+    COMPARE = 2
+    TRUNCATE = 3
+    INSTALL_SNAPSHOT = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteRequest:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    leader_id: str  # the candidate (DLedger's field name)
+    ledger_end_index: int
+    ledger_end_term: int
+    pre_vote: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class VoteResponse:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int  # the voter's term (its ledger end term for REJECT_TERM_SMALL_THAN_LEDGER)
+    req_id: int
+    vote_result: VoteResult
+    pre_vote: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartBeatRequest:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    leader_id: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartBeatResponse:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    code: DLedgerCode
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PushEntryRequest:
+    """APPEND carries ``entries``: the leader's raw entry bytes for indexes
+    ``first_index .. first_index + count - 1``, which the follower writes as they are."""
+
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    leader_id: str
+    type: PushType
+    commit_index: int
+    pre_log_index: int = -1
+    pre_log_term: int = -1
+    first_index: int = -1
+    count: int = 0
+    entries: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PushEntryResponse:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    code: DLedgerCode
+    type: PushType
+    index: int = -1  # first entry index of the APPEND answered
+    count: int = 0
+    begin_index: int = -1
+    end_index: int = -1
+    x_term: int = -1  # follower's term at the conflict point (COMPARE), -1 if none
+    x_index: int = -1  # first index of x_term on the follower
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeadershipTransferRequest:
+    """Sent by the leader (``local_id``) to the transferee (LE-47)."""
+
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    transfer_id: str  # the leader giving up leadership
+    transferee_id: str
+    take_leadership_ledger_index: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LeadershipTransferResponse:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    code: DLedgerCode
+
+
+# ---- client protocol (served by the runtime, not the core) -------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendRequest:
+    """A client's batch append; answered after quorum commit (or with an error code)."""
+
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    bodies: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendResponse:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    code: DLedgerCode
+    leader_id: str = ""  # where to go instead (AP-04)
+    first_index: int = -1
+    positions: tuple[int, ...] = ()  # pos of each appended entry, in order
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetRequest:
+    """Read committed entries ``index ..`` (at most ``max_count`` of them)."""
+
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    index: int
+    max_count: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GetResponse:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    code: DLedgerCode
+    leader_id: str = ""
+    entries: bytes = b""  # raw entry bytes as stored
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetadataRequest:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetadataResponse:
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    code: DLedgerCode
+    status_json: bytes = b"{}"  # the node's status() as JSON
+
+
+Request = VoteRequest | HeartBeatRequest | PushEntryRequest | LeadershipTransferRequest
+Response = VoteResponse | HeartBeatResponse | PushEntryResponse | LeadershipTransferResponse
+Message = Request | Response
+ClientRequest = AppendRequest | GetRequest | MetadataRequest
+ClientResponse = AppendResponse | GetResponse | MetadataResponse
+
+REQUEST_CODE_OF: dict[type, RequestCode] = {
+    VoteRequest: RequestCode.VOTE,
+    VoteResponse: RequestCode.VOTE,
+    HeartBeatRequest: RequestCode.HEART_BEAT,
+    HeartBeatResponse: RequestCode.HEART_BEAT,
+    PushEntryRequest: RequestCode.PUSH,
+    PushEntryResponse: RequestCode.PUSH,
+    LeadershipTransferRequest: RequestCode.LEADERSHIP_TRANSFER,
+    LeadershipTransferResponse: RequestCode.LEADERSHIP_TRANSFER,
+    AppendRequest: RequestCode.APPEND,
+    AppendResponse: RequestCode.APPEND,
+    GetRequest: RequestCode.GET,
+    GetResponse: RequestCode.GET,
+    MetadataRequest: RequestCode.METADATA,
+    MetadataResponse: RequestCode.METADATA,
+}

@@ -1,0 +1,529 @@
+"""``DLedgerCore``: the whole protocol of one node as a synchronous object (the shape of
+etcd-io/raft's ``RawNode``; DESIGN §2).
+
+Inputs: ``tick(now_ms)``, ``step(message, now_ms)``, ``propose(bodies, now_ms)``,
+``transfer_leadership(to, now_ms)``. Output: ``ready()`` drains a :class:`Ready`, which the
+caller handles in this order, always:
+
+1. persist ``hard_state`` (term and vote) and, when ``must_sync``, sync the log;
+2. send ``messages``;
+3. apply up to ``committed_index``;
+4. deliver ``proposals``, ``transfers`` and ``role_changes``.
+
+The store is a collaborator, as in hashicorp/raft: the core writes entries into it
+(leader appends run the append hooks there, followers write the leader's bytes as they
+are) and the store puts them in the page cache; step 1 makes them durable before any
+ack leaves. Time enters only as ``now_ms``, randomness only through ``rng``; there is no
+I/O, clock, thread or socket here (a test checks the imports), so one seed replays one
+run exactly.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..codes import DLedgerCode, DLedgerError
+from ..store.entry import MAGIC_NOOP
+from .elector import LeaderElector
+from .member_state import HardState, MemberState
+from .messages import (
+    HeartBeatRequest,
+    HeartBeatResponse,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+    Message,
+    PushEntryRequest,
+    PushEntryResponse,
+    Role,
+    VoteRequest,
+    VoteResponse,
+)
+from .pusher import EntryDispatcher, EntryHandler, QuorumAckChecker
+from .settings import CoreSettings
+
+if TYPE_CHECKING:
+    import random
+
+    from ..store.base import LogStore
+
+EventLog = Callable[[str, dict[str, Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Proposal:
+    """A leader append: ``positions[i]`` is the pos of body i, at index first_index + i."""
+
+    proposal_id: int
+    term: int
+    first_index: int
+    positions: tuple[int, ...]
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.positions) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class ProposalDone:
+    """SUCCESS once committed; TERM_CHANGED or WAIT_QUORUM_ACK_TIMEOUT: outcome unknown."""
+
+    proposal: Proposal
+    code: DLedgerCode
+
+
+@dataclass(frozen=True, slots=True)
+class TransferDone:
+    transfer_id: int
+    code: DLedgerCode
+
+
+@dataclass(frozen=True, slots=True)
+class RoleChange:
+    term: int
+    role: Role
+    leader_id: str | None
+
+
+@dataclass(slots=True)
+class Ready:
+    hard_state: HardState | None = None
+    must_sync: bool = False
+    messages: list[Message] = field(default_factory=list)
+    committed_index: int | None = None
+    proposals: list[ProposalDone] = field(default_factory=list)
+    transfers: list[TransferDone] = field(default_factory=list)
+    role_changes: list[RoleChange] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(
+            self.hard_state is not None
+            or self.must_sync
+            or self.messages
+            or self.committed_index is not None
+            or self.proposals
+            or self.transfers
+            or self.role_changes
+        )
+
+
+@dataclass(slots=True)
+class _Transfer:
+    transfer_id: int
+    to: str
+    term: int
+    deadline_ms: int
+
+
+@dataclass(slots=True)
+class _TakeLeadership:
+    """Transferee side: become candidate once the log reaches ``index`` (LE-47)."""
+
+    leader_id: str
+    req_id: int
+    term: int
+    index: int
+    deadline_ms: int
+    started: bool = False
+
+
+class DLedgerCore:
+    def __init__(
+        self,
+        *,
+        group: str,
+        self_id: str,
+        peers: dict[str, str],
+        store: LogStore,
+        rng: random.Random,
+        settings: CoreSettings | None = None,
+        now_ms: int = 0,
+        event_log: EventLog | None = None,
+    ) -> None:
+        self.settings = settings or CoreSettings()
+        self.store = store
+        self.rng = rng
+        self.ms = MemberState(group, self_id, peers, store, store.load_term_vote())
+        self.now_ms = now_ms
+        self._event_log = event_log
+        self._req_seq = 0
+        self._ready = Ready()
+        self.synced_index = store.ledger_end_index  # what recovery found is on disk
+        self._reported_commit = store.committed_index
+        self._last_role: tuple[int, Role, str | None] = (self.ms.curr_term, self.ms.role, None)
+        self.elector = LeaderElector(self)
+        self.checker = QuorumAckChecker(self)
+        self.handler = EntryHandler(self)
+        self.dispatchers = {p: EntryDispatcher(self, p) for p in self.ms.other_ids}
+        self._proposals: deque[tuple[Proposal, int]] = deque()  # (proposal, deadline)
+        self._proposal_seq = 0
+        self._transfers: list[_Transfer] = []
+        self._take: _TakeLeadership | None = None
+        self._last_preferred_check_ms = now_ms
+
+    # ---- plumbing used by the collaborators ----------------------------------------------
+
+    def next_req_id(self) -> int:
+        self._req_seq += 1
+        return self._req_seq
+
+    def send(self, msg: Message) -> None:
+        self._ready.messages.append(msg)
+
+    def wrote_entries(self) -> None:
+        self._ready.must_sync = True
+
+    def log_event(self, name: str, **fields: Any) -> None:
+        if self._event_log is not None:
+            self._event_log(name, fields)
+
+    def role_changed(self, now_ms: int) -> None:
+        ms = self.ms
+        cur = (ms.curr_term, ms.role, ms.leader_id)
+        if cur == self._last_role:
+            return
+        was = self._last_role[1]
+        self._last_role = cur
+        self._ready.role_changes.append(RoleChange(*cur))
+        self.log_event("role", term=ms.curr_term, role=ms.role.value, leader=ms.leader_id)
+        if was is Role.LEADER and ms.role is not Role.LEADER:
+            self._fail_proposals(DLedgerCode.TERM_CHANGED)
+        if ms.role is not Role.FOLLOWER:
+            self.handler.clear(DLedgerCode.NOT_FOLLOWER)
+        if ms.role is Role.LEADER:
+            self._on_become_leader(now_ms)
+        elif self._take is not None and ms.role is Role.FOLLOWER:
+            self._finish_take(DLedgerCode.TAKE_LEADERSHIP_FAILED)
+
+    def commit_to(self, index: int) -> None:
+        self.store.update_committed(index)
+        self.log_event("commit", index=index)
+
+    # ---- inputs ----------------------------------------------------------------------------
+
+    def tick(self, now_ms: int) -> None:
+        """The state maintainer's 10 ms beat (LE-04): timers, rounds, dispatchers."""
+        self.now_ms = now_ms
+        self.elector.maintain(now_ms)
+        self._check_take_leadership(now_ms)
+        self._expire_transfers(now_ms)
+        self._check_preferred_leader(now_ms)
+        self.handler.drain(now_ms)
+        self._pump(now_ms, idle_commit=True)
+        self._expire_proposals(now_ms)
+
+    def step(self, msg: Message, now_ms: int) -> None:
+        """Take one message from a peer. Requests are answered into ``ready().messages``."""
+        self.now_ms = now_ms
+        ms = self.ms
+        if msg.group != ms.group or msg.remote_id != ms.self_id or msg.local_id not in ms.peers:
+            self.log_event("dropped", kind=type(msg).__name__, sender=msg.local_id)
+            return
+        if isinstance(msg, VoteRequest):
+            self.send(self.elector.on_vote_request(msg, now_ms))
+        elif isinstance(msg, VoteResponse):
+            self._note_term(msg.term, msg.pre_vote, now_ms)
+            self.elector.on_vote_response(msg, now_ms)
+        elif isinstance(msg, HeartBeatRequest):
+            self.send(self.elector.on_heartbeat_request(msg, now_ms))
+        elif isinstance(msg, HeartBeatResponse):
+            self.elector.on_heartbeat_response(msg, now_ms)
+        elif isinstance(msg, PushEntryRequest):
+            self._on_push(msg, now_ms)
+        elif isinstance(msg, PushEntryResponse):
+            self._on_push_response(msg, now_ms)
+        elif isinstance(msg, LeadershipTransferRequest):
+            self._on_take_leadership(msg, now_ms)
+        elif isinstance(msg, LeadershipTransferResponse):
+            self._on_transfer_response(msg)
+        self._pump(now_ms, idle_commit=False)
+
+    def _note_term(self, term: int, pre_vote: bool, now_ms: int) -> None:
+        if pre_vote or term <= self.ms.curr_term:
+            return
+        if self.ms.role is Role.LEADER:
+            self.elector.change_role_to_candidate(term, now_ms)
+
+    def _pump(self, now_ms: int, *, idle_commit: bool) -> None:
+        if self.ms.role is Role.LEADER:
+            for d in self.dispatchers.values():
+                d.maintain(now_ms, idle_commit=idle_commit)
+            self.checker.check()
+        self._complete_proposals()
+
+    # ---- follower side of pushes ------------------------------------------------------------
+
+    def _on_push(self, req: PushEntryRequest, now_ms: int) -> None:
+        """``handlePush``'s checks: a push is taken only from this term's leader."""
+        ms = self.ms
+        code: DLedgerCode | None = None
+        if req.term < ms.curr_term:
+            code = DLedgerCode.EXPIRED_TERM
+        elif req.term > ms.curr_term:
+            self.elector.change_role_to_candidate(req.term, now_ms)
+            self.elector.need_increase_term_immediately = True
+            code = DLedgerCode.TERM_NOT_READY
+        elif ms.role is Role.LEADER:
+            self.log_event("two_leaders", term=req.term, other=req.leader_id)
+            code = DLedgerCode.INCONSISTENT_LEADER
+        elif ms.leader_id is None:
+            self.elector.change_role_to_follower(req.term, req.leader_id, now_ms)
+        elif ms.leader_id != req.leader_id:
+            code = DLedgerCode.INCONSISTENT_LEADER
+        if code is not None:
+            self.send(
+                PushEntryResponse(
+                    group=ms.group,
+                    local_id=ms.self_id,
+                    remote_id=req.local_id,
+                    term=ms.curr_term,
+                    req_id=req.req_id,
+                    code=code,
+                    type=req.type,
+                    index=req.first_index,
+                )
+            )
+            return
+        self.elector.last_leader_heartbeat_ms = now_ms
+        self.handler.handle_push(req, now_ms)
+        self._check_take_leadership(now_ms)
+
+    def _on_push_response(self, resp: PushEntryResponse, now_ms: int) -> None:
+        ms = self.ms
+        if resp.term > ms.curr_term:
+            self._note_term(resp.term, False, now_ms)
+            return
+        if ms.role is not Role.LEADER:
+            return
+        self.elector.peer_heard_ms[resp.local_id] = now_ms
+        d = self.dispatchers.get(resp.local_id)
+        if d is not None:
+            d.on_response(resp, now_ms)
+
+    # ---- leader: proposals ----------------------------------------------------------------
+
+    def _on_become_leader(self, now_ms: int) -> None:
+        """A NOOP at once, so entries of earlier terms commit without a client (CV-20)."""
+        for d in self.dispatchers.values():
+            d.term = -1  # start over with COMPARE
+        self.store.append_as_leader(self.ms.curr_term, [b""], MAGIC_NOOP)
+        self.wrote_entries()
+
+    def propose(self, bodies: Sequence[bytes | bytearray | memoryview], now_ms: int) -> Proposal:
+        """``handleAppend`` (AP-01..AP-05): append as leader; the :class:`ProposalDone`
+        arrives in a later ``ready()``. Raises :class:`DLedgerError` when refused."""
+        self.now_ms = now_ms
+        ms = self.ms
+        if ms.role is not Role.LEADER:
+            raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {ms.leader_id}")
+        if ms.transferee is not None:
+            raise DLedgerError(
+                DLedgerCode.LEADER_TRANSFERRING, f"handing leadership to {ms.transferee}"
+            )
+        if len(self._proposals) >= self.settings.max_pending_proposals:
+            raise DLedgerError(
+                DLedgerCode.LEADER_PENDING_FULL,
+                f"{len(self._proposals)} appends wait for a quorum",
+            )
+        metas = self.store.append_as_leader(ms.curr_term, bodies)
+        self.wrote_entries()
+        self._proposal_seq += 1
+        p = Proposal(self._proposal_seq, ms.curr_term, metas[0].index, tuple(m.pos for m in metas))
+        self._proposals.append((p, now_ms + self.settings.max_wait_ack_ms))
+        self._pump(now_ms, idle_commit=False)
+        return p
+
+    def _complete_proposals(self) -> None:
+        committed = self.store.committed_index
+        if committed != self._reported_commit:
+            self._reported_commit = committed
+            self._ready.committed_index = committed
+        while self._proposals and self._proposals[0][0].last_index <= committed:
+            p, _ = self._proposals.popleft()
+            self._ready.proposals.append(ProposalDone(p, DLedgerCode.SUCCESS))
+
+    def _expire_proposals(self, now_ms: int) -> None:
+        while self._proposals and self._proposals[0][1] <= now_ms:
+            p, _ = self._proposals.popleft()
+            self._ready.proposals.append(ProposalDone(p, DLedgerCode.WAIT_QUORUM_ACK_TIMEOUT))
+
+    def _fail_proposals(self, code: DLedgerCode) -> None:
+        while self._proposals:
+            p, _ = self._proposals.popleft()
+            self._ready.proposals.append(ProposalDone(p, code))
+
+    def on_synced(self, index: int) -> None:
+        """The caller made everything up to ``index`` durable (step 1 of a Ready)."""
+        self.synced_index = index  # a truncate may lower it
+        self._pump(self.now_ms, idle_commit=False)
+
+    # ---- leadership transfer (LE-47) ---------------------------------------------------------
+
+    def transfer_leadership(self, to: str, now_ms: int) -> int:
+        """Hand leadership to ``to``; a :class:`TransferDone` reports the outcome."""
+        ms, s = self.ms, self.settings
+        if to not in ms.peers:
+            raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{to!r} is not a peer")
+        if ms.role is not Role.LEADER:
+            raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {ms.leader_id}")
+        if to == ms.self_id:
+            raise DLedgerError(DLedgerCode.UNEXPECTED_ARGUMENT, "already the leader")
+        if ms.transferee is not None:
+            raise DLedgerError(DLedgerCode.LEADER_TRANSFERRING, f"to {ms.transferee}")
+        lag = ms.ledger_end_index - self.dispatchers[to].match_index
+        if lag > s.max_leadership_transfer_wait_index:
+            raise DLedgerError(DLedgerCode.FALL_BEHIND_TOO_MUCH, f"{to} is {lag} behind")
+        ms.transferee = to
+        t = _Transfer(
+            self.next_req_id(), to, ms.curr_term, now_ms + s.leadership_transfer_timeout_ms * 2
+        )
+        self._transfers.append(t)
+        self.send(
+            LeadershipTransferRequest(
+                group=ms.group,
+                local_id=ms.self_id,
+                remote_id=to,
+                term=ms.curr_term,
+                req_id=t.transfer_id,
+                transfer_id=ms.self_id,
+                transferee_id=to,
+                take_leadership_ledger_index=ms.ledger_end_index,
+            )
+        )
+        self.log_event("transfer", to=to, term=ms.curr_term)
+        return t.transfer_id
+
+    def _on_transfer_response(self, resp: LeadershipTransferResponse) -> None:
+        for t in list(self._transfers):
+            if t.transfer_id == resp.req_id and t.to == resp.local_id:
+                self._transfers.remove(t)
+                self._ready.transfers.append(TransferDone(t.transfer_id, resp.code))
+                if self.ms.transferee == t.to:
+                    self.ms.transferee = None
+
+    def _expire_transfers(self, now_ms: int) -> None:
+        for t in list(self._transfers):
+            if now_ms >= t.deadline_ms:
+                self._transfers.remove(t)
+                self._ready.transfers.append(
+                    TransferDone(t.transfer_id, DLedgerCode.TAKE_LEADERSHIP_FAILED)
+                )
+                if self.ms.transferee == t.to:
+                    self.ms.transferee = None
+
+    def _on_take_leadership(self, req: LeadershipTransferRequest, now_ms: int) -> None:
+        ms = self.ms
+        if (
+            req.transferee_id != ms.self_id
+            or req.term != ms.curr_term
+            or (ms.role is not Role.FOLLOWER or ms.leader_id != req.local_id)
+        ):
+            self._answer_take(req.local_id, req.req_id, DLedgerCode.TAKE_LEADERSHIP_FAILED)
+            return
+        self._take = _TakeLeadership(
+            req.local_id,
+            req.req_id,
+            req.term,
+            req.take_leadership_ledger_index,
+            now_ms + self.settings.leadership_transfer_timeout_ms,
+        )
+        self._check_take_leadership(now_ms)
+
+    def _check_take_leadership(self, now_ms: int) -> None:
+        t, ms = self._take, self.ms
+        if t is None:
+            return
+        if t.started:
+            if ms.role is Role.LEADER:
+                self._finish_take(DLedgerCode.SUCCESS)
+            elif ms.curr_term > t.term + 1 or now_ms >= t.deadline_ms + 1000:
+                self._finish_take(DLedgerCode.TAKE_LEADERSHIP_FAILED)
+            return
+        if now_ms >= t.deadline_ms or ms.curr_term != t.term:
+            self._finish_take(DLedgerCode.TAKE_LEADERSHIP_FAILED)
+        elif ms.ledger_end_index >= t.index:
+            t.started = True
+            ms.term_to_take_leadership = t.term + 1
+            self.elector.change_role_to_candidate(t.term + 1, now_ms)
+            self.elector.need_increase_term_immediately = True
+
+    def _finish_take(self, code: DLedgerCode) -> None:
+        t, self._take = self._take, None
+        assert t is not None
+        self.ms.term_to_take_leadership = -1
+        self._answer_take(t.leader_id, t.req_id, code)
+
+    def _answer_take(self, to: str, req_id: int, code: DLedgerCode) -> None:
+        ms = self.ms
+        self.send(
+            LeadershipTransferResponse(
+                group=ms.group,
+                local_id=ms.self_id,
+                remote_id=to,
+                term=ms.curr_term,
+                req_id=req_id,
+                code=code,
+            )
+        )
+
+    def _check_preferred_leader(self, now_ms: int) -> None:
+        """Preferred leader (LE-47): hand over to the live preferred peer that lags least."""
+        s, ms = self.settings, self.ms
+        if not s.preferred_leader_ids or ms.role is not Role.LEADER or ms.transferee:
+            return
+        if now_ms - self._last_preferred_check_ms < s.preferred_leader_check_ms:
+            return
+        self._last_preferred_check_ms = now_ms
+        if ms.self_id in s.preferred_leader_ids:
+            return
+        heard = self.elector.peer_heard_ms
+        live = [
+            (ms.ledger_end_index - self.dispatchers[p].match_index, p)
+            for p in sorted(s.preferred_leader_ids)
+            if p in self.dispatchers and now_ms - heard.get(p, -(10**15)) <= s.election_timeout_ms
+        ]
+        if live:
+            lag, to = min(live)
+            if lag < s.max_leadership_transfer_wait_index:
+                self.transfer_leadership(to, now_ms)
+
+    # ---- output ----------------------------------------------------------------------------
+
+    def ready(self) -> Ready:
+        """Everything produced since the last call; handle it in the documented order."""
+        ms = self.ms
+        if ms.hard_state_dirty:
+            self._ready.hard_state = ms.hard_state()
+            ms.hard_state_dirty = False
+        r, self._ready = self._ready, Ready()
+        return r
+
+    def status(self) -> dict[str, Any]:
+        ms, store = self.ms, self.store
+        return {
+            "group": ms.group,
+            "self_id": ms.self_id,
+            "role": ms.role.value,
+            "term": ms.curr_term,
+            "leader_id": ms.leader_id,
+            "voted_for": ms.curr_vote_for,
+            "ledger_begin_index": store.ledger_begin_index,
+            "ledger_end_index": store.ledger_end_index,
+            "ledger_end_term": store.ledger_end_term,
+            "committed_index": store.committed_index,
+            "committed_pos": store.committed_pos,
+            "transferee": ms.transferee,
+            "pending_proposals": len(self._proposals),
+            "peers": {
+                p: {
+                    "state": d.state.value,
+                    "match_index": d.match_index,
+                    "in_flight": len(d.pending),
+                }
+                for p, d in self.dispatchers.items()
+            }
+            if ms.role is Role.LEADER
+            else {},
+        }

@@ -1,0 +1,87 @@
+"""Every timer and limit of the protocol, with our fast-failover defaults (DESIGN §3).
+
+Names carry their unit last (``heartbeat_interval_ms``). ``CoreSettings.dledger()`` gives
+DLedger's own defaults (2 s heartbeats, 6 s election timeout, CHECKLIST 1.3) as the
+documented alternative profile; ours detect a lost leader in 3 x 200 ms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Literal
+
+
+@dataclass(frozen=True, slots=True)
+class CoreSettings:
+    # election (LE-02, 1.3)
+    heartbeat_interval_ms: int = 200
+    max_heartbeat_leak: int = 3  # leader presumed lost after this many missed heartbeats
+    min_vote_interval_ms: int = 100
+    max_vote_interval_ms: int = 300
+    vote_response_timeout_ms: int = 300  # how long a vote round waits for answers
+    taking_leadership_vote_min_ms: int = 30  # vote timer of a transfer target (LE-47)
+    taking_leadership_vote_max_ms: int = 100
+    pre_vote: bool = True  # SOFAJRaft pre-vote before raising the term (DESIGN §3)
+    check_quorum: bool = True  # leader steps down without a live majority (DESIGN §3)
+    # replication (RP-20 .. RP-28)
+    max_inflight_pushes: int = 64  # APPEND requests in flight per peer (DLedger: 1000)
+    max_push_bytes: int = 1 << 20  # per APPEND frame
+    max_push_entries: int = 1024  # per APPEND frame
+    push_timeout_ms: int = 1000  # resend from the first unacknowledged index after this
+    control_timeout_ms: int = 1000  # COMPARE / TRUNCATE answer wait (DLedger: 3 s)
+    commit_push_interval_ms: int = 1000  # idle COMMIT push (RP-28)
+    error_backoff_ms: int = 50  # dispatcher pause after a refused COMPARE/TRUNCATE
+    peer_push_quota_bytes_per_s: int = 0  # flow control for a lagging peer; 0 = off
+    peer_push_throttle_entries: int = 1000  # quota applies when the peer lags this much
+    # follower (RP-29 .. RP-35)
+    max_follower_pending_pushes: int = 256  # out-of-order APPENDs held per follower
+    fast_forward_check_ms: int = 1000  # checkAbnormalFuture period
+    # clients (AP-02, RP-37)
+    max_pending_proposals: int = 10000  # LEADER_PENDING_FULL above this (AP-02)
+    max_wait_ack_ms: int = 2500  # a proposal not committed by then: unknown outcome
+    # leadership transfer (LE-47)
+    max_leadership_transfer_wait_index: int = 1000
+    leadership_transfer_timeout_ms: int = 1000
+    preferred_leader_ids: tuple[str, ...] = ()
+    preferred_leader_check_ms: int = 1000
+    # durability: "sync" = entries and term/vote are synced before any reply leaves
+    flush: Literal["async", "sync"] = "sync"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, int) and not isinstance(v, bool) and v < 0:
+                raise ValueError(f"{f.name} must not be negative, got {v}")
+        if self.heartbeat_interval_ms <= 0 or self.max_heartbeat_leak <= 0:
+            raise ValueError("heartbeat_interval_ms and max_heartbeat_leak must be positive")
+        if not 0 < self.min_vote_interval_ms <= self.max_vote_interval_ms:
+            raise ValueError("need 0 < min_vote_interval_ms <= max_vote_interval_ms")
+        if self.taking_leadership_vote_min_ms > self.taking_leadership_vote_max_ms:
+            raise ValueError("taking_leadership_vote_min_ms > taking_leadership_vote_max_ms")
+        for name in ("max_inflight_pushes", "max_push_bytes", "max_push_entries"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.flush not in ("async", "sync"):
+            raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+
+    @property
+    def election_timeout_ms(self) -> int:
+        """No heartbeat for this long: the leader is presumed lost (LE-42)."""
+        return self.heartbeat_interval_ms * self.max_heartbeat_leak
+
+    @classmethod
+    def dledger(cls, **overrides: Any) -> CoreSettings:
+        """DLedger's own timing (CHECKLIST 1.3): about 10 s failover in RocketMQ."""
+        base = cls(
+            heartbeat_interval_ms=2000,
+            max_heartbeat_leak=3,
+            min_vote_interval_ms=300,
+            max_vote_interval_ms=1000,
+            vote_response_timeout_ms=2000,
+            max_inflight_pushes=1000,
+            control_timeout_ms=3000,
+            error_backoff_ms=500,
+            pre_vote=False,
+            flush="async",
+        )
+        return replace(base, **overrides)

@@ -1,0 +1,1 @@
+"""The DLedger runtime: wire format, asyncio TCP transport, node loop and server."""

@@ -1,0 +1,53 @@
+"""Handling one :class:`~dledger.core.node.Ready`: the node loop's fixed order.
+
+persist → send → apply → notify (DESIGN §2, etcd's Ready contract). The asyncio node and
+the deterministic simulator both call these two functions, so the order the simulator
+checks is the order production runs:
+
+- :func:`persist_ready` is the blocking part (term/vote file, log sync). The asyncio
+  runtime runs it in a thread; nothing is sent until it returns.
+- :func:`deliver_ready` sends the messages and hands commits, finished proposals,
+  transfers and role changes to the callbacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ..core.messages import Message
+from ..core.node import DLedgerCore, Ready
+from ..store.base import LogStore
+from ..store.meta import TermVote
+
+
+def persist_ready(store: LogStore, ready: Ready, *, sync_log: bool) -> int | None:
+    """Make the Ready's state durable. Returns the index synced up to, if it synced.
+
+    The term/vote pair is written first (atomically: temp file, fsync, rename), then
+    the log is synced when entries were written and the node runs with ``flush=sync``.
+    """
+    if ready.hard_state is not None:
+        hs = ready.hard_state
+        store.save_term_vote(TermVote(hs.term, hs.voted_for))
+    if ready.must_sync and sync_log:
+        end = store.ledger_end_index
+        store.sync()
+        return end
+    return None
+
+
+def deliver_ready(
+    core: DLedgerCore,
+    ready: Ready,
+    synced_index: int | None,
+    *,
+    send: Callable[[Iterable[Message]], None],
+    on_ready: Callable[[Ready], None],
+) -> None:
+    """Send, then apply and notify (``on_ready`` sees commits, proposals, transfers and
+    role changes, in that order of fields). Call on the thread that owns ``core``."""
+    if synced_index is not None:
+        core.on_synced(synced_index)
+    if ready.messages:
+        send(ready.messages)
+    on_ready(ready)
