@@ -1,0 +1,429 @@
+"""``DLedgerServer``: one node of a DLedger group on an asyncio event loop (DESIGN §1, §2).
+
+The node loop is the Ready contract: inputs (the 10 ms tick, peer messages, client
+appends, transfers) go straight into the core on the loop thread; one task drains
+``core.ready()`` and handles each Ready in the fixed order persist → send → apply →
+notify with the same two functions the simulator uses (``ready.py``). Persisting (the
+``currterm`` file, the log sync) runs in a worker thread, so the loop never blocks on
+fsync, and everything that arrives meanwhile is batched into the next Ready: a group
+commit.
+
+Public surface (DESIGN §2): ``append(bodies)`` → [(index, pos)] after quorum commit;
+``get(index)``, ``read(pos, size)``; ``committed_index``/``committed_pos`` and
+``wait_committed``; ``add_append_hook``; ``add_role_change_handler``;
+``transfer_leadership``; ``status()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..codes import DLedgerCode, DLedgerError
+from ..core.messages import (
+    AppendRequest,
+    AppendResponse,
+    GetRequest,
+    GetResponse,
+    HeartBeatRequest,
+    HeartBeatResponse,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+    Message,
+    MetadataRequest,
+    MetadataResponse,
+    PushEntryRequest,
+    PushEntryResponse,
+    Role,
+    VoteRequest,
+    VoteResponse,
+)
+from ..core.node import DLedgerCore, Ready, RoleChange
+from ..core.settings import CoreSettings
+from ..store import AppendHook, Entry, FileStore, StoreSettings, node_dir
+from .ready import deliver_ready, persist_ready
+from .transport import Transport, TransportSettings
+from .wire import WireMessage
+
+log = logging.getLogger(__name__)
+
+TICK_MS = 10  # the state maintainer's beat (LE-04)
+PEER_TYPES = (
+    VoteRequest,
+    VoteResponse,
+    HeartBeatRequest,
+    HeartBeatResponse,
+    PushEntryRequest,
+    PushEntryResponse,
+    LeadershipTransferRequest,
+    LeadershipTransferResponse,
+)
+
+RoleChangeHandler = Callable[[RoleChange], None]
+
+
+class NotLeaderError(DLedgerError):
+    """This node does not lead; ``leader_id`` is where to go (may be None)."""
+
+    def __init__(self, code: DLedgerCode, message: str, leader_id: str | None) -> None:
+        super().__init__(code, message)
+        self.leader_id = leader_id
+
+
+class UnknownOutcomeError(DLedgerError):
+    """The append was proposed but its commit is unknown (leadership lost, quorum timeout):
+    it may or may not be in the log. Retrying may duplicate."""
+
+
+def parse_peers(spec: str) -> dict[str, str]:
+    """DLedger's peer format ``n0-host:port;n1-host:port`` → {id: address}."""
+    peers: dict[str, str] = {}
+    for item in filter(None, (p.strip() for p in spec.split(";"))):
+        node_id, sep, addr = item.partition("-")
+        if not sep or not node_id or ":" not in addr:
+            raise ValueError(f"bad peer {item!r}: want id-host:port")
+        if node_id in peers:
+            raise ValueError(f"peer id {node_id!r} appears twice")
+        peers[node_id] = addr
+    if not peers:
+        raise ValueError("no peers given")
+    return peers
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    group: str
+    self_id: str
+    peers: dict[str, str]
+    data_dir: Path
+    core: CoreSettings = field(default_factory=CoreSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    transport: TransportSettings = field(default_factory=TransportSettings)
+    seed: int | None = None  # the core's RNG; None: from the OS
+
+    @property
+    def store_dir(self) -> Path:
+        return node_dir(self.data_dir, self.group, self.self_id)
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+class DLedgerServer:
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.store: FileStore | None = None
+        self.core: DLedgerCore | None = None
+        self.transport: Transport | None = None
+        self._hooks: list[AppendHook] = []
+        self._handlers: list[RoleChangeHandler] = []
+        self._kick = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._proposal_futs: dict[int, asyncio.Future[list[tuple[int, int]]]] = {}
+        self._transfer_futs: dict[int, asyncio.Future[DLedgerCode]] = {}
+        self._commit_changed = asyncio.Event()
+        self._stopping = False
+        self.stats = {"readies": 0, "syncs": 0, "proposals": 0}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        cfg = self.config
+        store_settings = cfg.store
+        # The node loop syncs before replies leave (flush=sync); the store's own thread
+        # then only moves the checkpoint. With flush=async the store's thread flushes.
+        self.store = await asyncio.to_thread(FileStore, cfg.store_dir, store_settings)
+        for hook in self._hooks:
+            self.store.add_append_hook(hook)
+        seed = cfg.seed if cfg.seed is not None else random.SystemRandom().getrandbits(64)
+        self.core = DLedgerCore(
+            group=cfg.group,
+            self_id=cfg.self_id,
+            peers=cfg.peers,
+            store=self.store,
+            rng=random.Random(seed),
+            settings=cfg.core,
+            now_ms=_now_ms(),
+            event_log=self._event,
+        )
+        self.transport = Transport(
+            cfg.self_id,
+            cfg.peers,
+            on_peer_message=self._on_peer_message,
+            on_client_request=self._on_client_request,
+            is_peer_message=lambda m: isinstance(m, PEER_TYPES),
+            settings=cfg.transport,
+        )
+        await self.transport.start()
+        self._tasks = [
+            asyncio.create_task(self._tick_loop(), name="dledger-tick"),
+            asyncio.create_task(self._ready_loop(), name="dledger-ready"),
+        ]
+        log.info(
+            "node %s of %s listening on %s, data in %s",
+            cfg.self_id,
+            cfg.group,
+            cfg.peers[cfg.self_id],
+            cfg.store_dir,
+        )
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        if self.transport is not None:
+            await self.transport.close()
+        futs: list[asyncio.Future[Any]] = [
+            *self._proposal_futs.values(),
+            *self._transfer_futs.values(),
+        ]
+        for fut in futs:
+            if not fut.done():
+                fut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "stopped"))
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    async def __aenter__(self) -> DLedgerServer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    def _event(self, name: str, fields: dict[str, Any]) -> None:
+        if name in (
+            "role",
+            "vote_round",
+            "check_quorum_step_down",
+            "transfer",
+            "two_leaders",
+            "needs_snapshot",
+            "inconsistent_leader",
+        ):
+            log.info("%s %s", name, fields)
+        else:
+            log.debug("%s %s", name, fields)
+
+    # ---- the node loop ---------------------------------------------------------------------
+
+    def _live_core(self) -> DLedgerCore:
+        if self.core is None:
+            raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "server not started")
+        return self.core
+
+    async def _tick_loop(self) -> None:
+        core = self._live_core()
+        while True:
+            await asyncio.sleep(TICK_MS / 1000)
+            core.tick(_now_ms())
+            self._kick.set()
+
+    async def _ready_loop(self) -> None:
+        core, store = self._live_core(), self.store
+        assert store is not None
+        sync_log = self.config.core.flush == "sync"
+        while True:
+            await self._kick.wait()
+            self._kick.clear()
+            for _ in range(1000):  # bounded; the kick brings us back
+                ready = core.ready()
+                if not ready:
+                    break
+                self.stats["readies"] += 1
+                synced = None
+                if ready.hard_state is not None or (ready.must_sync and sync_log):
+                    self.stats["syncs"] += 1
+                    synced = await asyncio.to_thread(persist_ready, store, ready, sync_log=sync_log)
+                deliver_ready(core, ready, synced, send=self._send, on_ready=self._on_ready)
+
+    def _send(self, msgs: Iterable[Message]) -> None:
+        assert self.transport is not None
+        for m in msgs:
+            self.transport.send(m)
+
+    def _on_ready(self, ready: Ready) -> None:
+        if ready.committed_index is not None:
+            self._commit_changed.set()
+            self._commit_changed = asyncio.Event()
+        for done in ready.proposals:
+            fut = self._proposal_futs.pop(done.proposal.proposal_id, None)
+            if fut is None or fut.done():
+                continue
+            p = done.proposal
+            if done.code is DLedgerCode.SUCCESS:
+                fut.set_result([(p.first_index + i, pos) for i, pos in enumerate(p.positions)])
+            else:
+                fut.set_exception(UnknownOutcomeError(done.code, "commit unknown"))
+        for t in ready.transfers:
+            tf = self._transfer_futs.pop(t.transfer_id, None)
+            if tf is not None and not tf.done():
+                tf.set_result(t.code)
+        for change in ready.role_changes:
+            for handler in self._handlers:
+                try:
+                    handler(change)
+                except Exception:  # one handler's failure must not stop the others
+                    log.exception("role change handler %r failed", handler)
+
+    def _on_peer_message(self, m: WireMessage) -> None:
+        core = self.core
+        if core is None or self._stopping:
+            return
+        core.step(m, _now_ms())  # type: ignore[arg-type]
+        self._kick.set()
+
+    # ---- public surface --------------------------------------------------------------------
+
+    def add_append_hook(self, hook: AppendHook) -> None:
+        """Runs on every leader append after pos is fixed, before the bytes are written."""
+        self._hooks.append(hook)
+        if self.store is not None:
+            self.store.add_append_hook(hook)
+
+    def add_role_change_handler(self, handler: RoleChangeHandler) -> None:
+        self._handlers.append(handler)
+
+    async def append(
+        self, bodies: Sequence[bytes | bytearray | memoryview]
+    ) -> list[tuple[int, int]]:
+        """Append as leader; resolves after quorum commit with (index, pos) per body."""
+        core = self._live_core()
+        try:
+            p = core.propose(bodies, _now_ms())
+        except DLedgerError as e:
+            if e.code in (DLedgerCode.NOT_LEADER, DLedgerCode.LEADER_TRANSFERRING):
+                raise NotLeaderError(e.code, e.message, core.ms.leader_id) from None
+            raise
+        self.stats["proposals"] += 1
+        fut: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
+        self._proposal_futs[p.proposal_id] = fut
+        self._kick.set()
+        return await fut
+
+    def get(self, index: int) -> Entry:
+        """A committed entry by index."""
+        store = self._store()
+        if index > store.committed_index:
+            raise DLedgerError(
+                DLedgerCode.INDEX_OUT_OF_RANGE,
+                f"index {index} is not committed (at {store.committed_index})",
+            )
+        return store.get(index)
+
+    def read(self, pos: int, size: int) -> bytes:
+        """Raw committed bytes at [pos, pos + size)."""
+        store = self._store()
+        if pos + size > store.committed_pos:
+            raise DLedgerError(
+                DLedgerCode.INDEX_OUT_OF_RANGE,
+                f"[{pos}, {pos + size}) is beyond committed pos {store.committed_pos}",
+            )
+        return store.read(pos, size)
+
+    def _store(self) -> FileStore:
+        if self.store is None:
+            raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "server not started")
+        return self.store
+
+    @property
+    def committed_index(self) -> int:
+        return self._store().committed_index
+
+    @property
+    def committed_pos(self) -> int:
+        return self._store().committed_pos
+
+    async def wait_committed(self, index: int, timeout_s: float) -> bool:
+        """Wait until ``committed_index >= index``; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while self.committed_index < index:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._commit_changed.wait(), left)
+        return True
+
+    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> DLedgerCode:
+        core = self._live_core()
+        tid = core.transfer_leadership(to, _now_ms())
+        fut: asyncio.Future[DLedgerCode] = asyncio.get_running_loop().create_future()
+        self._transfer_futs[tid] = fut
+        self._kick.set()
+        return await asyncio.wait_for(fut, timeout_s)
+
+    @property
+    def role(self) -> Role:
+        return self._live_core().ms.role
+
+    @property
+    def leader_id(self) -> str | None:
+        return self._live_core().ms.leader_id
+
+    def status(self) -> dict[str, Any]:
+        st = self._live_core().status()
+        if self.transport is not None:
+            st["links"] = {
+                p: {"connected": link.connected, "sent": link.sent, "dropped": link.dropped}
+                for p, link in self.transport.links.items()
+            }
+        st["stats"] = dict(self.stats)
+        return st
+
+    # ---- the client protocol ---------------------------------------------------------------
+
+    async def _on_client_request(self, m: WireMessage) -> WireMessage | None:
+        cfg = self.config
+        base: dict[str, Any] = {
+            "group": cfg.group,
+            "local_id": cfg.self_id,
+            "remote_id": m.local_id,
+            "term": self.core.ms.curr_term if self.core else -1,
+            "req_id": m.req_id,
+        }
+        if isinstance(m, AppendRequest):
+            return await self._client_append(m, base)
+        if isinstance(m, GetRequest):
+            return self._client_get(m, base)
+        if isinstance(m, MetadataRequest):
+            return MetadataResponse(
+                **base, code=DLedgerCode.SUCCESS, status_json=orjson.dumps(self.status())
+            )
+        return None
+
+    async def _client_append(self, m: AppendRequest, base: dict[str, Any]) -> AppendResponse:
+        leader = (self.core.ms.leader_id if self.core else None) or ""
+        if m.group != self.config.group:
+            return AppendResponse(**base, code=DLedgerCode.UNKNOWN_GROUP, leader_id=leader)
+        try:
+            result = await self.append(list(m.bodies))
+        except DLedgerError as e:
+            return AppendResponse(**base, code=e.code, leader_id=leader)
+        return AppendResponse(
+            **base,
+            code=DLedgerCode.SUCCESS,
+            leader_id=leader,
+            first_index=result[0][0],
+            positions=tuple(p for _, p in result),
+        )
+
+    def _client_get(self, m: GetRequest, base: dict[str, Any]) -> GetResponse:
+        store = self._store()
+        if m.index < store.ledger_begin_index or m.index > store.committed_index:
+            return GetResponse(**base, code=DLedgerCode.INDEX_OUT_OF_RANGE)
+        n = max(1, min(m.max_count, store.committed_index - m.index + 1, 10_000))
+        raw, _, _ = store.read_batch(m.index, 4 << 20, n)
+        return GetResponse(**base, code=DLedgerCode.SUCCESS, entries=raw)
