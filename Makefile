@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint fmt bench clean
+.PHONY: setup demo test lint fmt bench bench-raft clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ fmt: setup
 
 bench: setup
 	$(PY) bench/store_bench.py
+
+bench-raft: setup
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) bench/raft_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

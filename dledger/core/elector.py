@@ -145,6 +145,9 @@ class LeaderElector:
         was = self.ms.role
         self.ms.change_to_candidate(term)
         self.heartbeat_round = None
+        if was is Role.LEADER:  # a deposed leader campaigns in a new term, behind pre-vote
+            self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+            self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
         if was is not Role.CANDIDATE:
             self.node.role_changed(now_ms)
 
@@ -167,7 +170,12 @@ class LeaderElector:
     # ---- candidate (LE-11 .. LE-18) -------------------------------------------------------
 
     def _maintain_as_candidate(self, now_ms: int) -> None:
-        if self.vote_round or self.pre_vote_round:
+        if self.need_increase_term_immediately:
+            # a higher term is known: any round in flight is moot; adopt the term now
+            # (a pre-vote waiting on a dead peer would otherwise keep answering
+            # TERM_NOT_READY to the candidate that is about to win)
+            self.vote_round = self.pre_vote_round = None
+        elif self.vote_round or self.pre_vote_round:
             return  # waiting for answers (the latch)
         if self.next_time_to_request_vote_ms == -1 and not self.need_increase_term_immediately:
             self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
@@ -458,15 +466,18 @@ class LeaderElector:
     def _maintain_as_leader(self, now_ms: int) -> None:
         s, ms = self.settings, self.ms
         if s.check_quorum:
-            heard = 1 + sum(
-                1
-                for p in ms.other_ids
-                if now_ms - self.peer_heard_ms.get(p, -(10**15)) <= s.election_timeout_ms
+            # The last moment a majority (self included) had answered: the n-th most
+            # recent answer, n = the other peers a quorum needs. Recording that moment,
+            # not "now, while some answer is younger than a timeout", makes the leader
+            # go one election timeout after it last heard a majority, not two.
+            answered = sorted(
+                (self.peer_heard_ms.get(p, -(10**15)) for p in ms.other_ids), reverse=True
             )
-            if ms.is_quorum(heard):
-                self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, now_ms)
-            elif now_ms - self.last_succ_heartbeat_ms > s.election_timeout_ms:
-                self.node.log_event("check_quorum_step_down", heard=heard)
+            need = len(ms.peer_ids) // 2
+            quorum_heard_ms = answered[need - 1] if need else now_ms
+            self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, quorum_heard_ms)
+            if now_ms - self.last_succ_heartbeat_ms > s.election_timeout_ms:
+                self.node.log_event("check_quorum_step_down", quorum_heard_ms=quorum_heard_ms)
                 self.change_role_to_candidate(ms.curr_term, now_ms)
                 return
         if (

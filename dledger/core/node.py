@@ -448,6 +448,10 @@ class DLedgerCore:
             ms.term_to_take_leadership = t.term + 1
             self.elector.change_role_to_candidate(t.term + 1, now_ms)
             self.elector.need_increase_term_immediately = True
+            # Adopt term + 1 now, not at the next tick: until then a heartbeat or push
+            # of the old leader's term would find a candidate without a leader in that
+            # term and make it a follower again, failing the transfer.
+            self.elector.maintain(now_ms)
 
     def _finish_take(self, code: DLedgerCode) -> None:
         t, self._take = self._take, None

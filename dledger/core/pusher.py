@@ -519,14 +519,17 @@ class EntryHandler:
         self._respond(req, DLedgerCode.INCONSISTENT_STATE, x_term=local_term, x_index=first)
 
     def _handle_truncate(self, req: PushEntryRequest) -> None:
-        """``handleDoTruncate`` (RP-18). Never below the committed index: the leader only
-        truncates past a proven match, and a committed entry always matches (§5.4)."""
+        """``handleDoTruncate`` (RP-18). Never at or below the committed index: a leader
+        truncates only past a proven match and a committed entry always matches (§5.4),
+        so such a request is refused (and logged), never obeyed."""
         store = self.node.store
         from_index = req.pre_log_index
-        assert from_index > store.committed_index, (
-            f"TRUNCATE from {from_index} would drop committed entries"
-            f" (committed {store.committed_index})"
-        )
+        if from_index <= store.committed_index:  # a correct leader never sends this
+            self.node.log_event(
+                "truncate_refused", from_index=from_index, committed=store.committed_index
+            )
+            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            return
         if from_index <= store.ledger_end_index:
             store.truncate(from_index)
             self.node.wrote_entries()

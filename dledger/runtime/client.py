@@ -127,7 +127,7 @@ class DLedgerClient:
         deadline passes without a leader."""
         deadline = time.monotonic() + timeout_s
         order = itertools.cycle(self.peers)
-        backoff = 0.01
+        backoff = 0.005
         last = "no attempt"
         while (left := deadline - time.monotonic()) > 0:
             node = self.leader or next(order)
@@ -139,7 +139,7 @@ class DLedgerClient:
                 last = f"{node}: {e!r}"
                 self.leader = None
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                backoff = min(backoff * 2, 0.2)
+                backoff = min(backoff * 2, 0.05)
                 continue
             if resp.code is DLedgerCode.SUCCESS:
                 self.leader = node
@@ -155,7 +155,7 @@ class DLedgerClient:
             )
             if self.leader is None:
                 await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                backoff = min(backoff * 2, 0.2)
+                backoff = min(backoff * 2, 0.05)
         raise DLedgerError(
             DLedgerCode.TIMEOUT, f"no leader took the append in {timeout_s}s ({last})"
         )
