@@ -273,18 +273,7 @@ class DLedgerCore:
         elif ms.leader_id != req.leader_id:
             code = DLedgerCode.INCONSISTENT_LEADER
         if code is not None:
-            self.send(
-                PushEntryResponse(
-                    group=ms.group,
-                    local_id=ms.self_id,
-                    remote_id=req.local_id,
-                    term=ms.curr_term,
-                    req_id=req.req_id,
-                    code=code,
-                    type=req.type,
-                    index=req.first_index,
-                )
-            )
+            self.handler.respond(req, code)
             return
         self.elector.last_leader_heartbeat_ms = now_ms
         self.handler.handle_push(req, now_ms)

@@ -367,7 +367,7 @@ class EntryHandler:
         self.arrived_ms: dict[int, int] = {}
         self.newest: tuple[int, str, int] = (-1, "", -1)  # (term, leader, max req_id seen)
 
-    def _respond(self, req: PushEntryRequest, code: DLedgerCode, **kw: int) -> None:
+    def respond(self, req: PushEntryRequest, code: DLedgerCode, **kw: int) -> None:
         node = self.node
         ms, store = node.ms, node.store
         node.send(
@@ -393,7 +393,7 @@ class EntryHandler:
         self.write_requests.clear()
         self.arrived_ms.clear()
         for _, req in held:
-            self._respond(req, code)
+            self.respond(req, code)
 
     def handle_push(self, req: PushEntryRequest, now_ms: int) -> None:
         """``handlePush`` (RP-30); the node has checked term, leader and role.
@@ -412,7 +412,7 @@ class EntryHandler:
             self._hold_append(req, now_ms)
         elif req.type is PushType.COMMIT:
             self._update_commit(req.commit_index)
-            self._respond(req, DLedgerCode.SUCCESS)
+            self.respond(req, DLedgerCode.SUCCESS)
         elif req.type is PushType.COMPARE:
             self.clear()
             self._handle_compare(req)
@@ -420,17 +420,17 @@ class EntryHandler:
             self.clear()
             self._handle_truncate(req)
         else:
-            self._respond(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+            self.respond(req, DLedgerCode.UNEXPECTED_ARGUMENT)
 
     def _hold_append(self, req: PushEntryRequest, now_ms: int) -> None:
         if req.count <= 0 or not req.entries:
-            self._respond(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+            self.respond(req, DLedgerCode.UNEXPECTED_ARGUMENT)
             return
         if req.first_index in self.write_requests:
-            self._respond(req, DLedgerCode.REPEATED_PUSH)
+            self.respond(req, DLedgerCode.REPEATED_PUSH)
             return
         if len(self.write_requests) >= self.node.settings.max_follower_pending_pushes:
-            self._respond(req, DLedgerCode.PUSH_REQUEST_IS_FULL)
+            self.respond(req, DLedgerCode.PUSH_REQUEST_IS_FULL)
             return
         self.write_requests[req.first_index] = req
         self.arrived_ms[req.first_index] = now_ms
@@ -460,13 +460,13 @@ class EntryHandler:
             metas = self.node.store.append_as_follower(req.entries)
         except DLedgerError as e:
             self.node.log_event("append_refused", first=req.first_index, code=e.code.name)
-            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return
         self.node.wrote_entries()
         if len(metas) != req.count:
-            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return
-        self._respond(req, DLedgerCode.SUCCESS)
+        self.respond(req, DLedgerCode.SUCCESS)
         self._update_commit(req.commit_index)
 
     def _handle_fall_behind(self, req: PushEntryRequest) -> None:
@@ -474,11 +474,11 @@ class EntryHandler:
         store = self.node.store
         last = req.first_index + req.count - 1
         if last > store.ledger_end_index or req.first_index < store.ledger_begin_index:
-            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return
         raw, count, _ = store.read_batch(req.first_index, len(req.entries), req.count)
         same = count == req.count and raw == req.entries
-        self._respond(req, DLedgerCode.SUCCESS if same else DLedgerCode.INCONSISTENT_STATE)
+        self.respond(req, DLedgerCode.SUCCESS if same else DLedgerCode.INCONSISTENT_STATE)
 
     def _check_abnormal_future(self, now_ms: int) -> None:
         """``checkAbnormalFuture`` (RP-34): a request far ahead of our log that has waited
@@ -493,7 +493,7 @@ class EntryHandler:
         first = min(self.write_requests)
         if now_ms - self.arrived_ms.get(first, now_ms) >= period:
             self.arrived_ms.pop(first, None)
-            self._respond(self.write_requests.pop(first), DLedgerCode.INCONSISTENT_STATE)
+            self.respond(self.write_requests.pop(first), DLedgerCode.INCONSISTENT_STATE)
 
     def _handle_compare(self, req: PushEntryRequest) -> None:
         """``handleDoCompare``, newer (RP-15), with binary-searched ``x_index``."""
@@ -501,22 +501,22 @@ class EntryHandler:
         store = node.store
         pre_index, pre_term = req.pre_log_index, req.pre_log_term
         if pre_index == -1 and pre_term == -1:
-            self._respond(req, DLedgerCode.SUCCESS)
+            self.respond(req, DLedgerCode.SUCCESS)
             return
         if store.ledger_end_index < pre_index:
-            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return
         if pre_index < store.ledger_begin_index - 1:
-            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return
         local_term = store.term_at(pre_index)
         if local_term == pre_term:
-            self._respond(req, DLedgerCode.SUCCESS)
+            self.respond(req, DLedgerCode.SUCCESS)
             return
         first = first_index_of_term(node, local_term, pre_index)
         if first < 0:  # the before-begin term: nothing of it left to point at
             first = store.ledger_begin_index
-        self._respond(req, DLedgerCode.INCONSISTENT_STATE, x_term=local_term, x_index=first)
+        self.respond(req, DLedgerCode.INCONSISTENT_STATE, x_term=local_term, x_index=first)
 
     def _handle_truncate(self, req: PushEntryRequest) -> None:
         """``handleDoTruncate`` (RP-18). Never at or below the committed index: a leader
@@ -528,15 +528,15 @@ class EntryHandler:
             self.node.log_event(
                 "truncate_refused", from_index=from_index, committed=store.committed_index
             )
-            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return
         if from_index <= store.ledger_end_index:
             store.truncate(from_index)
             self.node.wrote_entries()
         if store.ledger_end_index != from_index - 1:
-            self._respond(req, DLedgerCode.INCONSISTENT_STATE)
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return
-        self._respond(req, DLedgerCode.SUCCESS)
+        self.respond(req, DLedgerCode.SUCCESS)
         self._update_commit(req.commit_index)
 
     def _update_commit(self, leader_commit: int) -> None:

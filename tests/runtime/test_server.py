@@ -1,0 +1,99 @@
+"""``DLedgerServer`` in process: a single-node group on 127.0.0.1 (real sockets, real
+files). The public surface of DESIGN §2, and bad bytes on the wire."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from pathlib import Path
+
+import pytest
+
+from dledger.codes import DLedgerCode
+from dledger.core.messages import Role
+from dledger.core.node import RoleChange
+from dledger.runtime.client import DLedgerClient
+from dledger.runtime.local_cluster import free_ports
+from dledger.runtime.server import DLedgerServer, NotLeaderError, ServerConfig
+from dledger.store import BODY_OFFSET, EntryMeta, StoreSettings
+
+pytestmark = pytest.mark.asyncio
+
+
+def _config(tmp_path: Path) -> ServerConfig:
+    port = free_ports(1)[0]
+    return ServerConfig(
+        group="g0",
+        self_id="n0",
+        peers={"n0": f"127.0.0.1:{port}"},
+        data_dir=tmp_path,
+        store=StoreSettings(data_file_size=1 << 20, index_file_size=32 * 1024),
+        seed=1,
+    )
+
+
+async def _until(cond: object, timeout_s: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not cond():  # type: ignore[operator]
+        assert loop.time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_single_node_server_appends_reads_and_notifies(tmp_path: Path) -> None:
+    server = DLedgerServer(_config(tmp_path))
+    changes: list[RoleChange] = []
+    hooked: list[int] = []
+
+    def hook(meta: EntryMeta, buf: memoryview, body_offset: int) -> None:
+        if body_offset < len(buf):  # the NOOP has no body
+            hooked.append(meta.pos)
+            buf[body_offset : body_offset + 8] = struct.pack(">q", meta.pos + BODY_OFFSET)
+
+    server.add_role_change_handler(changes.append)
+    server.add_append_hook(hook)
+    async with server:
+        await _until(lambda: server.role is Role.LEADER)
+        result = await server.append([b"x" * 16, b"y" * 16])
+        (i1, p1), (i2, p2) = result
+        assert i2 == i1 + 1 and p2 > p1
+        assert server.committed_index >= i2
+        assert await server.wait_committed(i2, 1.0)
+        assert not await server.wait_committed(i2 + 100, 0.05)
+        e = server.get(i1)
+        assert struct.unpack(">q", e.body[:8])[0] == p1 + BODY_OFFSET  # the hook's rewrite
+        assert server.read(p1 + BODY_OFFSET + 8, 8) == b"x" * 8
+        assert hooked == [p1, p2]
+        assert changes and changes[-1].role is Role.LEADER
+        assert server.status()["committed_index"] == server.committed_index
+
+
+async def test_garbage_frame_closes_only_that_connection(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    async with DLedgerServer(cfg) as server:
+        await _until(lambda: server.role is Role.LEADER)
+        host, port = cfg.peers["n0"].split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(struct.pack(">Ii", 5, 12345) + b"\x00")  # unknown request code
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the node
+        writer.close()
+        async with DLedgerClient(cfg.peers, "g0") as client:
+            resp = await client.append([b"still fine"])
+            assert resp.code is DLedgerCode.SUCCESS
+            entries = await client.get("n0", resp.first_index)
+            assert entries[0].body == b"still fine"
+        assert server.transport is not None and server.transport.bad_frames == 1
+
+
+async def test_append_on_a_non_leader_names_no_leader(tmp_path: Path) -> None:
+    cfg = _config(tmp_path)
+    peers = {**cfg.peers, "n1": f"127.0.0.1:{free_ports(1)[0]}"}  # n1 never starts
+    cfg = ServerConfig(
+        group="g0", self_id="n0", peers=peers, data_dir=tmp_path, store=cfg.store, seed=1
+    )
+    async with DLedgerServer(cfg) as server:
+        with pytest.raises(NotLeaderError) as err:
+            await server.append([b"nope"])
+        assert err.value.code is DLedgerCode.NOT_LEADER
+        assert err.value.leader_id is None
