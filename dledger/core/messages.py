@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum, IntEnum
+from typing import get_args
 
 from ..codes import DLedgerCode
 
@@ -260,6 +261,7 @@ Response = VoteResponse | HeartBeatResponse | PushEntryResponse | LeadershipTran
 Message = Request | Response
 ClientRequest = AppendRequest | GetRequest | MetadataRequest
 ClientResponse = AppendResponse | GetResponse | MetadataResponse
+PEER_MESSAGE_TYPES: tuple[type, ...] = get_args(Message)  # what peers send each other
 
 REQUEST_CODE_OF: dict[type, RequestCode] = {
     VoteRequest: RequestCode.VOTE,

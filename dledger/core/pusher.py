@@ -30,6 +30,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from ..codes import DLedgerCode, DLedgerError
+from ..store.entry import last_index_of_term
 from .messages import PushEntryRequest, PushEntryResponse, PushType, Role
 
 if TYPE_CHECKING:
@@ -59,39 +60,6 @@ class PendingControl:
     send_ms: int
     index: int  # COMPARE: compare index; TRUNCATE: truncate-from index
     term: int
-
-
-def last_index_of_term(node: DLedgerCore, term: int, upto: int) -> int:
-    """The last index ``<= upto`` whose entry has ``term``, or -1. Terms never decrease
-    along the log, so this is a binary search (a term can span millions of entries)."""
-    store = node.store
-    lo, hi = store.ledger_begin_index, min(upto, store.ledger_end_index)
-    found = -1
-    while lo <= hi:  # last index with entry term <= term
-        mid = (lo + hi) // 2
-        if store.term_at(mid) <= term:
-            found, lo = mid, mid + 1
-        else:
-            hi = mid - 1
-    if found >= 0 and store.term_at(found) == term:
-        return found
-    return -1
-
-
-def first_index_of_term(node: DLedgerCore, term: int, upto: int) -> int:
-    """``getFirstLogOfTargetTerm`` as a binary search; -1 if ``term`` has no entry."""
-    store = node.store
-    lo, hi = store.ledger_begin_index, min(upto, store.ledger_end_index)
-    found = -1
-    while lo <= hi:  # first index with entry term >= term
-        mid = (lo + hi) // 2
-        if store.term_at(mid) >= term:
-            found, hi = mid, mid - 1
-        else:
-            lo = mid + 1
-    if found >= 0 and store.term_at(found) == term:
-        return found
-    return -1
 
 
 class EntryDispatcher:
@@ -141,7 +109,7 @@ class EntryDispatcher:
         elif self.state is DispatcherState.APPEND:
             self._do_append(now_ms, idle_commit=idle_commit)
 
-    def _request(self, now_ms: int, type_: PushType, **kw: object) -> PushEntryRequest:
+    def _request(self, type_: PushType, **kw: object) -> PushEntryRequest:
         ms = self.node.ms
         return PushEntryRequest(
             group=ms.group,
@@ -177,7 +145,7 @@ class EntryDispatcher:
             return
         compare_term = store.term_at(compare_index) if compare_index >= 0 else -1
         req = self._request(
-            now_ms, PushType.COMPARE, pre_log_index=compare_index, pre_log_term=compare_term
+            PushType.COMPARE, pre_log_index=compare_index, pre_log_term=compare_term
         )
         self.control = PendingControl(
             req.req_id, PushType.COMPARE, now_ms, compare_index, compare_term
@@ -197,7 +165,10 @@ class EntryDispatcher:
             return
         if resp.x_term != -1:
             # textbook fast backup: compare next at our last entry of x_term, if any
-            mine = last_index_of_term(node, resp.x_term, c.index - 1)
+            store = node.store
+            mine = last_index_of_term(
+                store.term_at, store.ledger_begin_index, c.index - 1, resp.x_term
+            )
             nxt = mine + 1 if mine >= 0 else resp.x_index
         else:
             nxt = resp.end_index + 1  # the follower's log is shorter
@@ -210,7 +181,7 @@ class EntryDispatcher:
     def _do_truncate(self, now_ms: int) -> None:
         if self._control_busy(now_ms):
             return
-        req = self._request(now_ms, PushType.TRUNCATE, pre_log_index=self.match_index + 1)
+        req = self._request(PushType.TRUNCATE, pre_log_index=self.match_index + 1)
         self.control = PendingControl(
             req.req_id, PushType.TRUNCATE, now_ms, self.match_index + 1, -1
         )
@@ -267,7 +238,7 @@ class EntryDispatcher:
             if not self._quota_allows(now_ms, len(raw)):
                 break
             req = self._request(
-                now_ms, PushType.APPEND, first_index=self.write_index, count=count, entries=raw
+                PushType.APPEND, first_index=self.write_index, count=count, entries=raw
             )
             self.pending[self.write_index] = PendingPush(
                 self.write_index, count, last_term, now_ms, req.req_id
@@ -281,7 +252,7 @@ class EntryDispatcher:
             if committed > self.last_sent_commit_index or (
                 now_ms - self.last_push_commit_ms >= s.commit_push_interval_ms
             ):
-                node.send(self._request(now_ms, PushType.COMMIT))  # answer ignored (RP-28)
+                node.send(self._request(PushType.COMMIT))  # answer ignored (RP-28)
                 self.last_push_commit_ms = now_ms
                 self.last_sent_commit_index = committed
 
@@ -362,9 +333,9 @@ class EntryHandler:
 
     def __init__(self, node: DLedgerCore) -> None:
         self.node = node
-        self.write_requests: dict[int, PushEntryRequest] = {}  # first_index -> APPEND
+        # first_index -> (APPEND, when it arrived)
+        self.write_requests: dict[int, tuple[PushEntryRequest, int]] = {}
         self.last_check_fast_forward_ms = -1
-        self.arrived_ms: dict[int, int] = {}
         self.newest: tuple[int, str, int] = (-1, "", -1)  # (term, leader, max req_id seen)
 
     def respond(self, req: PushEntryRequest, code: DLedgerCode, **kw: int) -> None:
@@ -391,8 +362,7 @@ class EntryHandler:
         """Drop every held APPEND, answering each (the CV-37 fix)."""
         held = sorted(self.write_requests.items())
         self.write_requests.clear()
-        self.arrived_ms.clear()
-        for _, req in held:
+        for _, (req, _arrived) in held:
             self.respond(req, code)
 
     def handle_push(self, req: PushEntryRequest, now_ms: int) -> None:
@@ -432,8 +402,7 @@ class EntryHandler:
         if len(self.write_requests) >= self.node.settings.max_follower_pending_pushes:
             self.respond(req, DLedgerCode.PUSH_REQUEST_IS_FULL)
             return
-        self.write_requests[req.first_index] = req
-        self.arrived_ms[req.first_index] = now_ms
+        self.write_requests[req.first_index] = (req, now_ms)
         self.drain(now_ms)
 
     def drain(self, now_ms: int) -> None:
@@ -441,17 +410,15 @@ class EntryHandler:
         store = self.node.store
         while True:
             end = store.ledger_end_index
-            req = self.write_requests.pop(end + 1, None)
-            if req is not None:
-                self.arrived_ms.pop(end + 1, None)
-                self._handle_append(req)
+            held = self.write_requests.pop(end + 1, None)
+            if held is not None:
+                self._handle_append(held[0])
                 continue
             behind = [f for f in self.write_requests if f <= end]
             if not behind:
                 break
             for first in sorted(behind):
-                self.arrived_ms.pop(first, None)
-                self._handle_fall_behind(self.write_requests.pop(first))
+                self._handle_fall_behind(self.write_requests.pop(first)[0])
         self._check_abnormal_future(now_ms)
 
     def _handle_append(self, req: PushEntryRequest) -> None:
@@ -491,9 +458,10 @@ class EntryHandler:
             return
         self.last_check_fast_forward_ms = now_ms
         first = min(self.write_requests)
-        if now_ms - self.arrived_ms.get(first, now_ms) >= period:
-            self.arrived_ms.pop(first, None)
-            self.respond(self.write_requests.pop(first), DLedgerCode.INCONSISTENT_STATE)
+        req, arrived_ms = self.write_requests[first]
+        if now_ms - arrived_ms >= period:
+            del self.write_requests[first]
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
 
     def _handle_compare(self, req: PushEntryRequest) -> None:
         """``handleDoCompare``, newer (RP-15), with binary-searched ``x_index``."""
@@ -513,7 +481,7 @@ class EntryHandler:
         if local_term == pre_term:
             self.respond(req, DLedgerCode.SUCCESS)
             return
-        first = first_index_of_term(node, local_term, pre_index)
+        first = store.first_index_of_term(local_term, pre_index)
         if first < 0:  # the before-begin term: nothing of it left to point at
             first = store.ledger_begin_index
         self.respond(req, DLedgerCode.INCONSISTENT_STATE, x_term=local_term, x_index=first)

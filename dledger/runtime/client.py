@@ -39,6 +39,12 @@ RETRYABLE = {
 UNKNOWN_OUTCOME = {DLedgerCode.TERM_CHANGED, DLedgerCode.WAIT_QUORUM_ACK_TIMEOUT}
 
 
+async def _back_off(backoff_s: float, deadline: float) -> float:
+    """Sleep ``backoff_s`` (never past ``deadline``); return the next, doubled, capped."""
+    await asyncio.sleep(min(backoff_s, max(0.0, deadline - time.monotonic())))
+    return min(backoff_s * 2, 0.05)
+
+
 class _Conn:
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writer = writer
@@ -138,8 +144,7 @@ class DLedgerClient:
             except (OSError, ConnectionError, TimeoutError) as e:
                 last = f"{node}: {e!r}"
                 self.leader = None
-                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                backoff = min(backoff * 2, 0.05)
+                backoff = await _back_off(backoff, deadline)
                 continue
             if resp.code is DLedgerCode.SUCCESS:
                 self.leader = node
@@ -154,8 +159,7 @@ class DLedgerClient:
                 resp.leader_id if resp.leader_id in self.peers and resp.leader_id != node else None
             )
             if self.leader is None:
-                await asyncio.sleep(min(backoff, max(0.0, deadline - time.monotonic())))
-                backoff = min(backoff * 2, 0.05)
+                backoff = await _back_off(backoff, deadline)
         raise DLedgerError(
             DLedgerCode.TIMEOUT, f"no leader took the append in {timeout_s}s ({last})"
         )

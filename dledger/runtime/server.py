@@ -30,22 +30,15 @@ import orjson
 
 from ..codes import DLedgerCode, DLedgerError
 from ..core.messages import (
+    PEER_MESSAGE_TYPES,
     AppendRequest,
     AppendResponse,
     GetRequest,
     GetResponse,
-    HeartBeatRequest,
-    HeartBeatResponse,
-    LeadershipTransferRequest,
-    LeadershipTransferResponse,
     Message,
     MetadataRequest,
     MetadataResponse,
-    PushEntryRequest,
-    PushEntryResponse,
     Role,
-    VoteRequest,
-    VoteResponse,
 )
 from ..core.node import DLedgerCore, Ready, RoleChange
 from ..core.settings import CoreSettings
@@ -57,16 +50,6 @@ from .wire import WireMessage
 log = logging.getLogger(__name__)
 
 TICK_MS = 10  # the state maintainer's beat (LE-04)
-PEER_TYPES = (
-    VoteRequest,
-    VoteResponse,
-    HeartBeatRequest,
-    HeartBeatResponse,
-    PushEntryRequest,
-    PushEntryResponse,
-    LeadershipTransferRequest,
-    LeadershipTransferResponse,
-)
 
 RoleChangeHandler = Callable[[RoleChange], None]
 
@@ -161,7 +144,7 @@ class DLedgerServer:
             cfg.peers,
             on_peer_message=self._on_peer_message,
             on_client_request=self._on_client_request,
-            is_peer_message=lambda m: isinstance(m, PEER_TYPES),
+            is_peer_message=lambda m: isinstance(m, PEER_MESSAGE_TYPES),
             settings=cfg.transport,
         )
         await self.transport.start()

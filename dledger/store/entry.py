@@ -27,10 +27,11 @@ lives at byte ``i * 32`` of the index segments.
 
 from __future__ import annotations
 
+import bisect
 import mmap
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple, TypeAlias, overload
 
 from ..codes import DLedgerCode
@@ -94,6 +95,22 @@ class EntryRejectedError(CodecError):
 UNKNOWN_CHAIN: Final = -1
 """A chain seed that cannot be known (a log whose checkpoint is lost and which does not
 start at 0): the next entry's chain is then accepted as it is."""
+
+
+def first_index_of_term(term_at: Callable[[int], int], lo: int, hi: int, term: int) -> int:
+    """The first index in ``[lo, hi]`` whose entry has ``term``, or -1
+    (``getFirstLogOfTargetTerm``, ST-18). Terms never decrease along a log, so this is a
+    binary search: a term may span millions of entries."""
+    indexes = range(lo, hi + 1)
+    k = bisect.bisect_left(indexes, term, key=term_at)
+    return indexes[k] if k < len(indexes) and term_at(indexes[k]) == term else -1
+
+
+def last_index_of_term(term_at: Callable[[int], int], lo: int, hi: int, term: int) -> int:
+    """The last index in ``[lo, hi]`` whose entry has ``term``, or -1 (binary search)."""
+    indexes = range(lo, hi + 1)
+    k = bisect.bisect_right(indexes, term, key=term_at) - 1
+    return indexes[k] if k >= 0 and term_at(indexes[k]) == term else -1
 
 
 def place_entry(end_pos: int, segment_size: int, size: int) -> int:

@@ -62,6 +62,7 @@ from .entry import (
     decode_entry,
     decode_header,
     decode_index_unit,
+    first_index_of_term,
 )
 from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
 from .mmapfile import MmapFile, MmapFileList, StoreFileError
@@ -491,19 +492,11 @@ class FileStore:
             i += n
 
     def first_index_of_term(self, term: int, end_index: int) -> int:
-        """``getFirstLogOfTargetTerm``: walk back from ``end_index`` to the first entry of
-        ``term``; -1 if that term has no entry there (ST-18)."""
+        """``getFirstLogOfTargetTerm``: the first entry of ``term`` at or before
+        ``end_index``; -1 if that term has no entry there (ST-18)."""
         with self._lock:
-            found = -1
-            i = min(end_index, self._end_index)
-            while i >= self._begin_index:
-                t = self._unit(i).term
-                if t < term:
-                    break
-                if t == term:
-                    found = i
-                i -= 1
-            return found
+            hi = min(end_index, self._end_index)
+            return first_index_of_term(lambda i: self._unit(i).term, self._begin_index, hi, term)
 
     def _where(self, pos: int) -> str:
         f = self._data.segment_for(pos)

@@ -28,6 +28,7 @@ from .entry import (
     check_next_entry,
     decode_entry,
     decode_header,
+    first_index_of_term,
 )
 from .meta import TermVote
 
@@ -215,16 +216,9 @@ class MemoryStore:
         return b"".join(out), len(out), self._terms[k + len(out) - 1]
 
     def first_index_of_term(self, term: int, end_index: int) -> int:
-        found = -1
-        i = min(end_index, self.ledger_end_index)
-        while i >= self._begin_index:
-            t = self._terms[i - self._begin_index]
-            if t < term:
-                break
-            if t == term:
-                found = i
-            i -= 1
-        return found
+        hi = min(end_index, self.ledger_end_index)
+        begin = self._begin_index
+        return first_index_of_term(lambda i: self._terms[i - begin], begin, hi, term)
 
     def truncate(self, from_index: int) -> int:
         if from_index > self.ledger_end_index:
