@@ -169,13 +169,14 @@ class DLedgerServer:
                 await t
         if self.transport is not None:
             await self.transport.close()
-        futs: list[asyncio.Future[Any]] = [
-            *self._proposal_futs.values(),
-            *self._transfer_futs.values(),
-        ]
-        for fut in futs:
-            if not fut.done():
-                fut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "stopped"))
+        for pfut in self._proposal_futs.values():  # proposed: they may yet commit elsewhere
+            if not pfut.done():
+                pfut.set_exception(
+                    UnknownOutcomeError(DLedgerCode.ILLEGAL_MEMBER_STATE, "node stopped")
+                )
+        for tfut in self._transfer_futs.values():
+            if not tfut.done():
+                tfut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "stopped"))
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 
@@ -283,6 +284,17 @@ class DLedgerServer:
         self, bodies: Sequence[bytes | bytearray | memoryview]
     ) -> list[tuple[int, int]]:
         """Append as leader; resolves after quorum commit with (index, pos) per body."""
+        return await self.append_nowait(bodies)
+
+    def append_nowait(
+        self, bodies: Sequence[bytes | bytearray | memoryview]
+    ) -> asyncio.Future[list[tuple[int, int]]]:
+        """Propose now, synchronously, and return the future of the commit.
+
+        A refusal (NotLeaderError, LEADER_PENDING_FULL, a store error) raises here, before
+        anything is in the log; once this returns the entries are in the leader's log and
+        the future fails only with ``UnknownOutcomeError``. The broker relies on that
+        split to roll back queue offsets it assigned for a refused batch."""
         core = self._live_core()
         try:
             p = core.propose(bodies, _now_ms())
@@ -294,7 +306,7 @@ class DLedgerServer:
         fut: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
         self._proposal_futs[p.proposal_id] = fut
         self._kick.set()
-        return await fut
+        return fut
 
     def get(self, index: int) -> Entry:
         """A committed entry by index."""

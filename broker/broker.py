@@ -1,0 +1,819 @@
+"""The ``Broker`` facade: one node's whole broker, what the API layer calls.
+
+It owns the ``DLedgerServer`` (Raft), the ``DLedgerCommitLog`` (append hook, queue
+offsets), the consume queues and the key index, the replicated metadata, the
+``Dispatcher`` and the ``RoleChangeHandler``. Writes (produce, topic admin, offset
+commits, leadership transfer) need the MASTER role; reads are served by every node from
+committed, dispatched data.
+
+Producer sessions (DESIGN §5): a produce request may carry ``producer_id`` and
+``sequence``. The session's last batch and its results are replicated state; a retry of
+the same sequence is answered with the original results, a batch of which only a prefix
+reached the log (a failover mid-batch) is completed with its missing tail, and a retry
+still in flight on this master waits for the original instead of appending again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from consumequeue import ConsumeQueueStore, KeyIndex, parse_tag_expression
+from dledger.codes import DLedgerCode, DLedgerError
+from dledger.core.messages import Role
+from dledger.runtime.server import DLedgerServer, NotLeaderError
+from dledger.runtime.server import UnknownOutcomeError as RaftUnknownOutcome
+from dledger.store import FileStore
+
+from . import errors
+from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
+from .dispatcher import Dispatcher
+from .message import (
+    PROP_BATCH_INDEX,
+    PROP_BATCH_SIZE,
+    PROP_KEYS,
+    PROP_PRODUCER_ID,
+    PROP_PRODUCER_SEQ,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    STORE_TIMESTAMP_POS,
+    SYSTEM_PROPERTIES,
+    Message,
+    MessageFormatError,
+    decode_message,
+    encode_message,
+    encode_properties,
+    make_msg_id,
+    new_uniq_key,
+    parse_msg_id,
+)
+from .metadata import (
+    GROUP_NAME,
+    PRODUCER_ID,
+    SYS_PREFIX,
+    SYS_TOPIC,
+    TOPIC_NAME,
+    MetadataState,
+    SnapshotFiles,
+    TopicMeta,
+    op_commit_offsets,
+    op_create_topic,
+    op_delete_topic,
+)
+from .role import BrokerRole, RoleChangeHandler
+from .settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+_PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
+
+
+@dataclass(slots=True)
+class ProduceMessage:
+    body: bytes
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    queue_id: int | None = None
+    sharding_key: str | None = None
+    born_timestamp: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PulledMessage:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    commitlog_offset: int
+    body: bytes
+    tags: str | None
+    keys: list[str]
+    uniq_key: str | None
+    properties: dict[str, str]
+    born_timestamp: int
+    store_timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    status: str  # FOUND | NO_NEW_MSG | NO_MATCHED_MSG | OFFSET_ILLEGAL
+    messages: list[PulledMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPullResult:
+    messages: list[PulledMessage]
+    next_offsets: dict[int, int]
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    def __init__(self, settings: BrokerSettings) -> None:
+        self.settings = settings
+        self.server = DLedgerServer(settings.server_config())
+        self.commitlog = DLedgerCommitLog(self.server)
+        root = settings.data_dir
+        self.cq = ConsumeQueueStore(root / "consumequeue" / settings.group, settings.consume_queue)
+        self.keys = KeyIndex(root / "index" / settings.group, settings.key_index)
+        self.meta = MetadataState(settings.max_producer_sessions)
+        self.snapshots = SnapshotFiles(root / "metadata" / settings.group, settings.snapshots_kept)
+        self.dispatcher: Dispatcher = None  # type: ignore[assignment]  # set in start()
+        self.role = BrokerRole.SLAVE
+        self.role_term = -1
+        self.role_handler = RoleChangeHandler(self)
+        self.server.add_role_change_handler(self.role_handler)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._inflight_sessions: dict[tuple[str, int], asyncio.Future[list[ProduceResult]]] = {}
+        self._store_host = ("127.0.0.1", 0)
+        self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0}
+
+    # ---- lifecycle ---------------------------------------------------------------------
+
+    @property
+    def store(self) -> FileStore:
+        assert self.server.store is not None, "broker not started"
+        return self.server.store
+
+    async def start(self) -> None:
+        s = self.settings
+        host, _, port = s.peer_map[s.node_id].rpartition(":")
+        self._store_host = (host, int(port))
+        await self.server.start()
+        self.dispatcher = Dispatcher(
+            self.store,
+            self.cq,
+            self.keys,
+            self.meta,
+            self.snapshots,
+            checkpoint_path=s.data_dir / "consumequeue" / f"checkpoint-{s.group}",
+            batch_entries=s.dispatch_batch_entries,
+            checkpoint_interval_ms=s.dispatch_checkpoint_interval_ms,
+            snapshot_interval_entries=s.snapshot_interval_entries,
+            snapshot_interval_ms=s.snapshot_interval_ms,
+            on_topic_deleted=self.commitlog.forget_topic,
+        )
+        await asyncio.to_thread(self.dispatcher.recover)
+        self._tasks.append(
+            asyncio.create_task(
+                self.dispatcher.run(self.server.wait_committed), name="broker-dispatch"
+            )
+        )
+
+    async def stop(self) -> None:
+        await self.role_handler.close()
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        if self.dispatcher is not None:
+            await self.dispatcher.close()
+        await self.server.stop()
+        self.cq.close()
+        self.keys.close()
+
+    async def __aenter__(self) -> Broker:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- roles -------------------------------------------------------------------------
+
+    def set_role(self, role: BrokerRole, term: int, why: str) -> None:
+        if role is not BrokerRole.MASTER:
+            self.commitlog.clear_queue_table()
+        if role is not self.role or term != self.role_term:
+            log.info(
+                "node %s term %d: broker role %s → %s (%s)",
+                self.settings.node_id,
+                term,
+                self.role.value,
+                role.value,
+                why,
+            )
+        self.role, self.role_term = role, term
+
+    def _require_master(self) -> None:
+        if self.role is BrokerRole.MASTER:
+            return
+        core = self.server.core
+        leader = core.ms.leader_id if core is not None else None
+        if leader is None or leader == self.settings.node_id:
+            # No leader, or we lead but are still catching up: nobody takes writes yet.
+            raise errors.NoMasterError("no master at the moment; retry shortly", retry_after_ms=200)
+        raise errors.NotMasterError(
+            f"this broker is a SLAVE; the master is {leader}",
+            leader_id=leader,
+            leader_addr=self.settings.peer_map.get(leader),
+            leader_url=self.settings.peer_urls.get(leader),
+        )
+
+    # ---- appends -----------------------------------------------------------------------
+
+    def _translate(self, e: DLedgerError) -> errors.BrokerError:
+        if isinstance(e, RaftUnknownOutcome):
+            return errors.UnknownOutcomeError(
+                f"commit unknown ({e.code.name}); retry may duplicate"
+            )
+        if isinstance(e, NotLeaderError):
+            self.set_role(BrokerRole.SLAVE, self.role_term, "the log refused: not leader")
+            try:
+                self._require_master()
+            except errors.BrokerError as err:
+                return err
+        if e.code is DLedgerCode.LEADER_PENDING_FULL:
+            return errors.BusyError("too many appends waiting for a quorum", retry_after_ms=100)
+        if e.code in (DLedgerCode.DISK_FULL, DLedgerCode.UNEXPECTED_ARGUMENT):
+            return errors.StorageError(e.message)
+        return errors.NoMasterError(f"append refused: {e.code.name}", retry_after_ms=200)
+
+    async def _append_meta(self, op: dict[str, Any]) -> int:
+        self._require_master()
+        record = encode_message(
+            topic=SYS_TOPIC,
+            body=orjson.dumps(op),
+            born_timestamp=_now_ms(),
+            store_timestamp=_now_ms(),
+            store_host=self._store_host,
+        )
+        try:
+            index, _pos = await self.commitlog.append_system(record)
+        except DLedgerError as e:
+            raise self._translate(e) from None
+        await self.dispatcher.wait_dispatched(index, self.settings.append_timeout_ms / 1000)
+        return index
+
+    # ---- topics ------------------------------------------------------------------------
+
+    def _check_topic_name(self, name: str) -> None:
+        if not TOPIC_NAME.fullmatch(name):
+            raise errors.InvalidArgumentError(
+                f"invalid topic name {name!r}: want [A-Za-z0-9_%|-]{{1,127}}"
+            )
+        if name.startswith(SYS_PREFIX):
+            raise errors.InvalidArgumentError(f"the topic prefix {SYS_PREFIX} is reserved")
+
+    async def create_topic(self, name: str, queues: int | None = None) -> tuple[TopicMeta, bool]:
+        """Create a topic; returns (topic, created). Same again → (topic, False); another
+        queue count → ``TopicConflictError``."""
+        self._check_topic_name(name)
+        n = self.settings.default_queues if queues is None else queues
+        if not 1 <= n <= self.settings.limits.max_queues_per_topic:
+            raise errors.InvalidArgumentError(
+                f"queues must be 1..{self.settings.limits.max_queues_per_topic}, not {n}"
+            )
+        existing = self.meta.topics.get(name)
+        if existing is None:
+            await self._append_meta(op_create_topic(name, n))
+            existing = self.meta.topics.get(name)
+            created = True
+        else:
+            created = False
+        if existing is None:
+            raise errors.UnknownOutcomeError(f"topic {name} not visible after its create committed")
+        if existing.queues != n:
+            raise errors.TopicConflictError(
+                f"topic {name} exists with {existing.queues} queues, not {n}",
+                queues=existing.queues,
+            )
+        return existing, created
+
+    def list_topics(self) -> list[TopicMeta]:
+        return sorted(self.meta.topics.values(), key=lambda t: t.name)
+
+    def topic(self, name: str) -> TopicMeta:
+        t = self.meta.topics.get(name)
+        if t is None:
+            raise errors.TopicNotFoundError(f"topic {name} does not exist", topic=name)
+        return t
+
+    def describe_topic(self, name: str) -> dict[str, Any]:
+        t = self.topic(name)
+        return {
+            "name": t.name,
+            "queues": [
+                {"queue_id": q, "min_offset": lo, "max_offset": hi}
+                for q in range(t.queues)
+                for lo, hi in [self.queue_bounds(name, q)]
+            ],
+        }
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        q = self.cq.find(topic, queue_id)
+        return (0, 0) if q is None else (q.min_offset, q.max_offset)
+
+    async def delete_topic(self, name: str) -> None:
+        self.topic(name)
+        await self._append_meta(op_delete_topic(name))
+
+    # ---- produce -----------------------------------------------------------------------
+
+    def _validate_batch(self, messages: Sequence[ProduceMessage]) -> None:
+        lim = self.settings.limits
+        if not messages:
+            raise errors.InvalidArgumentError("no messages")
+        if len(messages) > lim.max_messages_per_request:
+            raise errors.PayloadTooLargeError(
+                f"{len(messages)} messages, over the limit of {lim.max_messages_per_request}"
+            )
+        total = 0
+        for i, m in enumerate(messages):
+            if len(m.body) > lim.max_body_bytes:
+                raise errors.PayloadTooLargeError(
+                    f"message {i}: body of {len(m.body)} bytes, over {lim.max_body_bytes}"
+                )
+            total += len(m.body)
+            if len(m.keys) > lim.max_keys_per_message:
+                raise errors.InvalidArgumentError(
+                    f"message {i}: over {lim.max_keys_per_message} keys"
+                )
+            for k in m.keys:
+                if not k or " " in k or "\x01" in k or "\x02" in k:
+                    raise errors.InvalidArgumentError(f"message {i}: invalid key {k!r}")
+            for name in m.properties:
+                if name in _PROPERTY_NAME_RESERVED:
+                    raise errors.InvalidArgumentError(f"message {i}: property {name} is reserved")
+        if total > lim.max_request_bytes:
+            raise errors.PayloadTooLargeError(
+                f"request of {total} bytes, over the limit of {lim.max_request_bytes}"
+            )
+
+    def _encode(
+        self,
+        topic: TopicMeta,
+        m: ProduceMessage,
+        index_in_batch: int,
+        session: tuple[str, int, int] | None,
+        now: int,
+    ) -> OutgoingMessage:
+        lim = self.settings.limits
+        props: dict[str, str] = dict(m.properties)
+        if m.tags:
+            props[PROP_TAGS] = m.tags
+        if m.keys:
+            props[PROP_KEYS] = " ".join(m.keys)
+        props[PROP_UNIQ_KEY] = new_uniq_key()
+        if session is not None:
+            pid, seq, size = session
+            props[PROP_PRODUCER_ID] = pid
+            props[PROP_PRODUCER_SEQ] = str(seq)
+            props[PROP_BATCH_INDEX] = str(index_in_batch)
+            props[PROP_BATCH_SIZE] = str(size)
+        try:
+            raw_props = encode_properties(props)
+        except MessageFormatError as e:
+            raise errors.InvalidArgumentError(f"message {index_in_batch}: {e}") from None
+        if len(raw_props) > lim.max_properties_bytes:
+            raise errors.PayloadTooLargeError(
+                f"message {index_in_batch}: properties of {len(raw_props)} bytes, "
+                f"over {lim.max_properties_bytes}"
+            )
+        if m.queue_id is not None and not 0 <= m.queue_id < topic.queues:
+            raise errors.InvalidArgumentError(
+                f"message {index_in_batch}: queue_id {m.queue_id} is not in 0..{topic.queues - 1}"
+            )
+        record = encode_message(
+            topic=topic.name,
+            body=m.body,
+            properties=raw_props,
+            born_timestamp=m.born_timestamp if m.born_timestamp is not None else now,
+            store_timestamp=now,
+            store_host=self._store_host,
+        )
+        return OutgoingMessage(record, m.queue_id, m.sharding_key)
+
+    async def produce(
+        self,
+        topic_name: str,
+        messages: Sequence[ProduceMessage],
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> list[ProduceResult]:
+        """Append after validation; results after quorum commit (and dispatch)."""
+        self._check_topic_name(topic_name)
+        self._validate_batch(messages)
+        if (producer_id is None) != (sequence is None):
+            raise errors.InvalidArgumentError("producer_id and sequence go together")
+        if producer_id is not None and not PRODUCER_ID.fullmatch(producer_id):
+            raise errors.InvalidArgumentError(f"invalid producer_id {producer_id!r}")
+        if sequence is not None and sequence < 0:
+            raise errors.InvalidArgumentError("sequence must be >= 0")
+        self._require_master()
+        topic = self.meta.topics.get(topic_name)
+        if topic is None:
+            if not self.settings.auto_create_topics:
+                raise errors.TopicNotFoundError(
+                    f"topic {topic_name} does not exist", topic=topic_name
+                )
+            topic, _ = await self.create_topic(topic_name, None)
+        if producer_id is None or sequence is None:
+            return await self._put(topic, messages, None, 0)
+        key = (producer_id, sequence)
+        pending = self._inflight_sessions.get(key)
+        if pending is not None:  # the same batch is in flight here: wait for it
+            self.stats["deduplicated"] += len(messages)
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[list[ProduceResult]] = asyncio.get_running_loop().create_future()
+        self._inflight_sessions[key] = fut
+        try:
+            results = await self._produce_session(topic, messages, producer_id, sequence)
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: waiters, if any, get it too
+            raise
+        else:
+            fut.set_result(results)
+            return results
+        finally:
+            self._inflight_sessions.pop(key, None)
+
+    async def _produce_session(
+        self, topic: TopicMeta, messages: Sequence[ProduceMessage], pid: str, seq: int
+    ) -> list[ProduceResult]:
+        s = self.meta.sessions.get(pid)
+        done: list[ProduceResult] = []
+        if s is not None:
+            if seq < s.seq:
+                raise errors.SequenceTooOldError(
+                    f"producer {pid}: sequence {seq} is below the last one, {s.seq}",
+                    last_sequence=s.seq,
+                )
+            if seq == s.seq:
+                done = [self._result(q, o, c) for q, o, c in s.results[: len(messages)]]
+                self.stats["deduplicated"] += len(done)
+                if len(done) >= len(messages):
+                    return done
+        rest = await self._put(topic, messages[len(done) :], (pid, seq, len(messages)), len(done))
+        return done + rest
+
+    def _result(self, queue_id: int, queue_offset: int, commitlog_offset: int) -> ProduceResult:
+        return ProduceResult(
+            make_msg_id(self.settings.group, commitlog_offset),
+            queue_id,
+            queue_offset,
+            commitlog_offset,
+        )
+
+    async def _put(
+        self,
+        topic: TopicMeta,
+        messages: Sequence[ProduceMessage],
+        session: tuple[str, int, int] | None,
+        first_in_batch: int,
+    ) -> list[ProduceResult]:
+        now = _now_ms()
+        batch = [
+            self._encode(topic, m, first_in_batch + i, session, now) for i, m in enumerate(messages)
+        ]
+        self._require_master()  # encoding took no await, but be explicit before appending
+        try:
+            placed: list[PutResult] = await self.commitlog.put_messages(topic, batch)
+        except DLedgerError as e:
+            raise self._translate(e) from None
+        # Wait until dispatched, so a read right after the answer finds the messages and
+        # a retry finds the session's results (bounded; the commit already happened).
+        await self.dispatcher.wait_dispatched(
+            placed[-1].index, self.settings.append_timeout_ms / 1000
+        )
+        self.stats["produced"] += len(placed)
+        return [self._result(p.queue_id, p.queue_offset, p.commitlog_offset) for p in placed]
+
+    # ---- reads -------------------------------------------------------------------------
+
+    def _read_message(self, commitlog_offset: int, size: int) -> Message:
+        return decode_message(self.commitlog.get_message(commitlog_offset, size), verify_crc=False)
+
+    def _pulled(self, m: Message) -> PulledMessage:
+        return PulledMessage(
+            topic=m.topic,
+            queue_id=m.queue_id,
+            queue_offset=m.queue_offset,
+            msg_id=make_msg_id(self.settings.group, m.commitlog_offset),
+            commitlog_offset=m.commitlog_offset,
+            body=m.body,
+            tags=m.tags,
+            keys=m.keys,
+            uniq_key=m.uniq_key,
+            properties=m.user_properties,
+            born_timestamp=m.born_timestamp,
+            store_timestamp=m.store_timestamp,
+        )
+
+    def _check_queue(self, topic: str, queue_id: int) -> TopicMeta:
+        t = self.topic(topic)
+        if not 0 <= queue_id < t.queues:
+            raise errors.InvalidArgumentError(f"queue_id {queue_id} is not in 0..{t.queues - 1}")
+        return t
+
+    def _check_pull_args(self, max_messages: int, wait_ms: int) -> None:
+        lim = self.settings.limits
+        if not 1 <= max_messages <= lim.max_pull_messages:
+            raise errors.InvalidArgumentError(f"max_messages must be 1..{lim.max_pull_messages}")
+        if not 0 <= wait_ms <= lim.max_wait_ms:
+            raise errors.InvalidArgumentError(f"wait_ms must be 0..{lim.max_wait_ms}")
+
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        tags: str | None = None,
+    ) -> PullResult:
+        """Messages of one queue from ``offset`` (RocketMQ's PullStatus vocabulary)."""
+        self._check_queue(topic, queue_id)
+        self._check_pull_args(max_messages, wait_ms)
+        hashes = parse_tag_expression(tags)
+        wanted = None
+        if hashes is not None and tags:
+            wanted = {t.strip() for t in tags.split("||") if t.strip()}
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            lo, hi = self.queue_bounds(topic, queue_id)
+            if offset < lo or offset > hi:
+                return PullResult("OFFSET_ILLEGAL", [], lo if offset < lo else hi, lo, hi)
+            if offset < hi:
+                found, next_offset = self._scan(
+                    topic, queue_id, offset, max_messages=max_messages, hashes=hashes, wanted=wanted
+                )
+                if found:
+                    self.stats["pulled"] += len(found)
+                    return PullResult("FOUND", found, next_offset, lo, hi)
+                offset = next_offset
+                status = "NO_MATCHED_MSG"
+            else:
+                status = "NO_NEW_MSG"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                lo, hi = self.queue_bounds(topic, queue_id)
+                return PullResult(status, [], offset, lo, hi)
+            await self.dispatcher.wait_queue(topic, queue_id, offset, left)
+
+    def _scan(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[list[PulledMessage], int]:
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return [], offset
+        scan_limit = max_messages if hashes is None else max(max_messages * 4, 1024)
+        units = q.read(offset, scan_limit)
+        out: list[PulledMessage] = []
+        next_offset = offset
+        for queue_offset, commitlog_offset, size, thash in units:
+            next_offset = queue_offset + 1
+            if hashes is not None and thash not in hashes:
+                continue
+            m = self._read_message(commitlog_offset, size)
+            if wanted is not None and m.tags not in wanted:
+                continue  # a tags-hash collision: the exact tags decide
+            out.append(self._pulled(m))
+            if len(out) >= max_messages:
+                break
+        return out, next_offset
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose store time is at or after ``timestamp_ms``."""
+        self._check_queue(topic, queue_id)
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return 0
+
+        def reached(commitlog_offset: int, _size: int) -> bool:
+            raw = self.commitlog.get_message(commitlog_offset + STORE_TIMESTAMP_POS, 8)
+            return int.from_bytes(raw, "big", signed=True) >= timestamp_ms
+
+        return q.first_offset_at_or_after(reached)
+
+    def get_message(self, msg_id: str) -> PulledMessage:
+        try:
+            group, commitlog_offset = parse_msg_id(msg_id)
+        except MessageFormatError as e:
+            raise errors.InvalidArgumentError(f"invalid msg_id: {e}") from None
+        if group != self.settings.group:
+            raise errors.MessageNotFoundError(f"msg_id {msg_id} belongs to group {group}")
+        m = self._message_at(commitlog_offset)
+        if m is None:
+            raise errors.MessageNotFoundError(f"no message {msg_id}")
+        return self._pulled(m)
+
+    def _message_at(self, commitlog_offset: int) -> Message | None:
+        store = self.store
+        if commitlog_offset < store.ledger_begin_pos + 48 or commitlog_offset + 4 > (
+            store.committed_pos
+        ):
+            return None
+        try:
+            size = int.from_bytes(self.commitlog.get_message(commitlog_offset, 4), "big")
+            m = decode_message(self.commitlog.get_message(commitlog_offset, size))
+        except (DLedgerError, MessageFormatError, ValueError):
+            return None
+        if m.commitlog_offset != commitlog_offset or m.topic == SYS_TOPIC:
+            return None
+        return m
+
+    def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
+        self.topic(topic)
+        limit = self.settings.limits.max_key_query_results
+        if not 1 <= max_results <= limit:
+            raise errors.InvalidArgumentError(f"max must be 1..{limit}")
+        out = []
+        for commitlog_offset in self.keys.query(key, max_results * 2):
+            m = self._message_at(commitlog_offset)
+            if m is None or m.topic != topic:
+                continue
+            if key in m.keys or m.uniq_key == key:  # the index may return hash collisions
+                out.append(self._pulled(m))
+                if len(out) >= max_results:
+                    break
+        return out
+
+    # ---- consumer groups ---------------------------------------------------------------
+
+    def _check_group(self, group: str) -> None:
+        if not GROUP_NAME.fullmatch(group):
+            raise errors.InvalidArgumentError(f"invalid group name {group!r}")
+
+    def list_groups(self) -> list[str]:
+        return sorted(self.meta.offsets)
+
+    def group_offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        self._check_group(group)
+        topics = self.meta.offsets.get(group)
+        if topics is None:
+            raise errors.GroupNotFoundError(f"group {group} has committed no offsets")
+        out = []
+        for name in sorted(topics):
+            if topic is not None and name != topic:
+                continue
+            t = self.meta.topics.get(name)
+            if t is None:
+                continue
+            for qid in range(t.queues):
+                committed = topics[name].get(qid)
+                _, hi = self.queue_bounds(name, qid)
+                out.append(
+                    {
+                        "topic": name,
+                        "queue_id": qid,
+                        "committed_offset": committed,
+                        "max_offset": hi,
+                        "lag": hi - (committed or 0),
+                    }
+                )
+        return out
+
+    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        self._check_group(group)
+        t = self.topic(topic)
+        clean: dict[int, int] = {}
+        for qid, off in offsets.items():
+            if not 0 <= qid < t.queues:
+                raise errors.InvalidArgumentError(f"queue_id {qid} is not in 0..{t.queues - 1}")
+            if off < 0:
+                raise errors.InvalidArgumentError(f"offset {off} for queue {qid} is negative")
+            clean[qid] = off
+        if not clean:
+            raise errors.InvalidArgumentError("no offsets")
+        await self._append_meta(op_commit_offsets(group, topic, clean))
+
+    async def reset_offsets(self, group: str, topic: str, to: str | int) -> dict[int, int]:
+        """Move a group's offsets to ``earliest``, ``latest`` or a store timestamp."""
+        t = self.topic(topic)
+        offsets = {}
+        for qid in range(t.queues):
+            lo, hi = self.queue_bounds(topic, qid)
+            if to == "earliest":
+                offsets[qid] = lo
+            elif to == "latest":
+                offsets[qid] = hi
+            elif isinstance(to, int):
+                offsets[qid] = self.offset_for_time(topic, qid, to)
+            else:
+                raise errors.InvalidArgumentError(
+                    f"reset to {to!r}: want earliest, latest or a time"
+                )
+        await self.commit_offsets(group, topic, offsets)
+        return offsets
+
+    async def group_pull(
+        self,
+        group: str,
+        topic: str,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        queue_ids: Sequence[int] | None = None,
+        auto_commit: bool = False,
+    ) -> GroupPullResult:
+        """Messages from the group's committed offsets (a new group starts at the
+        earliest retained message), across the chosen queues."""
+        self._check_group(group)
+        self._check_pull_args(max_messages, wait_ms)
+        t = self.topic(topic)
+        qids = list(range(t.queues)) if queue_ids is None else list(queue_ids)
+        for qid in qids:
+            self._check_queue(topic, qid)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            out: list[PulledMessage] = []
+            next_offsets: dict[int, int] = {}
+            for qid in qids:
+                lo, _ = self.queue_bounds(topic, qid)
+                start = self.meta.committed_offset(group, topic, qid)
+                start = lo if start is None or start < lo else start
+                r = await self.pull(topic, qid, start, max_messages=max_messages - len(out))
+                next_offsets[qid] = r.next_offset
+                out.extend(r.messages)
+                if len(out) >= max_messages:
+                    break
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                break
+            await self._wait_any(topic, next_offsets, left)
+        if auto_commit and out:
+            await self.commit_offsets(group, topic, next_offsets)
+        return GroupPullResult(out, next_offsets)
+
+    async def _wait_any(self, topic: str, offsets: dict[int, int], timeout_s: float) -> None:
+        waits = [
+            asyncio.ensure_future(self.dispatcher.wait_queue(topic, q, o, timeout_s))
+            for q, o in offsets.items()
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    # ---- cluster -----------------------------------------------------------------------
+
+    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> None:
+        if to not in self.settings.peer_map:
+            raise errors.InvalidArgumentError(f"unknown node {to!r}")
+        self._require_master()
+        code = await self.server.transfer_leadership(to, timeout_s)
+        if code is not DLedgerCode.SUCCESS:
+            raise errors.NoMasterError(f"leadership transfer to {to} failed: {code.name}")
+
+    def status(self) -> dict[str, Any]:
+        core = self.server.core
+        store = self.store
+        leader = core.ms.leader_id if core is not None else None
+        st = self.server.status()
+        return {
+            "group": self.settings.group,
+            "node_id": self.settings.node_id,
+            "raft_role": core.ms.role.value.upper() if core is not None else "FOLLOWER",
+            "broker_role": self.role.value,
+            "term": core.ms.curr_term if core is not None else -1,
+            "leader_id": leader,
+            "leader_url": self.settings.peer_urls.get(leader) if leader else None,
+            "ledger_begin_index": store.ledger_begin_index,
+            "ledger_end_index": store.ledger_end_index,
+            "committed_index": store.committed_index,
+            "dispatched_index": self.dispatcher.dispatched_index if self.dispatcher else -1,
+            "peers": st.get("peers", {}),
+            "stats": {**self.stats, **(self.dispatcher.stats if self.dispatcher else {})},
+        }
+
+    @property
+    def is_master(self) -> bool:
+        return self.role is BrokerRole.MASTER
+
+    @property
+    def raft_role(self) -> Role:
+        return self.server.role

@@ -1,0 +1,141 @@
+"""``DLedgerCommitLog``: RocketMQ's CommitLog on top of the replicated DLedger log
+(CHECKLIST MQ-03..MQ-05, DESIGN §4).
+
+Each message is one DLedger entry whose body is a RocketMQ CommitLog record. Two fields
+are fixed on the master, at the last moment:
+
+- QUEUEOFFSET (byte 20) — assigned from the next-queue-offset table just before the
+  batch is proposed, in the same event-loop step, so batches get contiguous offsets in
+  the order they enter the log. A batch the log refuses gives its offsets back.
+- PHYSICALOFFSET (byte 28) — written by the append hook, which the store runs after it
+  has fixed the entry's ``pos`` and before the bytes are written: ``pos + 48``, the
+  message's real position inside the DLedger data files. Followers write the leader's
+  bytes as they are, so the field is right on every replica and reading a message by
+  its commitlog offset needs no lookup at all.
+
+The next-queue-offset table is valid only on the MASTER: the ``RoleChangeHandler``
+clears it when the node stops leading and rebuilds it from the consume queues before
+the node becomes MASTER again.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dledger.runtime.server import DLedgerServer
+from dledger.store import BODY_OFFSET, MAGIC_NORMAL, EntryMeta
+
+from .message import PHYSICAL_OFFSET_POS, set_physical_offset, set_queue_id_and_offset
+from .metadata import TopicMeta
+
+
+@dataclass(frozen=True, slots=True)
+class PutResult:
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+    index: int  # the DLedger entry index
+
+
+@dataclass(slots=True)
+class OutgoingMessage:
+    """An encoded record waiting for its queue: a pinned ``queue_id``, a ``sharding_key``
+    (hashed to a fixed queue, for ordered messages), or neither (round-robin)."""
+
+    record: bytearray
+    queue_id: int | None = None
+    sharding_key: str | None = None
+
+
+def sharding_queue(key: str, queues: int) -> int:
+    """A fixed queue per key: CRC-32 of the UTF-8 key, the same on every master."""
+    return zlib.crc32(key.encode()) % queues
+
+
+class DLedgerCommitLog:
+    def __init__(self, server: DLedgerServer) -> None:
+        self.server = server
+        # (topic, queue id) → the next queue offset; MASTER only (see the module doc).
+        self.queue_table: dict[tuple[str, int], int] = {}
+        self._round_robin: dict[str, int] = {}
+        server.add_append_hook(self._append_hook)
+
+    @staticmethod
+    def _append_hook(meta: EntryMeta, entry: memoryview, body_offset: int) -> None:
+        # NOOP entries (and anything too short to be a message) carry no record.
+        if meta.magic != MAGIC_NORMAL or len(entry) < body_offset + PHYSICAL_OFFSET_POS + 8:
+            return
+        set_physical_offset(entry, meta.pos + body_offset, body_offset)
+
+    def select_queues(self, topic: TopicMeta, batch: Sequence[OutgoingMessage]) -> list[int]:
+        queues = topic.queues
+        out = []
+        for m in batch:
+            if m.queue_id is not None:
+                qid = m.queue_id
+            elif m.sharding_key is not None:
+                qid = sharding_queue(m.sharding_key, queues)
+            else:
+                qid = self._round_robin.get(topic.name, 0) % queues
+                self._round_robin[topic.name] = qid + 1
+            out.append(qid)
+        return out
+
+    async def put_messages(
+        self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
+    ) -> list[PutResult]:
+        """Assign queue offsets, append, and resolve after quorum commit.
+
+        Raises what ``DLedgerServer.append_nowait`` raises; a refused batch changes
+        nothing, a proposed one fails only with ``UnknownOutcomeError``."""
+        qids = self.select_queues(topic, batch)
+        table = self.queue_table
+        saved: dict[tuple[str, int], int | None] = {}
+        offsets = []
+        for m, qid in zip(batch, qids, strict=True):
+            key = (topic.name, qid)
+            if key not in saved:
+                saved[key] = table.get(key)
+            off = table.get(key, 0)
+            set_queue_id_and_offset(m.record, qid, off)
+            table[key] = off + 1
+            offsets.append(off)
+        try:
+            # No await between the assignment above and this proposal: no other batch can
+            # take offsets in between, so offsets follow the log order exactly.
+            fut = self.server.append_nowait([m.record for m in batch])
+        except BaseException:
+            for key, old in saved.items():
+                if old is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = old
+            raise
+        placed = await fut
+        return [
+            PutResult(qid, off, pos + BODY_OFFSET, index)
+            for (index, pos), qid, off in zip(placed, qids, offsets, strict=True)
+        ]
+
+    async def append_system(self, record: bytearray) -> tuple[int, int]:
+        """Append one record that takes no queue offset (a metadata operation)."""
+        [(index, pos)] = await self.server.append_nowait([record])
+        return index, pos
+
+    def get_message(self, commitlog_offset: int, size: int) -> bytes:
+        """The record at a commitlog offset: straight from the DLedger data files."""
+        return self.server.read(commitlog_offset, size)
+
+    def reset_queue_table(self, table: dict[tuple[str, int], int]) -> None:
+        self.queue_table = dict(table)
+
+    def forget_topic(self, topic: str) -> None:
+        """A deleted topic's queues start again at 0 if it is created anew."""
+        for key in [k for k in self.queue_table if k[0] == topic]:
+            del self.queue_table[key]
+        self._round_robin.pop(topic, None)
+
+    def clear_queue_table(self) -> None:
+        self.queue_table = {}

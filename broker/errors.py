@@ -1,0 +1,116 @@
+"""The broker's expected errors: typed, each with a stable upper-case code (API.md §2) and
+the HTTP status the API layer answers with. A broken invariant is not one of these: it
+is an ``AssertionError`` or a ``StoreCorruptionError`` that stops the node."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class BrokerError(Exception):
+    """An expected refusal. ``code`` is the API's error code, ``http_status`` the hint
+    for the outer layer, ``fields`` extra body fields that help the client."""
+
+    code = "INTERNAL"
+    http_status = 500
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fields = fields
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.fields}
+
+
+class InvalidArgumentError(BrokerError):
+    """Bad input, refused before anything is written."""
+
+    code = "INVALID_ARGUMENT"
+    http_status = 422
+
+
+class PayloadTooLargeError(BrokerError):
+    code = "PAYLOAD_TOO_LARGE"
+    http_status = 413
+
+
+class TopicNotFoundError(BrokerError):
+    code = "TOPIC_NOT_FOUND"
+    http_status = 404
+
+
+class TopicConflictError(BrokerError):
+    """The topic exists with another queue count."""
+
+    code = "TOPIC_CONFLICT"
+    http_status = 409
+
+
+class MessageNotFoundError(BrokerError):
+    code = "MESSAGE_NOT_FOUND"
+    http_status = 404
+
+
+class GroupNotFoundError(BrokerError):
+    code = "GROUP_NOT_FOUND"
+    http_status = 404
+
+
+class SequenceTooOldError(BrokerError):
+    """A producer session retried a sequence below its last one: those results are gone."""
+
+    code = "SEQUENCE_TOO_OLD"
+    http_status = 409
+
+
+class NotMasterError(BrokerError):
+    """This broker is a SLAVE; writes go to the master (``leader_id``, ``leader_addr``,
+    ``leader_url`` when known)."""
+
+    code = "NOT_MASTER"
+    http_status = 307
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        leader_id: str | None,
+        leader_addr: str | None,
+        leader_url: str | None,
+    ) -> None:
+        super().__init__(
+            message, leader_id=leader_id, leader_addr=leader_addr, leader_url=leader_url
+        )
+        self.leader_id = leader_id
+        self.leader_addr = leader_addr
+        self.leader_url = leader_url
+
+
+class NoMasterError(BrokerError):
+    """No master is known (an election or a new master's catch-up is under way)."""
+
+    code = "NO_MASTER"
+    http_status = 503
+
+
+class UnknownOutcomeError(BrokerError):
+    """Proposed, but whether it committed is unknown (leadership lost, quorum timeout).
+    Retrying may duplicate unless the request carries a producer session."""
+
+    code = "UNKNOWN_OUTCOME"
+    http_status = 503
+
+
+class BusyError(BrokerError):
+    """Back-pressure: too many appends are waiting for a quorum."""
+
+    code = "BUSY"
+    http_status = 429
+
+
+class StorageError(BrokerError):
+    """The log refused the write (disk full, body over the store's limit)."""
+
+    code = "STORAGE_ERROR"
+    http_status = 507

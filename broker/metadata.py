@@ -1,0 +1,237 @@
+"""The replicated metadata: the "embedded KV on DLedger" of the seeds (CHECKLIST MQ-06).
+
+Topics, consumer-group offsets and producer sessions are state derived from the log, in
+log order, on every node alike: topic and offset changes are *operations* carried as
+messages of the reserved system topic ``%SYS%META`` (an orjson body), and producer
+sessions are recorded from the session properties of ordinary messages. Because every
+replica applies the same committed entries in the same order with this same pure code,
+every replica holds the same table, and consumer offsets survive a failover exactly.
+
+Invariants:
+- ``apply_*`` never raises on input from the log: an operation this version does not
+  understand (or a malformed one) is logged and skipped, identically on every replica;
+  a node must not crash on a committed entry.
+- ``applied_index`` only grows; an entry at or below it is never applied twice.
+- The session table is bounded (LRU by log order, hence identical everywhere).
+
+A snapshot is the whole table at one index (``snapshot-<index>`` files), so retention
+may delete the log head behind it and a restart replays only what follows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+log = logging.getLogger(__name__)
+
+SYS_TOPIC = "%SYS%META"
+SYS_PREFIX = "%SYS%"
+TOPIC_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
+GROUP_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
+PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
+SNAPSHOT_VERSION = 1
+
+
+@dataclass(slots=True)
+class TopicMeta:
+    name: str
+    queues: int
+    created_index: int  # messages of this topic at or below this index are older incarnations
+
+
+@dataclass(slots=True)
+class ProducerSession:
+    """The last batch of one producer: its sequence, its size and the results so far
+    as (queue_id, queue_offset, commitlog_offset), in batch order."""
+
+    seq: int
+    size: int
+    results: list[tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) >= self.size
+
+
+def op_create_topic(name: str, queues: int) -> dict[str, Any]:
+    return {"op": "create_topic", "name": name, "queues": queues}
+
+
+def op_delete_topic(name: str) -> dict[str, Any]:
+    return {"op": "delete_topic", "name": name}
+
+
+def op_commit_offsets(group: str, topic: str, offsets: dict[int, int]) -> dict[str, Any]:
+    return {
+        "op": "commit_offsets",
+        "group": group,
+        "topic": topic,
+        "offsets": {str(q): o for q, o in sorted(offsets.items())},
+    }
+
+
+class MetadataState:
+    def __init__(self, max_sessions: int = 100_000) -> None:
+        self.applied_index = -1
+        self.max_sessions = max_sessions
+        self.topics: dict[str, TopicMeta] = {}
+        # group → topic → queue id → committed offset (the next message to consume)
+        self.offsets: dict[str, dict[str, dict[int, int]]] = {}
+        self.sessions: OrderedDict[str, ProducerSession] = OrderedDict()
+
+    # ---- applying the log --------------------------------------------------------------
+
+    def apply_op(self, index: int, body: bytes | memoryview) -> str | None:
+        """Apply one ``%SYS%META`` entry. Returns the name of a topic it deleted (the
+        caller drops that topic's consume queues), else None."""
+        self.applied_index = max(self.applied_index, index)
+        try:
+            op = orjson.loads(body)
+            kind = op["op"]
+            if kind == "create_topic":
+                self._create_topic(index, str(op["name"]), int(op["queues"]))
+            elif kind == "delete_topic":
+                name = str(op["name"])
+                if self.topics.pop(name, None) is not None:
+                    for topics in self.offsets.values():
+                        topics.pop(name, None)
+                    return name
+            elif kind == "commit_offsets":
+                self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"])
+            else:
+                log.warning("entry %d: unknown metadata operation %r skipped", index, kind)
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+            log.warning("entry %d: malformed metadata operation skipped: %s", index, e)
+        return None
+
+    def _create_topic(self, index: int, name: str, queues: int) -> None:
+        if name in self.topics:
+            return  # the first create wins; the master checked for a conflict before
+        if not TOPIC_NAME.fullmatch(name) or queues < 1:
+            log.warning("entry %d: invalid topic %r/%d skipped", index, name, queues)
+            return
+        self.topics[name] = TopicMeta(name, queues, index)
+
+    def _commit_offsets(self, group: str, topic: str, offsets: dict[str, Any]) -> None:
+        meta = self.topics.get(topic)
+        if meta is None:
+            return  # deleted in between: nothing to commit to
+        table = self.offsets.setdefault(group, {}).setdefault(topic, {})
+        for q, o in offsets.items():
+            qid, off = int(q), int(o)
+            if 0 <= qid < meta.queues and off >= 0:
+                table[qid] = off
+
+    def record_session(
+        self,
+        producer_id: str,
+        seq: int,
+        batch_index: int,
+        batch_size: int,
+        result: tuple[int, int, int],
+    ) -> None:
+        """Record one committed message of a producer session batch."""
+        s = self.sessions.get(producer_id)
+        if s is None or seq > s.seq:
+            s = ProducerSession(seq, batch_size)
+            self.sessions[producer_id] = s
+        elif seq < s.seq:
+            return  # an older batch cannot follow a newer one; the master never does this
+        self.sessions.move_to_end(producer_id)
+        if batch_index == len(s.results):  # a re-sent tail continues where the log stopped
+            s.results.append(result)
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
+
+    # ---- reading ------------------------------------------------------------------------
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        return self.offsets.get(group, {}).get(topic, {}).get(queue_id)
+
+    # ---- snapshots ----------------------------------------------------------------------
+
+    def to_snapshot(self, extra: dict[str, Any] | None = None) -> bytes:
+        return orjson.dumps(
+            {
+                "version": SNAPSHOT_VERSION,
+                "applied_index": self.applied_index,
+                "topics": [[t.name, t.queues, t.created_index] for t in self.topics.values()],
+                "offsets": {
+                    g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
+                    for g, ts in self.offsets.items()
+                },
+                "sessions": [[p, s.seq, s.size, s.results] for p, s in self.sessions.items()],
+                "extra": extra or {},
+            }
+        )
+
+    @classmethod
+    def from_snapshot(cls, raw: bytes, max_sessions: int) -> tuple[MetadataState, dict[str, Any]]:
+        d = orjson.loads(raw)
+        if d.get("version") != SNAPSHOT_VERSION:
+            raise ValueError(f"unsupported snapshot version {d.get('version')!r}")
+        st = cls(max_sessions)
+        st.applied_index = int(d["applied_index"])
+        for name, queues, created in d["topics"]:
+            st.topics[name] = TopicMeta(name, int(queues), int(created))
+        for g, ts in d["offsets"].items():
+            st.offsets[g] = {t: {int(q): int(o) for q, o in qs.items()} for t, qs in ts.items()}
+        for pid, seq, size, results in d["sessions"]:
+            st.sessions[pid] = ProducerSession(
+                int(seq), int(size), [(int(a), int(b), int(c)) for a, b, c in results]
+            )
+        return st, dict(d.get("extra") or {})
+
+
+class SnapshotFiles:
+    """``metadata/snapshot-<20-digit index>`` files, written atomically (temp file, fsync,
+    rename, directory fsync); the newest ``keep`` are kept."""
+
+    def __init__(self, directory: Path, keep: int = 2) -> None:
+        self.directory = directory
+        self.keep = max(1, keep)
+        directory.mkdir(parents=True, exist_ok=True)
+
+    def indexes(self) -> list[int]:
+        out = []
+        for p in self.directory.glob("snapshot-*"):
+            suffix = p.name.removeprefix("snapshot-")
+            if suffix.isdigit():
+                out.append(int(suffix))
+        return sorted(out)
+
+    def path(self, index: int) -> Path:
+        return self.directory / f"snapshot-{index:020d}"
+
+    def save(self, index: int, data: bytes) -> Path:
+        final = self.path(index)
+        tmp = final.with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for old in self.indexes()[: -self.keep]:
+            self.path(old).unlink(missing_ok=True)
+        return final
+
+    def load_latest(self, max_index: int) -> tuple[int, bytes] | None:
+        """The newest snapshot at or below ``max_index`` (a snapshot beyond the local log
+        cannot be used: the entries it covers are not all here)."""
+        for index in reversed(self.indexes()):
+            if index <= max_index:
+                return index, self.path(index).read_bytes()
+        return None

@@ -1,0 +1,92 @@
+"""``BrokerSettings``: every limit and knob of one broker node, with sensible defaults.
+
+The replication settings (``core``, ``store``, ``transport``) are dledger's own; the
+broker builds its ``ServerConfig`` from them so one object describes the whole node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+from consumequeue import ConsumeQueueSettings, KeyIndexSettings
+from dledger.core.settings import CoreSettings
+from dledger.runtime.server import ServerConfig, parse_peers
+from dledger.runtime.transport import TransportSettings
+from dledger.store import StoreSettings
+
+MiB = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Request limits (API.md §3); over a limit → 413/422 before anything is written."""
+
+    max_body_bytes: int = 4 * MiB
+    max_properties_bytes: int = 32 * 1024
+    max_messages_per_request: int = 1000
+    max_request_bytes: int = 16 * MiB
+    max_pull_messages: int = 1000
+    max_wait_ms: int = 30_000
+    max_key_query_results: int = 1024
+    max_queues_per_topic: int = 1024
+    max_keys_per_message: int = 32
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSettings:
+    node_id: str = "n0"
+    group: str = "g0"
+    peers: str = "n0-127.0.0.1:9080"  # DLedger's "n0-host:port;n1-host:port" (Raft ports)
+    data_dir: Path = Path("ledgermq-data")
+    flush: Literal["async", "sync"] = "sync"
+    peer_urls: dict[str, str] = field(default_factory=dict)  # node id → HTTP URL
+    advertised_url: str | None = None
+    auto_create_topics: bool = True
+    default_queues: int = 8
+    limits: Limits = field(default_factory=Limits)
+    # The producer-session table is bounded: the least recently used session is evicted
+    # (the same one on every replica, since eviction follows the log order).
+    max_producer_sessions: int = 100_000
+    dispatch_batch_entries: int = 2048  # entries per dispatch step before yielding the loop
+    dispatch_checkpoint_interval_ms: int = 1000
+    # Metadata snapshots (DESIGN §4): written after this many applied entries or this
+    # long, whichever first; the newest few are kept.
+    snapshot_interval_entries: int = 100_000
+    snapshot_interval_ms: int = 60_000
+    snapshots_kept: int = 2
+    master_catch_up_timeout_ms: int = 30_000  # a new leader's wait for NOOP + dispatch
+    append_timeout_ms: int = 10_000  # produce waits this long for commit + dispatch
+    retention_check_interval_ms: int = 1000
+    consume_queue: ConsumeQueueSettings = field(default_factory=ConsumeQueueSettings)
+    key_index: KeyIndexSettings = field(default_factory=KeyIndexSettings)
+    core: CoreSettings = field(default_factory=CoreSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
+    transport: TransportSettings = field(default_factory=TransportSettings)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        peers = parse_peers(self.peers)
+        if self.node_id not in peers:
+            raise ValueError(f"node id {self.node_id!r} is not among the peers {sorted(peers)}")
+        if not 1 <= self.default_queues <= self.limits.max_queues_per_topic:
+            raise ValueError("default_queues must be between 1 and max_queues_per_topic")
+        if self.flush not in ("async", "sync"):
+            raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+
+    @property
+    def peer_map(self) -> dict[str, str]:
+        return parse_peers(self.peers)
+
+    def server_config(self) -> ServerConfig:
+        return ServerConfig(
+            group=self.group,
+            self_id=self.node_id,
+            peers=self.peer_map,
+            data_dir=self.data_dir,
+            core=replace(self.core, flush=self.flush),
+            store=self.store,
+            transport=self.transport,
+            seed=self.seed,
+        )

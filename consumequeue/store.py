@@ -1,0 +1,107 @@
+"""``ConsumeQueueStore``: every consume queue of a node, ``<root>/<topic>/<queue_id>/``.
+
+Invariants:
+- at most one open ``ConsumeQueue`` per (topic, queue_id), kept in a dict and opened
+  lazily by ``queue`` (the dispatcher's per-message lookup is one dict hit);
+- topic directory names are the topic names as they are (``[A-Za-z0-9_%|-]{1,127}``,
+  legal file names on Linux, and no ``.`` or ``/`` so a name cannot leave ``root``);
+  queue directories are the decimal queue ids;
+- only directories in ``root`` are topics: the owner may keep files beside them (the
+  broker's dispatch checkpoint).
+
+Thread safety: as ``ConsumeQueue``: the owner serialises calls, ``flush`` may run on
+another thread (it works on a snapshot of the open queues).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import ConsumeQueueError
+from .queue import ConsumeQueue, ConsumeQueueSettings
+
+TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
+
+
+def check_topic(topic: str) -> str:
+    """``topic`` if it is a legal topic name, else ``ValueError``."""
+    if not TOPIC_PATTERN.fullmatch(topic):
+        raise ValueError(f"illegal topic name {topic!r}: must match {TOPIC_PATTERN.pattern}")
+    return topic
+
+
+class ConsumeQueueStore:
+    """The consume queues under ``root``."""
+
+    def __init__(self, root: Path, settings: ConsumeQueueSettings) -> None:
+        self.root = root
+        self.settings = settings
+        self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        root.mkdir(parents=True, exist_ok=True)
+
+    def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue, opened (or created empty) on first use."""
+        q = self._queues.get((topic, queue_id))
+        if q is None:
+            q = self._open(topic, queue_id)
+        return q
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue if it is open; never creates one (call ``load`` first to see the
+        queues on disk)."""
+        return self._queues.get((topic, queue_id))
+
+    def _open(self, topic: str, queue_id: int) -> ConsumeQueue:
+        check_topic(topic)
+        if queue_id < 0:
+            raise ValueError(f"queue_id must be >= 0, got {queue_id}")
+        q = ConsumeQueue(self.root, topic, queue_id, self.settings)
+        self._queues[(topic, queue_id)] = q
+        return q
+
+    def load(self) -> None:
+        """Open every queue on disk (recovering each one's tail)."""
+        for topic_dir in sorted(self.root.iterdir()):
+            if not topic_dir.is_dir():
+                continue  # the owner's bookkeeping next to the topics (a checkpoint)
+            if not TOPIC_PATTERN.fullmatch(topic_dir.name):
+                raise ConsumeQueueError(f"{topic_dir}: not a topic directory")
+            for queue_dir in sorted(topic_dir.iterdir()):
+                name = queue_dir.name
+                if not queue_dir.is_dir() or not name.isdigit() or str(int(name)) != name:
+                    raise ConsumeQueueError(f"{queue_dir}: not a queue directory")
+                if (topic_dir.name, int(name)) not in self._queues:
+                    self._open(topic_dir.name, int(name))
+
+    def topics(self) -> dict[str, list[int]]:
+        """Open queues: topic → sorted queue ids."""
+        out: dict[str, list[int]] = {}
+        for topic, queue_id in sorted(self._queues):
+            out.setdefault(topic, []).append(queue_id)
+        return out
+
+    def delete_topic(self, topic: str) -> None:
+        """Close the topic's queues and remove its directory (queues not open too)."""
+        check_topic(topic)
+        for key in [k for k in self._queues if k[0] == topic]:
+            self._queues.pop(key).close()
+        shutil.rmtree(self.root / topic, ignore_errors=True)
+
+    def __iter__(self) -> Iterator[ConsumeQueue]:
+        return iter(list(self._queues.values()))
+
+    def __len__(self) -> int:
+        return len(self._queues)
+
+    def flush(self) -> None:
+        for q in list(self._queues.values()):
+            if not q.closed:
+                q.flush()
+
+    def close(self) -> None:
+        for q in self._queues.values():
+            q.close()
+        self._queues.clear()

@@ -1,0 +1,244 @@
+"""The ``Broker`` facade on a single-node group (real files, real sockets): topics,
+produce, pull with tags and long polling, groups, producer sessions, queries, restart."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from broker import errors
+from broker.broker import Broker, ProduceMessage
+from tests.broker.harness import BrokerCluster, until
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _single(tmp_path: Path, **overrides: object) -> tuple[BrokerCluster, Broker]:
+    c = BrokerCluster(tmp_path, n=1, **overrides)
+    await c.start_all()
+    return c, await c.master()
+
+
+async def test_produce_then_pull_in_queue_order(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        t, created = await b.create_topic("orders", 2)
+        assert created and t.queues == 2
+        assert (await b.create_topic("orders", 2))[1] is False
+        with pytest.raises(errors.TopicConflictError):
+            await b.create_topic("orders", 3)
+        msgs = [ProduceMessage(f"m{i}".encode(), tags="A" if i % 2 else "B") for i in range(10)]
+        results = await b.produce("orders", msgs)
+        assert [r.queue_id for r in results] == [0, 1] * 5  # round-robin
+        assert [r.queue_offset for r in results if r.queue_id == 0] == [0, 1, 2, 3, 4]
+        r = await b.pull("orders", 0, 0, max_messages=32)
+        assert r.status == "FOUND" and r.next_offset == 5 and (r.min_offset, r.max_offset) == (0, 5)
+        assert [m.body for m in r.messages] == [b"m0", b"m2", b"m4", b"m6", b"m8"]
+        assert [m.queue_offset for m in r.messages] == list(range(5))
+        for m, res in zip(r.messages, results[::2], strict=True):
+            assert m.msg_id == res.msg_id and m.commitlog_offset == res.commitlog_offset
+            assert b.get_message(m.msg_id).body == m.body
+        assert (await b.pull("orders", 0, 5)).status == "NO_NEW_MSG"
+        ill = await b.pull("orders", 0, 6)
+        assert ill.status == "OFFSET_ILLEGAL" and ill.next_offset == 5
+    finally:
+        await c.close()
+
+
+async def test_physical_offset_is_the_position_in_the_dledger_files(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        [res] = await b.produce("t", [ProduceMessage(b"hello", keys=["k1"])])
+        entry = b.store.get(b.dispatcher.dispatched_index)
+        assert entry.pos + 48 == res.commitlog_offset
+        raw = b.store.read(res.commitlog_offset, len(entry.body))
+        assert raw == bytes(entry.body)
+        assert int.from_bytes(raw[28:36], "big") == res.commitlog_offset  # PHYSICALOFFSET
+    finally:
+        await c.close()
+
+
+async def test_tag_filter_sharding_key_and_pinned_queue(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 4)
+        msgs = [ProduceMessage(b"%d" % i, tags=("TagA", "TagB", "TagC")[i % 3]) for i in range(9)]
+        await b.produce("t", [ProduceMessage(m.body, m.tags, queue_id=2) for m in msgs])
+        r = await b.pull("t", 2, 0, max_messages=32, tags="TagA||TagC")
+        assert [m.tags for m in r.messages] == ["TagA", "TagC"] * 3
+        none = await b.pull("t", 2, 0, max_messages=32, tags="TagZ")
+        assert none.status == "NO_MATCHED_MSG" and none.next_offset == 9
+        res = await b.produce("t", [ProduceMessage(b"x", sharding_key="order-42")] * 5)
+        assert len({x.queue_id for x in res}) == 1
+        with pytest.raises(errors.InvalidArgumentError):
+            await b.produce("t", [ProduceMessage(b"x", queue_id=4)])
+    finally:
+        await c.close()
+
+
+async def test_long_poll_is_woken_by_dispatch(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 1)
+        started = time.monotonic()
+        waiter = asyncio.ensure_future(b.pull("t", 0, 0, max_messages=10, wait_ms=10_000))
+        await asyncio.sleep(0)
+        assert not waiter.done()
+        await b.produce("t", [ProduceMessage(b"late")])
+        r = await asyncio.wait_for(waiter, 5)
+        assert r.status == "FOUND" and r.messages[0].body == b"late"
+        assert time.monotonic() - started < 5
+        timed = await b.pull("t", 0, 1, max_messages=10, wait_ms=50)
+        assert timed.status == "NO_NEW_MSG"
+    finally:
+        await c.close()
+
+
+async def test_producer_session_answers_a_retry_with_the_original_results(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        batch = [ProduceMessage(b"a"), ProduceMessage(b"b")]
+        first = await b.produce("t", batch, producer_id="p1", sequence=7)
+        again = await b.produce("t", batch, producer_id="p1", sequence=7)
+        assert again == first
+        both = await asyncio.gather(
+            b.produce("t", batch, producer_id="p1", sequence=8),
+            b.produce("t", batch, producer_id="p1", sequence=8),
+        )
+        assert both[0] == both[1]
+        with pytest.raises(errors.SequenceTooOldError):
+            await b.produce("t", batch, producer_id="p1", sequence=6)
+        total = sum(b.queue_bounds("t", q)[1] for q in range(8))
+        assert total == 4  # two batches, each appended once
+    finally:
+        await c.close()
+
+
+async def test_group_offsets_commit_reset_and_group_pull(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 2)
+        await b.produce("t", [ProduceMessage(b"%d" % i) for i in range(6)])
+        r = await b.group_pull("g", "t", max_messages=4, auto_commit=True)
+        assert len(r.messages) == 4
+        rest = await b.group_pull("g", "t", max_messages=10, auto_commit=True)
+        assert len(rest.messages) == 2
+        assert {m.body for m in r.messages + rest.messages} == {b"%d" % i for i in range(6)}
+        lag = {o["queue_id"]: o["lag"] for o in b.group_offsets("g", "t")}
+        assert lag == {0: 0, 1: 0}
+        await b.reset_offsets("g", "t", "earliest")
+        assert [o["committed_offset"] for o in b.group_offsets("g", "t")] == [0, 0]
+        await b.commit_offsets("g", "t", {1: 2})
+        assert b.meta.committed_offset("g", "t", 1) == 2
+        assert b.list_groups() == ["g"]
+        with pytest.raises(errors.InvalidArgumentError):
+            await b.commit_offsets("g", "t", {5: 1})
+        with pytest.raises(errors.GroupNotFoundError):
+            b.group_offsets("nobody")
+    finally:
+        await c.close()
+
+
+async def test_query_by_key_and_offset_by_time(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 1)
+        before = int(time.time() * 1000) - 1
+        await b.produce("t", [ProduceMessage(b"a", keys=["order-1"]), ProduceMessage(b"b")])
+        found = b.query_by_key("t", "order-1")
+        assert [m.body for m in found] == [b"a"]
+        uniq = found[0].uniq_key
+        assert uniq and [m.body for m in b.query_by_key("t", uniq)] == [b"a"]
+        assert b.query_by_key("t", "missing") == []
+        assert b.offset_for_time("t", 0, before) == 0
+        assert b.offset_for_time("t", 0, int(time.time() * 1000) + 60_000) == 2
+        with pytest.raises(errors.MessageNotFoundError):
+            b.get_message(found[0].msg_id[:-16] + "0" * 16)
+        with pytest.raises(errors.InvalidArgumentError):
+            b.get_message("not-an-id")
+    finally:
+        await c.close()
+
+
+async def test_bad_input_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path, auto_create_topics=False)
+    try:
+        end = b.store.ledger_end_index
+        with pytest.raises(errors.TopicNotFoundError):
+            await b.produce("nope", [ProduceMessage(b"x")])
+        with pytest.raises(errors.InvalidArgumentError):
+            await b.create_topic("%SYS%mine", 1)
+        with pytest.raises(errors.InvalidArgumentError):
+            await b.create_topic("bad/name", 1)
+        await b.create_topic("t", 1)
+        end = b.store.ledger_end_index
+        lim = b.settings.limits
+        with pytest.raises(errors.PayloadTooLargeError):
+            await b.produce("t", [ProduceMessage(b"x" * (lim.max_body_bytes + 1))])
+        with pytest.raises(errors.PayloadTooLargeError):
+            await b.produce("t", [ProduceMessage(b"x")] * (lim.max_messages_per_request + 1))
+        with pytest.raises(errors.InvalidArgumentError):
+            await b.produce("t", [ProduceMessage(b"x", properties={"TAGS": "sneaky"})])
+        with pytest.raises(errors.InvalidArgumentError):
+            await b.produce("t", [ProduceMessage(b"x", properties={"a\x01": "b"})])
+        with pytest.raises(errors.InvalidArgumentError):
+            await b.produce("t", [ProduceMessage(b"x")], producer_id="p")
+        assert b.store.ledger_end_index == end
+    finally:
+        await c.close()
+
+
+async def test_topic_delete_drops_queues_and_recreate_starts_at_zero(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 1)
+        await b.produce("t", [ProduceMessage(b"old")] * 3)
+        await b.commit_offsets("g", "t", {0: 2})
+        await b.delete_topic("t")
+        assert "t" not in {t.name for t in b.list_topics()}
+        with pytest.raises(errors.TopicNotFoundError):
+            await b.pull("t", 0, 0)
+        await b.create_topic("t", 1)
+        [res] = await b.produce("t", [ProduceMessage(b"new")])
+        assert res.queue_offset == 0
+        assert b.meta.committed_offset("g", "t", 0) is None
+    finally:
+        await c.close()
+
+
+async def test_restart_rebuilds_deleted_consume_queues_identically(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 3)
+        for i in range(5):
+            await b.produce("t", [ProduceMessage(b"%d" % i, keys=[f"k{i}"])] * 50)
+        await b.commit_offsets("g", "t", {0: 10})
+        cq_dir = c.settings("n0").data_dir / "consumequeue"
+        await c.stop("n0")
+        before = {p.relative_to(cq_dir): p.read_bytes() for p in cq_dir.rglob("*") if p.is_file()}
+        c.wipe_consume_queues("n0")
+        b = await c.start("n0")
+        await until(lambda: b.is_master, what="master again")
+        await until(lambda: b.dispatcher.dispatched_index == b.store.committed_index)
+        assert b.dispatcher.stats["rebuilds"] == 1
+        for qid in range(3):
+            assert b.queue_bounds("t", qid)[1] == 250 // 3 + (1 if qid < 250 % 3 else 0)
+        await c.stop("n0")
+        after = {p.relative_to(cq_dir): p.read_bytes() for p in cq_dir.rglob("*") if p.is_file()}
+        for name, data in before.items():
+            if not name.name.startswith("checkpoint"):
+                assert after[name] == data, name
+        b = await c.start("n0")
+        await until(lambda: b.is_master, what="master again")
+        assert b.meta.committed_offset("g", "t", 0) == 10
+        assert [m.body for m in b.query_by_key("t", "k3")] == [b"3"] * 50
+        [res] = await b.produce(
+            "t",
+            [ProduceMessage(b"next")],
+        )
+        assert res.queue_offset == 250 // 3 + (1 if res.queue_id < 250 % 3 else 0)
+    finally:
+        await c.close()
