@@ -21,7 +21,7 @@ the node becomes MASTER again.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from dledger.runtime.server import DLedgerServer
@@ -83,17 +83,17 @@ class DLedgerCommitLog:
             out.append(qid)
         return out
 
-    async def put_messages(
+    def assign_queue_offsets(
         self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
-    ) -> list[PutResult]:
-        """Assign queue offsets, append, and resolve after quorum commit.
-
-        Raises what ``DLedgerServer.append_nowait`` raises; a refused batch changes
-        nothing, a proposed one fails only with ``UnknownOutcomeError``."""
+    ) -> tuple[list[tuple[int, int]], Callable[[], None]]:
+        """Pick each message's queue, bake (queue id, queue offset) into its record and
+        advance the table. Returns the (queue id, queue offset) pairs and an ``undo``
+        that gives the offsets back — valid only until anything else is assigned, so the
+        caller proposes (or undoes) in the same event-loop step."""
         qids = self.select_queues(topic, batch)
         table = self.queue_table
         saved: dict[tuple[str, int], int | None] = {}
-        offsets = []
+        placed = []
         for m, qid in zip(batch, qids, strict=True):
             key = (topic.name, qid)
             if key not in saved:
@@ -101,22 +101,36 @@ class DLedgerCommitLog:
             off = table.get(key, 0)
             set_queue_id_and_offset(m.record, qid, off)
             table[key] = off + 1
-            offsets.append(off)
-        try:
-            # No await between the assignment above and this proposal: no other batch can
-            # take offsets in between, so offsets follow the log order exactly.
-            fut = self.server.append_nowait([m.record for m in batch])
-        except BaseException:
+            placed.append((qid, off))
+
+        def undo() -> None:
             for key, old in saved.items():
                 if old is None:
                     table.pop(key, None)
                 else:
                     table[key] = old
+
+        return placed, undo
+
+    async def put_messages(
+        self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
+    ) -> list[PutResult]:
+        """Assign queue offsets, append, and resolve after quorum commit.
+
+        Raises what ``DLedgerServer.append_nowait`` raises; a refused batch changes
+        nothing, a proposed one fails only with ``UnknownOutcomeError``."""
+        queues, undo = self.assign_queue_offsets(topic, batch)
+        try:
+            # No await between the assignment above and this proposal: no other batch can
+            # take offsets in between, so offsets follow the log order exactly.
+            fut = self.server.append_nowait([m.record for m in batch])
+        except BaseException:
+            undo()
             raise
         placed = await fut
         return [
             PutResult(qid, off, pos + BODY_OFFSET, index)
-            for (index, pos), qid, off in zip(placed, qids, offsets, strict=True)
+            for (index, pos), (qid, off) in zip(placed, queues, strict=True)
         ]
 
     async def append_system(self, record: bytearray) -> tuple[int, int]:

@@ -14,8 +14,12 @@ import time
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from consumequeue import ConsumeQueueStore
 from dledger.core.messages import Role
 from dledger.core.node import RoleChange
+from dledger.store import FileStore
+
+from .metadata import MetadataState
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -26,6 +30,22 @@ log = logging.getLogger(__name__)
 class BrokerRole(StrEnum):
     MASTER = "MASTER"
     SLAVE = "SLAVE"
+
+
+def queue_table_from(meta: MetadataState, cq: ConsumeQueueStore) -> dict[tuple[str, int], int]:
+    """The next queue offset of every queue of every topic, from the consume queues."""
+    table = {}
+    for name, topic in meta.topics.items():
+        for qid in range(topic.queues):
+            q = cq.find(name, qid)
+            table[(name, qid)] = q.max_offset if q is not None else 0
+    return table
+
+
+def own_term_committed(store: FileStore, term: int) -> bool:
+    """Whether the committed index reached an entry of ``term`` (the leader's NOOP)."""
+    c = store.committed_index
+    return c >= store.ledger_begin_index and store.term_at(c) == term
 
 
 class RoleChangeHandler:
@@ -68,9 +88,7 @@ class RoleChangeHandler:
         # Step 1 — wait for this term's NOOP to commit. Entries of earlier terms that
         # survive in our log are committed only then (Raft §5.4.2); until they are,
         # we cannot know the queue offsets they hold, so we cannot assign the next ones.
-        while store.committed_index < store.ledger_begin_index or (
-            store.term_at(store.committed_index) != term
-        ):
+        while not own_term_committed(store, term):
             if not self._still_leader(term):
                 return self._give_up(term, "lost leadership before the NOOP committed")
             slow("the own-term NOOP to commit")
@@ -90,11 +108,7 @@ class RoleChangeHandler:
         # Step 3 — rebuild the next-queue-offset table from the consume queues: they are
         # the committed truth, whereas an old table (if this node was master before)
         # may count offsets of entries that were truncated since.
-        table = {}
-        for name, topic in b.meta.topics.items():
-            for qid in range(topic.queues):
-                q = b.cq.find(name, qid)
-                table[(name, qid)] = q.max_offset if q is not None else 0
+        table = queue_table_from(b.meta, b.cq)
         if not self._still_leader(term):
             return self._give_up(term, "lost leadership while catching up")
         b.commitlog.reset_queue_table(table)
