@@ -468,8 +468,31 @@ class Broker:
                 self.stats["deduplicated"] += len(done)
                 if len(done) >= len(messages):
                     return done
-        rest = await self._put(topic, messages[len(done) :], (pid, seq, len(messages)), len(done))
+        term = self.role_term
+        try:
+            rest = await self._put(
+                topic, messages[len(done) :], (pid, seq, len(messages)), len(done)
+            )
+        except errors.UnknownOutcomeError:
+            # Still master in the same term: the entries are in our log and will commit
+            # or vanish with our leadership. Wait for everything appended so far; if the
+            # batch made it, answer from the session table, else let the client retry.
+            settled = await self._settle(term)
+            s = self.meta.sessions.get(pid)
+            if settled and s is not None and s.seq == seq and s.complete:
+                return [self._result(q, o, c) for q, o, c in s.results[: len(messages)]]
+            raise
         return done + rest
+
+    async def _settle(self, term: int) -> bool:
+        """Wait until all that this master appended is committed and dispatched."""
+        if not self.is_master or self.role_term != term:
+            return False
+        target = self.store.ledger_end_index
+        timeout_s = self.settings.append_timeout_ms / 1000
+        if not await self.server.wait_committed(target, timeout_s):
+            return False
+        return await self.dispatcher.wait_dispatched(target, timeout_s)
 
     def _result(self, queue_id: int, queue_offset: int, commitlog_offset: int) -> ProduceResult:
         return ProduceResult(

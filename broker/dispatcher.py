@@ -131,6 +131,7 @@ class Dispatcher:
                     self.cq.delete_topic(topic)
         self.dispatched_index = resume
         self.checkpoint_index = min(cq_index, resume)
+        self._update_retention_floor()
         self._correct_min_offsets()
         log.info(
             "dispatch resumes after entry %d (snapshot %d, checkpoint %d, committed %d)",

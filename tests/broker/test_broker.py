@@ -242,3 +242,41 @@ async def test_restart_rebuilds_deleted_consume_queues_identically(tmp_path: Pat
         assert res.queue_offset == 250 // 3 + (1 if res.queue_id < 250 % 3 else 0)
     finally:
         await c.close()
+
+
+async def test_retention_moves_min_offsets_never_past_dispatch(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 2)
+        for i in range(30):
+            await b.produce("t", [ProduceMessage(b"%04d" % i + b"x" * 1020)] * 100)
+        store = b.store
+        # Nothing is deleted while neither a checkpoint nor a snapshot covers the head.
+        b.dispatcher.snapshot_index = -1
+        store.set_retention_floor(store.ledger_begin_pos)
+        assert await asyncio.to_thread(store.clean, True) == 0
+        await b.dispatcher.snapshot()
+        await b.dispatcher.checkpoint()
+        deleted = await asyncio.to_thread(store.clean, True)
+        assert deleted >= 1 and store.ledger_begin_index > 0
+        await until(lambda: b.queue_bounds("t", 0)[0] > 0, what="min offset moved")
+        lo, hi = b.queue_bounds("t", 0)
+        r = await b.pull("t", 0, 0)
+        assert r.status == "OFFSET_ILLEGAL" and r.next_offset == lo and r.min_offset == lo
+        first = await b.pull("t", 0, lo, max_messages=1)
+        assert first.status == "FOUND"
+        assert first.messages[0].commitlog_offset >= store.ledger_begin_pos
+        await b.commit_offsets("g", "t", {0: 0})
+        reset = await b.reset_offsets("g", "t", "earliest")
+        assert reset[0] == lo
+        await c.stop("n0")
+        b = await c.start("n0")
+        await until(lambda: b.is_master, what="master after restart")
+        assert b.queue_bounds("t", 0) == (lo, hi)
+        [res] = await b.produce(
+            "t",
+            [ProduceMessage(b"after")],
+        )
+        assert res.queue_offset == b.queue_bounds("t", res.queue_id)[1] - 1
+    finally:
+        await c.close()
