@@ -9,6 +9,7 @@ Commands (``{"id": N, "cmd": ..., ...}``; every reply carries the same ``id`` an
 ``ok``; each command runs as its own task, so ``status`` answers while a load runs):
 
 - ``status``: ``Broker.status()`` plus the store's byte positions.
+- ``create_topic``: ``Broker.create_topic``.
 - ``produce``: ``producers`` tasks produce batches of ``batch`` × ``body_size`` bytes
   through ``Broker.produce`` until ``duration`` s, ``messages`` in all, or the store's
   ``ledger_end_pos`` reaches ``until_pos`` (the first of those set); per-batch latency.
@@ -130,6 +131,10 @@ class Node:
             "committed_pos": s.committed_pos,
             "t": time.monotonic(),
         }
+
+    async def cmd_create_topic(self, req: dict[str, Any]) -> dict[str, Any]:
+        t, created = await self.b.create_topic(req["topic"], req.get("queues"))
+        return {"queues": t.queues, "created": created}
 
     async def cmd_exit(self, req: dict[str, Any]) -> dict[str, Any]:
         self.stop.set()
@@ -386,7 +391,7 @@ def main() -> int:
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args()
     # The protocol owns the original stdout; anything printed goes to stderr (the log).
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     logging.basicConfig(
