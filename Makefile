@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint fmt bench bench-raft clean
+.PHONY: setup demo test lint fmt bench bench-raft bench-broker clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,9 @@ bench: setup
 bench-raft: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/raft_bench.py
+
+bench-broker: setup
+	$(PY) bench/broker_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

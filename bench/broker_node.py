@@ -10,7 +10,7 @@ Commands (``{"id": N, "cmd": ..., ...}``; every reply carries the same ``id`` an
 
 - ``status``: ``Broker.status()`` plus the store's byte positions.
 - ``create_topic``: ``Broker.create_topic``.
-- ``produce``: ``producers`` tasks produce batches of ``batch`` × ``body_size`` bytes
+- ``produce``: ``producers`` tasks produce batches of ``batch`` messages of ``body_size`` bytes
   through ``Broker.produce`` until ``duration`` s, ``messages`` in all, or the store's
   ``ledger_end_pos`` reaches ``until_pos`` (the first of those set); per-batch latency.
 - ``pull``: read every queue of ``topic`` from offset 0 to its end with ``Broker.pull``.
@@ -155,6 +155,7 @@ class Node:
         if not self.b.is_master:
             raise RuntimeError("not MASTER")
         pool = self.bodies(body_size)
+        term0 = self.b.role_term
         start = time.monotonic()
         stop_at = start + (float(duration) if duration else hard_s)
         latencies: list[float] = []
@@ -220,6 +221,7 @@ class Node:
             "max_ms": _round(max(latencies) if latencies else None),
             "errors": errs,
             "ledger_end_pos": store.ledger_end_pos,
+            "terms": [term0, self.b.role_term],
         }
 
     async def cmd_load_start(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -252,6 +254,9 @@ class Node:
                     break
                 r = await self.b.pull(topic, q, offset, max_messages=max_messages, wait_ms=0)
                 pulls += 1
+                # A pull that finds messages never awaits: yield between pulls as separate
+                # requests would, or a long read-out starves this node's Raft heartbeats.
+                await asyncio.sleep(0)
                 if r.status != "FOUND":
                     raise RuntimeError(f"queue {q} offset {offset}: {r.status}")
                 total += len(r.messages)

@@ -571,6 +571,9 @@ class Broker:
         tags: str | None = None,
     ) -> PullResult:
         """Messages of one queue from ``offset`` (RocketMQ's PullStatus vocabulary)."""
+        # Yield once per pull: a caller pulling back to back in-process would otherwise
+        # hold the event loop (and the Raft node on it) for as long as data is there.
+        await asyncio.sleep(0)
         self._check_queue(topic, queue_id)
         self._check_pull_args(max_messages, wait_ms)
         hashes = parse_tag_expression(tags)

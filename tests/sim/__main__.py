@@ -1,30 +1,41 @@
-"""Replay simulator seeds: ``python -m tests.sim --seed 17 --verbose``."""
+"""Replay simulator seeds: ``python -m tests.sim --seed 17 --verbose``; the broker
+simulation (``tests/sim/broker_sim.py``) with ``--broker``."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections.abc import Callable
 
-from .sim import run_seed
+from .broker_sim import run_broker_seed
+from .sim import Simulation, run_seed
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.sim")
     ap.add_argument("--seed", type=int, help="run one seed")
     ap.add_argument("--seeds", default="0:20", help="a range start:stop (default 0:20)")
-    ap.add_argument("--fault-ms", type=int, default=8_000)
+    ap.add_argument("--broker", action="store_true", help="the broker simulation")
+    ap.add_argument("--fault-ms", type=int, help="fault phase (default 8000, broker 3000)")
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
+    run: Callable[..., Simulation] = run_broker_seed if a.broker else run_seed
+    fault_ms = a.fault_ms if a.fault_ms is not None else (3_000 if a.broker else 8_000)
     failed = 0
     for s in seeds:
         t0 = time.monotonic()
         try:
-            sim = run_seed(s, fault_ms=a.fault_ms, verbose=a.verbose)
+            sim = run(s, fault_ms=fault_ms, verbose=a.verbose)
         except AssertionError as e:
             failed += 1
             print(f"seed {s}: FAIL {e}", flush=True)
+            continue
+        except Exception as e:  # a broker-side error (a broken invariant of derived state)
+            failed += 1
+            notes = " ".join(getattr(e, "__notes__", []))
+            print(f"seed {s}: FAIL {type(e).__name__}: {e} ({notes})", flush=True)
             continue
         took = time.monotonic() - t0
         print(

@@ -1,0 +1,1259 @@
+"""The broker on the deterministic simulator: LedgerMQ's VOPR for issue 4.
+
+:class:`BrokerSimulation` extends :class:`tests.sim.sim.Simulation` (real DLedger cores
+over real ``FileStore``\\ s, a seeded network, disk, clock and crashes). Next to its core
+every simulated node runs the real broker state machine: the ``DLedgerCommitLog`` append
+hook and queue-offset assignment, a ``Dispatcher`` from the node's store into a real
+``ConsumeQueueStore`` and ``KeyIndex``, the replicated ``MetadataState`` and its
+``SnapshotFiles``, and the ``RoleChangeHandler``'s rule (LEADER becomes MASTER once the
+own-term NOOP is committed and dispatch has caught up, with the next-queue-offset table
+rebuilt from the consume queues). A crash drops the broker state; a restart rebuilds it
+from disk with ``Dispatcher.recover()`` as a real restart does. Dispatch checkpoints,
+metadata snapshots and store checkpoints happen at seeded times, and dispatch may lag the
+commit index.
+
+Seeded clients use the master only, with ``Broker``'s semantics: producers send batches
+under a producer session (id + sequence) and retry an unknown outcome with the same
+session until it is acknowledged (answered from the session table, completed with its
+missing tail, waiting for the same batch in flight, or settled while still master);
+consumer groups commit offsets (monotonic per queue); an admin creates topics and deletes
+and recreates some.
+
+What is checked, against :class:`LogModel` (an independent model of the committed log)
+and in Jepsen's words:
+
+- ``inconsistent-offsets``/``poll-skip``: per queue (topic incarnation, queue id) the
+  queue offsets baked into committed messages are 0, 1, 2, ... in commit order, across
+  failovers; every message's PHYSICALOFFSET is its own position;
+- every node's consume queues equal the model cut at that node's dispatched index, after
+  every dispatch step and right after recovery: contiguous from 0, each unit's commitlog
+  offset, size and tags hash as modelled, and the message read from *that node's* store
+  at that offset carries the unit's TOPIC, QUEUEID and QUEUEOFFSET; a committed entry has
+  the same position on every replica; each node's topic table is the model's;
+- consumer offsets: an acknowledged commit is never lower on a node whose metadata has
+  applied it (same topic incarnation), across failovers and restarts;
+- producers: no committed message is ``duplicated`` or ``unexpected``; every
+  acknowledged result names the message it claims (``lost`` = 0); two answers for one
+  batch agree; after healing every batch is acknowledged;
+- after convergence: every node dispatched everything; metadata (topics, offsets,
+  producer sessions) is identical on every node and equals the model; the key index finds
+  every key; consume-queue and key-index files are byte-identical across replicas.
+
+A failure names its seed and the replay command,
+``.venv/bin/python -m tests.sim --broker --seed N --verbose``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import itertools
+import shutil
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+
+from broker.commitlog import DLedgerCommitLog, OutgoingMessage
+from broker.dispatcher import Dispatcher
+from broker.message import (
+    PROP_BATCH_INDEX,
+    PROP_BATCH_SIZE,
+    PROP_KEYS,
+    PROP_PRODUCER_ID,
+    PROP_PRODUCER_SEQ,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    MessageFormatError,
+    decode_message,
+    encode_message,
+    encode_properties,
+)
+from broker.metadata import (
+    SYS_TOPIC,
+    TOPIC_NAME,
+    MetadataState,
+    SnapshotFiles,
+    op_commit_offsets,
+    op_create_topic,
+    op_delete_topic,
+)
+from broker.role import BrokerRole, own_term_committed, queue_table_from
+from consumequeue import (
+    ConsumeQueueSettings,
+    ConsumeQueueStore,
+    KeyIndex,
+    KeyIndexSettings,
+    tags_hash,
+)
+from dledger.codes import DLedgerCode, DLedgerError
+from dledger.core.messages import Role
+from dledger.core.node import ProposalDone, Ready, RoleChange
+from dledger.runtime.server import DLedgerServer
+from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, AppendHook, Entry, FileStore
+
+from .sim import Checker, InvariantViolationError, SimNode, Simulation, sim_root
+
+GROUP = "g0"
+EPOCH_MS = 1_700_000_000_000  # store and born timestamps: simulated time after this
+APPEND_TIMEOUT_MS = 10_000  # BrokerSettings.append_timeout_ms: how long a settle waits
+# Small files, so consume-queue segments and key-index files roll many times per run.
+CQ_SETTINGS = ConsumeQueueSettings(segment_units=16)
+KEY_SETTINGS = KeyIndexSettings(slots_per_file=16, max_entries_per_file=64)
+MAX_CLIENT_ATTEMPTS = 10_000  # a bound on one batch's retries (liveness fails long before)
+
+Result = tuple[int, int, int]  # (queue_id, queue_offset, commitlog_offset)
+Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
+
+
+def broker_replay_command(seed: int) -> str:
+    return f".venv/bin/python -m tests.sim --broker --seed {seed} --verbose"
+
+
+@dataclass
+class BrokerKnobs:
+    """The broker workload and persistence rates of one run, drawn from the seed."""
+
+    producers: int
+    groups: int
+    topics: int
+    batch_max: int
+    produce_every_ms: tuple[int, int]
+    commit_every_ms: tuple[int, int]
+    client_timeout_ms: int
+    persist_every_ms: tuple[int, int]
+    snapshot_chance: float
+    store_checkpoint_chance: float
+    dispatch_lag_ms: int  # 0: dispatch inside the Ready that commits
+    dispatch_batch: int
+    churn_per_s: float  # topic delete + recreate
+
+    @classmethod
+    def from_rng(cls, rng: Any) -> BrokerKnobs:
+        return cls(
+            producers=rng.randint(1, 3),
+            groups=rng.randint(1, 2),
+            topics=rng.randint(1, 3),
+            batch_max=rng.choice((1, 3, 6)),
+            produce_every_ms=(rng.choice((5, 20)), rng.choice((60, 150))),
+            commit_every_ms=(rng.choice((20, 50)), rng.choice((100, 300))),
+            client_timeout_ms=rng.choice((300, 1000, 4000)),
+            persist_every_ms=(rng.choice((50, 200)), rng.choice((400, 1500))),
+            snapshot_chance=rng.choice((0.0, 0.3, 1.0)),
+            store_checkpoint_chance=rng.choice((0.0, 0.5)),
+            dispatch_lag_ms=rng.choice((0, 0, 5, 40)),
+            dispatch_batch=rng.choice((1, 4, 2048)),
+            churn_per_s=rng.choice((0.0, 0.0, 0.5, 2.0)),
+        )
+
+
+# ---- the model of the committed log -----------------------------------------------------
+
+
+@dataclass(slots=True)
+class Incarnation:
+    """One life of a topic: created by entry ``created``, deleted by ``deleted``."""
+
+    name: str
+    queues: int
+    created: int
+    deleted: int | None = None
+
+    def live_at(self, index: int) -> bool:
+        """Exists once entry ``index`` is applied."""
+        return self.created <= index and (self.deleted is None or self.deleted > index)
+
+
+@dataclass(slots=True)
+class ModelQueue:
+    indexes: list[int] = field(default_factory=list)  # entry index of queue offset k
+    units: list[tuple[int, int, int]] = field(default_factory=list)  # (clo, size, tags hash)
+    ids: list[str] = field(default_factory=list)
+
+    def count_upto(self, index: int) -> int:
+        return bisect.bisect_right(self.indexes, index)
+
+
+@dataclass(slots=True, frozen=True)
+class ModelMessage:
+    index: int
+    msg_id: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    size: int
+    keys: tuple[str, ...]
+    placed: tuple[str, int, int] | None  # its queue, when dispatch puts it in one
+
+
+class LogModel:
+    """What the committed log says, derived here independently of the broker code."""
+
+    def __init__(self, fail: Callable[[str], None]) -> None:
+        self.fail = fail
+        self.end = -1
+        self.pos: dict[int, int] = {}
+        self.incarnations: dict[str, list[Incarnation]] = {}
+        self.queues: dict[tuple[str, int, int], ModelQueue] = {}
+        self.messages: dict[int, ModelMessage] = {}  # by commitlog offset
+        self.by_id: dict[str, int] = {}  # message id -> commitlog offset
+        self.sent: set[str] = set()
+        self.sessions: dict[str, tuple[int, int, list[Result]]] = {}
+        self.offsets: dict[str, dict[str, dict[int, int]]] = {}
+
+    # ---- topics ------------------------------------------------------------------------
+
+    def current(self, name: str) -> Incarnation | None:
+        lives = self.incarnations.get(name)
+        return lives[-1] if lives and lives[-1].deleted is None else None
+
+    def topic_before(self, name: str, index: int) -> Incarnation | None:
+        """The incarnation a message (or offset commit) at entry ``index`` belongs to."""
+        for inc in reversed(self.incarnations.get(name, [])):
+            if inc.created < index and (inc.deleted is None or inc.deleted > index):
+                return inc
+        return None
+
+    def topics_at(self, index: int) -> dict[str, tuple[int, int]]:
+        """name -> (queues, created) once entry ``index`` is applied."""
+        out = {}
+        for name, lives in self.incarnations.items():
+            for inc in lives:
+                if inc.live_at(index):
+                    out[name] = (inc.queues, inc.created)
+        return out
+
+    def queue(self, name: str, created: int, queue_id: int) -> ModelQueue:
+        return self.queues.setdefault((name, created, queue_id), ModelQueue())
+
+    # ---- feeding -----------------------------------------------------------------------
+
+    def feed(self, e: Entry) -> None:
+        assert e.index == self.end + 1, (e.index, self.end)
+        self.end = e.index
+        self.pos[e.index] = e.pos
+        if e.magic == MAGIC_NOOP:
+            return
+        if e.magic != MAGIC_NORMAL:
+            self.fail(f"unexpected: committed entry {e.index} has magic {e.magic}")
+        try:
+            m = decode_message(e.body)
+        except MessageFormatError as err:
+            self.fail(f"unexpected: committed entry {e.index} is not a message: {err}")
+            return
+        clo = e.pos + BODY_OFFSET
+        if m.physical_offset != clo:
+            self.fail(f"entry {e.index}: PHYSICALOFFSET {m.physical_offset} != pos + 48 = {clo}")
+        if m.topic == SYS_TOPIC:
+            self._apply_op(e.index, m.body)
+            return
+        msg_id = m.body.split(b"|", 3)
+        key = b"|".join(msg_id[:3]).decode()
+        if key not in self.sent:
+            self.fail(f"unexpected: entry {e.index} holds message {key!r}, never sent")
+        if key in self.by_id:
+            old = self.messages[self.by_id[key]]
+            self.fail(f"duplicated: message {key} at entries {old.index} and {e.index}")
+        pid, seq, k = key.split("|")
+        p = m.properties
+        if (p.get(PROP_PRODUCER_ID), p.get(PROP_PRODUCER_SEQ), p.get(PROP_BATCH_INDEX)) != (
+            pid,
+            seq,
+            k,
+        ):
+            self.fail(f"entry {e.index}: session properties {p} do not name {key}")
+        self._record_session(pid, int(seq), int(k), int(p[PROP_BATCH_SIZE]), m, clo)
+        inc = self.topic_before(m.topic, e.index)
+        placed = None
+        if inc is not None and m.queue_id < inc.queues:
+            placed = (m.topic, inc.created, m.queue_id)
+            q = self.queue(*placed)
+            if m.queue_offset != len(q.indexes):
+                self.fail(
+                    f"inconsistent-offsets: entry {e.index} ({key}) has queue offset "
+                    f"{m.queue_offset} in {m.topic}/{m.queue_id} (created {inc.created}); "
+                    f"commit order gives {len(q.indexes)}"
+                )
+            q.indexes.append(e.index)
+            q.units.append((clo, len(e.body), tags_hash(m.tags)))
+            q.ids.append(key)
+        self.by_id[key] = clo
+        keys = (*m.keys, *([m.uniq_key] if m.uniq_key and m.uniq_key not in m.keys else []))
+        self.messages[clo] = ModelMessage(
+            e.index, key, m.topic, m.queue_id, m.queue_offset, len(e.body), keys, placed
+        )
+
+    def _record_session(self, pid: str, seq: int, k: int, size: int, m: Any, clo: int) -> None:
+        s = self.sessions.get(pid)
+        if s is None or seq > s[0]:
+            s = (seq, size, [])
+            self.sessions[pid] = s
+        elif seq < s[0]:
+            self.fail(f"producer {pid}: sequence {seq} committed after {s[0]}")
+            return
+        if k == len(s[2]):
+            s[2].append((m.queue_id, m.queue_offset, clo))
+
+    def _apply_op(self, index: int, body: bytes) -> None:
+        op = orjson.loads(body)
+        kind, name = op["op"], str(op.get("name", op.get("topic")))
+        cur = self.current(name)
+        if kind == "create_topic":
+            if cur is None and TOPIC_NAME.fullmatch(name) and int(op["queues"]) >= 1:
+                self.incarnations.setdefault(name, []).append(
+                    Incarnation(name, int(op["queues"]), index)
+                )
+        elif kind == "delete_topic":
+            if cur is not None:
+                cur.deleted = index
+                for topics in self.offsets.values():
+                    topics.pop(name, None)
+        elif kind == "commit_offsets":
+            if cur is not None:
+                table = self.offsets.setdefault(str(op["group"]), {}).setdefault(name, {})
+                for q, o in op["offsets"].items():
+                    if 0 <= int(q) < cur.queues and int(o) >= 0:
+                        table[int(q)] = int(o)
+        else:
+            self.fail(f"entry {index}: unknown metadata operation {kind!r}")
+
+
+# ---- one node's broker ------------------------------------------------------------------
+
+
+class _HookHost:
+    """What ``DLedgerCommitLog`` needs of its server in the simulation: the store's hook."""
+
+    def __init__(self, store: FileStore) -> None:
+        self.store = store
+
+    def add_append_hook(self, hook: AppendHook) -> None:
+        self.store.add_append_hook(hook)
+
+
+class OpState(Enum):
+    PROPOSED = "proposed"
+    COMMITTED = "committed"  # waiting for dispatch, as Broker._put does
+    SETTLING = "settling"  # unknown outcome while master: Broker._settle
+
+
+@dataclass(eq=False)
+class Op:
+    """A request in flight on a broker: a produce (under a session) or a metadata op."""
+
+    kind: str  # "produce" | "meta"
+    term: int
+    replies: list[Reply]
+    placed: list[tuple[int, int]] = field(default_factory=list)
+    done: list[Result] = field(default_factory=list)  # answered from the session table
+    session: tuple[str, int, int] | None = None  # (producer id, sequence, batch size)
+    first_index: int = -1
+    last_index: int = -1
+    positions: tuple[int, ...] = ()
+    state: OpState = OpState.PROPOSED
+    target: int = -1  # SETTLING: wait until this index is committed and dispatched
+    deadline_ms: int = 0
+
+
+class BrokerNode:
+    """One node's broker state over its store (``Broker`` without asyncio and HTTP)."""
+
+    def __init__(self, directory: Path, store: FileStore) -> None:
+        self.directory = directory
+        self.store = store
+        self.commitlog = DLedgerCommitLog(cast(DLedgerServer, _HookHost(store)))
+        self.cq_root = directory / "consumequeue" / GROUP
+        self.keys_dir = directory / "index" / GROUP
+        self.cq = ConsumeQueueStore(self.cq_root, CQ_SETTINGS)
+        self.keys = KeyIndex(self.keys_dir, KEY_SETTINGS)
+        self.meta = MetadataState()
+        self.snapshots = SnapshotFiles(directory / "metadata" / GROUP)
+        self.dispatcher = Dispatcher(
+            store,
+            self.cq,
+            self.keys,
+            self.meta,
+            self.snapshots,
+            checkpoint_path=directory / "consumequeue" / f"checkpoint-{GROUP}",
+            on_topic_deleted=self.commitlog.forget_topic,
+        )
+        self.role = BrokerRole.SLAVE
+        self.role_term = -1
+        self.pending_term: int | None = None  # LEADER, not yet MASTER
+        self.catch_up_target: int | None = None
+        self.ops: dict[int, Op] = {}  # proposal id -> op
+        self.waiting: list[Op] = []  # COMMITTED or SETTLING
+        self.inflight: dict[tuple[str, int], Op] = {}  # Broker._inflight_sessions
+        self.held: list[tuple[Callable[[], None], Reply]] = []  # requests while paused
+        self.dispatch_scheduled = False
+        self.verified: dict[tuple[str, int, int], int] = {}  # units checked per queue
+
+    def set_role(self, role: BrokerRole, term: int) -> None:
+        if role is not BrokerRole.MASTER:
+            self.commitlog.clear_queue_table()
+        self.role, self.role_term = role, term
+
+    def close(self) -> None:
+        self.cq.close()
+        self.keys.close()
+
+
+async def _persist(d: Dispatcher, snapshot: bool) -> None:
+    await d.checkpoint()
+    if snapshot:
+        await d.snapshot()
+
+
+def _tree_image(root: Path) -> list[tuple[str, bytes]]:
+    if not root.exists():
+        return []
+    return [
+        (str(p.relative_to(root)), p.read_bytes()) for p in sorted(root.rglob("*")) if p.is_file()
+    ]
+
+
+# ---- the checker --------------------------------------------------------------------------
+
+
+class BrokerChecker(Checker):
+    """Raft's checks (the base class) plus the broker's, against the :class:`LogModel`."""
+
+    sim: BrokerSimulation
+
+    def fail(self, what: str) -> None:
+        raise InvariantViolationError(
+            f"seed {self.sim.seed} t={self.sim.now_ms}: {what}\n"
+            f"replay: {broker_replay_command(self.sim.seed)}"
+        )
+
+    def check(self) -> None:
+        super().check()
+        masters: dict[int, str] = {}
+        for n in self.sim.nodes:
+            bn = self.sim.brokers[n.node_id]
+            if bn is None or bn.role is not BrokerRole.MASTER:
+                continue
+            core = n.core
+            assert core is not None
+            if core.ms.role is not Role.LEADER or core.ms.curr_term != bn.role_term:
+                self.fail(f"{n.node_id} is MASTER of term {bn.role_term} but {core.ms.role}")
+            other = masters.setdefault(bn.role_term, n.node_id)
+            if other != n.node_id:
+                self.fail(f"two masters in term {bn.role_term}: {other} and {n.node_id}")
+
+    def on_positions(self, n: SimNode, old: int, new: int) -> None:
+        """The same committed entry is at the same position on every replica; the model
+        learns each committed entry from the first node to commit it."""
+        store = n.store
+        assert store is not None
+        model = self.sim.model
+        for i in range(max(old + 1, store.ledger_begin_index), new + 1):
+            if i <= model.end:
+                if store.get_meta(i).pos != model.pos[i]:
+                    self.fail(f"{n.node_id} holds committed entry {i} at another position")
+            else:
+                model.feed(store.get(i))
+
+    def check_node(self, n: SimNode, bn: BrokerNode) -> None:
+        """The node's derived state equals the model cut at what it has dispatched."""
+        model, store = self.sim.model, bn.store
+        d = bn.dispatcher
+        dispatched, applied = d.dispatched_index, bn.meta.applied_index
+        if dispatched > store.committed_index:
+            self.fail(f"{n.node_id} dispatched {dispatched} past committed {store.committed_index}")
+        if applied < dispatched:
+            self.fail(f"{n.node_id}: metadata applied {applied} < dispatched {dispatched}")
+        topics = {t.name: (t.queues, t.created_index) for t in bn.meta.topics.values()}
+        want = model.topics_at(applied)
+        if topics != want:
+            self.fail(f"{n.node_id} at applied {applied}: topics {topics}, the log says {want}")
+        open_queues = {(q.topic, q.queue_id) for q in bn.cq}
+        for name, (queues, created) in sorted(topics.items()):
+            for qid in range(queues):
+                self._check_queue(n, bn, name, created, qid, dispatched)
+                open_queues.discard((name, qid))
+        for name, qid in sorted(open_queues):
+            q = bn.cq.find(name, qid)
+            if q is not None and q.max_offset > 0 and name not in model.topics_at(dispatched):
+                self.fail(f"{n.node_id} keeps {q.max_offset} units of deleted {name}/{qid}")
+        self._check_offsets(n, bn)
+
+    def _check_queue(
+        self, n: SimNode, bn: BrokerNode, name: str, created: int, qid: int, dispatched: int
+    ) -> None:
+        mq = self.sim.model.queues.get((name, created, qid)) or ModelQueue()
+        want = mq.count_upto(dispatched)
+        q = bn.cq.find(name, qid)
+        lo, hi = (q.min_offset, q.max_offset) if q is not None else (0, 0)
+        where = f"{n.node_id} {name}/{qid} (created {created}, dispatched {dispatched})"
+        if (lo, hi) != (0, want):
+            self.fail(f"poll-skip: {where} holds queue offsets [{lo}, {hi}), the log [0, {want})")
+        key = (name, created, qid)
+        start = bn.verified.get(key, 0)
+        if q is None or start >= hi:
+            return
+        for qo, clo, size, th in q.read(start, hi - start):
+            if (clo, size, th) != mq.units[qo]:
+                self.fail(f"{where}: unit {qo} is {(clo, size, th)}, the log {mq.units[qo]}")
+            m = decode_message(bn.store.read(clo, size))
+            if (m.topic, m.queue_id, m.queue_offset, m.physical_offset) != (name, qid, qo, clo):
+                self.fail(
+                    f"{where}: unit {qo} points at {m.topic}/{m.queue_id}@{m.queue_offset} "
+                    f"with PHYSICALOFFSET {m.physical_offset}, not at itself ({clo})"
+                )
+            if not m.body.startswith(mq.ids[qo].encode() + b"|"):
+                self.fail(f"{where}: unit {qo} reads another message than {mq.ids[qo]}")
+        bn.verified[key] = hi
+
+    def _check_offsets(self, n: SimNode, bn: BrokerNode) -> None:
+        meta = bn.meta
+        for (group, topic, created, qid), exp in sorted(self.sim.offset_acks.items()):
+            t = meta.topics.get(topic)
+            if t is None or t.created_index != created:
+                continue
+            j = bisect.bisect_right(exp.indexes, meta.applied_index)
+            if j == 0:
+                continue
+            need = exp.prefix_max[j - 1]
+            have = meta.committed_offset(group, topic, qid)
+            if have is None or have < need:
+                self.fail(
+                    f"consumer offset lost: {n.node_id} has {group}/{topic}/{qid} at {have} "
+                    f"after applying {meta.applied_index}; {need} was acknowledged"
+                )
+
+    def check_ack(self, pid: str, seq: int, results: list[Result]) -> None:
+        """An acknowledged produce names the committed messages it claims (lost = 0)."""
+        model = self.sim.model
+        key = (pid, seq)
+        first = self.sim.acked.setdefault(key, list(results))
+        if first != results:
+            self.fail(f"producer {pid} seq {seq} answered {first} and later {results}")
+        for k, (qid, qo, clo) in enumerate(results):
+            m = model.messages.get(clo)
+            want = f"{pid}|{seq}|{k}"
+            if m is None or m.msg_id != want or (m.queue_id, m.queue_offset) != (qid, qo):
+                self.fail(f"lost: {want} acknowledged as {(qid, qo, clo)}, the log has {m}")
+
+    # ---- after convergence ---------------------------------------------------------------
+
+    def final(self) -> None:
+        sim, model = self.sim, self.sim.model
+        live = [(n, sim.brokers[n.node_id]) for n in sim.nodes]
+        for n, bn in live:
+            assert bn is not None and n.store is not None
+            if bn.dispatcher.dispatched_index != model.end:
+                self.fail(f"{n.node_id} dispatched {bn.dispatcher.dispatched_index}/{model.end}")
+            bn.verified.clear()
+            self.check_node(n, bn)
+            self._final_meta(n, bn)
+            self._final_keys(n, bn)
+        for p in sim.producers:
+            for seq in range(p.next_seq):
+                if (p.pid, seq) not in sim.acked:
+                    self.fail(f"producer {p.pid} seq {seq} never acknowledged after healing")
+        images = []
+        for _, bn in live:
+            assert bn is not None
+            bn.cq.flush()
+            bn.keys.flush()
+            images.append(
+                {"consume queue": _tree_image(bn.cq_root), "key index": _tree_image(bn.keys_dir)}
+            )
+        for (n, _), img in zip(live[1:], images[1:], strict=True):
+            for what, files in img.items():
+                if files != images[0][what]:
+                    names = dict(files)
+                    other = dict(images[0][what])
+                    diff = sorted(
+                        p for p in names.keys() | other.keys() if names.get(p) != other.get(p)
+                    )
+                    self.fail(
+                        f"{n.node_id}'s {what} files differ from {live[0][0].node_id}'s: {diff[:5]}"
+                    )
+
+    def _final_meta(self, n: SimNode, bn: BrokerNode) -> None:
+        model, meta = self.sim.model, bn.meta
+        sessions = {p: (s.seq, s.size, s.results) for p, s in meta.sessions.items()}
+        if sessions != model.sessions:
+            self.fail(f"{n.node_id}'s producer sessions {sessions} != the log's {model.sessions}")
+        offsets = {g: ts for g, ts in meta.offsets.items()}
+        want = {g: ts for g, ts in model.offsets.items()}
+        if offsets != want:
+            self.fail(f"{n.node_id}'s consumer offsets {offsets} != the log's {want}")
+        first = self.sim.brokers[self.sim.nodes[0].node_id]
+        assert first is not None
+        if meta.to_snapshot() != first.meta.to_snapshot():
+            self.fail(f"{n.node_id}'s metadata differs from {self.sim.nodes[0].node_id}'s")
+
+    def _final_keys(self, n: SimNode, bn: BrokerNode) -> None:
+        found: dict[str, set[int]] = {}
+        for clo, m in sorted(self.sim.model.messages.items()):
+            if m.placed is None:
+                continue
+            for key in m.keys:
+                if key not in found:
+                    found[key] = set(bn.keys.query(key, 1 << 20))
+                if clo not in found[key]:
+                    self.fail(f"{n.node_id}'s key index misses {key!r} of {m.msg_id} at {clo}")
+
+
+# ---- clients --------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class ClientMessage:
+    body: bytes
+    tags: str | None
+    keys: tuple[str, ...]
+    queue_id: int | None
+    sharding_key: str | None
+
+
+@dataclass(slots=True)
+class Batch:
+    pid: str
+    seq: int
+    topic: str
+    messages: list[ClientMessage]
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class Producer:
+    pid: str
+    next_seq: int = 0
+    batch: Batch | None = None
+    attempt: int = 0  # the attempt awaiting a reply; 0 = none
+
+
+@dataclass(slots=True)
+class Consumer:
+    group: str
+    last: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    attempt: int = 0
+
+
+@dataclass(slots=True)
+class Admin:
+    goals: deque[tuple[str, int | None]] = field(default_factory=deque)  # None: absent
+    attempt: int = 0
+
+
+@dataclass(slots=True)
+class OffsetAcks:
+    """Acknowledged commits of one (group, topic incarnation, queue), by entry index."""
+
+    indexes: list[int] = field(default_factory=list)
+    values: list[int] = field(default_factory=list)
+    prefix_max: list[int] = field(default_factory=list)
+
+    def add(self, index: int, value: int) -> None:
+        j = bisect.bisect_right(self.indexes, index)
+        self.indexes.insert(j, index)
+        self.values.insert(j, value)
+        self.prefix_max = list(itertools.accumulate(self.values, max))
+
+
+# ---- the simulation -------------------------------------------------------------------------
+
+
+class BrokerSimulation(Simulation):
+    checker: BrokerChecker
+
+    def __init__(
+        self, seed: int, root: Path, *, fault_ms: int = 3_000, verbose: bool = False
+    ) -> None:
+        super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose)
+        self.bknobs = BrokerKnobs.from_rng(self.rng)
+        self.checker = BrokerChecker(self)
+        self.model = LogModel(self.checker.fail)
+        self.brokers: dict[str, BrokerNode | None] = {n.node_id: None for n in self.nodes}
+        self.hosts = {n.node_id: ("127.0.0.1", 20000 + j) for j, n in enumerate(self.nodes)}
+        k = self.bknobs
+        self.producers = [Producer(f"p{i}") for i in range(k.producers)]
+        self.consumers = [Consumer(f"cg{i}") for i in range(k.groups)]
+        self.admin = Admin()
+        self.topic_names = [f"T{i}" for i in range(k.topics)]
+        self._uniq = itertools.count()
+        self._attempts = itertools.count(1)
+        self.acked: dict[tuple[str, int], list[Result]] = {}
+        self.offset_acks: dict[tuple[str, str, int, int], OffsetAcks] = {}
+        self.stats: Counter[str] = Counter()
+
+    @property
+    def workload_on(self) -> bool:
+        return self.faults_on or self.now_ms < self._workload_end_ms
+
+    # ---- nodes ---------------------------------------------------------------------------
+
+    def broker_dir(self, n: SimNode) -> Path:
+        return self.root / f"{n.node_id}.broker"
+
+    def start(self, n: SimNode) -> None:
+        super().start(n)
+        assert n.store is not None
+        bn = BrokerNode(self.broker_dir(n), n.store)
+        self.brokers[n.node_id] = bn
+        d = bn.dispatcher
+        d.recover()
+        self.trace(
+            f"broker {n.node_id} recovered: resume after {d.dispatched_index} "
+            f"(snapshot {d.snapshot_index}, checkpoint {d.checkpoint_index}, "
+            f"committed {n.store.committed_index}, rebuilds {d.stats['rebuilds']})"
+        )
+        self.checker.check_node(n, bn)
+        gen = n.restarts
+        self.at(
+            self.now_ms + self.rng.randint(*self.bknobs.persist_every_ms),
+            f"persist {n.node_id}",
+            lambda: self._persist_event(n, bn, gen),
+        )
+        self._dispatch_soon(n, bn)
+
+    def crash(self, n: SimNode, *, mid_ready: bool = False) -> None:
+        bn = self.brokers.get(n.node_id)
+        self.brokers[n.node_id] = None
+        super().crash(n, mid_ready=mid_ready)
+        if bn is None:
+            return
+        bn.close()  # mmap'd writes stay in the files: a process crash keeps them
+        ops = list(bn.ops.values()) + bn.waiting
+        bn.ops, bn.waiting = {}, []
+        for op in ops:
+            self._finish(bn, op, "unknown", "crash")
+        held, bn.held = bn.held, []
+        for _, reply in held:
+            reply("unknown", "crash")
+
+    def _resume(self, n: SimNode, generation: int) -> None:
+        resuming = n.core is not None and n.restarts == generation and n.paused
+        super()._resume(n, generation)
+        bn = self.brokers.get(n.node_id)
+        if not resuming or bn is None:
+            return
+        held, bn.held = bn.held, []
+        for handle, reply in held:
+            if self.brokers.get(n.node_id) is bn and not n.paused:
+                handle()
+            else:
+                reply("unknown", "crash")
+
+    def close(self) -> None:
+        for bn in self.brokers.values():
+            if bn is not None:
+                bn.close()
+        super().close()
+
+    # ---- Ready handling: the broker's part ---------------------------------------------------
+
+    def _on_ready(self, n: SimNode, r: Ready, old_commit: int) -> None:
+        super()._on_ready(n, r, old_commit)
+        if r.committed_index is not None and r.committed_index > old_commit:
+            self.checker.on_positions(n, old_commit, r.committed_index)
+        bn = self.brokers.get(n.node_id)
+        if bn is None:
+            return
+        for rc in r.role_changes:
+            self._role_change(n, bn, rc)
+        for done in r.proposals:
+            self._proposal_done(n, bn, done)
+        if bn.dispatcher.dispatched_index < bn.store.committed_index:
+            self._dispatch_soon(n, bn)
+        self._progress(n, bn)
+
+    def _role_change(self, n: SimNode, bn: BrokerNode, rc: RoleChange) -> None:
+        # RoleChangeHandler: anything but LEADER is SLAVE at once; LEADER is SLAVE until
+        # caught up (see _maybe_promote).
+        bn.set_role(BrokerRole.SLAVE, rc.term)
+        bn.pending_term = rc.term if rc.role is Role.LEADER else None
+        bn.catch_up_target = None
+
+    def _maybe_promote(self, n: SimNode, bn: BrokerNode) -> None:
+        term = bn.pending_term
+        core = n.core
+        if term is None or core is None:
+            return
+        if core.ms.role is not Role.LEADER or core.ms.curr_term != term:
+            bn.pending_term = None
+            return
+        if bn.catch_up_target is None:
+            if not own_term_committed(bn.store, term):
+                return  # step 1: the own-term NOOP
+            bn.catch_up_target = bn.store.committed_index
+        if bn.dispatcher.dispatched_index < bn.catch_up_target:
+            return  # step 2: dispatch reaches what was committed then
+        table = queue_table_from(bn.meta, bn.cq)  # step 3
+        bn.commitlog.reset_queue_table(table)
+        bn.role, bn.role_term, bn.pending_term = BrokerRole.MASTER, term, None
+        self.trace(f"master {n.node_id} term={term} table={sorted(table.items())}")
+
+    def _proposal_done(self, n: SimNode, bn: BrokerNode, done: ProposalDone) -> None:
+        op = bn.ops.pop(done.proposal.proposal_id, None)
+        if op is None:
+            return
+        if done.code is DLedgerCode.SUCCESS:
+            op.state, op.last_index = OpState.COMMITTED, done.proposal.last_index
+            bn.waiting.append(op)
+        elif op.kind == "produce" and bn.role is BrokerRole.MASTER and bn.role_term == op.term:
+            # Broker._settle: still master in the same term, so the entries are in our log
+            # and commit or vanish with our leadership; wait for all we appended.
+            op.state, op.target = OpState.SETTLING, bn.store.ledger_end_index
+            op.deadline_ms = self.now_ms + APPEND_TIMEOUT_MS
+            bn.waiting.append(op)
+            self.stats["settles"] += 1
+            self.at(op.deadline_ms, "settle timeout", lambda: self._settle_timeout(bn, op))
+        else:
+            self._finish(bn, op, "unknown", done.code.name)
+
+    def _settle_timeout(self, bn: BrokerNode, op: Op) -> None:
+        if op in bn.waiting:
+            self._finish(bn, op, "unknown", "settle timeout")
+
+    def _progress(self, n: SimNode, bn: BrokerNode) -> None:
+        """Answer what dispatch has caught up with; then maybe become MASTER."""
+        dispatched = bn.dispatcher.dispatched_index
+        for op in list(bn.waiting):
+            if op.state is OpState.COMMITTED and dispatched >= op.last_index:
+                if op.kind == "meta":
+                    self._finish(bn, op, "ok", op.last_index)
+                else:
+                    put = [
+                        (qid, qo, pos + BODY_OFFSET)
+                        for (qid, qo), pos in zip(op.placed, op.positions, strict=True)
+                    ]
+                    self._finish(bn, op, "ok", op.done + put)
+            elif (
+                op.state is OpState.SETTLING
+                and bn.store.committed_index >= op.target
+                and dispatched >= op.target
+            ):
+                assert op.session is not None
+                pid, seq, size = op.session
+                s = bn.meta.sessions.get(pid)
+                if s is not None and s.seq == seq and s.complete:
+                    self.stats["settled"] += 1
+                    self._finish(bn, op, "ok", list(s.results[:size]))
+                else:
+                    self._finish(bn, op, "unknown", "settled without the batch")
+        self._maybe_promote(n, bn)
+
+    def _finish(self, bn: BrokerNode, op: Op, kind: str, payload: Any) -> None:
+        if op in bn.waiting:
+            bn.waiting.remove(op)
+        if op.session is not None:
+            key = op.session[:2]
+            if bn.inflight.get(key) is op:
+                del bn.inflight[key]
+        for reply in op.replies:
+            reply(kind, payload)
+
+    # ---- dispatch and persistence -----------------------------------------------------------
+
+    def _dispatch_soon(self, n: SimNode, bn: BrokerNode) -> None:
+        lag = self.bknobs.dispatch_lag_ms
+        if lag == 0:
+            self._dispatch_now(n, bn, 1 << 30)
+            return
+        if bn.dispatch_scheduled:
+            return
+        bn.dispatch_scheduled = True
+        self.at(
+            self.now_ms + self.rng.randint(1, lag),
+            f"dispatch {n.node_id}",
+            lambda: self._dispatch_event(n, bn),
+        )
+
+    def _dispatch_event(self, n: SimNode, bn: BrokerNode) -> None:
+        if self.brokers.get(n.node_id) is not bn:
+            return
+        bn.dispatch_scheduled = False
+        if not n.paused:
+            self._dispatch_now(n, bn, self.bknobs.dispatch_batch)
+            self._progress(n, bn)
+        if bn.dispatcher.dispatched_index < bn.store.committed_index:
+            self._dispatch_soon(n, bn)
+
+    def _dispatch_now(self, n: SimNode, bn: BrokerNode, max_entries: int) -> None:
+        d = bn.dispatcher
+        before = d.dispatched_index
+        left = max_entries
+        while left > 0:
+            k = d.dispatch_some(min(left, 2048))
+            if k == 0:
+                break
+            left -= k
+        if d.dispatched_index != before:
+            self.trace(f"dispatch {n.node_id} {before + 1}..{d.dispatched_index}")
+            self.checker.check_node(n, bn)
+
+    def _persist_event(self, n: SimNode, bn: BrokerNode, gen: int) -> None:
+        if self.brokers.get(n.node_id) is not bn or n.restarts != gen:
+            return
+        if not n.paused:
+            k = self.bknobs
+            snapshot = self.rng.random() < k.snapshot_chance
+            store_checkpoint = self.rng.random() < k.store_checkpoint_chance
+            asyncio.run(_persist(bn.dispatcher, snapshot))
+            if store_checkpoint:
+                bn.store.flush()  # the store's background checkpoint
+            self.trace(
+                f"persist {n.node_id} checkpoint={bn.dispatcher.checkpoint_index} "
+                f"snapshot={bn.dispatcher.snapshot_index} store={store_checkpoint}"
+            )
+        self.at(
+            self.now_ms + self.rng.randint(*self.bknobs.persist_every_ms),
+            f"persist {n.node_id}",
+            lambda: self._persist_event(n, bn, gen),
+        )
+
+    # ---- the broker's request handlers ------------------------------------------------------
+
+    def _request(self, n: SimNode, what: str, handle: Callable[[], None], reply: Reply) -> None:
+        """A request reaches ``n`` after a short delay (held while it is paused)."""
+        gen = n.restarts
+
+        def arrive() -> None:
+            bn = self.brokers.get(n.node_id)
+            if bn is None or n.core is None or n.restarts != gen:
+                reply("refused", "connection refused")
+            elif n.paused:
+                bn.held.append((handle, reply))
+            else:
+                handle()
+
+        self.at(self.now_ms + self.rng.randint(1, 5), f"request {what} {n.node_id}", arrive)
+
+    def _propose(self) -> None:
+        # The base workload (raw bodies) is replaced by the broker clients, started here.
+        for p in self.producers:
+            self.at(self.now_ms + self.rng.randint(1, 50), "producer", lambda p=p: self._produce(p))
+        for c in self.consumers:
+            self.at(self.now_ms + self.rng.randint(1, 50), "consumer", lambda c=c: self._commit(c))
+        for name in self.topic_names:
+            self.admin.goals.append((name, self.rng.randint(1, 4)))
+        self.at(self.now_ms + 1, "admin", self._admin_step)
+
+    def _append(self, n: SimNode, bn: BrokerNode, op: Op, records: list[bytearray]) -> bool:
+        """Propose ``records``; False when the log refused them (nothing appended)."""
+        key = op.session[:2] if op.session is not None else None
+
+        def act(core: Any) -> None:
+            p = core.propose(records, self.now_ms)
+            op.first_index, op.positions = p.first_index, p.positions
+            bn.ops[p.proposal_id] = op
+            if key is not None:
+                bn.inflight[key] = op
+            self.trace(f"append {n.node_id} {op.kind} {p.first_index}+{len(records)}")
+
+        try:
+            self.run(n, act)
+        except DLedgerError as e:
+            self.trace(f"append {n.node_id} refused {e.code.name}")
+            return False
+        return True
+
+    def _handle_produce(self, n: SimNode, bn: BrokerNode, b: Batch, reply: Reply) -> None:
+        """Broker.produce + _produce_session + _put, for one session batch."""
+        if bn.role is not BrokerRole.MASTER:
+            reply("refused", "not master")
+            return
+        topic = bn.meta.topics.get(b.topic)
+        if topic is None:
+            reply("refused", "no such topic")
+            return
+        key = (b.pid, b.seq)
+        pending = bn.inflight.get(key)
+        if pending is not None:  # the same batch is in flight here: wait for it
+            pending.replies.append(reply)
+            self.stats["waited"] += 1
+            return
+        size = len(b.messages)
+        done: list[Result] = []
+        s = bn.meta.sessions.get(b.pid)
+        if s is not None:
+            if b.seq < s.seq:
+                self.checker.fail(f"{n.node_id}: producer {b.pid} seq {b.seq} below {s.seq}")
+            if b.seq == s.seq:
+                done = list(s.results[:size])
+                if len(done) >= size:
+                    self.stats["deduplicated"] += 1
+                    reply("ok", done)
+                    return
+                if done:
+                    self.stats["tails"] += 1
+        now = EPOCH_MS + self.now_ms
+        out = [
+            self._encode(n, b, m, len(done) + i, now) for i, m in enumerate(b.messages[len(done) :])
+        ]
+        placed, undo = bn.commitlog.assign_queue_offsets(topic, out)
+        op = Op("produce", bn.role_term, [reply], placed, done, (b.pid, b.seq, size))
+        if not self._append(n, bn, op, [m.record for m in out]):
+            undo()
+            reply("refused", "log refused")
+
+    def _encode(self, n: SimNode, b: Batch, m: ClientMessage, k: int, now: int) -> OutgoingMessage:
+        """Broker._encode, with a deterministic UNIQ_KEY."""
+        props: dict[str, str] = {}
+        if m.tags:
+            props[PROP_TAGS] = m.tags
+        if m.keys:
+            props[PROP_KEYS] = " ".join(m.keys)
+        props[PROP_UNIQ_KEY] = f"{self.seed & 0xFFFFFFFF:08X}{next(self._uniq):024X}"
+        props[PROP_PRODUCER_ID] = b.pid
+        props[PROP_PRODUCER_SEQ] = str(b.seq)
+        props[PROP_BATCH_INDEX] = str(k)
+        props[PROP_BATCH_SIZE] = str(len(b.messages))
+        record = encode_message(
+            topic=b.topic,
+            body=m.body,
+            properties=encode_properties(props),
+            born_timestamp=now,
+            store_timestamp=now,
+            store_host=self.hosts[n.node_id],
+        )
+        return OutgoingMessage(record, m.queue_id, m.sharding_key)
+
+    def _handle_meta(
+        self, n: SimNode, bn: BrokerNode, op_body: dict[str, Any], reply: Reply
+    ) -> None:
+        """Broker._append_meta, after the checks of create_topic/delete_topic/commit_offsets."""
+        if bn.role is not BrokerRole.MASTER:
+            reply("refused", "not master")
+            return
+        kind, name = op_body["op"], op_body.get("name", op_body.get("topic"))
+        exists = name in bn.meta.topics
+        if kind == "create_topic" and exists:
+            reply("ok", -1)  # create_topic: it exists, nothing appended
+            return
+        if kind != "create_topic" and not exists:
+            reply("refused", "no such topic")
+            return
+        now = EPOCH_MS + self.now_ms
+        record = encode_message(
+            topic=SYS_TOPIC,
+            body=orjson.dumps(op_body),
+            born_timestamp=now,
+            store_timestamp=now,
+            store_host=self.hosts[n.node_id],
+        )
+        op = Op("meta", bn.role_term, [reply])
+        if not self._append(n, bn, op, [record]):
+            reply("refused", "log refused")
+
+    # ---- clients ----------------------------------------------------------------------------
+
+    def _target(self) -> SimNode | None:
+        """Where a client sends a write: a node it believes is master (perhaps a paused or
+        deposed one), now and then any node (which refuses), or nobody yet."""
+        masters = [
+            n
+            for n in self.nodes
+            if (bn := self.brokers.get(n.node_id)) is not None and bn.role is BrokerRole.MASTER
+        ]
+        if masters and self.rng.random() < 0.9:
+            return self.rng.choice(masters)
+        alive = [n for n in self.nodes if n.core is not None]
+        return self.rng.choice(alive) if alive and self.rng.random() < 0.5 else None
+
+    def _master_view(self) -> BrokerNode | None:
+        for n in self.nodes:
+            bn = self.brokers.get(n.node_id)
+            if bn is not None and bn.role is BrokerRole.MASTER and not n.paused:
+                return bn
+        return None
+
+    def _later(self, lo_ms: int, hi_ms: int, what: str, fn: Callable[[], None]) -> None:
+        self.at(self.now_ms + self.rng.randint(lo_ms, hi_ms), what, fn)
+
+    def _produce(self, p: Producer) -> None:
+        if p.attempt:
+            return  # a reply or a timeout reschedules
+        if p.batch is None:
+            view = self._master_view()
+            if not self.workload_on:
+                return
+            if view is None or not view.meta.topics:
+                self._later(20, 100, "producer", lambda: self._produce(p))
+                return
+            topic = self.rng.choice(sorted(view.meta.topics))
+            msgs = []
+            for k in range(self.rng.randint(1, self.bknobs.batch_max)):
+                r = self.rng.random()
+                msgs.append(
+                    ClientMessage(
+                        body=f"{p.pid}|{p.next_seq}|{k}|".encode()
+                        + b"x" * self.rng.randint(0, 300),
+                        tags=self.rng.choice((None, "a", "b")),
+                        keys=tuple(
+                            f"k{self.rng.randint(0, 30)}" for _ in range(self.rng.randint(0, 2))
+                        ),
+                        queue_id=0 if r < 0.15 else None,
+                        sharding_key=f"s{self.rng.randint(0, 5)}" if 0.15 <= r < 0.35 else None,
+                    )
+                )
+            p.batch = Batch(p.pid, p.next_seq, topic, msgs)
+            for k in range(len(msgs)):
+                self.model.sent.add(f"{p.pid}|{p.next_seq}|{k}")
+            p.next_seq += 1
+        b = p.batch
+        n = self._target()
+        if n is None:
+            self._later(20, 100, "producer", lambda: self._produce(p))
+            return
+        b.attempts += 1
+        if b.attempts > MAX_CLIENT_ATTEMPTS:
+            self.checker.fail(f"producer {p.pid} seq {b.seq}: {b.attempts} attempts")
+        a = p.attempt = next(self._attempts)
+        self.trace(f"produce {p.pid} seq={b.seq} #{b.attempts} -> {n.node_id} {b.topic}")
+
+        def reply(kind: str, payload: Any) -> None:
+            self._produce_reply(p, b, a, kind, payload)
+
+        self.at(
+            self.now_ms + self.bknobs.client_timeout_ms,
+            "client timeout",
+            lambda: self._produce_reply(p, b, a, "unknown", "client timeout"),
+        )
+        self._request(n, "produce", lambda: self._handle_produce(n, self._bn(n), b, reply), reply)
+
+    def _bn(self, n: SimNode) -> BrokerNode:
+        bn = self.brokers.get(n.node_id)
+        assert bn is not None
+        return bn
+
+    def _produce_reply(self, p: Producer, b: Batch, a: int, kind: str, payload: Any) -> None:
+        if kind == "ok":
+            self.checker.check_ack(b.pid, b.seq, list(payload))
+        if a != p.attempt:
+            return  # a late answer to an attempt the client gave up on
+        p.attempt = 0
+        self.trace(f"produce {b.pid} seq={b.seq} {kind} {payload if kind != 'ok' else ''}")
+        self.stats[f"produce {kind}"] += 1
+        if kind == "ok":
+            p.batch = None
+            self._later(*self.bknobs.produce_every_ms, "producer", lambda: self._produce(p))
+        else:
+            self._later(10, 150, "producer", lambda: self._produce(p))
+
+    def _commit(self, c: Consumer) -> None:
+        if not self.workload_on:
+            return
+        self._later(*self.bknobs.commit_every_ms, "consumer", lambda: self._commit(c))
+        view = self._master_view()
+        if c.attempt or view is None or not view.meta.topics:
+            return
+        name = self.rng.choice(sorted(view.meta.topics))
+        t = view.meta.topics[name]
+        offsets = {}
+        for qid in range(t.queues):
+            q = view.cq.find(name, qid)
+            hi = q.max_offset if q is not None else 0
+            cur = c.last.get((name, t.created_index, qid), 0)
+            v = max(cur, min(hi, cur + self.rng.randint(0, 3)))
+            if v > cur or self.rng.random() < 0.2:
+                offsets[qid] = v
+                c.last[(name, t.created_index, qid)] = v
+        n = self._target()
+        if not offsets or n is None:
+            return
+        a = c.attempt = next(self._attempts)
+        created = t.created_index
+        self.trace(f"commit {c.group} {name}@{created} {offsets} -> {n.node_id}")
+
+        def reply(kind: str, payload: Any) -> None:
+            if kind == "ok":
+                self._offsets_acked(c.group, name, created, offsets, payload)
+            if a == c.attempt:
+                c.attempt = 0
+
+        def timeout() -> None:
+            if a == c.attempt:
+                c.attempt = 0
+
+        self.at(self.now_ms + self.bknobs.client_timeout_ms, "client timeout", timeout)
+        body = op_commit_offsets(c.group, name, offsets)
+        self._request(n, "commit", lambda: self._handle_meta(n, self._bn(n), body, reply), reply)
+
+    def _offsets_acked(
+        self, group: str, topic: str, created: int, offsets: dict[int, int], index: int
+    ) -> None:
+        inc = self.model.topic_before(topic, index)
+        self.stats["offsets ok"] += 1
+        if inc is None or inc.created != created:
+            return  # applied to another incarnation than the consumer read (a race)
+        for qid, v in offsets.items():
+            self.offset_acks.setdefault((group, topic, created, qid), OffsetAcks()).add(index, v)
+
+    def _admin_step(self) -> None:
+        ad = self.admin
+        if self.faults_on and not ad.goals and self.rng.random() < self.bknobs.churn_per_s * 0.05:
+            name = self.rng.choice(self.topic_names)
+            ad.goals.extend([(name, None), (name, self.rng.randint(1, 4))])
+        if ad.goals or self.workload_on:
+            self._later(30, 70, "admin", self._admin_step)
+        view = self._master_view()
+        if not ad.goals or ad.attempt or view is None:
+            return
+        name, queues = ad.goals[0]
+        t = view.meta.topics.get(name)
+        if (queues is None and t is None) or (queues is not None and t is not None):
+            ad.goals.popleft()  # (a topic of another queue count stays: first create wins)
+            return
+        n = self._target()
+        if n is None:
+            return
+        body = op_delete_topic(name) if queues is None else op_create_topic(name, queues)
+        a = ad.attempt = next(self._attempts)
+        self.trace(f"admin {body['op']} {name} -> {n.node_id}")
+
+        def reply(kind: str, payload: Any) -> None:
+            if a == ad.attempt:
+                ad.attempt = 0
+
+        self.at(
+            self.now_ms + self.bknobs.client_timeout_ms, "client timeout", lambda: reply("", None)
+        )
+        self._request(n, "admin", lambda: self._handle_meta(n, self._bn(n), body, reply), reply)
+
+    # ---- the run ----------------------------------------------------------------------------
+
+    def converged(self) -> bool:
+        if not super().converged():
+            return False
+        for n in self.nodes:
+            bn = self.brokers.get(n.node_id)
+            assert n.store is not None and n.core is not None
+            if bn is None or bn.dispatcher.dispatched_index != n.store.committed_index:
+                return False
+            if n.core.ms.role is Role.LEADER and bn.role is not BrokerRole.MASTER:
+                return False
+        busy = any(p.batch is not None for p in self.producers)
+        busy |= any(c.attempt for c in self.consumers)
+        return not (busy or self.admin.goals or self.admin.attempt)
+
+    def final_checks(self) -> None:
+        super().final_checks()
+        self.checker.final()
+        acked = sum(1 for _ in self.acked)
+        self.trace(
+            f"broker final: {acked} batches acknowledged, {dict(sorted(self.stats.items()))}"
+        )
+
+
+def run_broker_seed(seed: int, *, fault_ms: int = 3_000, verbose: bool = False) -> BrokerSimulation:
+    root = sim_root()
+    sim = BrokerSimulation(seed, root, fault_ms=fault_ms, verbose=verbose)
+    try:
+        sim.execute()
+    except BaseException as e:
+        e.add_note(f"seed {seed}, replay: {broker_replay_command(seed)}")
+        raise
+    finally:
+        sim.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return sim
