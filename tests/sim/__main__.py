@@ -4,11 +4,12 @@ simulation (``tests/sim/broker_sim.py``) with ``--broker``."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from collections.abc import Callable
 
-from .broker_sim import run_broker_seed
+from .broker_sim import FAULT_MS, KNOWN_BUGS, run_broker_seed
 from .sim import Simulation, run_seed
 
 
@@ -17,12 +18,21 @@ def main() -> int:
     ap.add_argument("--seed", type=int, help="run one seed")
     ap.add_argument("--seeds", default="0:20", help="a range start:stop (default 0:20)")
     ap.add_argument("--broker", action="store_true", help="the broker simulation")
-    ap.add_argument("--fault-ms", type=int, help="fault phase (default 8000, broker 3000)")
+    ap.add_argument(
+        "--explore",
+        default="",
+        help="with --broker: known-bug triggers to turn on, comma-separated "
+        f"({', '.join(KNOWN_BUGS)}; 'all' for every one)",
+    )
+    ap.add_argument("--fault-ms", type=int, help=f"fault phase (default 8000, broker {FAULT_MS})")
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
-    run: Callable[..., Simulation] = run_broker_seed if a.broker else run_seed
-    fault_ms = a.fault_ms if a.fault_ms is not None else (3_000 if a.broker else 8_000)
+    explore = frozenset(KNOWN_BUGS if a.explore == "all" else filter(None, a.explore.split(",")))
+    run: Callable[..., Simulation] = (
+        functools.partial(run_broker_seed, explore=explore) if a.broker else run_seed
+    )
+    fault_ms = a.fault_ms if a.fault_ms is not None else (FAULT_MS if a.broker else 8_000)
     failed = 0
     for s in seeds:
         t0 = time.monotonic()
