@@ -36,11 +36,7 @@ from . import errors
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .dispatcher import Dispatcher
 from .message import (
-    PROP_BATCH_INDEX,
-    PROP_BATCH_SIZE,
     PROP_KEYS,
-    PROP_PRODUCER_ID,
-    PROP_PRODUCER_SEQ,
     PROP_TAGS,
     PROP_UNIQ_KEY,
     STORE_TIMESTAMP_POS,
@@ -51,6 +47,7 @@ from .message import (
     encode_message,
     encode_properties,
     make_msg_id,
+    message_properties,
     new_uniq_key,
     parse_msg_id,
 )
@@ -372,18 +369,13 @@ class Broker:
         now: int,
     ) -> OutgoingMessage:
         lim = self.settings.limits
-        props: dict[str, str] = dict(m.properties)
-        if m.tags:
-            props[PROP_TAGS] = m.tags
-        if m.keys:
-            props[PROP_KEYS] = " ".join(m.keys)
-        props[PROP_UNIQ_KEY] = new_uniq_key()
-        if session is not None:
-            pid, seq, size = session
-            props[PROP_PRODUCER_ID] = pid
-            props[PROP_PRODUCER_SEQ] = str(seq)
-            props[PROP_BATCH_INDEX] = str(index_in_batch)
-            props[PROP_BATCH_SIZE] = str(size)
+        props = message_properties(
+            m.properties,
+            tags=m.tags,
+            keys=m.keys,
+            uniq_key=new_uniq_key(),
+            session=None if session is None else (*session[:2], index_in_batch, session[2]),
+        )
         try:
             raw_props = encode_properties(props)
         except MessageFormatError as e:

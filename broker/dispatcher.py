@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import struct
 import time
 from collections.abc import Callable
@@ -36,7 +35,7 @@ from typing import Any
 import orjson
 
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex, tags_hash
-from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, FileStore
+from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, FileStore, write_atomic
 
 from .message import (
     PROP_BATCH_INDEX,
@@ -344,7 +343,7 @@ class Dispatcher:
             queues = {f"{q.topic}/{q.queue_id}": q.max_offset for q in self.cq}
             await asyncio.to_thread(self._flush_derived)
             data = orjson.dumps({"dispatched_index": index, "queues": queues})
-            await asyncio.to_thread(_atomic_write, self.checkpoint_path, data)
+            await asyncio.to_thread(write_atomic, self.checkpoint_path, data)
             self.checkpoint_index = index
             self._update_retention_floor()
 
@@ -408,12 +407,3 @@ class Dispatcher:
             ev = self._queue_events.setdefault((topic, queue_id), asyncio.Event())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ev.wait(), left)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)

@@ -42,7 +42,7 @@ import re
 import socket
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final, NamedTuple, TypeAlias
@@ -199,6 +199,31 @@ def _bad_property(name: str, value: str) -> str | None:
             if sep in text:
                 return f"PROPERTIES: property {what} {text!r} contains the separator {sep!r}"
     return None
+
+
+def message_properties(
+    user: Mapping[str, str],
+    *,
+    tags: str | None,
+    keys: Sequence[str],
+    uniq_key: str,
+    session: tuple[str, int, int, int] | None = None,
+) -> dict[str, str]:
+    """A message's properties: the user's, then TAGS, KEYS, UNIQ_KEY and, for a producer
+    session, (producer id, sequence, index in the batch, batch size)."""
+    props = dict(user)
+    if tags:
+        props[PROP_TAGS] = tags
+    if keys:
+        props[PROP_KEYS] = " ".join(keys)
+    props[PROP_UNIQ_KEY] = uniq_key
+    if session is not None:
+        pid, seq, index_in_batch, size = session
+        props[PROP_PRODUCER_ID] = pid
+        props[PROP_PRODUCER_SEQ] = str(seq)
+        props[PROP_BATCH_INDEX] = str(index_in_batch)
+        props[PROP_BATCH_SIZE] = str(size)
+    return props
 
 
 def encode_properties(props: Mapping[str, str]) -> bytes:

@@ -21,7 +21,6 @@ may delete the log head behind it and a restart replays only what follows it.
 from __future__ import annotations
 
 import logging
-import os
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+
+from dledger.store import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -213,17 +214,7 @@ class SnapshotFiles:
 
     def save(self, index: int, data: bytes) -> Path:
         final = self.path(index)
-        tmp = final.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, final)
-        fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_atomic(final, data)
         for old in self.indexes()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
         return final

@@ -26,7 +26,7 @@ from .entry import (
 )
 from .file_store import FileStore, node_dir
 from .memory_store import MemoryStore
-from .meta import Checkpoint, TermVote
+from .meta import Checkpoint, TermVote, write_atomic
 
 __all__ = [
     "BODY_OFFSET",
@@ -51,4 +51,5 @@ __all__ = [
     "encode_entry",
     "node_dir",
     "place_entry",
+    "write_atomic",
 ]

@@ -22,9 +22,10 @@ class MetaFileError(ValueError):
     """A state file exists but cannot be parsed."""
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, content: str | bytes) -> None:
+    """Replace ``path`` atomically and durably: temp file, fsync, rename, directory fsync."""
     tmp = path.with_name(path.name + ".tmp")
-    data = text.encode()
+    data = content.encode() if isinstance(content, str) else content
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         view = memoryview(data)

@@ -77,16 +77,14 @@ from broker.dispatcher import Dispatcher
 from broker.message import (
     PROP_BATCH_INDEX,
     PROP_BATCH_SIZE,
-    PROP_KEYS,
     PROP_PRODUCER_ID,
     PROP_PRODUCER_SEQ,
-    PROP_TAGS,
-    PROP_UNIQ_KEY,
     Message,
     MessageFormatError,
     decode_message,
     encode_message,
     encode_properties,
+    message_properties,
 )
 from broker.metadata import (
     SYS_TOPIC,
@@ -1120,16 +1118,13 @@ class BrokerSimulation(Simulation):
 
     def _encode(self, n: SimNode, b: Batch, m: ClientMessage, k: int, now: int) -> OutgoingMessage:
         """Broker._encode, with a deterministic UNIQ_KEY."""
-        props: dict[str, str] = {}
-        if m.tags:
-            props[PROP_TAGS] = m.tags
-        if m.keys:
-            props[PROP_KEYS] = " ".join(m.keys)
-        props[PROP_UNIQ_KEY] = f"{self.seed & 0xFFFFFFFF:08X}{next(self._uniq):024X}"
-        props[PROP_PRODUCER_ID] = b.pid
-        props[PROP_PRODUCER_SEQ] = str(b.seq)
-        props[PROP_BATCH_INDEX] = str(k)
-        props[PROP_BATCH_SIZE] = str(len(b.messages))
+        props = message_properties(
+            {},
+            tags=m.tags,
+            keys=m.keys,
+            uniq_key=f"{self.seed & 0xFFFFFFFF:08X}{next(self._uniq):024X}",
+            session=(b.pid, b.seq, k, len(b.messages)),
+        )
         record = encode_message(
             topic=b.topic,
             body=m.body,
