@@ -215,6 +215,11 @@ class Broker:
             )
         self.role, self.role_term = role, term
 
+    def require_master(self) -> None:
+        """Raise ``NotMasterError`` (with the master's id and URL) or ``NoMasterError``
+        unless this broker takes writes now."""
+        self._require_master()
+
     def _require_master(self) -> None:
         if self.role is BrokerRole.MASTER:
             return

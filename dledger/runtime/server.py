@@ -113,6 +113,10 @@ class DLedgerServer:
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._proposal_futs: dict[int, asyncio.Future[list[tuple[int, int]]]] = {}
+        self._proposal_started: dict[int, float] = {}
+        # Called with (seconds from proposal to quorum commit, entries) per committed
+        # proposal: the commit-latency histogram of /metrics.
+        self.commit_observers: list[Callable[[float, int], None]] = []
         self._transfer_futs: dict[int, asyncio.Future[DLedgerCode]] = {}
         self._commit_changed = asyncio.Event()
         self._stopping = False
@@ -244,10 +248,15 @@ class DLedgerServer:
             self._commit_changed = asyncio.Event()
         for done in ready.proposals:
             fut = self._proposal_futs.pop(done.proposal.proposal_id, None)
+            started = self._proposal_started.pop(done.proposal.proposal_id, None)
             if fut is None or fut.done():
                 continue
             p = done.proposal
             if done.code is DLedgerCode.SUCCESS:
+                if started is not None:
+                    took = time.monotonic() - started
+                    for observe in self.commit_observers:
+                        observe(took, len(p.positions))
                 fut.set_result([(p.first_index + i, pos) for i, pos in enumerate(p.positions)])
             else:
                 fut.set_exception(UnknownOutcomeError(done.code, "commit unknown"))
@@ -305,6 +314,8 @@ class DLedgerServer:
         self.stats["proposals"] += 1
         fut: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
         self._proposal_futs[p.proposal_id] = fut
+        if self.commit_observers:
+            self._proposal_started[p.proposal_id] = time.monotonic()
         self._kick.set()
         return fut
 

@@ -1,0 +1,237 @@
+"""The HTTP contract's bodies (API.md §3) as pydantic models.
+
+Requests are validated by these models (``extra="forbid"``: a misspelt field is an
+error, not silently ignored). Hot responses (produce, pull) are built as plain dicts
+and rendered with orjson; their models here document them in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TOPIC_PATTERN = r"^[A-Za-z0-9_%|-]{1,127}$"
+GROUP_PATTERN = r"^[A-Za-z0-9_%|-]{1,127}$"
+NODE_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+Encoding = Literal["utf-8", "base64"]
+TopicName = Annotated[str, Field(pattern=TOPIC_PATTERN, examples=["orders"])]
+QueueId = Annotated[int, Field(ge=0, le=65_535)]
+Offset = Annotated[int, Field(ge=0, le=2**62)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_max_length=64 * 1024 * 1024)
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    code: str = Field(examples=["TOPIC_NOT_FOUND"])
+    message: str = Field(examples=["topic orders does not exist"])
+
+
+class ErrorBody(BaseModel):
+    """Every non-2xx answer; extra fields help (e.g. ``leader_url`` on NOT_MASTER)."""
+
+    error: ErrorDetail
+
+
+# ---- cluster ------------------------------------------------------------------------------
+
+
+class ClusterNode(BaseModel):
+    node_id: str
+    raft_addr: str
+    http_url: str | None = None
+    match_index: int | None = None
+
+
+class ClusterInfo(BaseModel):
+    group: str
+    node_id: str
+    raft_role: Literal["LEADER", "FOLLOWER", "CANDIDATE"]
+    broker_role: Literal["MASTER", "SLAVE"]
+    term: int
+    leader_id: str | None
+    leader_url: str | None
+    nodes: list[ClusterNode]
+    ledger_begin_index: int
+    ledger_end_index: int
+    committed_index: int
+    dispatched_index: int
+
+
+class LeadershipRequest(_Request):
+    to: str = Field(pattern=NODE_ID_PATTERN, examples=["n1"])
+
+
+class LeadershipResult(BaseModel):
+    leader_id: str
+    term: int
+
+
+class Readiness(BaseModel):
+    ready: bool
+    reason: str | None = None
+
+
+# ---- topics -------------------------------------------------------------------------------
+
+
+class TopicCreate(_Request):
+    name: TopicName
+    queues: Annotated[int, Field(ge=1, le=65_536)] | None = Field(
+        None, description="queue count; the broker's default when omitted", examples=[8]
+    )
+
+
+class TopicInfo(BaseModel):
+    name: str
+    queues: int
+
+
+class TopicList(BaseModel):
+    topics: list[TopicInfo]
+
+
+class QueueInfo(BaseModel):
+    queue_id: int
+    min_offset: int
+    max_offset: int = Field(description="the next offset to be written")
+
+
+class TopicDescription(BaseModel):
+    name: str
+    queues: list[QueueInfo]
+
+
+# ---- produce ------------------------------------------------------------------------------
+
+
+class ProduceMessage(_Request):
+    body: str = Field(examples=["hello"])
+    encoding: Encoding = "utf-8"
+    key: str | None = Field(None, max_length=1024, examples=["order-42"])
+    keys: list[Annotated[str, Field(max_length=1024)]] | None = None
+    tags: str | None = Field(None, max_length=1024, examples=["TagA"])
+    properties: dict[str, str] | None = None
+    queue_id: QueueId | None = None
+    sharding_key: str | None = Field(None, max_length=1024)
+    born_timestamp: Annotated[int, Field(ge=0, le=2**62)] | None = None
+
+
+class ProduceRequest(_Request):
+    messages: list[ProduceMessage] = Field(min_length=1)
+    producer_id: str | None = Field(None, examples=["p-7d0c4f0e"])
+    sequence: Annotated[int, Field(ge=0, le=2**62)] | None = Field(None, examples=[17])
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "messages": [{"body": "hello", "key": "order-42", "tags": "TagA"}],
+                    "producer_id": "p-7d0c4f0e",
+                    "sequence": 17,
+                }
+            ]
+        },
+    )
+
+
+class ProduceResult(BaseModel):
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+    commitlog_offset: int
+
+
+class ProduceResponse(BaseModel):
+    results: list[ProduceResult]
+
+
+# ---- consume ------------------------------------------------------------------------------
+
+
+class MessageOut(BaseModel):
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    commitlog_offset: int
+    body: str
+    encoding: Encoding
+    key: str | None
+    keys: list[str]
+    tags: str | None
+    properties: dict[str, str]
+    born_timestamp: int
+    store_timestamp: int
+
+
+class PullResponse(BaseModel):
+    status: Literal["FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL"]
+    messages: list[MessageOut]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class MessageList(BaseModel):
+    messages: list[MessageOut]
+
+
+class OffsetAnswer(BaseModel):
+    offset: int
+
+
+# ---- consumer groups ----------------------------------------------------------------------
+
+
+class GroupList(BaseModel):
+    groups: list[str]
+
+
+class GroupOffset(BaseModel):
+    topic: str
+    queue_id: int
+    committed_offset: int | None
+    max_offset: int
+    lag: int
+
+
+class GroupOffsets(BaseModel):
+    offsets: list[GroupOffset]
+
+
+class CommitOffsets(_Request):
+    topic: TopicName
+    offsets: dict[str, Offset] = Field(
+        min_length=1, description="queue id (as a string) → next offset", examples=[{"0": 12}]
+    )
+
+
+class ResetOffsets(_Request):
+    topic: TopicName
+    to: Literal["earliest", "latest"] | Annotated[int, Field(ge=0, le=2**62)] = Field(
+        description="earliest, latest, or a store timestamp (ms)", examples=["earliest"]
+    )
+
+
+class OffsetsAnswer(BaseModel):
+    offsets: dict[str, int]
+
+
+class GroupPull(_Request):
+    topic: TopicName
+    max_messages: Annotated[int, Field(ge=1)] = 32
+    wait_ms: Annotated[int, Field(ge=0)] = 0
+    queue_ids: list[QueueId] | None = None
+    auto_commit: bool = False
+    encoding: Encoding = "utf-8"
+
+
+class GroupPullResponse(BaseModel):
+    messages: list[MessageOut]
+    next_offsets: dict[str, int]

@@ -1,0 +1,325 @@
+"""One LedgerMQ node: the Raft runtime, the broker and the HTTP API on one event loop.
+
+``ledgermq broker`` (and ``python -m broker``) land in ``main``: options → settings →
+``serve``. uvicorn serves the app inside this process's uvloop loop, beside the Raft
+runtime (DESIGN §1): one loop, no threads between HTTP and the log. SIGINT/SIGTERM stop
+the HTTP server first (no new requests), then the broker (dispatch checkpoint, log
+close), so a stopped node restarts without a rebuild.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import orjson
+import uvicorn
+
+from broker.broker import Broker
+from broker.settings import BrokerSettings, Limits
+from dledger.core.settings import CoreSettings
+from dledger.store import StoreSettings
+
+from .app import create_app
+from .cliutil import add_option, fail
+
+log = logging.getLogger("ledgermq.node")
+
+MiB = 1 << 20
+# Limits.* exposed as --max-... options (API.md §3's defaults).
+LIMIT_OPTIONS = (
+    "max_body_bytes",
+    "max_properties_bytes",
+    "max_messages_per_request",
+    "max_request_bytes",
+    "max_pull_messages",
+    "max_wait_ms",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Seconds a stopping node lets in-flight requests (long polls included) finish.
+    graceful_shutdown_s: int = 5
+    access_log: bool = False
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+
+# ---- logging --------------------------------------------------------------------------------
+
+
+class _NodeFilter(logging.Filter):
+    def __init__(self, node_id: str) -> None:
+        super().__init__()
+        self.node_id = node_id
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.node_id = self.node_id
+        return True
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        doc: dict[str, Any] = {
+            "ts": round(record.created, 3),
+            "level": record.levelname,
+            "node": getattr(record, "node_id", None),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            doc["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(doc).decode()
+
+
+def setup_logging(node_id: str, level: str = "INFO", fmt: str = "text") -> None:
+    """Every line carries the node id: ``... node=n1 broker.role: ...`` or JSON lines."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(_NodeFilter(node_id))
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(
+            logging.Formatter("%(asctime)s %(levelname)s node=%(node_id)s %(name)s: %(message)s")
+        )
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("uvicorn.access",):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+# ---- serving --------------------------------------------------------------------------------
+
+
+async def _watch_parent(server: uvicorn.Server, parent: int) -> None:
+    while not server.should_exit:
+        await asyncio.sleep(0.5)
+        if os.getppid() != parent:
+            log.warning("parent process %d is gone; stopping", parent)
+            _request_exit(server)
+
+
+async def serve(
+    settings: BrokerSettings, http: HttpSettings, *, exit_with_parent: bool = False
+) -> None:
+    """Start the broker, serve HTTP until SIGINT/SIGTERM (or, with ``exit_with_parent``,
+    until the parent process is gone), then stop both cleanly."""
+    broker = Broker(settings)
+    started = time.monotonic()
+    await broker.start()
+    app = create_app(settings, broker)
+    config = uvicorn.Config(
+        app,
+        host=http.host,
+        port=http.port,
+        loop="none",  # this loop: the Raft runtime's
+        http="httptools",
+        lifespan="off",
+        log_config=None,
+        access_log=http.access_log,
+        timeout_graceful_shutdown=http.graceful_shutdown_s,
+        ssl_certfile=http.ssl_certfile,
+        ssl_keyfile=http.ssl_keyfile,
+    )
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, _request_exit, server)
+    log.info(
+        "node %s of group %s: HTTP on %s:%d, Raft on %s, data in %s (started in %.0f ms)",
+        settings.node_id,
+        settings.group,
+        http.host,
+        http.port,
+        settings.peer_map[settings.node_id],
+        settings.data_dir,
+        (time.monotonic() - started) * 1000,
+    )
+    watchdog = None
+    if exit_with_parent:
+        watchdog = asyncio.create_task(_watch_parent(server, os.getppid()))
+    try:
+        await server.serve()
+        if not server.started:
+            raise OSError(f"could not serve HTTP on {http.host}:{http.port}")
+    finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        log.info("node %s: stopping", settings.node_id)
+        await broker.stop()
+        log.info("node %s: stopped", settings.node_id)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: it would swap our loop's handlers out
+    and re-raise the signal after its shutdown, killing the process before the broker
+    stops. The loop's handlers (``_request_exit``) do the same job."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _request_exit(server: uvicorn.Server) -> None:
+    if server.should_exit:  # a second Ctrl-C: do not wait for long polls
+        server.force_exit = True
+    server.should_exit = True
+
+
+# ---- options --------------------------------------------------------------------------------
+
+
+def _host_port(spec: str) -> tuple[str, int]:
+    host, _, port = spec.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{spec!r}: want host:port")
+    return host, int(port)
+
+
+def _peer_urls(spec: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        node, sep, url = part.partition("=")
+        if not sep or not node or not url.startswith(("http://", "https://")):
+            raise ValueError(f"{part!r}: want node=http://host:port")
+        out[node] = url.rstrip("/")
+    return out
+
+
+def add_broker_options(p: argparse.ArgumentParser) -> None:
+    """The options of ``ledgermq broker`` (API.md §1), each also ``LEDGERMQ_<NAME>``."""
+    add_option(p, "--node-id", default="n0", help="this node's id among --peers")
+    add_option(p, "--group", default="g0", help="the DLedger group (broker name)")
+    add_option(
+        p,
+        "--peers",
+        default=None,
+        help='Raft members, "n0-host:port;n1-host:port" (default: this node alone on '
+        "the HTTP port + 1000)",
+    )
+    add_option(p, "--http", default="127.0.0.1:8080", help="HTTP listen address host:port")
+    add_option(p, "--advertised-url", default=None, help="this node's URL for redirects")
+    add_option(p, "--peer-urls", default="", help='"n0=http://h0:8080,n1=..." for redirects')
+    add_option(p, "--data-dir", type=Path, default=Path("ledgermq-data"))
+    add_option(p, "--flush", choices=("sync", "async"), default="sync")
+    add_option(
+        p,
+        "--auto-create-topics",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="create unknown topics on first produce",
+    )
+    add_option(p, "--default-queues", type=int, default=8, help="queues of a new topic")
+    add_option(
+        p,
+        "--profile",
+        choices=("fast", "dledger"),
+        default="fast",
+        help="Raft timing: fast failover (ours) or DLedger's 2 s / 6 s",
+    )
+    add_option(p, "--heartbeat-ms", type=int, default=None, help="overrides the profile")
+    add_option(p, "--data-file-mb", type=int, default=1024, help="commitlog segment size")
+    add_option(p, "--file-reserved-hours", type=float, default=72.0, help="retention by age")
+    limits = Limits()
+    for name in LIMIT_OPTIONS:
+        add_option(
+            p,
+            "--" + name.replace("_", "-"),
+            type=int,
+            default=getattr(limits, name),
+            help="request limit",
+        )
+    add_option(p, "--log-level", default="INFO")
+    add_option(p, "--log-format", choices=("text", "json"), default="text")
+    add_option(p, "--ssl-certfile", default=None, help="serve HTTPS with this certificate")
+    add_option(p, "--ssl-keyfile", default=None)
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the parent process goes away (local clusters, tests)",
+    )
+
+
+def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSettings]:
+    host, port = _host_port(args.http)
+    advertised = (
+        args.advertised_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+    )
+    peers = args.peers or f"{args.node_id}-127.0.0.1:{port + 1000}"
+    peer_urls = _peer_urls(args.peer_urls)
+    peer_urls.setdefault(args.node_id, advertised.rstrip("/"))
+    core = CoreSettings.dledger() if args.profile == "dledger" else CoreSettings()
+    if args.heartbeat_ms is not None:
+        core = replace(core, heartbeat_interval_ms=args.heartbeat_ms)
+    store = StoreSettings(
+        data_file_size=args.data_file_mb * MiB,
+        index_file_size=max(1, args.data_file_mb // 32) * MiB,
+        file_reserved_hours=args.file_reserved_hours,
+    )
+    limits = Limits(**{name: getattr(args, name) for name in LIMIT_OPTIONS})
+    settings = BrokerSettings(
+        limits=limits,
+        node_id=args.node_id,
+        group=args.group,
+        peers=peers,
+        data_dir=args.data_dir,
+        flush=args.flush,
+        peer_urls=peer_urls,
+        advertised_url=advertised.rstrip("/"),
+        auto_create_topics=args.auto_create_topics,
+        default_queues=args.default_queues,
+        core=core,
+        store=store,
+    )
+    http = HttpSettings(
+        host=host, port=port, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile
+    )
+    return settings, http
+
+
+def run_broker(args: argparse.Namespace) -> int:
+    try:
+        settings, http = settings_from_args(args)
+    except ValueError as e:
+        fail(str(e))
+    setup_logging(settings.node_id, args.log_level, args.log_format)
+    try:
+        import uvloop  # noqa: PLC0415  # optional on platforms without it
+
+        runner: Any = uvloop.run
+    except ImportError:  # pragma: no cover
+        runner = asyncio.run
+    try:
+        runner(serve(settings, http, exit_with_parent=args.exit_with_parent))
+    except OSError as e:
+        log.error("node %s: %s", settings.node_id, e)
+        return 1
+    except KeyboardInterrupt:  # pragma: no cover  # a signal before the loop took over
+        return 130
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m broker", description="one LedgerMQ node")
+    add_broker_options(parser)
+    return run_broker(parser.parse_args(argv))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    with contextlib.suppress(KeyboardInterrupt):
+        raise SystemExit(main())
+    os._exit(130)

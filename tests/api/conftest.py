@@ -1,0 +1,124 @@
+"""Fixtures of the API tests.
+
+- ``node``: one broker and its app in this process (``create_app``), reached through
+  httpx's ASGI transport: the fast path where a cluster adds nothing.
+- ``cluster3``: three ``python -m broker`` processes on 127.0.0.1, shared by a module's
+  tests that do not kill nodes; ``fresh_cluster3`` builds one per test for those that do.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import pytest_asyncio
+from fastapi import FastAPI
+
+from api.app import create_app
+from api.cluster import LocalBrokerCluster
+from broker.broker import Broker
+from broker.settings import BrokerSettings, Limits
+from consumequeue import ConsumeQueueSettings
+from dledger.runtime.local_cluster import free_ports
+from dledger.store import StoreSettings
+
+# Small segments, so the test data rolls files; production sizes otherwise.
+CLUSTER_ARGS = ("--data-file-mb", "8", "--log-level", "INFO")
+# The in-process node's limits are small so that the limit tests send little.
+TEST_LIMITS = Limits(
+    max_body_bytes=64 * 1024,
+    max_properties_bytes=4096,
+    max_messages_per_request=100,
+    max_request_bytes=256 * 1024,
+    max_pull_messages=100,
+    max_wait_ms=5_000,
+)
+
+
+@dataclass
+class Node:
+    broker: Broker
+    app: FastAPI
+    http: httpx.AsyncClient
+
+    def log_state(self) -> tuple[int, int]:
+        """(ledger end index, end pos): what "the log unchanged" compares."""
+        store = self.broker.store
+        return store.ledger_end_index, store.ledger_end_pos
+
+
+def node_settings(data_dir: Path, **overrides: Any) -> BrokerSettings:
+    raft, http = free_ports(2)
+    base = BrokerSettings(
+        node_id="n0",
+        peers=f"n0-127.0.0.1:{raft}",
+        data_dir=data_dir,
+        advertised_url=f"http://127.0.0.1:{http}",
+        peer_urls={"n0": f"http://127.0.0.1:{http}"},
+        limits=TEST_LIMITS,
+        store=StoreSettings(data_file_size=1 << 20, index_file_size=64 * 1024),
+        consume_queue=ConsumeQueueSettings(segment_units=64),
+        dispatch_checkpoint_interval_ms=200,
+    )
+    return replace(base, **overrides)
+
+
+async def wait_master(broker: Broker, timeout_s: float = 15.0) -> None:
+    import asyncio  # noqa: PLC0415
+
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not broker.is_master:
+        assert loop.time() < deadline, "single node did not become MASTER"
+        await asyncio.sleep(0.01)
+
+
+@pytest_asyncio.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    settings = node_settings(tmp_path / "n0")
+    broker = Broker(settings)
+    await broker.start()
+    try:
+        await wait_master(broker)
+        app = create_app(settings, broker)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
+            yield Node(broker, app, http)
+    finally:
+        await broker.stop()
+
+
+def _start_cluster(data_dir: Path) -> LocalBrokerCluster:
+    c = LocalBrokerCluster(3, data_dir, extra_args=CLUSTER_ARGS)
+    c.start_all()
+    try:
+        c.wait_ready(timeout_s=90)
+    except BaseException:
+        c.stop_all()
+        raise
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
+    data_dir = tmp_path_factory.mktemp("cluster3")
+    c = _start_cluster(data_dir)
+    try:
+        yield c
+    finally:
+        c.stop_all()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def fresh_cluster3(tmp_path: Path) -> Iterator[LocalBrokerCluster]:
+    c = _start_cluster(tmp_path / "cluster")
+    try:
+        yield c
+    finally:
+        c.stop_all()
