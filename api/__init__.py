@@ -1,1 +1,2 @@
-"""HTTP API, Python client and Spark data source (later issues)."""
+"""HTTP API (``api.app``), node runner (``api.node``), local clusters (``api.cluster``),
+Python client (``api.client``) and the client commands of ``ledgermq``."""

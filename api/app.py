@@ -166,7 +166,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
 
     def broker_error(request: Request, e: errors.BrokerError) -> JSONBytes:
         metrics.errors.labels(e.code).inc()
-        fields = {k: v for k, v in e.fields.items() if k != "retry_after_ms"}
+        fields = e.fields  # retry_after_ms stays: clients may wait less than a second
         if isinstance(e, errors.NotMasterError):
             if e.leader_url:
                 url = e.leader_url.rstrip("/") + request.url.path

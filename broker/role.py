@@ -94,6 +94,7 @@ class RoleChangeHandler:
             slow("the own-term NOOP to commit")
             await server.wait_committed(store.committed_index + 1, 0.1)
         noop_ms = (time.monotonic() - started) * 1000
+        log.info("term %d: failover step 1/3: own-term NOOP committed in %.0f ms", term, noop_ms)
 
         # Step 2 — wait for dispatch to reach the committed index: the consume queues
         # and the metadata (topics, producer sessions) must hold every committed entry,
@@ -104,6 +105,12 @@ class RoleChangeHandler:
             if not self._still_leader(term):
                 return self._give_up(term, "lost leadership while dispatching")
             slow(f"dispatch to reach {target}")
+        log.info(
+            "term %d: failover step 2/3: dispatched to %d (%.0f ms)",
+            term,
+            target,
+            (time.monotonic() - started) * 1000,
+        )
 
         # Step 3 — rebuild the next-queue-offset table from the consume queues: they are
         # the committed truth, whereas an old table (if this node was master before)
@@ -112,6 +119,7 @@ class RoleChangeHandler:
         if not self._still_leader(term):
             return self._give_up(term, "lost leadership while catching up")
         b.commitlog.reset_queue_table(table)
+        log.info("term %d: failover step 3/3: queue table rebuilt, %d queues", term, len(table))
         b.set_role(
             BrokerRole.MASTER,
             term,

@@ -1,0 +1,539 @@
+"""The client-side ``ledgermq`` commands (API.md §1), over ``api.client``:
+
+- ``topic create|list|describe|delete``, ``group list``, ``group lag``;
+- ``produce``: messages from arguments, stdin (``-``) or ``--file``, one per line (or
+  ``--ndjson`` message objects), sent in batches through one producer session;
+- ``consume``: a group's committed offsets (committing as it goes), or ``--from
+  earliest|latest`` without a group; ``--follow`` long-polls until Ctrl-C;
+- ``status``: every node's roles and indexes, down nodes included;
+- ``leader transfer --to n1``.
+
+Every option also comes from ``LEDGERMQ_<NAME>``; ``--brokers`` may name any nodes, the
+master is found. Errors are one line on stderr and exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import IO, Any
+
+import httpx
+import orjson
+
+from .client import (
+    Admin,
+    ClientSettings,
+    Consumer,
+    LedgerMQError,
+    Message,
+    MessageLike,
+    NodeView,
+    Producer,
+    ReceivedMessage,
+    encode_message,
+)
+from .cliutil import add_brokers_option, add_option
+
+Handler = Callable[[argparse.Namespace], int]
+
+# Above this many messages, produce prints a summary instead of one line per message.
+PRINT_EACH_MAX = 100
+
+
+# ---- parser ---------------------------------------------------------------------------------
+
+
+def _common(
+    p: argparse.ArgumentParser,
+    handler: Handler,
+    *,
+    json_output: bool = True,
+    timeout_s: float = 10.0,
+) -> None:
+    add_brokers_option(p)
+    add_option(p, "--auth-token", default=None, help="bearer token (API.md §6)")
+    add_option(p, "--timeout", type=float, default=timeout_s, help="seconds per request")
+    add_option(p, "--deadline", type=float, default=30.0, help="seconds per operation")
+    if json_output:
+        add_option(p, "--json", action="store_true", help="JSON lines instead of text")
+    p.set_defaults(client_handler=handler)
+
+
+def add_client_commands(sub: Any) -> None:
+    """Register the client commands on ``ledgermq``'s subparsers."""
+    topic = sub.add_parser("topic", help="create, list, describe or delete topics")
+    tsub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
+    p = tsub.add_parser("create", help="create a topic (again: no change)")
+    p.add_argument("name")
+    add_option(p, "--queues", type=int, default=None, help="queue count (broker default: 8)")
+    _common(p, _topic_create)
+    p = tsub.add_parser("list", help="list topics")
+    _common(p, _topic_list)
+    p = tsub.add_parser("describe", help="a topic's queues and offsets")
+    p.add_argument("name")
+    _common(p, _topic_describe)
+    p = tsub.add_parser("delete", help="delete a topic")
+    p.add_argument("name")
+    _common(p, _topic_delete, json_output=False)
+
+    p = sub.add_parser("produce", help="send messages (args, stdin '-', or --file)")
+    p.add_argument("topic")
+    p.add_argument("messages", nargs="*", help="message bodies; '-' reads stdin")
+    add_option(p, "--file", type=Path, default=None, help="one message per line")
+    add_option(p, "--ndjson", action="store_true", help="lines are JSON message objects")
+    add_option(p, "--key", default=None)
+    add_option(p, "--tags", default=None)
+    add_option(p, "--property", action="append", default=[], metavar="NAME=VALUE")
+    add_option(p, "--queue-id", type=int, default=None, help="pin a queue")
+    add_option(p, "--sharding-key", default=None, help="hash to a fixed queue (ordered)")
+    add_option(p, "--batch", type=int, default=100, help="messages per request")
+    add_option(p, "--producer-id", default=None, help="default: a fresh p-<uuid4>")
+    add_option(
+        p,
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: for bulk input on a terminal)",
+    )
+    _common(p, _produce)
+
+    p = sub.add_parser("consume", help="receive messages (a group's, or --from)")
+    p.add_argument("topic")
+    add_option(p, "--consumer-group", "-g", "--group", default=None, help="commit as this group")
+    add_option(
+        p,
+        "--from",
+        dest="start",
+        choices=("earliest", "latest"),
+        default=None,
+        help="without a group: where to start (default earliest)",
+    )
+    add_option(p, "--queue-id", type=int, action="append", default=[], help="only these")
+    add_option(p, "--follow", "-f", action="store_true", help="keep long-polling (Ctrl-C)")
+    add_option(p, "--max", type=int, default=None, help="stop after this many")
+    add_option(p, "--wait-ms", type=int, default=1000, help="long-poll wait per request")
+    add_option(
+        p, "--idle", type=float, default=1.0, help="without --follow: stop after idle seconds"
+    )
+    _common(p, _consume)
+
+    p = sub.add_parser("status", help="every node: roles, term, indexes, lag")
+    _common(p, _status, timeout_s=2.0)
+
+    group = sub.add_parser("group", help="consumer groups")
+    gsub = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
+    p = gsub.add_parser("list", help="list consumer groups")
+    _common(p, _group_list)
+    p = gsub.add_parser("lag", help="committed, max and lag per topic and queue")
+    p.add_argument("group")
+    add_option(p, "--topic", default=None, help="only this topic")
+    _common(p, _group_lag)
+
+    leader = sub.add_parser("leader", help="Raft leadership")
+    lsub = leader.add_subparsers(dest="leader_command", required=True, metavar="ACTION")
+    p = lsub.add_parser("transfer", help="make another node the master")
+    add_option(p, "--to", required=True, help="the node id, e.g. n1")
+    _common(p, _leader_transfer)
+
+
+def run_client_command(args: argparse.Namespace) -> int:
+    """Run a command registered by ``add_client_commands``; the exit code."""
+    handler: Handler | None = getattr(args, "client_handler", None)
+    if handler is None:
+        print(f"ledgermq: {args.command}: not a client command", file=sys.stderr)
+        return 2
+    name = " ".join(
+        str(v)
+        for v in (
+            args.command,
+            getattr(args, "topic_command", None)
+            or getattr(args, "group_command", None)
+            or getattr(args, "leader_command", None),
+        )
+        if v
+    )
+    try:
+        return handler(args)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # `ledgermq consume ... | head`: quiet, like other tools
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except LedgerMQError as e:
+        return _error(name, str(e))
+    except httpx.HTTPError as e:
+        return _error(name, f"{type(e).__name__}: {e}")
+    except (OSError, ValueError, TypeError) as e:
+        return _error(name, str(e) or type(e).__name__)
+
+
+def _error(name: str, message: str) -> int:
+    line = " ".join(message.split())  # one line, whatever the server said
+    print(f"ledgermq {name}: {line}", file=sys.stderr)
+    return 1
+
+
+def _settings(args: argparse.Namespace) -> ClientSettings:
+    return ClientSettings(
+        timeout_s=args.timeout, deadline_s=args.deadline, auth_token=args.auth_token
+    )
+
+
+def _admin(args: argparse.Namespace) -> Admin:
+    return Admin(args.brokers, settings=_settings(args))
+
+
+def _json_line(obj: Any) -> None:
+    sys.stdout.write(orjson.dumps(obj).decode() + "\n")
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Left-aligned columns, two spaces apart."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
+
+
+# ---- topics and groups ----------------------------------------------------------------------
+
+
+def _topic_create(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        t = admin.create_topic(args.name, args.queues)
+    if args.json:
+        _json_line(asdict(t))
+    else:
+        print(f"topic {t.name}: {t.queues} queues ({'created' if t.created else 'exists'})")
+    return 0
+
+
+def _topic_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        topics = admin.list_topics()
+    if args.json:
+        for t in topics:
+            _json_line({"name": t.name, "queues": t.queues})
+    else:
+        print(table(["TOPIC", "QUEUES"], [(t.name, t.queues) for t in topics]))
+    return 0
+
+
+def _topic_describe(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        d = admin.describe_topic(args.name)
+    if args.json:
+        _json_line(asdict(d))
+        return 0
+    rows = [(q.queue_id, q.min_offset, q.max_offset, q.max_offset - q.min_offset) for q in d.queues]
+    total = sum(r[3] for r in rows)
+    print(f"topic {d.name}: {len(rows)} queues, {total} messages retained")
+    print(table(["QUEUE", "MIN", "MAX", "MESSAGES"], rows))
+    return 0
+
+
+def _topic_delete(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        admin.delete_topic(args.name)
+    print(f"topic {args.name}: deleted")
+    return 0
+
+
+def _group_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        groups = admin.groups()
+    for g in groups:
+        _json_line(g) if args.json else print(g)
+    return 0
+
+
+def _group_lag(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        offsets = admin.group_offsets(args.group, args.topic)
+    if args.json:
+        for o in offsets:
+            _json_line(asdict(o))
+        return 0
+    rows: list[tuple[object, ...]] = [
+        (o.topic, o.queue_id, o.committed_offset, o.max_offset, o.lag) for o in offsets
+    ]
+    by_topic: dict[str, int] = {}
+    for o in offsets:
+        by_topic[o.topic] = by_topic.get(o.topic, 0) + o.lag
+    if len(by_topic) > 1:
+        rows += [(t, "all", "", "", lag) for t, lag in sorted(by_topic.items())]
+    rows.append(("TOTAL", "", "", "", sum(o.lag for o in offsets)))
+    print(f"group {args.group}")
+    print(table(["TOPIC", "QUEUE", "COMMITTED", "MAX", "LAG"], rows))
+    return 0
+
+
+# ---- cluster --------------------------------------------------------------------------------
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        views = admin.cluster_all()
+    if args.json:
+        for v in views:
+            _json_line(
+                {
+                    "node_id": v.node_id,
+                    "url": v.url,
+                    "up": v.status is not None,
+                    "error": v.error,
+                    "status": dict(v.status.raw) if v.status else None,
+                }
+            )
+        return 0 if any(v.status for v in views) else 1
+    print(status_table(views))
+    return 0 if any(v.status for v in views) else 1
+
+
+def status_table(views: Sequence[NodeView]) -> str:
+    """One row per node; ``LAG`` is how many entries its log is behind the master's."""
+    master_end = next(
+        (
+            v.status.ledger_end_index
+            for v in views
+            if v.status is not None and v.status.broker_role == "MASTER"
+        ),
+        None,
+    )
+    rows: list[Sequence[object]] = []
+    for v in views:
+        s = v.status
+        if s is None:
+            rows.append((v.node_id, v.url, "DOWN", "", "", "", "", "", "", "", v.error))
+            continue
+        lag = None if master_end is None else max(0, master_end - s.ledger_end_index)
+        rows.append(
+            (
+                s.node_id,
+                v.url,
+                s.raft_role,
+                s.broker_role,
+                s.term,
+                s.leader_id,
+                s.ledger_end_index,
+                s.committed_index,
+                s.dispatched_index,
+                lag,
+                "",
+            )
+        )
+    headers = ["NODE", "URL", "RAFT", "BROKER", "TERM", "LEADER", "END", "COMMITTED"]
+    return table([*headers, "DISPATCHED", "LAG", "NOTE"], rows)
+
+
+def _leader_transfer(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        answer = admin.transfer_leadership(args.to)
+    if args.json:
+        _json_line(answer)
+    else:
+        print(f"leader: {answer.get('leader_id', args.to)} (term {answer.get('term', '?')})")
+    return 0
+
+
+# ---- produce --------------------------------------------------------------------------------
+
+
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    for n, raw in enumerate(stream, 1):
+        line = raw.rstrip(b"\r\n")
+        if line.strip():
+            yield n, line
+
+
+def _body(line: bytes) -> bytes | str:
+    """Text travels as UTF-8, anything else as bytes (base64 on the wire)."""
+    try:
+        return line.decode("utf-8")
+    except UnicodeDecodeError:
+        return line
+
+
+def _messages(
+    args: argparse.Namespace, lines: Iterator[tuple[int, bytes]] | None
+) -> Iterator[MessageLike]:
+    properties = {}
+    for item in args.property:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--property {item!r}: want NAME=VALUE")
+        properties[name] = value
+
+    def message(body: bytes | str) -> Message:
+        return Message(
+            body,
+            key=args.key,
+            tags=args.tags,
+            properties=properties,
+            queue_id=args.queue_id,
+            sharding_key=args.sharding_key,
+        )
+
+    if lines is None:
+        yield from (message(b) for b in args.messages)
+        return
+    for n, line in lines:
+        if not args.ndjson:
+            yield message(_body(line))
+            continue
+        try:
+            obj = orjson.loads(line)
+            if not isinstance(obj, dict):
+                raise ValueError("not a JSON object")
+            encode_message(obj)  # checked here, so the error names the line
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"line {n}: {e}") from None
+        yield obj
+
+
+def _produce(args: argparse.Namespace) -> int:
+    if args.batch < 1:
+        raise ValueError("--batch must be >= 1")
+    from_stdin = args.messages == ["-"]
+    if args.file is not None and args.messages:
+        raise ValueError("give message arguments or --file, not both")
+    if "-" in args.messages and not from_stdin:
+        raise ValueError("'-' (stdin) goes alone")
+    if args.file is None and not args.messages:
+        raise ValueError("no messages: give them as arguments, '-' for stdin, or --file")
+    bulk = from_stdin or args.file is not None
+    stream: IO[bytes] | None = None
+    if args.file is not None:
+        stream = args.file.open("rb")
+    elif from_stdin:
+        stream = sys.stdin.buffer
+    show_bar = args.progress if args.progress is not None else bulk and sys.stderr.isatty()
+    each = not bulk or args.json
+    sent = batches = 0
+    started = time.monotonic()
+    try:
+        source = _messages(args, _lines(stream) if stream is not None else None)
+        with (
+            Producer(args.brokers, producer_id=args.producer_id, settings=_settings(args)) as p,
+            _Progress(show_bar) as bar,
+        ):
+            while batch := list(itertools.islice(source, args.batch)):
+                results = p.send(args.topic, batch)
+                sent += len(results)
+                batches += 1
+                bar(len(results))
+                for r in results if each else ():
+                    if args.json:
+                        _json_line(asdict(r))
+                    else:
+                        print(f"{r.queue_id}\t{r.queue_offset}\t{r.msg_id}")
+    finally:
+        if stream is not None and args.file is not None:
+            stream.close()
+    if not each or sent > PRINT_EACH_MAX:
+        rate = sent / max(time.monotonic() - started, 1e-6)
+        print(
+            f"sent {_plural(sent, 'message')} to {args.topic} in {_plural(batches, 'batch')}"
+            f" ({rate:,.0f} msg/s)",
+            file=sys.stdout if not args.json else sys.stderr,
+        )
+    return 0
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}{'es' if word.endswith('ch') else 's'}"
+
+
+class _Progress:
+    """A tqdm bar on stderr when wanted; otherwise nothing (CI logs stay clean)."""
+
+    def __init__(self, show: bool) -> None:
+        self.show = show
+        self.bar: Any = None
+
+    def __enter__(self) -> Callable[[int], None]:
+        if self.show:
+            from tqdm import tqdm  # noqa: PLC0415  # only bulk produce on a terminal
+
+            self.bar = tqdm(unit="msg", file=sys.stderr, dynamic_ncols=True)
+            return self.bar.update  # type: ignore[no-any-return]
+        return lambda n: None
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# ---- consume --------------------------------------------------------------------------------
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+
+
+def format_message(m: ReceivedMessage) -> str:
+    """``queue_id <TAB> queue_offset <TAB> key <TAB> body``: text escaped onto one line,
+    a body that is not UTF-8 as ``base64:...``."""
+    try:
+        body = _escape(m.body.decode("utf-8"))
+    except UnicodeDecodeError:
+        body = "base64:" + base64.b64encode(m.body).decode("ascii")
+    return f"{m.queue_id}\t{m.queue_offset}\t{_escape(m.key or '')}\t{body}"
+
+
+def message_json(m: ReceivedMessage) -> dict[str, Any]:
+    d = asdict(m)
+    try:
+        d["body"], d["encoding"] = m.body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        d["body"], d["encoding"] = base64.b64encode(m.body).decode("ascii"), "base64"
+    return d
+
+
+def _consume(args: argparse.Namespace) -> int:
+    group = args.consumer_group
+    if group is not None and args.start is not None:
+        raise ValueError(
+            "--from is for reading without a group (a group starts where it committed)"
+        )
+    if args.max is not None and args.max < 1:
+        raise ValueError("--max must be >= 1")
+    consumer = Consumer(
+        args.brokers,
+        group,
+        args.topic,
+        queue_ids=args.queue_id or None,
+        start=args.start or "earliest",
+        settings=_settings(args),
+    )
+    count = 0
+    # Leaving the block normally (Ctrl-C included) commits what was printed; an error
+    # commits nothing more: those messages come again (at least once).
+    with consumer:
+        try:
+            stream = consumer.messages(
+                max_idle_s=None if args.follow else args.idle,
+                max_messages=args.max,
+                wait_ms=args.wait_ms,
+            )
+            for m in stream:
+                line = orjson.dumps(message_json(m)).decode() if args.json else format_message(m)
+                sys.stdout.write(line + "\n")
+                if args.follow:
+                    sys.stdout.flush()
+                count += 1
+        except KeyboardInterrupt:
+            pass
+    if not args.json and not args.follow and sys.stderr.isatty():
+        print(f"{count} messages", file=sys.stderr)
+    return 0

@@ -1,0 +1,747 @@
+"""``api.client``: the protocol core driven by hand (sans-I/O: scripted replies and a
+fake clock, no server), the drivers over httpx's ``MockTransport`` for wire details,
+and then the real thing against three broker processes on 127.0.0.1: round trips sync
+and async, master discovery from a slave, retries deduplicated by the producer session,
+and a master killed mid-stream with nothing lost or duplicated."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from api import client as mq
+from api.client import (
+    Admin,
+    AsyncAdmin,
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    Message,
+    Producer,
+    ReceivedMessage,
+)
+from api.cluster import LocalBrokerCluster
+from broker.metadata import PRODUCER_ID
+
+# ---- the sans-I/O core, driven by hand ------------------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+Answer = Callable[[mq.Request], mq.Outcome]
+
+
+def drive(
+    gen: mq.Gen[Any], answer: Answer, clock: FakeClock, actions: list[mq.Action] | None = None
+) -> tuple[Any, list[mq.Action]]:
+    """Run an operation: each Request gets ``answer(request)``, each Sleep moves the
+    fake clock. Returns (result, every action in order); bounded."""
+    actions = [] if actions is None else actions
+    outcome: mq.Outcome | None = None
+    for _ in range(1000):
+        try:
+            action = gen.send(outcome)
+        except StopIteration as stop:
+            return stop.value, actions
+        actions.append(action)
+        if isinstance(action, mq.Sleep):
+            assert action.seconds >= 0
+            clock.now += action.seconds
+            outcome = None
+        else:
+            outcome = answer(action)
+    raise AssertionError("the operation did not finish within 1000 actions")
+
+
+def drive_raises(
+    gen: mq.Gen[Any], answer: Answer, clock: FakeClock
+) -> tuple[mq.LedgerMQError, list[mq.Action]]:
+    actions: list[mq.Action] = []
+    with pytest.raises(mq.LedgerMQError) as info:
+        drive(gen, answer, clock, actions)
+    return info.value, actions
+
+
+def reply(status: int, body: Any = None, **headers: str) -> mq.Reply:
+    return mq.Reply(status, {k.replace("_", "-").lower(): v for k, v in headers.items()}, body)
+
+
+def error(status: int, code: str, **fields: Any) -> mq.Reply:
+    headers = {"retry_after": "1"} if status == 503 else {}
+    return reply(status, {"error": {"code": code, "message": code.lower(), **fields}}, **headers)
+
+
+def cluster_body(node_id: str, role: str, leader_id: str | None, leader_url: str | None) -> Any:
+    return {
+        "node_id": node_id,
+        "broker_role": role,
+        "raft_role": "LEADER" if role == "MASTER" else "FOLLOWER",
+        "leader_id": leader_id,
+        "leader_url": leader_url,
+    }
+
+
+def exchange(brokers: str, clock: FakeClock, **options: Any) -> mq.Exchange:
+    return mq.Exchange(brokers, mq.ClientSettings(**options), rng=random.Random(7), clock=clock)
+
+
+A, B, M = "http://a:1", "http://b:2", "http://m:3"
+WRITE = mq.Call("POST", "/v1/topics", body={"name": "t"}, write=True)
+READ = mq.Call("GET", "/v1/topics")
+
+
+@pytest.mark.parametrize("code", sorted(mq._ERROR_CLASSES))
+def test_error_codes_map_to_typed_exceptions(code: str) -> None:
+    e = mq.error_from_reply(error(409, code, leader_url="http://x:1", extra=5))
+    assert type(e) is mq._ERROR_CLASSES[code]
+    assert (e.code, e.status, e.message) == (code, 409, code.lower())
+    assert e.fields == {"leader_url": "http://x:1", "extra": 5}
+    assert isinstance(e, mq.LedgerMQError)
+
+
+def test_unknown_codes_and_bodies_that_are_not_ours() -> None:
+    e = mq.error_from_reply(error(403, "FORBIDDEN"))
+    assert type(e) is mq.LedgerMQError and e.code == "FORBIDDEN"
+    e = mq.error_from_reply(mq.Reply(502, {}, None, "<html>bad gateway</html>"))
+    assert e.code == "HTTP_502" and "bad gateway" in e.message
+
+
+def test_backoff_is_exponential_capped_and_jittered() -> None:
+    s = mq.ClientSettings(backoff_base_s=0.1, backoff_cap_s=1.0)
+    rng = random.Random(1)
+    for n, ceiling in [(0, 0.1), (1, 0.2), (2, 0.4), (3, 0.8), (4, 1.0), (60, 1.0)]:
+        draws = [mq.backoff_delay_s(n, s, rng) for _ in range(50)]
+        assert all(ceiling / 2 <= d <= ceiling for d in draws), (n, draws)
+        assert len(set(draws)) > 1  # jittered
+
+
+def test_settings_are_checked() -> None:
+    for bad in ({"deadline_s": 0}, {"max_attempts": 0}, {"backoff_base_s": 3.0}):
+        with pytest.raises(ValueError):
+            mq.ClientSettings(**bad)
+
+
+def test_parse_brokers() -> None:
+    assert mq.parse_brokers(" a:1, http://b:2/ ,a:1") == ["http://a:1", "http://b:2"]
+    assert mq.parse_brokers(["https://c"]) == ["https://c"]
+    for bad in ("", " , ", "ftp://x"):
+        with pytest.raises(ValueError):
+            mq.parse_brokers(bad)
+
+
+def test_message_encoding() -> None:
+    assert mq.encode_message("héllo") == {"body": "héllo", "encoding": "utf-8"}
+    assert mq.encode_message(b"\xff\x00") == {"body": "/wA=", "encoding": "base64"}
+    m = Message(b"x", key="k", keys=["a"], tags="T", properties={"p": "1"}, queue_id=2)
+    assert mq.encode_message(m) == {
+        "body": "eA==",
+        "encoding": "base64",
+        "key": "k",
+        "keys": ["a"],
+        "tags": "T",
+        "properties": {"p": "1"},
+        "queue_id": 2,
+    }
+    assert mq.encode_message({"body": "eA==", "encoding": "base64", "sharding_key": "o"}) == {
+        "body": "eA==",
+        "encoding": "base64",
+        "sharding_key": "o",
+    }
+    assert mq.encode_message({"body": b"x", "tags": None}) == {"body": "eA==", "encoding": "base64"}
+    for bad in ({"key": "no body"}, {"body": "x", "colour": "red"}):
+        with pytest.raises(ValueError):
+            mq.encode_message(bad)
+    with pytest.raises(TypeError):
+        mq.encode_message(42)  # type: ignore[arg-type]
+
+
+def test_received_message_decoding() -> None:
+    base = {"topic": "t", "queue_id": 1, "queue_offset": 5, "msg_id": "m"}
+    assert mq.decode_message({**base, "body": "/wA=", "encoding": "base64"}).body == b"\xff\x00"
+    m = mq.decode_message({**base, "body": "hé", "encoding": "utf-8", "keys": ["k"]})
+    assert (m.body, m.text, m.keys) == ("hé".encode(), "hé", ("k",))
+
+
+def test_producer_id_form_is_the_brokers() -> None:
+    assert mq.PRODUCER_ID.pattern == PRODUCER_ID.pattern
+    assert mq.PRODUCER_ID.fullmatch(mq.new_producer_id())
+    with pytest.raises(ValueError):
+        mq.ProducerOps(exchange(A, FakeClock()), "bad id!", 0)
+
+
+def test_a_write_discovers_the_master_and_follows_not_master() -> None:
+    clock = FakeClock()
+    ex = exchange(f"{A},{B}", clock)
+
+    def answer(req: mq.Request) -> mq.Outcome:
+        if req.url == A + "/v1/cluster":  # a slave that knows the master: B
+            return reply(200, cluster_body("a", "SLAVE", "b", B + "/"))
+        if req.url.startswith(B):  # B lost it meanwhile: M is the master now
+            return error(307, "NOT_MASTER", leader_id="m", leader_url=M)
+        assert req.url == M + "/v1/topics" and req.method == "POST"
+        return reply(201, {"name": "t", "queues": 8})
+
+    result, actions = drive(ex.exchange(WRITE), answer, clock)
+    assert result.status == 201
+    assert [a.url for a in actions if isinstance(a, mq.Request)] == [
+        A + "/v1/cluster",
+        B + "/v1/topics",
+        M + "/v1/topics",
+    ]
+    assert ex.master == M  # cached: the next write goes straight there
+    _, actions = drive(ex.exchange(WRITE), answer, clock)
+    assert [a.url for a in actions if isinstance(a, mq.Request)] == [M + "/v1/topics"]
+
+
+def test_a_redirect_with_only_a_location_header() -> None:
+    clock = FakeClock()
+    ex = exchange(A, clock)
+    ex.master = A
+
+    def answer(req: mq.Request) -> mq.Outcome:
+        if req.url.startswith(A):
+            return reply(
+                307, {"error": {"code": "NOT_MASTER", "message": "x"}}, location=M + "/v1/topics"
+            )
+        return reply(200, {})
+
+    drive(ex.exchange(WRITE), answer, clock)
+    assert ex.master == M
+
+
+def test_no_master_backs_off_at_least_retry_after_until_the_deadline() -> None:
+    clock = FakeClock()
+    ex = exchange(f"{A},{B}", clock, deadline_s=10.0, backoff_base_s=0.05, backoff_cap_s=0.5)
+    start = clock.now
+
+    def answer(req: mq.Request) -> mq.Outcome:
+        if req.url.endswith("/v1/cluster"):
+            return reply(200, cluster_body("a", "SLAVE", "b", B))
+        return error(503, "NO_MASTER")  # Retry-After: 1
+
+    err, actions = drive_raises(ex.exchange(WRITE), answer, clock)
+    assert isinstance(err, mq.NoMasterError)
+    sleeps = [a.seconds for a in actions if isinstance(a, mq.Sleep)]
+    assert sleeps and all(s >= 1.0 for s in sleeps)  # the server's hint wins over 0.5 s
+    assert clock.now - start <= 10.0  # never sleeps past the deadline
+    assert len(sleeps) >= 5
+    # Every round rediscovers the master (it may have moved).
+    posts = [a for a in actions if isinstance(a, mq.Request) and a.method == "POST"]
+    assert len(sleeps) <= len(posts) <= len(sleeps) + 1
+
+
+def test_unknown_outcome_is_retried_with_the_same_session_and_busy_too() -> None:
+    clock = FakeClock()
+    ex = exchange(A, clock)
+    ex.master = A
+    ops = mq.ProducerOps(ex, "p-1", 41)
+    answers = iter(
+        [
+            error(503, "UNKNOWN_OUTCOME"),
+            reply(200, cluster_body("a", "MASTER", "a", A)),  # rediscovery
+            error(429, "BUSY", retry_after_ms=250),
+            reply(200, {"results": [{"msg_id": "x", "queue_id": 3, "queue_offset": 9}]}),
+        ]
+    )
+    result, actions = drive(ops.send("t", ["hello"]), lambda _r: next(answers), clock)
+    assert result == [mq.SendResult("x", 3, 9)]
+    posts = [a for a in actions if isinstance(a, mq.Request) and a.method == "POST"]
+    assert len(posts) == 3
+    bodies = [orjson.loads(p.content or b"") for p in posts]
+    assert all(b == bodies[0] for b in bodies)  # byte-for-byte the same batch
+    assert (bodies[0]["producer_id"], bodies[0]["sequence"]) == ("p-1", 41)
+    assert [a.seconds for a in actions if isinstance(a, mq.Sleep)][-1] >= 0.25
+    assert ops.sequence == 42  # the next batch
+
+
+def test_an_unreachable_broker_is_skipped_and_none_answering_is_unavailable() -> None:
+    clock = FakeClock()
+    ex = exchange(f"{A},{B}", clock, deadline_s=5.0)
+
+    def b_answers(req: mq.Request) -> mq.Outcome:
+        if req.url.startswith(A):
+            return mq.Unreachable("ConnectError: refused")
+        return reply(200, {"topics": []})
+
+    result, actions = drive(ex.exchange(READ), b_answers, clock)
+    assert result.body == {"topics": []}
+    assert not any(isinstance(a, mq.Sleep) for a in actions)  # straight to the next one
+
+    err, actions = drive_raises(ex.exchange(READ), lambda _r: mq.Unreachable("refused"), clock)
+    assert isinstance(err, mq.BrokerUnavailableError)
+    assert A in str(err) and B in str(err)
+    assert any(isinstance(a, mq.Sleep) for a in actions)  # rounds separated by backoff
+
+
+def test_other_errors_are_raised_at_once() -> None:
+    clock = FakeClock()
+    ex = exchange(f"{A},{B}", clock)
+    calls = []
+
+    def answer(req: mq.Request) -> mq.Outcome:
+        calls.append(req)
+        return error(404, "TOPIC_NOT_FOUND", topic="t")
+
+    err, _ = drive_raises(ex.exchange(READ), answer, clock)
+    assert isinstance(err, mq.TopicNotFoundError) and err.fields["topic"] == "t"
+    assert len(calls) == 1
+
+
+def test_attempts_are_bounded_when_two_nodes_name_each_other() -> None:
+    clock = FakeClock()
+    ex = exchange(f"{A},{B}", clock, max_attempts=12, deadline_s=1e6)
+    ex.master = A
+
+    def answer(req: mq.Request) -> mq.Outcome:
+        other = B if req.url.startswith(A) else A
+        if req.url.endswith("/v1/cluster"):
+            return reply(200, cluster_body("x", "SLAVE", "y", other))
+        return error(307, "NOT_MASTER", leader_url=other)
+
+    err, actions = drive_raises(ex.exchange(WRITE), answer, clock)
+    assert isinstance(err, mq.NotMasterError)
+    assert sum(isinstance(a, mq.Request) for a in actions) == 12
+
+
+def test_long_polls_get_their_wait_on_top_of_the_timeout() -> None:
+    clock = FakeClock()
+    ex = exchange(A, clock, timeout_s=2.0)
+    _, actions = drive(
+        ex.exchange(mq.Call("POST", "/v1/groups/g/pull", body={}, wait_ms=5000)),
+        lambda _r: reply(200, {}),
+        clock,
+    )
+    assert isinstance(actions[0], mq.Request) and actions[0].timeout_s == pytest.approx(7.0)
+
+
+def test_group_pull_drops_what_a_lagging_node_repeats() -> None:
+    clock = FakeClock()
+    ex = exchange(A, clock)
+    ops = mq.ConsumerOps(ex, "g", "t")
+    ops.positions, ops.committed = {0: 5}, {0: 5}
+
+    def msg(q: int, o: int) -> dict[str, Any]:
+        return {"topic": "t", "queue_id": q, "queue_offset": o, "msg_id": "m", "body": "x"}
+
+    body = {
+        "messages": [msg(0, 3), msg(0, 4), msg(0, 5), msg(1, 0)],
+        "next_offsets": {"0": 6, "1": 1},
+    }
+    got, _ = drive(ops.poll(10), lambda _r: reply(200, body), clock)
+    assert [(m.queue_id, m.queue_offset) for m in got] == [(0, 5), (1, 0)]
+    assert ops.positions == {0: 6, 1: 1}
+    assert ops.pending() == {0: 6, 1: 1}
+
+
+def test_pacer_stops_on_count_and_on_idle() -> None:
+    clock = FakeClock()
+    p = mq.Pacer(clock, max_idle_s=2.0, max_messages=5, wait_ms=1500, batch=4)
+    assert p.next_fetch() == (4, 1500)
+    p.got(4)
+    assert p.next_fetch() == (1, 1500)
+    clock.now += 1.0
+    assert p.next_fetch() == (1, 1000)  # never waits past the idle limit
+    clock.now += 1.0
+    assert p.next_fetch() is None
+    p = mq.Pacer(clock, max_idle_s=None, max_messages=2, wait_ms=10, batch=4)
+    p.got(2)
+    assert p.next_fetch() is None
+
+
+# ---- the drivers over httpx.MockTransport: wire details -------------------------------------
+
+
+def test_sync_driver_handles_307_itself_and_reuses_one_client() -> None:
+    seen: list[tuple[str, str]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append((request.url.host, request.url.path))
+        if request.url.path == "/v1/cluster":
+            return httpx.Response(200, json=cluster_body("a", "MASTER", "a", A))
+        if request.url.host == "a":
+            return httpx.Response(
+                307,
+                headers={"Location": M + request.url.path},
+                json={"error": {"code": "NOT_MASTER", "message": "m is", "leader_url": M}},
+            )
+        sent = orjson.loads(request.content)
+        assert request.headers["authorization"] == "Bearer s3cret"
+        n = len(sent["messages"])
+        return httpx.Response(
+            200,
+            json={
+                "results": [{"msg_id": f"i{k}", "queue_id": 0, "queue_offset": k} for k in range(n)]
+            },
+        )
+
+    with Producer(A, transport=httpx.MockTransport(handler), auth_token="s3cret") as p:
+        assert p.send_one("t", "x").msg_id == "i0"
+        assert p.master == M
+        assert len(p.send("t", ["x", b"y"])) == 2
+    assert (
+        seen
+        == [("a", "/v1/cluster"), ("a", "/v1/topics/t/messages")]
+        + [("m", "/v1/topics/t/messages")] * 2
+    )
+
+
+def test_async_driver_sleeps_between_retries_and_quotes_names() -> None:
+    hits: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        hits.append(request.url.raw_path.decode())
+        if len(hits) == 1:
+            return httpx.Response(
+                503,
+                json={"error": {"code": "BUSY", "message": "later", "retry_after_ms": 30}},
+            )
+        return httpx.Response(200, json={"name": "a%b|c", "queues": [], "topics": []})
+
+    async def run() -> float:
+        async with AsyncAdmin(A, transport=httpx.MockTransport(handler)) as admin:
+            started = time.monotonic()
+            d = await admin.describe_topic("a%b|c")
+            assert d.name == "a%b|c"
+            return time.monotonic() - started
+
+    took = asyncio.run(run())
+    assert took >= 0.03
+    assert hits == ["/v1/topics/a%25b%7Cc"] * 2
+
+
+# ---- against a real cluster -----------------------------------------------------------------
+
+
+def wait_until(cond: Callable[[], object], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, f"not reached within {timeout_s} s"
+        time.sleep(0.02)
+
+
+def read_all(admin: Admin, topic: str) -> dict[int, list[ReceivedMessage]]:
+    """Every retained message of every queue, in offset order (bounded)."""
+    out: dict[int, list[ReceivedMessage]] = {}
+    for q in admin.describe_topic(topic).queues:
+        got: list[ReceivedMessage] = []
+        offset = q.min_offset
+        for _ in range(1000):
+            if offset >= q.max_offset:
+                break
+            r = admin.pull(topic, q.queue_id, offset, max_messages=500)
+            got += r.messages
+            offset = r.next_offset
+        out[q.queue_id] = got
+    return out
+
+
+def slave_url(cl: LocalBrokerCluster) -> tuple[str, str]:
+    master = cl.wait_ready(timeout_s=30)
+    slave = next(n for n in cl.ids if n != master)
+    return cl.urls[master], cl.urls[slave]
+
+
+def test_round_trip_sync(cluster3: LocalBrokerCluster) -> None:
+    topic = "rt-sync"
+    sent: list[mq.MessageLike] = [
+        "plain",
+        b"\x00\xffbinary",
+        Message("keyed", key="k1", tags="TagA", properties={"color": "red"}),
+        Message("pinned", queue_id=3),
+        {"body": "from a dict", "keys": ["a", "b"]},
+        *[Message(f"ordered-{i}", sharding_key="order-1") for i in range(10)],
+    ]
+    with Admin(cluster3.brokers) as admin:
+        assert admin.create_topic(topic, 4) == mq.TopicInfo(topic, 4, created=True)
+        assert admin.create_topic(topic, 4).created is False
+        with Producer(cluster3.brokers) as p:
+            results = p.send(topic, sent)
+            results.append(p.send_one(topic, "last", tags="TagB"))
+            assert p.sequence == 2
+        assert results[3].queue_id == 3
+        assert len({r.queue_id for r in results[5:15]}) == 1  # one sharding key, one queue
+        with Consumer(cluster3.brokers, "rt-g", topic) as c:
+            got = list(c.messages(max_messages=len(results), max_idle_s=10, wait_ms=500))
+        assert sorted((m.queue_id, m.queue_offset) for m in got) == sorted(
+            (r.queue_id, r.queue_offset) for r in results
+        )
+        by_id = {m.msg_id: m for m in got}
+        assert by_id[results[1].msg_id].body == b"\x00\xffbinary"
+        keyed = by_id[results[2].msg_id]
+        assert (keyed.text, keyed.key, keyed.tags, keyed.properties.get("color")) == (
+            "keyed",
+            "k1",
+            "TagA",
+            "red",
+        )
+        assert set(by_id[results[4].msg_id].keys) == {"a", "b"}
+        assert keyed.topic == topic and keyed.store_timestamp >= keyed.born_timestamp > 0
+        ordered = [m.text for m in got if m.text.startswith("ordered-")]
+        assert ordered == [f"ordered-{i}" for i in range(10)]
+        # Closing committed everything: the group has no lag, a new member gets nothing.
+        assert all(o.lag == 0 for o in admin.group_offsets("rt-g", topic))
+        with Consumer(cluster3.brokers, "rt-g", topic) as c:
+            assert c.poll(10, wait_ms=200) == []
+        assert "rt-g" in admin.groups()
+
+
+def test_round_trip_async(cluster3: LocalBrokerCluster) -> None:
+    topic = "rt-async"
+
+    async def run() -> None:
+        async with AsyncProducer(cluster3.brokers) as p:
+            results = await p.send(topic, [f"a-{i}" for i in range(20)])
+        async with AsyncConsumer(cluster3.brokers, "rt-ag", topic) as c:
+            got = [m async for m in c.messages(max_messages=20, max_idle_s=10, wait_ms=500)]
+            assert await c.poll(5, wait_ms=0) == []
+        assert sorted(m.text for m in got) == sorted(f"a-{i}" for i in range(20))
+        assert {m.msg_id for m in got} == {r.msg_id for r in results}
+        async with AsyncAdmin(cluster3.brokers) as admin:
+            offsets = await admin.group_offsets("rt-ag", topic)
+            assert sum(o.lag for o in offsets) == 0
+            assert sum(o.committed_offset or 0 for o in offsets) == 20
+
+    asyncio.run(run())
+
+
+def test_master_discovery_from_a_slave_url(cluster3: LocalBrokerCluster) -> None:
+    master, slave = slave_url(cluster3)
+    with Producer(slave) as p:
+        unknown = p.master
+        assert unknown is None
+        p.send("disco", ["x"])
+        assert p.master == master
+    with Admin(slave) as admin:  # admin writes find it the same way
+        admin.create_topic("disco-2", 2)
+        assert admin.master == master
+        views = admin.cluster_all()  # learns the other nodes from the one it was given
+        assert [v.node_id for v in views] == cluster3.ids
+        assert sorted(v.status.broker_role for v in views if v.status) == [
+            "MASTER",
+            "SLAVE",
+            "SLAVE",
+        ]
+
+
+def test_cluster_all_shows_a_node_that_does_not_answer(cluster3: LocalBrokerCluster) -> None:
+    dead = "http://127.0.0.1:9"  # discard port: nothing listens
+    with Admin([dead, *cluster3.urls.values()], timeout_s=2) as admin:
+        views = admin.cluster_all()
+    assert [v.node_id for v in views if v.status] == cluster3.ids
+    strays = [v for v in views if v.status is None]
+    assert [(v.url, v.node_id) for v in strays] == [(dead, None)]
+    assert "BROKER_UNAVAILABLE" in (strays[0].error or "")
+
+
+class LoseFirstReply(httpx.BaseTransport):
+    """Forwards to the real broker, but the first produce's answer is "lost" (a read
+    timeout after the broker did the work): what a client sees when a master dies or a
+    network drops between commit and reply."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.HTTPTransport()
+        self.lost = 0
+        self.produce_bodies: list[bytes] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = self.inner.handle_request(request)
+        if request.method == "POST" and request.url.path.endswith("/messages"):
+            self.produce_bodies.append(request.read())
+            if self.lost == 0:
+                response.read()
+                response.close()
+                self.lost += 1
+                raise httpx.ReadTimeout("reply lost", request=request)
+        return response
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_a_lost_reply_is_retried_and_deduplicated(cluster3: LocalBrokerCluster) -> None:
+    topic = "dedupe-lost"
+    transport = LoseFirstReply()
+    with Producer(cluster3.brokers, transport=transport) as p:
+        results = p.send(topic, [f"m{i}" for i in range(5)])
+    assert transport.lost == 1
+    assert len(transport.produce_bodies) == 2
+    assert transport.produce_bodies[0] == transport.produce_bodies[1]  # same session, same sequence
+    with Admin(cluster3.brokers) as admin:
+        stored = [m for q in read_all(admin, topic).values() for m in q]
+    assert sorted(m.text for m in stored) == [f"m{i}" for i in range(5)]  # once each
+    assert {m.msg_id for m in stored} == {r.msg_id for r in results}
+
+
+def test_a_resent_session_batch_is_answered_not_appended(cluster3: LocalBrokerCluster) -> None:
+    topic = "dedupe-resend"
+    batch = [f"r{i}" for i in range(3)]
+    with Producer(cluster3.brokers, producer_id="p-resend") as p:
+        first = p.send(topic, batch)
+    # A restarted process resuming its session resends sequence 0.
+    with Producer(cluster3.brokers, producer_id="p-resend", first_sequence=0) as p:
+        again = p.send(topic, batch)
+        p.send(topic, ["next"])  # sequence 1
+        p._ops.sequence = 0  # a stale retry from before it
+        with pytest.raises(mq.SequenceTooOldError):
+            p.send(topic, ["late"])
+    assert again == first
+    with Admin(cluster3.brokers) as admin:
+        assert sorted(m.text for v in read_all(admin, topic).values() for m in v) == [
+            "next",
+            *batch,
+        ]
+
+
+def test_a_manual_commit_consumer_never_redelivers(cluster3: LocalBrokerCluster) -> None:
+    topic = "manual"
+    with Producer(cluster3.brokers) as p:
+        p.send(topic, [f"m{i:02}" for i in range(30)])
+    seen: list[str] = []
+    with Consumer(cluster3.brokers, "manual-g", topic, auto_commit=False) as c:
+        for _ in range(20):  # bounded; polls without committing move on all the same
+            batch = c.poll(7, wait_ms=100)
+            seen += [m.text for m in batch]
+            if len(seen) >= 20:
+                break
+        assert len(seen) == len(set(seen)) >= 20
+        assert c.commit()  # commits the positions
+        assert c.commit() == {}  # nothing new
+        assert sum(c.committed.values()) == len(seen)
+        c.poll(5, wait_ms=0)  # delivered, never committed: the next member sees it again
+    with Consumer(cluster3.brokers, "manual-g", topic) as c:
+        rest = [m.text for m in c.messages(max_messages=30, max_idle_s=2, wait_ms=300)]
+    assert sorted(seen + rest) == [f"m{i:02}" for i in range(30)]
+
+
+def test_reading_without_a_group_from_earliest_and_latest(cluster3: LocalBrokerCluster) -> None:
+    topic = "nogroup"
+    with Producer(cluster3.brokers) as p:
+        p.send(topic, ["old-1", "old-2"])
+        with (
+            Consumer(cluster3.brokers, None, topic, start="latest") as late,
+            Consumer(cluster3.brokers, None, topic) as early,
+        ):
+            assert late.poll(10, wait_ms=0) == []  # positions taken now: at the end
+            p.send(topic, ["new"])
+            got_late = [m.text for m in late.messages(max_messages=1, max_idle_s=5, wait_ms=300)]
+            got_early = [m.text for m in early.messages(max_messages=3, max_idle_s=5, wait_ms=300)]
+            assert late.commit() == {}  # no group: nothing to commit
+    assert got_late == ["new"]
+    assert sorted(got_early) == ["new", "old-1", "old-2"]
+
+
+def test_admin_queries_and_errors(cluster3: LocalBrokerCluster) -> None:
+    topic = "admin-q"
+    with Admin(cluster3.brokers) as admin, Producer(cluster3.brokers) as p:
+        admin.create_topic(topic, 2)
+        before = int(time.time() * 1000) - 1
+        r = p.send(topic, [Message("findme", key="order-7", queue_id=1)])[0]
+        m = admin.get_message(r.msg_id)
+        assert (m.text, m.queue_id, m.queue_offset) == ("findme", 1, r.queue_offset)
+        assert [x.msg_id for x in admin.query_by_key(topic, "order-7")] == [r.msg_id]
+        assert admin.offset_for_timestamp(topic, 1, before) <= r.queue_offset
+        assert admin.offset_for_timestamp(topic, 1, before + 10**9) == r.queue_offset + 1
+        pulled = admin.pull(topic, 1, r.queue_offset)
+        assert pulled.status == "FOUND" and pulled.messages[0].msg_id == r.msg_id
+        assert admin.pull(topic, 1, 10_000).status == "OFFSET_ILLEGAL"
+        assert mq.TopicInfo(topic, 2) in admin.list_topics()
+        admin.commit_offsets("admin-g", topic, {1: r.queue_offset + 1})
+        assert admin.reset_offsets("admin-g", topic, "earliest") == {0: 0, 1: 0}
+        lag = {o.queue_id: o.lag for o in admin.group_offsets("admin-g", topic)}
+        assert lag[1] == r.queue_offset + 1
+        with pytest.raises(mq.TopicConflictError):
+            admin.create_topic(topic, 3)
+        with pytest.raises(mq.InvalidArgumentError):
+            admin.create_topic("bad name!")
+        with pytest.raises(mq.MessageNotFoundError):
+            admin.get_message("67300000000000FFFFFF")
+        with pytest.raises(mq.GroupNotFoundError):
+            admin.group_offsets("no-such-group")
+        admin.delete_topic(topic)
+        with pytest.raises(mq.TopicNotFoundError):
+            admin.describe_topic(topic)
+
+
+# ---- failover -------------------------------------------------------------------------------
+
+
+def test_master_killed_mid_stream_nothing_lost_or_duplicated(
+    fresh_cluster3: LocalBrokerCluster,
+) -> None:
+    cl = fresh_cluster3
+    first = cl.wait_ready(timeout_s=30)
+    topic, group, per_batch, max_batches = "failover", "fo-g", 10, 400
+    with Admin(cl.brokers) as admin:
+        admin.create_topic(topic, 4)
+    acked: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def produce() -> None:
+        """Sends without pause until told to stop: the kill lands mid-stream."""
+        try:
+            with Producer(cl.brokers, deadline_s=45) as p:
+                for b in range(max_batches):
+                    if stop.is_set():
+                        return
+                    bodies = [f"b{b:03}-{i}" for i in range(per_batch)]
+                    p.send(topic, bodies)
+                    acked.extend(bodies)
+        except BaseException as e:  # reported by the main thread
+            errors.append(e)
+
+    producer = threading.Thread(target=produce, name="producer")
+    producer.start()
+    try:
+        # A consumer takes (and commits, on close) part of the stream before the kill.
+        with Consumer(cl.brokers, group, topic) as c:
+            consumed_before = [
+                m.text for m in c.messages(max_messages=60, max_idle_s=10, wait_ms=300)
+            ]
+        acked_at_kill = len(acked)
+        cl.kill(first)  # SIGKILL
+        wait_until(lambda: len(acked) >= acked_at_kill + 10 * per_batch or errors, 45)
+    finally:
+        stop.set()
+        producer.join(timeout=60)
+    assert not producer.is_alive(), "the producer did not stop"
+    assert not errors, f"the producer failed: {errors[0]!r}"
+    assert 60 <= acked_at_kill < len(acked) < max_batches * per_batch
+    second = cl.wait_ready(nodes=[n for n in cl.ids if n != first], timeout_s=30)
+    assert second != first
+
+    # Every queue read in full on the new master: each acknowledged message exactly once,
+    # nothing unexpected, queue offsets contiguous.
+    with Admin(cl.urls[second]) as admin:
+        queues = read_all(admin, topic)
+    stored = [m.text for q in queues.values() for m in q]
+    for q, msgs in queues.items():
+        assert [m.queue_offset for m in msgs] == list(range(len(msgs))), f"queue {q} has gaps"
+    counts = Counter(stored)
+    assert not [b for b, n in counts.items() if n > 1], "duplicated"
+    assert not set(acked) - set(counts), "lost"
+    assert not set(counts) - set(acked), "unexpected"
+
+    # The group resumes exactly where it committed before the failover.
+    assert len(consumed_before) == 60
+    with Consumer(cl.brokers, group, topic) as c:
+        consumed_after = [
+            m.text for m in c.messages(max_messages=len(acked) - 60, max_idle_s=5, wait_ms=500)
+        ]
+    assert not set(consumed_before) & set(consumed_after)
+    assert sorted(consumed_before + consumed_after) == sorted(acked)
