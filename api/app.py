@@ -17,6 +17,7 @@ model validation on the hot path); their models document them in the OpenAPI sch
 # some of which use this app's limits, at route definition time.
 import base64
 import binascii
+import hmac
 import logging
 import math
 import time
@@ -24,9 +25,10 @@ from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 import orjson
-from fastapi import FastAPI, Path, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -143,9 +145,32 @@ GroupPath = Annotated[str, Path(pattern=models.GROUP_PATTERN, examples=["billing
 # ---- the app --------------------------------------------------------------------------------
 
 
-def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
-    """The HTTP API of one node. ``broker`` is started (and stopped) by the caller."""
+def create_app(
+    settings: BrokerSettings,
+    broker: Broker,
+    *,
+    auth_token: str | None = None,
+    metrics_need_auth: bool = False,
+) -> FastAPI:
+    """The HTTP API of one node. ``broker`` is started (and stopped) by the caller.
+
+    With ``auth_token`` every ``/v1`` request needs ``Authorization: Bearer <token>``
+    (401 otherwise); ``/healthz`` and ``/readyz`` stay open, ``/metrics`` too unless
+    ``metrics_need_auth``."""
     limits = settings.limits
+    bearer = HTTPBearer(auto_error=False, description="the node's --auth-token")
+
+    async def check_token(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    ) -> None:
+        if auth_token is None:
+            return
+        given = credentials.credentials if credentials is not None else ""
+        if not hmac.compare_digest(given.encode(), auth_token.encode()):
+            raise errors.UnauthenticatedError("a valid bearer token is required")
+
+    guarded = [Depends(check_token)] if auth_token is not None else []
+    v1 = APIRouter(dependencies=guarded)
     metrics = NodeMetrics(broker)
     app = FastAPI(
         title="LedgerMQ",
@@ -180,7 +205,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
                 headers={"Retry-After": str(DEFAULT_RETRY_AFTER_S)},
                 **fields,
             )
-        headers = None
+        headers = {"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None
         if e.http_status in (429, 503):
             retry_ms = e.fields.get("retry_after_ms", DEFAULT_RETRY_AFTER_S * 1000)
             headers = {"Retry-After": str(max(1, math.ceil(retry_ms / 1000)))}
@@ -232,13 +257,18 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
             return JSONBytes({"ready": False, "reason": reason}, status_code=503)
         return JSONBytes({"ready": True, "reason": None})
 
-    @app.get("/metrics", tags=["cluster"], summary="Prometheus text exposition")
+    @app.get(
+        "/metrics",
+        tags=["cluster"],
+        summary="Prometheus text exposition",
+        dependencies=guarded if metrics_need_auth else [],
+    )
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
     # ---- cluster -----------------------------------------------------------------------
 
-    @app.get("/v1/cluster", tags=["cluster"], response_model=models.ClusterInfo)
+    @v1.get("/v1/cluster", tags=["cluster"], response_model=models.ClusterInfo)
     async def cluster() -> Response:
         st = broker.status()
         nodes = []
@@ -273,7 +303,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
             }
         )
 
-    @app.post(
+    @v1.post(
         "/v1/cluster/leadership",
         tags=["cluster"],
         summary="transfer leadership; answers once the target leads",
@@ -293,7 +323,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
 
     # ---- topics ------------------------------------------------------------------------
 
-    @app.post(
+    @v1.post(
         "/v1/topics",
         tags=["topics"],
         status_code=201,
@@ -305,13 +335,13 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
         t, created = await broker.create_topic(body.name, body.queues)
         return JSONBytes({"name": t.name, "queues": t.queues}, status_code=201 if created else 200)
 
-    @app.get("/v1/topics", tags=["topics"], response_model=models.TopicList)
+    @v1.get("/v1/topics", tags=["topics"], response_model=models.TopicList)
     async def list_topics() -> Response:
         return JSONBytes(
             {"topics": [{"name": t.name, "queues": t.queues} for t in broker.list_topics()]}
         )
 
-    @app.get(
+    @v1.get(
         "/v1/topics/{topic}",
         tags=["topics"],
         response_model=models.TopicDescription,
@@ -320,7 +350,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
     async def describe_topic(topic: TopicPath) -> Response:
         return JSONBytes(broker.describe_topic(topic))
 
-    @app.delete(
+    @v1.delete(
         "/v1/topics/{topic}",
         tags=["topics"],
         status_code=204,
@@ -379,7 +409,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
         except ValidationError as e:
             raise errors.InvalidArgumentError(_validation_message(e)) from None
 
-    @app.post(
+    @v1.post(
         "/v1/topics/{topic}/messages",
         tags=["produce"],
         summary="produce a batch; answers after quorum commit",
@@ -449,7 +479,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
             metrics.pulled_bytes.labels(topic).inc(sum(len(m.body) for m in found))
         return [message_out(m, encoding) for m in found]
 
-    @app.get(
+    @v1.get(
         "/v1/topics/{topic}/queues/{queue_id}/messages",
         tags=["consume"],
         summary="pull from one queue (long polling with wait_ms)",
@@ -480,7 +510,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
             }
         )
 
-    @app.get(
+    @v1.get(
         "/v1/topics/{topic}/queues/{queue_id}/offset",
         tags=["consume"],
         summary="the first offset whose store time is at or after a timestamp",
@@ -496,7 +526,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
             raise errors.InvalidArgumentError(f"queue_id {queue_id} is out of range")
         return JSONBytes({"offset": broker.offset_for_time(topic, queue_id, timestamp)})
 
-    @app.get(
+    @v1.get(
         "/v1/topics/{topic}/messages",
         tags=["query"],
         summary="messages carrying a key (or a UNIQ_KEY)",
@@ -512,7 +542,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
         found = broker.query_by_key(topic, key, max)
         return JSONBytes({"messages": messages_out(topic, found, encoding)})
 
-    @app.get(
+    @v1.get(
         "/v1/messages/{msg_id}",
         tags=["query"],
         response_model=models.MessageOut,
@@ -526,11 +556,11 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
 
     # ---- consumer groups ---------------------------------------------------------------
 
-    @app.get("/v1/groups", tags=["groups"], response_model=models.GroupList)
+    @v1.get("/v1/groups", tags=["groups"], response_model=models.GroupList)
     async def list_groups() -> Response:
         return JSONBytes({"groups": broker.list_groups()})
 
-    @app.get(
+    @v1.get(
         "/v1/groups/{group}/offsets",
         tags=["groups"],
         response_model=models.GroupOffsets,
@@ -550,7 +580,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
             out[int(k)] = v
         return out
 
-    @app.put(
+    @v1.put(
         "/v1/groups/{group}/offsets",
         tags=["groups"],
         summary="commit a group's offsets (replicated)",
@@ -562,7 +592,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
         await broker.commit_offsets(group, body.topic, offsets)
         return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
 
-    @app.post(
+    @v1.post(
         "/v1/groups/{group}/offsets/reset",
         tags=["groups"],
         summary="move a group's offsets to earliest, latest or a store timestamp",
@@ -574,7 +604,7 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
         offsets = await broker.reset_offsets(group, body.topic, body.to)
         return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
 
-    @app.post(
+    @v1.post(
         "/v1/groups/{group}/pull",
         tags=["groups"],
         summary="pull from the group's committed offsets (long polling with wait_ms)",
@@ -599,6 +629,8 @@ def create_app(settings: BrokerSettings, broker: Broker) -> FastAPI:
                 "next_offsets": {str(q): o for q, o in sorted(r.next_offsets.items())},
             }
         )
+
+    app.include_router(v1)
 
     # ---- OpenAPI: the produce body is parsed by hand (JSON or NDJSON); add its schemas --
 

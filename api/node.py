@@ -56,6 +56,8 @@ class HttpSettings:
     access_log: bool = False
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
+    auth_token: str | None = None  # API.md §6: every /v1 request needs it when set
+    metrics_need_auth: bool = False
 
 
 # ---- logging --------------------------------------------------------------------------------
@@ -121,7 +123,9 @@ async def serve(
     broker = Broker(settings)
     started = time.monotonic()
     await broker.start()
-    app = create_app(settings, broker)
+    app = create_app(
+        settings, broker, auth_token=http.auth_token, metrics_need_auth=http.metrics_need_auth
+    )
     config = uvicorn.Config(
         app,
         host=http.host,
@@ -247,6 +251,14 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     add_option(p, "--log-format", choices=("text", "json"), default="text")
     add_option(p, "--ssl-certfile", default=None, help="serve HTTPS with this certificate")
     add_option(p, "--ssl-keyfile", default=None)
+    add_option(p, "--auth-token", default=None, help="require this bearer token on /v1")
+    add_option(
+        p,
+        "--metrics-auth",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="/metrics needs the token too",
+    )
     p.add_argument(
         "--exit-with-parent",
         action="store_true",
@@ -286,7 +298,12 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         store=store,
     )
     http = HttpSettings(
-        host=host, port=port, ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile
+        host=host,
+        port=port,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
+        auth_token=args.auth_token or None,
+        metrics_need_auth=args.metrics_auth,
     )
     return settings, http
 

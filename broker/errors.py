@@ -64,6 +64,13 @@ class SequenceTooOldError(BrokerError):
     http_status = 409
 
 
+class UnauthenticatedError(BrokerError):
+    """No valid bearer token (API.md §6)."""
+
+    code = "UNAUTHENTICATED"
+    http_status = 401
+
+
 class NotMasterError(BrokerError):
     """This broker is a SLAVE; writes go to the master (``leader_id``, ``leader_addr``,
     ``leader_url`` when known)."""

@@ -12,6 +12,7 @@ import httpx
 import orjson
 import pytest
 
+from api.app import create_app
 from tests.api.conftest import TEST_LIMITS, Node
 from tests.broker.harness import until
 
@@ -437,3 +438,36 @@ async def test_openapi_document_is_complete(node: Node) -> None:
     assert "ProduceRequest" in schemas and "ProduceMessage" in schemas
     assert schemas["ProduceRequest"]["examples"]
     assert "307" in produce_op["responses"] and "413" in produce_op["responses"]
+
+
+# ---- auth (API.md §6) ----------------------------------------------------------------------
+
+
+async def test_bearer_token_guards_v1_but_not_the_probes(node: Node) -> None:
+    app = create_app(node.broker.settings, node.broker, auth_token="s3cret")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
+        before = node.log_state()
+        for headers in ({}, {"authorization": "Bearer wrong"}, {"authorization": "Basic x"}):
+            r = await http.post("/v1/topics", json={"name": "sec", "queues": 1}, headers=headers)
+            assert r.status_code == 401 and error_of(r)["code"] == "UNAUTHENTICATED"
+            assert r.headers["www-authenticate"] == "Bearer"
+        assert node.log_state() == before
+        ok = await http.post(
+            "/v1/topics",
+            json={"name": "sec", "queues": 1},
+            headers={"authorization": "Bearer s3cret"},
+        )
+        assert ok.status_code == 201
+        for open_path in ("/healthz", "/readyz", "/metrics"):
+            assert (await http.get(open_path)).status_code == 200, open_path
+        doc = (await http.get("/openapi.json")).json()
+        assert "HTTPBearer" in doc["components"]["securitySchemes"]
+    guarded = create_app(
+        node.broker.settings, node.broker, auth_token="s3cret", metrics_need_auth=True
+    )
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=guarded), base_url="http://node"
+    ) as http:
+        assert (await http.get("/metrics")).status_code == 401
+        assert (await http.get("/healthz")).status_code == 200
