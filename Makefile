@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint fmt bench bench-raft bench-broker clean
+.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ bench-raft: setup
 
 bench-broker: setup
 	$(PY) bench/broker_bench.py
+
+bench-http: setup
+	$(PY) bench/http_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -477,7 +477,11 @@ class LeaderElector:
             quorum_heard_ms = answered[need - 1] if need else now_ms
             self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, quorum_heard_ms)
             if now_ms - self.last_succ_heartbeat_ms > s.election_timeout_ms:
-                self.node.log_event("check_quorum_step_down", quorum_heard_ms=quorum_heard_ms)
+                self.node.log_event(
+                    "check_quorum_step_down",
+                    quorum_silent_ms=now_ms - self.last_succ_heartbeat_ms,
+                    election_timeout_ms=s.election_timeout_ms,
+                )
                 self.change_role_to_candidate(ms.curr_term, now_ms)
                 return
         if (
