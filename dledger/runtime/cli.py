@@ -94,7 +94,8 @@ async def run_node(config: ServerConfig, *, exit_with_parent: bool) -> None:
     async with DLedgerServer(config):
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.5)
+                async with asyncio.timeout(0.5):
+                    await stop.wait()
             if exit_with_parent and os.getppid() != parent:
                 logging.getLogger(__name__).warning("parent %d is gone; stopping", parent)
                 break

@@ -104,7 +104,8 @@ class DLedgerClient:
             if c is not None:
                 await c.close()
             host, port = parse_address(self.peers[node])
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_connection(host, port)
             c = self._conns[node] = _Conn(reader, writer)
         return c
 
@@ -123,7 +124,8 @@ class DLedgerClient:
         c.waiting[req_id] = fut
         c.writer.writelines(encode_parts(msg))
         try:
-            return await asyncio.wait_for(fut, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                return await fut
         finally:
             c.waiting.pop(req_id, None)
 

@@ -93,10 +93,11 @@ class PeerLink:
         backoff = s.reconnect_min_ms
         while True:
             try:
-                _, writer = await asyncio.wait_for(
-                    asyncio.open_connection(self.host, self.port),
-                    s.connect_timeout_ms / 1000,
-                )
+                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a
+                # cancellation that races with the connect failing (close() then waited
+                # on this loop forever).
+                async with asyncio.timeout(s.connect_timeout_ms / 1000):
+                    _, writer = await asyncio.open_connection(self.host, self.port)
             except (OSError, TimeoutError):
                 self._clear()
                 await asyncio.sleep(backoff / 1000)
