@@ -390,7 +390,8 @@ class Dispatcher:
             if left <= 0:
                 return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._progress.wait(), left)
+                async with asyncio.timeout(left):  # not wait_for: it can swallow a cancel
+                    await self._progress.wait()
         return True
 
     async def wait_queue(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
@@ -406,4 +407,5 @@ class Dispatcher:
                 return False
             ev = self._queue_events.setdefault((topic, queue_id), asyncio.Event())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ev.wait(), left)
+                async with asyncio.timeout(left):
+                    await ev.wait()

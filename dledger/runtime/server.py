@@ -360,7 +360,8 @@ class DLedgerServer:
             if left <= 0:
                 return False
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._commit_changed.wait(), left)
+                async with asyncio.timeout(left):  # not wait_for: it can swallow a cancel
+                    await self._commit_changed.wait()
         return True
 
     async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> DLedgerCode:
@@ -369,7 +370,8 @@ class DLedgerServer:
         fut: asyncio.Future[DLedgerCode] = asyncio.get_running_loop().create_future()
         self._transfer_futs[tid] = fut
         self._kick.set()
-        return await asyncio.wait_for(fut, timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await fut
 
     @property
     def role(self) -> Role:
