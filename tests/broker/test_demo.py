@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.cli import main
+from api.cli import main
 
 
 def test_failover_demo_runs_and_checks_itself(capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from api.cli_client import add_client_commands, run_client_command
-from api.cliutil import add_option
-from api.node import add_broker_options, run_broker
+from broker.demo import run_demo
 from dledger.store.demo import run_demo as run_store_demo
 
-from .demo import run_demo
+from .cli_client import add_client_commands, run_client_command
+from .cliutil import add_option
+from .node import add_broker_options, run_broker
 
 SERVER_COMMANDS = ("broker", "cluster", "demo", "store-demo")
 
@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cluster_up(args: argparse.Namespace) -> int:
     """Start the nodes, report the master, wait for Ctrl-C (or a node dying), stop all."""
-    from api.cluster import LocalBrokerCluster  # noqa: PLC0415  # only this command needs it
+    from .cluster import LocalBrokerCluster  # noqa: PLC0415  # only this command needs it
 
     n = args.nodes
     raft_base = args.raft_base_port or args.base_port + 1000
