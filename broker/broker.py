@@ -10,7 +10,9 @@ Producer sessions (DESIGN §5): a produce request may carry ``producer_id`` and
 ``sequence``. The session's last batch and its results are replicated state; a retry of
 the same sequence is answered with the original results, a batch of which only a prefix
 reached the log (a failover mid-batch) is completed with its missing tail, and a retry
-still in flight on this master waits for the original instead of appending again.
+of a batch this master appended waits for the original instead of appending again: for
+its answer while it runs, and after it gave up (an unknown outcome) for its entries to
+settle, as long as this master's term lasts (see ``_join_inflight``).
 """
 
 from __future__ import annotations
@@ -126,6 +128,15 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@dataclass(slots=True)
+class _InflightBatch:
+    """A session batch this master appended (or is appending) in ``term``."""
+
+    term: int
+    answer: asyncio.Future[list[ProduceResult]]  # the attempt's own answer
+    settle_index: int = -1  # once it ended: its entries are at or below this index
+
+
 class Broker:
     def __init__(self, settings: BrokerSettings) -> None:
         self.settings = settings
@@ -142,7 +153,10 @@ class Broker:
         self.role_handler = RoleChangeHandler(self)
         self.server.add_role_change_handler(self.role_handler)
         self._tasks: list[asyncio.Task[None]] = []
-        self._inflight_sessions: dict[tuple[str, int], asyncio.Future[list[ProduceResult]]] = {}
+        # (producer id, sequence) → the attempt at it on this master; kept after the attempt
+        # ended until its entries are committed and dispatched or the term is over
+        # (bounded by max_producer_sessions: beyond, produce is refused as busy).
+        self._inflight_sessions: dict[tuple[str, int], _InflightBatch] = {}
         self._store_host = ("127.0.0.1", 0)
         self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0}
 
@@ -431,23 +445,86 @@ class Broker:
         if producer_id is None or sequence is None:
             return await self._put(topic, messages, None, 0)
         key = (producer_id, sequence)
-        pending = self._inflight_sessions.get(key)
-        if pending is not None:  # the same batch is in flight here: wait for it
+        earlier = await self._join_inflight(key)
+        if earlier is not None:
             self.stats["deduplicated"] += len(messages)
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[list[ProduceResult]] = asyncio.get_running_loop().create_future()
-        self._inflight_sessions[key] = fut
+            return earlier
+        self._make_room_for_inflight()
+        marker = _InflightBatch(self.role_term, asyncio.get_running_loop().create_future())
+        self._inflight_sessions[key] = marker  # no await since _join_inflight found none
         try:
             results = await self._produce_session(topic, messages, producer_id, sequence)
         except BaseException as e:
-            fut.set_exception(e)
-            fut.exception()  # retrieved: waiters, if any, get it too
+            appended = not isinstance(e, errors.BrokerError) or isinstance(
+                e, errors.UnknownOutcomeError
+            )
+            if not isinstance(e, errors.BrokerError):  # cancelled mid-append, say
+                e = errors.UnknownOutcomeError(f"produce interrupted ({type(e).__name__})")
+            marker.answer.set_exception(e)
+            marker.answer.exception()  # retrieved: waiters, if any, get it too
+            self._end_attempt(key, marker, appended)
             raise
-        else:
-            fut.set_result(results)
-            return results
-        finally:
-            self._inflight_sessions.pop(key, None)
+        marker.answer.set_result(results)
+        self._end_attempt(key, marker, appended=True)
+        return results
+
+    async def _join_inflight(self, key: tuple[str, int]) -> list[ProduceResult] | None:
+        """The answer of an earlier attempt at the same batch on this master, or None when
+        this request is to append it (or its missing tail) itself.
+
+        An attempt's marker stays until its entries are known committed and dispatched,
+        or its term is over: only then does the session table tell the whole truth about
+        the batch, and appending it again before could commit it twice (a settle that
+        timed out leaves the first copy in the log, still able to commit)."""
+        for _ in range(3):  # each round ends a marker or returns; more is a busy batch
+            marker = self._inflight_sessions.get(key)
+            if marker is None:
+                return None
+            if marker.term != self.role_term:
+                # An earlier term's: becoming MASTER since waited for dispatch to reach
+                # the own-term NOOP, so the session table holds whatever of it survived.
+                del self._inflight_sessions[key]
+                return None
+            if not marker.answer.done() or marker.answer.exception() is None:
+                return await asyncio.shield(marker.answer)  # running, or answered
+            # It ended with an unknown outcome: wait for what it appended to settle.
+            if not await self._settle(marker.term, marker.settle_index):
+                raise errors.UnknownOutcomeError(
+                    f"producer {key[0]} sequence {key[1]}: an earlier attempt is not settled"
+                    " yet; retry with the same sequence"
+                )
+            if self._inflight_sessions.get(key) is marker:
+                del self._inflight_sessions[key]
+        raise errors.UnknownOutcomeError(
+            f"producer {key[0]} sequence {key[1]}: attempts keep overlapping; retry"
+        )
+
+    def _end_attempt(self, key: tuple[str, int], marker: _InflightBatch, appended: bool) -> None:
+        """Drop the attempt's marker unless entries of it may still be unsettled in this
+        master's term (``_join_inflight`` says why). That includes a success whose wait
+        for dispatch timed out: a retry gets the same answer, not a second append."""
+        end = self.store.ledger_end_index
+        if appended and self.is_master and self.role_term == marker.term and not self._settled(end):
+            marker.settle_index = end  # all it appended is at or below
+        elif self._inflight_sessions.get(key) is marker:
+            del self._inflight_sessions[key]
+
+    def _settled(self, index: int) -> bool:
+        return self.store.committed_index >= index and self.dispatcher.dispatched_index >= index
+
+    def _make_room_for_inflight(self) -> None:
+        """Bound the markers: at the limit, drop the ones that are settled or of an
+        earlier term; if that is not enough, the producer is told to back off."""
+        limit = self.settings.max_producer_sessions
+        if len(self._inflight_sessions) < limit:
+            return
+        for key, m in list(self._inflight_sessions.items()):
+            if m.term != self.role_term or (m.answer.done() and self._settled(m.settle_index)):
+                del self._inflight_sessions[key]
+        if len(self._inflight_sessions) >= limit:
+            raise errors.BusyError(
+                f"{limit} producer batches are in flight or settling", retry_after_ms=200
+            )
 
     async def _produce_session(
         self, topic: TopicMeta, messages: Sequence[ProduceMessage], pid: str, seq: int
@@ -481,11 +558,13 @@ class Broker:
             raise
         return done + rest
 
-    async def _settle(self, term: int) -> bool:
-        """Wait until all that this master appended is committed and dispatched."""
+    async def _settle(self, term: int, target: int | None = None) -> bool:
+        """Wait (bounded) until all that this master appended, up to ``target`` when
+        given, is committed and dispatched; False if it is not master in ``term``."""
         if not self.is_master or self.role_term != term:
             return False
-        target = self.store.ledger_end_index
+        if target is None:
+            target = self.store.ledger_end_index
         timeout_s = self.settings.append_timeout_ms / 1000
         if not await self.server.wait_committed(target, timeout_s):
             return False
@@ -669,12 +748,20 @@ class Broker:
         return m
 
     def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
-        self.topic(topic)
+        t = self.topic(topic)
         limit = self.settings.limits.max_key_query_results
         if not 1 <= max_results <= limit:
             raise errors.InvalidArgumentError(f"max must be 1..{limit}")
+        # The key index holds every message's keys, whatever became of its topic: a
+        # message before the current incarnation's create entry belongs to a deleted one.
+        store = self.store
+        floor = -1
+        if t.created_index >= store.ledger_begin_index:
+            floor = store.get_meta(t.created_index).pos
         out = []
         for commitlog_offset in self.keys.query(key, max_results * 2):
+            if commitlog_offset <= floor:
+                continue
             m = self._message_at(commitlog_offset)
             if m is None or m.topic != topic:
                 continue

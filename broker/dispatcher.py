@@ -7,18 +7,28 @@ entries in index order and, for each:
   node must not crash on a committed entry);
 - applies ``%SYS%META`` operations to the replicated metadata;
 - records producer-session results carried in message properties;
-- puts a 20-byte unit into the message's consume queue and its keys into the key index;
+- puts a 20-byte unit into the consume queue of the message's topic incarnation, and
+  the keys of every message into the key index;
 - wakes long-polling readers of the queues it touched.
 
-Everything it builds is derived state. A checkpoint (``consumequeue/checkpoint``: the
-dispatched index and every queue's max offset, written after the queues and the key
-index are fsynced) and the newest metadata snapshot say where to resume. On restart the
-dispatcher resumes at the older of the two, first cutting from the consume queues and
-the key index everything at or after that entry (a dirty tail written after the last
-checkpoint, or beyond what the local log has committed), so the rebuilt tail is exactly
-what the log says. A checkpoint that names a queue missing or shorter on disk (files
-deleted by hand) restarts dispatch from the log head: the consume queues are rebuilt
-byte-identical from the commitlog.
+Everything it builds is derived state, and a replay must build it byte for byte as live
+dispatch did. Two facts make that possible:
+
+- a message goes into a queue iff its topic's incarnation at its entry still exists: the
+  current incarnation (``TopicMeta.created_index``) was created before the entry. This
+  needs the metadata at or *after* the entry, never before it;
+- the key index depends on no metadata at all (every message's keys).
+
+A checkpoint (``consumequeue/checkpoint-<group>``, written after the store's commit
+point, the queues and the key index are fsynced) records the dispatched index, every
+queue's length and the key index's position. On restart the queues and the key index are
+cut back to exactly that (a dirty tail, torn sectors after a power loss, queues made
+since), the metadata comes from the newest snapshot, and the entries between the two
+are replayed for the metadata alone; a snapshot newer than the checkpoint is fine by the
+first fact, with the queues of topics it says were deleted since dropped. A checkpoint
+that cannot be trusted (missing, outside the local log, or naming a queue that is gone
+or short) restarts dispatch from the log head: the queues and the key index are rebuilt
+from the commitlog.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import struct
 import time
 from collections.abc import Callable
@@ -86,7 +97,11 @@ class Dispatcher:
         self.dispatched_index = -1  # every committed entry up to here is dispatched
         self.snapshot_index = -1  # the newest metadata snapshot on disk
         self.checkpoint_index = -1
+        # The consume queues hold every entry up to here already: recovery's replay below
+        # it changes no queue (set by ``recover``).
+        self.derived_index = -1
         self.rebuild_until = -1  # entries up to here are a rebuild (see _put_unit)
+        self._keys_restored = True
         self.stats = {"entries": 0, "messages": 0, "skipped": 0, "rebuilds": 0}
         self._progress = asyncio.Event()
         self._persist_lock = asyncio.Lock()
@@ -98,47 +113,75 @@ class Dispatcher:
     # ---- recovery ----------------------------------------------------------------------
 
     def recover(self) -> None:
-        """Load the newest usable snapshot and checkpoint, cut dirty tails, and set the
-        point dispatch resumes from. Runs before the node starts (no loop needed)."""
+        """Bring the consume queues, the key index and the metadata back to one entry and
+        resume dispatch after it. Runs before the node starts (no loop needed).
+
+        The queues and the key index go back to exactly what the dispatch checkpoint
+        recorded (or, when it cannot be trusted, to nothing: a full rebuild). The
+        metadata comes from the newest snapshot, which may be older than the checkpoint
+        (its entries are replayed here for the metadata alone) or newer (then dispatch
+        judges each later message by the topic incarnation it belongs to, see
+        ``_dispatch_raw``). Keys the index lost are indexed again by the same replay."""
         store = self.store
-        snap = self.snapshots.load_latest(store.ledger_end_index)
-        if snap is not None:
-            index, raw = snap
-            loaded, _extra = MetadataState.from_snapshot(raw, self.meta.max_sessions)
-            self._adopt_meta(loaded)
-            self.snapshot_index = index
-        self.cq.load()
-        checkpoint = self._read_checkpoint()
         begin = store.ledger_begin_index
-        if checkpoint is None or not self._checkpoint_holds(checkpoint):
-            cq_index = begin - 1
-            if checkpoint is not None:
-                log.warning("consume queues disagree with their checkpoint: rebuilding them")
+        self._load_snapshot()
+        index = self._restore_checkpoint()
+        if index is None:
+            index = begin - 1
+            # The old checkpoint goes first, durably: the rebuilt files are not synced,
+            # and a later restart must not take them for what it recorded.
+            self.checkpoint_path.unlink(missing_ok=True)
+            _fsync_dir(self.checkpoint_path.parent)
+            self.cq.delete_all()
+            self.keys.clear()
             self.rebuild_until = store.committed_index
             self.stats["rebuilds"] += 1
-        else:
-            cq_index = int(checkpoint["dispatched_index"])
-        meta_index = self.meta.applied_index
-        resume = max(begin - 1, min(cq_index, meta_index, store.committed_index))
-        cut = self._pos_of(resume + 1)
-        for q in list(self.cq):
-            q.truncate_dirty_tail(cut)
-        self.keys.truncate_dirty_tail(cut)
-        if meta_index >= cq_index:  # the table knows every topic that still exists
-            for topic in list(self.cq.topics()):
-                if topic not in self.meta.topics:
-                    self.cq.delete_topic(topic)
-        self.dispatched_index = resume
-        self.checkpoint_index = min(cq_index, resume)
+            keys_index = index
+        elif self._keys_restored:
+            keys_index = index
+        else:  # key index files dropped as damaged: index again what is not there
+            keys_index = self._last_index_within(self.keys.last_commitlog_offset, index)
+            log.warning("key index restored up to entry %d only: indexing the rest", keys_index)
+        self.derived_index = index
+        self.dispatched_index = max(begin - 1, min(self.meta.applied_index, keys_index, index))
+        self._replay(index)
+        if keys_index < index:
+            # Keys the checkpoint says are durable were indexed again: make them so before
+            # anything relies on it (the next checkpoint waits for the next entry).
+            self.keys.flush()
+        self._drop_stale_topics(index)
+        self.checkpoint_index = index
         self._update_retention_floor()
         self._correct_min_offsets()
         log.info(
-            "dispatch resumes after entry %d (snapshot %d, checkpoint %d, committed %d)",
-            resume,
+            "dispatch resumes after entry %d (snapshot %d, committed %d, rebuilds %d)",
+            index,
             self.snapshot_index,
-            cq_index,
             store.committed_index,
+            self.stats["rebuilds"],
         )
+
+    def _load_snapshot(self) -> None:
+        """Adopt the newest readable metadata snapshot the local log can continue."""
+        store = self.store
+        for index in reversed(self.snapshots.indexes()):
+            if index > store.ledger_end_index:
+                continue  # the entries it covers are not all here
+            if index < store.ledger_begin_index - 1:
+                break  # the entries after it are gone
+            try:
+                raw = self.snapshots.path(index).read_bytes()
+                loaded, _extra = MetadataState.from_snapshot(raw, self.meta.max_sessions)
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                log.warning("metadata snapshot %d unusable, trying an older one: %s", index, e)
+                continue
+            self._adopt_meta(loaded)
+            self.snapshot_index = index
+            return
+        if store.ledger_begin_index > 0:
+            log.error(
+                "no metadata snapshot for a log that begins at entry %d", store.ledger_begin_index
+            )
 
     def _adopt_meta(self, loaded: MetadataState) -> None:
         # The broker holds a reference to self.meta: update it in place.
@@ -148,6 +191,92 @@ class Dispatcher:
         m.offsets = loaded.offsets
         m.sessions = loaded.sessions
 
+    def _restore_checkpoint(self) -> int | None:
+        """Cut the consume queues and the key index back to exactly what the checkpoint
+        recorded; its dispatched index, or None when it cannot be trusted."""
+        checkpoint = self._read_checkpoint()
+        try:
+            self.cq.load()
+        except ConsumeQueueError as e:  # derived data: never a reason not to start
+            log.warning("consume queues do not load (%s): rebuilding them", e)
+            return None
+        if checkpoint is None:
+            return None
+        store = self.store
+        index, queues, keys = checkpoint
+        if not store.ledger_begin_index - 1 <= index <= store.committed_index:
+            # Entries it covers are not all in the local log, or not known committed here
+            # (``checkpoint`` makes the store's commit point durable first, so only a
+            # damaged store gets here).
+            log.warning("dispatch checkpoint %d is outside the local log: rebuilding", index)
+            return None
+        cut = self._pos_of(index + 1)  # where the first entry after the checkpoint starts
+        for q in list(self.cq):
+            length = queues.pop(f"{q.topic}/{q.queue_id}", None)
+            if length is None:
+                # No queue at the checkpoint: made since (all its units are later) or a
+                # deleted one a power loss brought back.
+                self.cq.delete_queue(q.topic, q.queue_id)
+            elif q.truncate(length) != length or q.max_commitlog_offset_end > cut:
+                # Short, or not the queue it recorded: the topic was deleted and made
+                # again since, and the new queue has as many units (all later ones).
+                log.warning("consume queue %s does not match its checkpoint: rebuilding", q)
+                return None
+        if any(queues.values()):
+            log.warning("consume queues of the checkpoint are missing: rebuilding")
+            return None
+        self._keys_restored = self.keys.restore(keys)
+        if self.keys.last_commitlog_offset >= cut:  # not the files it recorded: index anew
+            self.keys.clear()
+            self._keys_restored = False
+        return index
+
+    def _read_checkpoint(self) -> tuple[int, dict[str, int], tuple[int, int]] | None:
+        try:
+            d = orjson.loads(self.checkpoint_path.read_bytes())
+            file, count = d["keys"]
+            return (
+                int(d["dispatched_index"]),
+                {str(k): int(v) for k, v in d["queues"].items()},
+                (int(file), int(count)),
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            log.warning("unusable dispatch checkpoint %s: %s", self.checkpoint_path, e)
+            return None
+
+    def _replay(self, until: int) -> None:
+        """Dispatch the entries up to ``until``, which the queues hold already: for the
+        metadata an older snapshot lacks and the keys a damaged index lost."""
+        store = self.store
+        while self.dispatched_index < until:
+            first = self.dispatched_index + 1
+            raw, count, _ = store.read_batch(first, 4 << 20, until - first + 1)
+            assert count > 0, f"committed entry {first} is not in the log"
+            self._dispatch_raw(raw, count, set())
+
+    def _drop_stale_topics(self, index: int) -> None:
+        """Drop the queues of topics the metadata says were deleted (or deleted and
+        created anew) after ``index``: a newer snapshot's deletes are not replayed."""
+        for name in list(self.cq.topics()):
+            t = self.meta.topics.get(name)
+            if t is None or t.created_index >= index:
+                self.cq.delete_topic(name)
+
+    def _last_index_within(self, commitlog_offset: int, hi: int) -> int:
+        """The last entry up to ``hi`` whose message starts at or before
+        ``commitlog_offset`` (``begin - 1`` when none): a binary search over the log."""
+        store = self.store
+        lo = store.ledger_begin_index - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if store.get_meta(mid).pos + BODY_OFFSET <= commitlog_offset:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def _pos_of(self, index: int) -> int:
         """The byte position of entry ``index`` (or of the ledger end past the last)."""
         store = self.store
@@ -156,24 +285,6 @@ class Dispatcher:
         if index < store.ledger_begin_index:
             return store.ledger_begin_pos
         return store.get_meta(index).pos
-
-    def _read_checkpoint(self) -> dict[str, Any] | None:
-        try:
-            d = orjson.loads(self.checkpoint_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, orjson.JSONDecodeError) as e:
-            log.warning("unreadable dispatch checkpoint %s: %s", self.checkpoint_path, e)
-            return None
-        return d if isinstance(d, dict) and "dispatched_index" in d else None
-
-    def _checkpoint_holds(self, checkpoint: dict[str, Any]) -> bool:
-        for key, max_offset in checkpoint.get("queues", {}).items():
-            topic, _, qid = key.rpartition("/")
-            q = self.cq.find(topic, int(qid))
-            if q is None or q.max_offset < int(max_offset):
-                return False
-        return int(checkpoint["dispatched_index"]) <= self.store.ledger_end_index
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -242,19 +353,29 @@ class Dispatcher:
                 continue
             if info.topic == SYS_TOPIC:
                 if meta_fresh:
-                    body = self._body(raw, body_at)
-                    deleted = meta.apply_op(index, body)
-                    if deleted is not None:
+                    deleted = meta.apply_op(index, self._body(raw, body_at))
+                    if deleted is not None and index > self.derived_index:
                         self._drop_topic(deleted)
                 continue
             props = info.properties_raw
             if meta_fresh and _SESSION_MARK in props:
                 self._record_session(info, props)
-            topic = meta.topics.get(info.topic)
-            if topic is None or topic.created_index >= index or info.queue_id >= topic.queues:
-                continue  # a deleted (or older) incarnation of the topic: not dispatched
             tags, msg_keys = tags_and_keys(props)
             commitlog_offset = pos + BODY_OFFSET
+            if msg_keys:
+                # Every message's keys, whatever becomes of its topic: the key index is a
+                # function of the log alone, so every replica and every replay builds the
+                # same files. (A query reads each candidate and checks its topic.)
+                keys.put(msg_keys, commitlog_offset, info.store_timestamp)
+            if index <= self.derived_index:
+                continue  # recovery's replay: the queues hold this entry already
+            # After a restart the metadata can be ahead of this entry (a newer snapshot).
+            # The topic's current incarnation existed at ``index`` iff it was created
+            # before it; otherwise the message belongs to an incarnation that is deleted
+            # by now, whose queues are gone (``recover`` dropped them).
+            topic = meta.topics.get(info.topic)
+            if topic is None or topic.created_index >= index or info.queue_id >= topic.queues:
+                continue
             key = (info.topic, info.queue_id)
             self._put_unit(
                 key,
@@ -265,8 +386,6 @@ class Dispatcher:
                 index=index,
             )
             touched.add(key)
-            if msg_keys:
-                keys.put(msg_keys, commitlog_offset, info.store_timestamp)
             self.stats["messages"] += 1
 
     @staticmethod
@@ -335,19 +454,30 @@ class Dispatcher:
         self._correct_min_offsets()
 
     async def checkpoint(self) -> None:
-        """fsync the consume queues and the key index, then record how far they go."""
+        """fsync the consume queues and the key index, then record exactly what they hold
+        (every queue's length, the key index's position): ``recover`` cuts them back to
+        that, whatever part of later writes a power loss kept."""
         async with self._persist_lock:  # the loop's own checkpoint and an explicit one
             index = self.dispatched_index
             if index == self.checkpoint_index:
                 return
-            queues = {f"{q.topic}/{q.queue_id}": q.max_offset for q in self.cq}
+            data = orjson.dumps(
+                {
+                    "dispatched_index": index,
+                    "queues": {f"{q.topic}/{q.queue_id}": q.max_offset for q in self.cq},
+                    "keys": list(self.keys.position()),
+                }
+            )
             await asyncio.to_thread(self._flush_derived)
-            data = orjson.dumps({"dispatched_index": index, "queues": queues})
             await asyncio.to_thread(write_atomic, self.checkpoint_path, data)
             self.checkpoint_index = index
             self._update_retention_floor()
 
     def _flush_derived(self) -> None:
+        # The store's checkpoint first: it makes the commit point durable, and recovery
+        # can resume from this checkpoint only if the local log knows its entries are
+        # committed (so it never serves an entry its own log does not call committed).
+        self.store.flush()
         self.cq.flush()
         self.keys.flush()
 
@@ -409,3 +539,11 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await ev.wait()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -218,11 +218,3 @@ class SnapshotFiles:
         for old in self.indexes()[: -self.keep]:
             self.path(old).unlink(missing_ok=True)
         return final
-
-    def load_latest(self, max_index: int) -> tuple[int, bytes] | None:
-        """The newest snapshot at or below ``max_index`` (a snapshot beyond the local log
-        cannot be used: the entries it covers are not all here)."""
-        for index in reversed(self.indexes()):
-            if index <= max_index:
-                return index, self.path(index).read_bytes()
-        return None

@@ -19,22 +19,28 @@ machines, C-speed). Different keys can share a hash or a slot, so a query return
 *candidates*: the caller reads each message and checks its keys.
 
 Invariants:
-- entries are appended in dispatch order, so commitlog offsets never decrease along a
-  file or across files, and ``put`` ignores an offset at or below the last one indexed
-  (re-dispatch is idempotent);
+- entries are appended in dispatch order, so commitlog offsets (always > 0) never
+  decrease along a file or across files, and ``put`` ignores an offset at or below the
+  last one indexed (re-dispatch is idempotent);
 - one message's entries are all in one file (a file rolls before a message that would
   not fit, or whose store time is more than an i32 of milliseconds from ``base_ms``);
 - a chain only goes back: an entry's previous entry number is smaller than its own, so
-  a query walk ends; a walk that would not is reported as corruption;
-- crash safety: per message, entries are written first, then their slots, then the
-  header's statistics, and the entry count last. On open, entries beyond the count in
-  the newest file are undone (their slots set back to their previous entry) and zeroed.
-  The min/max store time may then be wider than the entries: that only costs a look.
+  a query walk ends; a walk that would not is reported as corruption.
 
-Every file that fails a header check raises ``ConsumeQueueError`` naming it; the index
-is derived state, so the broker can delete the directory and re-dispatch.
+Crash safety. Per message, entries are written first, then their slots, then the
+header's statistics, and the entry count last: after a *process* crash, open undoes the
+entries beyond the count. A *power loss* keeps any subset of the 512-byte sectors
+written since the last ``flush`` (a header newer than its entries, a slot pointing at an
+entry that never reached the disk, half an entry), so the owner records ``position()``
+at each flush and restores it after a restart: newer files go, and the last file is
+repaired to exactly the entries it counted then (all synced by that flush): slots
+pointing past them and the header's statistics are recomputed from the entries,
+everything after them is zeroed. A new file is fsynced with its directory before its
+first entry, so a recorded position never names a file a power loss can take away.
 
-Thread safety: the owner serialises calls; ``flush`` may run on another thread.
+The index is derived state: opening never refuses a damaged file. One that fails a
+header check is logged and dropped with every newer file; ``restore`` then reports the
+recorded position gone and the owner re-indexes from the commitlog.
 """
 
 from __future__ import annotations
@@ -106,7 +112,7 @@ def key_hash(key: str) -> int:
 
 
 def _corrupt(path: Path, why: str) -> ConsumeQueueError:
-    return ConsumeQueueError(f"key index file {path}: {why} (delete the index to rebuild it)")
+    return ConsumeQueueError(f"key index file {path}: {why}")
 
 
 class _IndexFile:
@@ -159,7 +165,7 @@ class _IndexFile:
         cls, directory: Path, settings: KeyIndexSettings, commitlog_offset: int, base_ms: int
     ) -> _IndexFile:
         """A new file, allocated in full (a store through the mapping into a hole on a
-        full disk is SIGBUS, not an exception) and named only once its header is there."""
+        full disk is SIGBUS, not an exception), named only once its header is synced."""
         path = directory / segment_name(commitlog_offset)
         tmp = path.with_name(path.name + ".tmp")
         size = cls.size_for(settings.slots_per_file, settings.max_entries_per_file)
@@ -180,7 +186,11 @@ class _IndexFile:
                 0,
             )
             os.pwrite(fd, header, 0)
+            # Durable before its first entry: a flush records this file as the index's
+            # last one, and a power loss must not take it (or its header) away after.
+            os.fsync(fd)
             os.replace(tmp, path)
+            _fsync_dir(directory)
         except BaseException:
             os.close(fd)
             tmp.unlink(missing_ok=True)
@@ -260,25 +270,86 @@ class _IndexFile:
                 raise _corrupt(self.path, f"entry {n} chains forward to entry {prev}")
             n = prev
 
-    # ---- undo ------------------------------------------------------------------------------
+    # ---- repair ----------------------------------------------------------------------------
 
-    def _undo(self, n: int) -> None:
-        """Unlink entry ``n`` from its slot if it is the slot's head, and zero it."""
-        h, _, _, prev = self.entry(n)
-        slot_pos = HEADER_SIZE + (h % self.slot_count) * SLOT_SIZE
-        (head,) = SLOT.unpack_from(self.mm, slot_pos)
-        if head == n:
-            SLOT.pack_into(self.mm, slot_pos, prev)
-            if prev == 0:
-                self.used_slots -= 1
-        pos = self.entries_pos + (n - 1) * ENTRY_SIZE
-        self.mm[pos : pos + ENTRY_SIZE] = ZERO_ENTRY
+    @property
+    def name_offset(self) -> int:
+        return int(self.path.name)
+
+    def valid_count(self) -> int:
+        """The header's entry count, cut back before the first all-zero entry under it
+        (a power loss can keep a header sector newer than the entries it counts)."""
+        lo = self.entries_pos
+        zero = _first_zero_entry(self.mm, lo, lo + self.entry_count * ENTRY_SIZE)
+        return self.entry_count if zero is None else (zero - lo) // ENTRY_SIZE
+
+    def _slots(self) -> array[int]:
+        slots = array("i", self.mm[HEADER_SIZE : self.entries_pos])
+        if sys.byteorder == "little":
+            slots.byteswap()
+        return slots
+
+    def repair(self, count: int) -> bool:
+        """Hold exactly the first ``count`` entries, which must be intact. The count goes
+        down first (a crash half-way leaves a file that repairs again); every slot that
+        points past the entries and the header's statistics are recomputed from them;
+        every byte after them is zeroed. The file is then byte for byte what it was with
+        ``count`` entries, whatever subset of later writes reached the disk. Returns
+        whether anything had to change."""
+        assert 0 <= count <= self.max_entries, (self.path, count)
+        changed = count != self.entry_count
+        if changed:
+            self._write_count(count)
+        slots = self._slots()
+        if slots and (max(slots) > count or min(slots) < 0):
+            self._rechain(slots, count)
+            changed = True
+        if _zero_nonzero(self.mm, self.entries_pos + count * ENTRY_SIZE, len(self.mm)):
+            self.dirty = changed = True
+        deltas = self._entry_fields("i", count, 3)  # store time - base_ms
+        stats = (  # as ``add`` keeps them: the bounds start at base_ms
+            self.base_ms + min(min(deltas, default=0), 0),
+            self.base_ms + max(max(deltas, default=0), 0),
+            self.entry(count)[1] if count else self.begin_offset,
+            len(slots) - slots.count(0),
+        )
+        if stats != (self.min_ms, self.max_ms, self.end_offset, self.used_slots):
+            self.min_ms, self.max_ms, self.end_offset, self.used_slots = stats
+            self._write_stats()
+            changed = True
+        return changed
+
+    def _entry_fields(self, typecode: str, count: int, field: int) -> array[int]:
+        """One 4-byte field (0: key hash, 3: time delta) of the first ``count`` entries."""
+        raw = array(typecode, self.mm[self.entries_pos : self.entries_pos + count * ENTRY_SIZE])
+        if sys.byteorder == "little":
+            raw.byteswap()
+        return raw[field :: ENTRY_SIZE // 4]
+
+    def _rechain(self, slots: array[int], count: int) -> None:
+        """Point every out-of-range slot at the newest of the first ``count`` entries in
+        it (0 when none), by one backward scan of their hashes that ends once every such
+        slot is found. Not by walking its chain back: the entries on the way are the
+        ones a power loss may have dropped or torn."""
+        found = {s: 0 for s, n in enumerate(slots) if n > count or n < 0}
+        hashes = self._entry_fields("I", count, 0)
+        slot_count, left = self.slot_count, len(found)
+        for n in range(count, 0, -1):
+            s = hashes[n - 1] % slot_count
+            if found.get(s) == 0:
+                found[s] = n
+                left -= 1
+                if not left:
+                    break
+        for s, n in found.items():
+            SLOT.pack_into(self.mm, HEADER_SIZE + s * SLOT_SIZE, n)
+            slots[s] = n
         self.dirty = True
 
-    def truncate(self, commitlog_offset: int) -> None:
-        """Remove the entries at or after ``commitlog_offset``: the count goes down first,
-        so a crash half-way leaves them as uncounted entries that ``recover`` undoes."""
-        # Binary search (offsets never decrease) for the number of entries to keep.
+    def truncate(self, commitlog_offset: int) -> bool:
+        """Remove the entries at or after ``commitlog_offset``: a binary search over the
+        counted entries, so they must be intact (after a power loss, ``repair`` to a
+        recorded count instead)."""
         lo, hi = 0, self.entry_count
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -286,35 +357,7 @@ class _IndexFile:
                 hi = mid - 1
             else:
                 lo = mid
-        keep, old = lo, self.entry_count
-        if keep == old:
-            return
-        if keep:
-            self.end_offset = self.entry(keep)[1]
-        self._write_count(keep)
-        for n in range(old, keep, -1):
-            self._undo(n)
-        self._write_stats()
-
-    def recover(self) -> None:
-        """Undo entries written beyond the count by a crash, newest first (the order that
-        restores each slot's head), then check that no slot points beyond the count."""
-        count = self.entry_count
-        stale = count
-        while stale < self.max_entries and self.entry(stale + 1) != (0, 0, 0, 0):
-            stale += 1
-        for n in range(stale, count, -1):
-            self._undo(n)
-        slots = array("i", self.mm[HEADER_SIZE : self.entries_pos])
-        if sys.byteorder == "little":
-            slots.byteswap()
-        if slots and (max(slots) > count or min(slots) < 0):
-            raise _corrupt(self.path, f"a hash slot points beyond the {count} entries")
-        used = len(slots) - slots.count(0)
-        end_offset = self.entry(count)[1] if count else self.begin_offset
-        if stale > count or (used, end_offset) != (self.used_slots, self.end_offset):
-            self.used_slots, self.end_offset = used, end_offset
-            self._write_stats()
+        return self.repair(lo)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -341,6 +384,8 @@ class KeyIndex:
         self._files: list[_IndexFile] = []
         self._lock = threading.Lock()  # flush (any thread) against file deletion
         self._dir_dirty = False
+        self.dropped: list[str] = []  # files dropped as damaged on open (and all newer)
+        self.repairs = 0  # files whose crashed tail open or ``restore`` had to repair
         directory.mkdir(parents=True, exist_ok=True)
         try:
             self._load()
@@ -358,21 +403,39 @@ class KeyIndex:
                 names.append(p.name)
             else:
                 raise ConsumeQueueError(f"{p}: unexpected file in a key index directory")
-        for name in sorted(names):
-            f = _IndexFile.open(self.directory / name)
+        names.sort()
+        for k, name in enumerate(names):
+            try:
+                f = self._open_checked(self.directory / name)
+            except ConsumeQueueError as e:
+                # Derived data: never refuse to start over it. What is dropped is indexed
+                # again from the commitlog (the owner sees it in ``restore``).
+                log.warning("%s; dropping it and %d newer key index files", e, len(names) - k - 1)
+                self.dropped = names[k:]
+                for newer in self.dropped:
+                    (self.directory / newer).unlink(missing_ok=True)
+                _fsync_dir(self.directory)
+                break
             self._files.append(f)
-            if f.entry_count and f.begin_offset != int(name):
-                raise _corrupt(f.path, f"first indexed offset {f.begin_offset} != its name")
         if self._files:
-            self._files[-1].recover()
+            last = self._files[-1]
+            self.repairs += last.repair(last.valid_count())  # undo uncounted entries
         # A file with no committed entry (a crash right after its creation, or a full
         # truncation) holds nothing: drop it so every file on disk has an entry.
         for f in [f for f in self._files if f.entry_count == 0]:
             self._files.remove(f)
             f.destroy()
-        for older, newer in zip(self._files, self._files[1:], strict=False):
-            if older.end_offset > newer.begin_offset:
-                raise _corrupt(newer.path, f"overlaps {older.path.name}")
+
+    def _open_checked(self, path: Path) -> _IndexFile:
+        f = _IndexFile.open(path)
+        if f.entry_count and f.begin_offset != f.name_offset:
+            problem = f"first indexed offset {f.begin_offset} != its name"
+        elif f.entry_count and self._files and self._files[-1].end_offset > f.begin_offset:
+            problem = f"overlaps {self._files[-1].path.name}"
+        else:
+            return f
+        f.close()
+        raise _corrupt(path, problem)
 
     @property
     def last_commitlog_offset(self) -> int:
@@ -407,7 +470,6 @@ class KeyIndex:
                 self.directory, self.settings, commitlog_offset, store_timestamp_ms
             )
             self._files.append(f)
-            self._dir_dirty = True
         f.add(hashes, commitlog_offset, store_timestamp_ms)
         self._last_offset = commitlog_offset
 
@@ -446,16 +508,48 @@ class KeyIndex:
 
     def truncate_dirty_tail(self, commitlog_offset: int) -> None:
         """Forget every entry at or after ``commitlog_offset`` so queries no longer return
-        it and a re-dispatch indexes it again: whole newer files are deleted, the entries
-        of the straddling file are undone from its end (exactly, see ``_IndexFile``)."""
+        it and a re-dispatch indexes it again: whole newer files are deleted, the
+        straddling file is cut by a binary search over its entries, so they must be
+        intact (a process crash; after a power loss, ``restore`` a recorded position)."""
         with self._lock:
             files = self._files
             while files and files[-1].begin_offset >= commitlog_offset:
                 files.pop().destroy()
                 self._dir_dirty = True
             if files:
-                files[-1].truncate(commitlog_offset)
+                self.repairs += files[-1].truncate(commitlog_offset)
         self._last_offset = files[-1].end_offset if files else -1
+
+    def position(self) -> tuple[int, int]:
+        """(name of the newest file, its entry count), (-1, 0) when there is none: what
+        the owner records with a flush, to ``restore`` after a power loss."""
+        if not self._files:
+            return -1, 0
+        f = self._files[-1]
+        return f.name_offset, f.entry_count
+
+    def restore(self, position: tuple[int, int]) -> bool:
+        """Cut the index back to ``position``, recorded at a flush: newer files go and the
+        file it names is repaired to exactly that many entries. False when that file is
+        gone (dropped as damaged on open): the index then holds everything up to
+        ``last_commitlog_offset`` and the caller indexes the rest again."""
+        name, count = position
+        with self._lock:
+            files = self._files
+            while files and files[-1].name_offset > name:
+                files.pop().destroy()
+                self._dir_dirty = True
+            restored = name < 0 or (
+                bool(files) and files[-1].name_offset == name and 0 < count <= files[-1].max_entries
+            )
+            if restored and files:
+                self.repairs += files[-1].repair(count)
+        self._last_offset = self._files[-1].end_offset if self._files else -1
+        return restored
+
+    def clear(self) -> None:
+        """Delete every file (the owner re-indexes the whole log)."""
+        self.truncate_dirty_tail(-1)
 
     def flush(self) -> None:
         """fsync the files written since the last flush (and the directory)."""
@@ -466,14 +560,50 @@ class KeyIndex:
                     f.fsync()
             if self._dir_dirty:
                 self._dir_dirty = False
-                fd = os.open(self.directory, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+                _fsync_dir(self.directory)
 
     def close(self) -> None:
         with self._lock:
             for f in self._files:
                 f.close()
             self._files.clear()
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _first_zero_entry(mm: mmap.mmap, lo: int, hi: int) -> int | None:
+    """The position of the first all-zero entry in ``mm[lo:hi]`` (entries from ``lo``),
+    found with C-speed ``find``: a written entry has a commitlog offset > 0."""
+    pos = mm.find(ZERO_ENTRY, lo, hi)
+    while pos != -1:
+        aligned = pos + (lo - pos) % ENTRY_SIZE
+        if aligned + ENTRY_SIZE > hi:
+            return None
+        if aligned == pos or mm[aligned : aligned + ENTRY_SIZE] == ZERO_ENTRY:
+            return aligned
+        # No entry starts in (pos, aligned); a zero entry further on starts after it.
+        pos = mm.find(ZERO_ENTRY, aligned + 1, hi)
+    return None
+
+
+_ZERO_CHUNK = 1 << 16
+_ZEROS = bytes(_ZERO_CHUNK)
+
+
+def _zero_nonzero(mm: mmap.mmap, lo: int, hi: int) -> bool:
+    """Zero every non-zero byte of ``mm[lo:hi]``, checking it all (a power loss can keep
+    a sector anywhere after a lost one). Returns whether anything was written."""
+    wrote = False
+    while lo < hi:
+        n = min(_ZERO_CHUNK, hi - lo)
+        if mm[lo : lo + n] != _ZEROS[:n]:
+            mm[lo : lo + n] = _ZEROS[:n]
+            wrote = True
+        lo += n
+    return wrote

@@ -286,7 +286,13 @@ class ConsumeQueue:
     def truncate_dirty_tail(self, commitlog_offset: int) -> int:
         """Drop every unit whose commitlog offset is at or after ``commitlog_offset`` (a
         suffix, since units only grow); returns the new ``max_offset``."""
-        new_max = self._first_at_or_after_commitlog(commitlog_offset)
+        return self.truncate(self._first_at_or_after_commitlog(commitlog_offset))
+
+    def truncate(self, max_offset: int) -> int:
+        """Drop the units at and after ``max_offset`` (not below ``min_offset``), zeroing
+        them; returns the new ``max_offset``. Recovery cuts a queue back to the length a
+        checkpoint recorded this way: no search through units a power loss may have torn."""
+        new_max = max(max_offset, self._min_offset)
         if new_max < self._max_offset:
             self._files.truncate(new_max * UNIT_SIZE)
             self._max_offset = new_max

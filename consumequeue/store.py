@@ -7,7 +7,10 @@ Invariants:
   legal file names on Linux, and no ``.`` or ``/`` so a name cannot leave ``root``);
   queue directories are the decimal queue ids;
 - only directories in ``root`` are topics: the owner may keep files beside them (the
-  broker's dispatch checkpoint).
+  broker's dispatch checkpoint);
+- ``flush`` makes the directory tree durable too (a queue created or a topic deleted
+  since the last flush changes ``root`` or a topic directory), so a checkpoint taken
+  after it names exactly the queues a power loss leaves.
 
 Thread safety: as ``ConsumeQueue``: the owner serialises calls, ``flush`` may run on
 another thread (it works on a snapshot of the open queues).
@@ -15,6 +18,7 @@ another thread (it works on a snapshot of the open queues).
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -40,6 +44,7 @@ class ConsumeQueueStore:
         self.root = root
         self.settings = settings
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
+        self._dirs_dirty: set[Path] = set()  # directories whose entries changed since flush
         root.mkdir(parents=True, exist_ok=True)
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -58,6 +63,9 @@ class ConsumeQueueStore:
         check_topic(topic)
         if queue_id < 0:
             raise ValueError(f"queue_id must be >= 0, got {queue_id}")
+        topic_dir = self.root / topic
+        if not (topic_dir / str(queue_id)).is_dir():
+            self._dirs_dirty.update((self.root, topic_dir))
         q = ConsumeQueue(self.root, topic, queue_id, self.settings)
         self._queues[(topic, queue_id)] = q
         return q
@@ -89,6 +97,24 @@ class ConsumeQueueStore:
         for key in [k for k in self._queues if k[0] == topic]:
             self._queues.pop(key).close()
         shutil.rmtree(self.root / topic, ignore_errors=True)
+        self._dirs_dirty.add(self.root)
+
+    def delete_queue(self, topic: str, queue_id: int) -> None:
+        """Close one queue and remove its directory."""
+        q = self._queues.pop((topic, queue_id), None)
+        if q is not None:
+            q.close()
+        shutil.rmtree(self.root / check_topic(topic) / str(queue_id), ignore_errors=True)
+        self._dirs_dirty.add(self.root / topic)
+
+    def delete_all(self) -> None:
+        """Close every queue and remove every topic directory, also ones that do not load
+        (the owner rebuilds the queues from the log); files beside them stay."""
+        self.close()
+        for d in sorted(self.root.iterdir()):
+            if d.is_dir():
+                shutil.rmtree(d, ignore_errors=True)
+        self._dirs_dirty.add(self.root)
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self._queues.values()))
@@ -100,6 +126,16 @@ class ConsumeQueueStore:
         for q in list(self._queues.values()):
             if not q.closed:
                 q.flush()
+        dirs, self._dirs_dirty = self._dirs_dirty, set()
+        for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):  # leaves first
+            try:
+                fd = os.open(d, os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # deleted since: its parent is in the set too
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
 
     def close(self) -> None:
         for q in self._queues.values():

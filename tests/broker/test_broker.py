@@ -142,6 +142,20 @@ async def test_group_offsets_commit_reset_and_group_pull(tmp_path: Path) -> None
         await c.close()
 
 
+async def test_query_by_key_skips_a_deleted_incarnation_of_the_topic(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 1)
+        await b.produce("t", [ProduceMessage(b"old", keys=["k"])])
+        await b.delete_topic("t")
+        await b.create_topic("t", 2)
+        assert b.query_by_key("t", "k") == []
+        await b.produce("t", [ProduceMessage(b"new", keys=["k"])])
+        assert [m.body for m in b.query_by_key("t", "k")] == [b"new"]
+    finally:
+        await c.close()
+
+
 async def test_query_by_key_and_offset_by_time(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:

@@ -1,15 +1,19 @@
 """Three brokers in one process over real TCP on 127.0.0.1: every node serves committed
 reads, the master fails over, offsets continue without gap or duplicate, consumer
-offsets and producer sessions survive, slaves refuse writes with the master's address."""
+offsets and producer sessions survive, slaves refuse writes with the master's address,
+a retried session batch is never appended twice."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from broker import errors
-from broker.broker import ProduceMessage
+from broker.broker import Broker, ProduceMessage
+from dledger.core.messages import PushEntryRequest
+from dledger.core.settings import CoreSettings
 from tests.broker.harness import BrokerCluster, until
 
 pytestmark = pytest.mark.asyncio
@@ -99,3 +103,54 @@ async def test_a_slave_without_a_known_leader_says_no_master(tmp_path: Path) -> 
             await b.create_topic("t", 1)
     finally:
         await c.close()
+
+
+async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
+    tmp_path: Path,
+) -> None:
+    """settle-timeout-duplicate (the broker simulation, seed 15): the master cannot commit
+    (its followers drop appends but answer heartbeats, so it stays master in its term);
+    the produce times out with an unknown outcome while its entries stay in the log; a
+    retry must wait for those entries, not append a second copy that commits too."""
+    c = BrokerCluster(tmp_path, n=3, append_timeout_ms=300, core=CoreSettings(max_wait_ack_ms=300))
+    await c.start_all()
+    try:
+        m = await c.master()
+        await m.create_topic("t", 1)
+        first = await m.produce("t", [ProduceMessage(b"a")], producer_id="p", sequence=0)
+        term = m.role_term
+        followers = [b for b in c.brokers.values() if b is not m]
+        blocked = _drop_appends(followers)
+        with pytest.raises(errors.UnknownOutcomeError):
+            await m.produce("t", [ProduceMessage(b"b")], producer_id="p", sequence=1)
+        end = m.store.ledger_end_index
+        with pytest.raises(errors.UnknownOutcomeError) as retry:
+            await m.produce("t", [ProduceMessage(b"b")], producer_id="p", sequence=1)
+        assert m.store.ledger_end_index == end, "the retry appended the batch again"
+        assert "not settled yet" in str(retry.value)
+        blocked.clear()  # the followers take appends again: the first copy commits
+        again = await m.produce("t", [ProduceMessage(b"b")], producer_id="p", sequence=1)
+        assert (m.role_term, m.is_master) == (term, True), "the test needs one master term"
+        assert again[0].queue_offset == first[0].queue_offset + 1
+        await c.converged()
+        assert [b.queue_bounds("t", 0) for b in c.brokers.values()] == [(0, 2)] * 3
+    finally:
+        await c.close()
+
+
+def _drop_appends(brokers: list[Broker]) -> set[str]:
+    """Make ``brokers`` drop every append push (heartbeats still pass) while the returned
+    set is not empty."""
+    blocked = {b.settings.node_id for b in brokers}
+    for b in brokers:
+        transport = b.server.transport
+        assert transport is not None
+        deliver = transport._on_peer
+
+        def on_peer(msg: Any, deliver: Any = deliver, node: str = b.settings.node_id) -> None:
+            if node in blocked and isinstance(msg, PushEntryRequest):
+                return
+            deliver(msg)
+
+        transport._on_peer = on_peer
+    return blocked

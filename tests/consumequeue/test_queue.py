@@ -250,6 +250,23 @@ def test_truncate_dirty_tail_across_segments(tmp_path: Path) -> None:
     q.close()
 
 
+def test_truncate_to_a_recorded_length_ignores_what_the_units_say(tmp_path: Path) -> None:
+    """Recovery cuts a queue to the length its checkpoint recorded, without a search
+    through units written after it (a power loss may have torn them)."""
+    q = filled(tmp_path, 11)
+    q.flush()
+    _write(q.path / segment_name(SEGMENT), 20, b"\xff" * 20)  # unit 5: torn, say
+    q.close()
+    q = open_queue(tmp_path)
+    assert q.truncate(5) == 5 and q.read(0, 100) == [(i, *unit(i)) for i in range(5)]
+    assert q.truncate(9) == 5  # never longer
+    assert segments(q) == [segment_name(0), segment_name(SEGMENT)]
+    q.close()
+    q = open_queue(tmp_path)
+    assert q.max_offset == 5 and q.max_commitlog_offset_end == unit(4)[0] + 100
+    q.close()
+
+
 def test_correct_min_offset_deletes_head_files_and_survives_reopen(tmp_path: Path) -> None:
     q = filled(tmp_path, 11)
     assert q.correct_min_offset(unit(6)[0] - 10) == 6

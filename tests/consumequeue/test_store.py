@@ -1,4 +1,4 @@
-"""ConsumeQueueStore: lazy opening, load, topics, delete_topic."""
+"""ConsumeQueueStore: lazy opening, load, topics, deleting topics and queues."""
 
 from __future__ import annotations
 
@@ -49,6 +49,21 @@ def test_delete_topic_closes_its_queues_and_removes_the_directory(tmp_path: Path
     assert not (tmp_path / "gone").exists()
     assert store.topics() == {"kept": [1]} and store.find("gone", 0) is None
     store.delete_topic("never-existed")
+    store.close()
+
+
+def test_delete_queue_and_delete_all_keep_the_files_beside_the_topics(tmp_path: Path) -> None:
+    store = ConsumeQueueStore(tmp_path, SMALL)
+    one, other = store.queue("T", 0), store.queue("T", 1)
+    store.delete_queue("T", 0)
+    assert one.closed and not other.closed and store.topics() == {"T": [1]}
+    assert sorted(p.name for p in (tmp_path / "T").iterdir()) == ["1"]
+    (tmp_path / "checkpoint").write_text("{}")
+    (tmp_path / "U" / "x").mkdir(parents=True)  # a directory that would not load
+    store.flush()  # the directory changes are made durable too
+    store.delete_all()
+    assert other.closed and len(store) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint"]
     store.close()
 
 

@@ -22,7 +22,7 @@ def main() -> int:
         "--explore",
         default="",
         help="with --broker: known-bug triggers to turn on, comma-separated "
-        f"({', '.join(KNOWN_BUGS)}; 'all' for every one)",
+        f"({', '.join(KNOWN_BUGS) or 'none known now'}; 'all' for every one)",
     )
     ap.add_argument("--fault-ms", type=int, help=f"fault phase (default 8000, broker {FAULT_MS})")
     ap.add_argument("--verbose", action="store_true", help="print the trace")

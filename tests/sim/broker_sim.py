@@ -15,9 +15,10 @@ commit index.
 Seeded clients use the master only, with ``Broker``'s semantics: producers send batches
 under a producer session (id + sequence) and retry an unknown outcome with the same
 session until it is acknowledged (answered from the session table, completed with its
-missing tail, waiting for the same batch in flight, or settled while still master);
-consumer groups commit offsets (monotonic per queue); an admin creates topics and deletes
-and recreates some.
+missing tail, waiting for the same batch in flight, settled while still master, or, after
+its attempt gave up, settled on what that attempt appended); consumer groups commit
+offsets (monotonic per queue); an admin creates topics, and deletes some and creates
+them again (with another queue count, perhaps) while faults happen.
 
 What is checked, against :class:`LogModel` (an independent model of the committed log)
 and in Jepsen's words:
@@ -37,16 +38,20 @@ and in Jepsen's words:
   batch agree; after healing every batch is acknowledged;
 - after convergence: every node dispatched everything; metadata (topics, offsets,
   producer sessions) is identical on every node and equals the model; the key index finds
-  every key; consume-queue and key-index files are byte-identical across replicas.
+  every key of every message; consume-queue and key-index files are byte-identical
+  across replicas.
 
 Faults beyond the Raft simulation's: a crash may also be a power loss for the derived
-files (each 512-byte sector written since the last dispatch checkpoint's fsync reaches
-the disk or not, files created since survive as a prefix in creation order); the
-checkpoint and snapshot files are written atomically and kept.
+files (each 512-byte sector written since the file's last fsync reaches the disk or not,
+files never fsynced survive as a prefix in creation order, a file deleted and made again
+under its name is a new file; every fsync the broker code makes is seen, so only
+unsynced data is lost); the checkpoint and snapshot files are written atomically and
+kept. Before a restart an operator may delete the consume queues (with their
+checkpoint) or the key index: derived data, rebuilt from the log.
 
-Known broker bugs this simulation found are named in ``KNOWN_BUGS``. Their triggering
-knobs are held off by default, so the seeds check everything else;
-``--explore NAME[,NAME]`` (``explore=`` here) turns them back on.
+Known broker bugs this simulation finds and that are not fixed yet are named in
+``KNOWN_BUGS`` (none now). Their triggering knobs are held off by default, so the seeds
+check everything else; ``--explore NAME[,NAME]`` (``explore=`` here) turns them back on.
 Not modelled: retention and snapshot install (the log head stays at entry 0), leadership
 transfer, pulls by consumers (they read the master's queue bounds), lost replies (a
 client sees a reply or times out).
@@ -59,8 +64,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import functools
 import itertools
+import os
 import random
 import shutil
 from collections import Counter, deque
@@ -69,6 +76,7 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
 from typing import Any, cast
+from unittest import mock
 
 import orjson
 
@@ -124,32 +132,13 @@ Result = tuple[int, int, int]  # (queue_id, queue_offset, commitlog_offset)
 Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
 
 
-# Broker bugs this simulation found (see tests/sim/test_broker_simulation.py). By default
-# the knobs that trigger them are held off, so the seeds check everything else; pass the
-# names (``--explore``) to run with the triggers on.
-KNOWN_BUGS = {
-    "settle-timeout-duplicate": (
-        "a produce retried after its settle timed out on the same master, same term, is "
-        "appended again while the first copy is still in the log: both commit "
-        "(triggered by append_timeout_ms < the time the entries take to commit)"
-    ),
-    "recover-across-topic-delete": (
-        "Dispatcher.recover replays the log from the consume queues' resume point but "
-        "judges each message against the topic table of a metadata snapshot taken at "
-        "another index. Across a topic delete (+ recreate) that (a) when the snapshot is "
-        "older: puts the old incarnation's messages at their old queue offsets into "
-        "queues the delete removed (or the new incarnation owns): ConsumeQueueGapError "
-        "or ConsumeQueueError on every restart; (b) when it is newer: skips them, so "
-        "their keys are not re-indexed and the key-index files differ from replicas "
-        "that dispatched them live (triggered by metadata snapshots with topic churn)"
-    ),
-    "key-index-power-loss": (
-        "key-index files are not crash-safe under power loss: a file created after the "
-        "last flush can come back with a zero header ('bad magic 0x0'), and unsynced "
-        "slot/entry sectors can persist out of order ('chains forward'); KeyIndex() then "
-        "raises and the node cannot start (triggered by power loss of the key index)"
-    ),
-}
+# Broker bugs this simulation found and that are not fixed yet, by name, with what they
+# do and which knob triggers them (see tests/sim/test_broker_simulation.py). The trigger
+# of a bug named here is held off in ``BrokerKnobs.from_rng`` so the seeds check
+# everything else; ``--explore NAME`` turns it back on. Fixed, and no longer here:
+# settle-timeout-duplicate, recover-across-topic-delete, key-index-power-loss (their
+# seeds are regression tests).
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def broker_replay_command(
@@ -180,11 +169,15 @@ class BrokerKnobs:
     max_wait_ack_ms: int  # CoreSettings: a proposal not committed by then is unknown
     append_timeout_ms: int  # BrokerSettings: how long a settle waits
     power_loss: bool  # a crash also loses unsynced consume-queue and key-index sectors
+    # An operator deletes derived data (the consume queues with their checkpoint, or the
+    # key index) before a restart. Drawn from a side stream of the seed, so the draws
+    # above, and every seed's run without a wipe, are what they were before it existed.
+    wipe_chance: float = 0.0
 
     @classmethod
     def from_rng(cls, rng: random.Random, base: Knobs, explore: frozenset[str]) -> BrokerKnobs:
         """Every value is drawn whatever ``explore`` says (the same random stream); the
-        triggers of known bugs not explored are then held off."""
+        triggers of ``KNOWN_BUGS`` not explored would then be held off (none now)."""
         k = cls(
             producers=rng.randint(1, 3),
             groups=rng.randint(1, 2),
@@ -203,11 +196,14 @@ class BrokerKnobs:
             append_timeout_ms=rng.choice((10_000, 10_000, 1000, 200)),
             power_loss=rng.random() < 0.5,
         )
-        if "settle-timeout-duplicate" not in explore:
-            k.append_timeout_ms = 10_000
-        if "recover-across-topic-delete" not in explore and k.churn_per_s:
-            k.snapshot_chance = 0.0
         return k
+
+    def side_draws(self, seed: int) -> random.Random:
+        """Draw the knobs added after the seeds' main stream was fixed from a stream of
+        their own; returns it (it also decides when they act)."""
+        side = random.Random(f"{seed}/wipe")
+        self.wipe_chance = side.choice((0.0, 0.0, 0.3))
+        return side
 
 
 # ---- the model of the committed log -----------------------------------------------------
@@ -397,6 +393,9 @@ class OpState(Enum):
     PROPOSED = "proposed"
     COMMITTED = "committed"  # waiting for dispatch, as Broker._put does
     SETTLING = "settling"  # unknown outcome while master: Broker._settle
+    # Its request gave up (settle timeout) while entries of it may still commit in this
+    # term: the marker stays, so a retry settles on it instead of appending again.
+    ORPHANED = "orphaned"
 
 
 @dataclass(eq=False)
@@ -415,6 +414,21 @@ class Op:
     state: OpState = OpState.PROPOSED
     target: int = -1  # SETTLING: wait until this index is committed and dispatched
     deadline_ms: int = 0
+
+
+@dataclass(eq=False, slots=True)
+class OrphanWait:
+    """A retry that found its batch ORPHANED: ``Broker._join_inflight`` settling."""
+
+    marker: Op
+    again: Callable[[], None]  # handle the request again once settled
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class DiskFile:
+    inode: int  # a file deleted and created again under its name is another file
+    data: bytes
 
 
 class BrokerNode:
@@ -446,11 +460,12 @@ class BrokerNode:
         self.ops: dict[int, Op] = {}  # proposal id -> op
         self.waiting: list[Op] = []  # COMMITTED or SETTLING
         self.inflight: dict[tuple[str, int], Op] = {}  # Broker._inflight_sessions
+        self.orphan_waits: list[OrphanWait] = []  # retries settling on an ORPHANED marker
         self.held: list[tuple[Callable[[], None], Reply]] = []  # requests while paused
         self.dispatch_scheduled = False
         self.verified: dict[tuple[str, int, int], int] = {}  # units checked per queue
         self.observed = -1  # committed entries checked against the model up to here
-        self.synced: dict[str, bytes] = {}  # derived files as of their last fsync
+        self.synced: dict[int, bytes] = {}  # inode → a derived file as of its last fsync
 
     def set_role(self, role: BrokerRole, term: int) -> None:
         if role is not BrokerRole.MASTER:
@@ -458,10 +473,10 @@ class BrokerNode:
         self.role, self.role_term = role, term
 
     @staticmethod
-    def derived_files_in(directory: Path) -> dict[str, bytes]:
+    def derived_files_in(directory: Path) -> dict[str, DiskFile]:
         """The consume-queue and key-index files (not the atomic checkpoint/snapshots)."""
         return {
-            str(p.relative_to(directory)): p.read_bytes()
+            str(p.relative_to(directory)): DiskFile(p.stat().st_ino, p.read_bytes())
             for root in (directory / "consumequeue" / GROUP, directory / "index" / GROUP)
             if root.exists()
             for p in sorted(root.rglob("*"))
@@ -471,6 +486,11 @@ class BrokerNode:
     def close(self) -> None:
         self.cq.close()
         self.keys.close()
+
+
+def _settled(bn: BrokerNode, index: int) -> bool:
+    """Whether every entry up to ``index`` is committed and dispatched here."""
+    return bn.store.committed_index >= index and bn.dispatcher.dispatched_index >= index
 
 
 async def _persist(d: Dispatcher, snapshot: bool) -> None:
@@ -662,10 +682,7 @@ class BrokerChecker(Checker):
     def _final_keys(self, n: SimNode, bn: BrokerNode) -> None:
         found: dict[str, set[int]] = {}
         for clo, m in sorted(self.sim.model.messages.items()):
-            live = self.sim.model.current(m.topic)
-            if m.placed is None or live is None or live.created != m.placed[1]:
-                continue  # a deleted incarnation's keys: see "recover-across-topic-delete"
-            for key in m.keys:
+            for key in m.keys:  # every message's, whatever became of its topic
                 if key not in found:
                     found[key] = set(bn.keys.query(key, 1 << 20))
                 if clo not in found[key]:
@@ -749,6 +766,7 @@ class BrokerSimulation(Simulation):
         assert not unknown, f"no known bug named {sorted(unknown)}"
         self.explore = explore
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
+        self.wipe_rng = self.bknobs.side_draws(seed)
         self.settings = replace(self.settings, max_wait_ack_ms=self.bknobs.max_wait_ack_ms)
         self.checker = BrokerChecker(self)
         self.model = LogModel(self.checker.fail)
@@ -777,9 +795,14 @@ class BrokerSimulation(Simulation):
     def start(self, n: SimNode) -> None:
         super().start(n)
         assert n.store is not None
+        if n.restarts and self.wipe_rng.random() < self.bknobs.wipe_chance:
+            what = self.wipe_rng.choice(("consumequeue", "index"))
+            shutil.rmtree(self.broker_dir(n) / what, ignore_errors=True)
+            self.trace(f"wipe {n.node_id} {what}")
+            self.stats[f"wiped {what}"] += 1
         on_disk = BrokerNode.derived_files_in(self.broker_dir(n))
         bn = BrokerNode(self.broker_dir(n), n.store)
-        bn.synced = on_disk
+        bn.synced = {f.inode: f.data for f in on_disk.values()}  # what a crash left is on disk
         self.brokers[n.node_id] = bn
         self.checker.observe(n, bn)
         d = bn.dispatcher
@@ -790,6 +813,7 @@ class BrokerSimulation(Simulation):
             f"committed {n.store.committed_index}, rebuilds {d.stats['rebuilds']})"
         )
         self.checker.check_node(n, bn)
+        self._count_recovery(bn)
         gen = n.restarts
         self.at(
             self.now_ms + self.rng.randint(*self.bknobs.persist_every_ms),
@@ -797,6 +821,21 @@ class BrokerSimulation(Simulation):
             lambda: self._persist_event(n, bn, gen),
         )
         self._dispatch_soon(n, bn)
+
+    def _count_recovery(self, bn: BrokerNode) -> None:
+        """Count the recoveries that once went wrong (see ``FIXED`` in the tests)."""
+        d = bn.dispatcher
+        lo, hi = sorted((d.snapshot_index, d.checkpoint_index))
+        if any(
+            inc.deleted is not None and lo < inc.deleted <= hi
+            for lives in self.model.incarnations.values()
+            for inc in lives
+        ):
+            self.stats["recoveries across a topic delete"] += 1
+        if bn.keys.dropped:
+            self.stats["key index files dropped on open"] += len(bn.keys.dropped)
+        if bn.keys.repairs:  # a crashed tail cut back to the checkpoint
+            self.stats["key index repairs"] += bn.keys.repairs
 
     def crash(self, n: SimNode, *, mid_ready: bool = False) -> None:
         bn = self.brokers.get(n.node_id)
@@ -814,30 +853,34 @@ class BrokerSimulation(Simulation):
         held, bn.held = bn.held, []
         for _, reply in held:
             reply("unknown", "crash")
+        waits, bn.orphan_waits = bn.orphan_waits, []
+        for w in waits:
+            w.reply("unknown", "crash")
 
     def _lose_unsynced_derived(self, n: SimNode, bn: BrokerNode) -> None:
         """Power lost: each 512-byte sector of a derived file written since its last
-        fsync independently reached the disk or not. Files created since then survive
-        as a prefix of each directory's new files in name order (segments and index
-        files are named in creation order; the journal keeps creations in order)."""
+        fsync (``_on_fsync`` sees every one the broker code makes) independently reached
+        the disk or not. Files never fsynced (a name deleted and created again is a new
+        file) survive as a prefix of each directory's such files in name order (segments
+        and index files are named in creation order; the journal keeps creations in
+        order), their lost sectors zero."""
         lost = 0
         files = BrokerNode.derived_files_in(bn.directory)
+        synced = {rel: bn.synced[f.inode] for rel, f in files.items() if f.inode in bn.synced}
         new_by_dir: dict[str, list[str]] = {}
         for rel in files:
-            if rel not in bn.synced:
+            if rel not in synced:
                 new_by_dir.setdefault(rel.rpartition("/")[0], []).append(rel)
         gone: set[str] = set()
         for names in new_by_dir.values():
             gone.update(names[self.rng.randint(0, len(names)) :])
-        for rel, now in files.items():
-            if rel.startswith("index") and "key-index-power-loss" not in self.explore:
-                continue
-            path = bn.directory / rel
+        for rel, f in files.items():
+            path, now = bn.directory / rel, f.data
             if rel in gone:
                 path.unlink()
                 lost += 1
                 continue
-            was = bn.synced.get(rel, b"")[: len(now)].ljust(len(now), b"\0")
+            was = synced.get(rel, b"")[: len(now)].ljust(len(now), b"\0")
             out = bytearray(now)
             for at in range(0, len(now), SECTOR):
                 if now[at : at + SECTOR] != was[at : at + SECTOR] and self.rng.random() < 0.5:
@@ -865,6 +908,31 @@ class BrokerSimulation(Simulation):
             if bn is not None:
                 bn.close()
         super().close()
+
+    def execute(self) -> None:
+        with contextlib.ExitStack() as stack:
+            for name in ("fsync", "fdatasync"):
+                stack.enter_context(mock.patch.object(os, name, self._fsync_spy(getattr(os, name))))
+            super().execute()
+
+    def _fsync_spy(self, real: Callable[[int], None]) -> Callable[[int], None]:
+        def fsync(fd: int) -> None:
+            real(fd)
+            self._on_fsync(fd)
+
+        return fsync
+
+    def _on_fsync(self, fd: int) -> None:
+        """Record what the broker code made durable, by inode (a key-index file is
+        fsynced under its temporary name, then renamed)."""
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        for bn in self.brokers.values():
+            if bn is None or not path.is_relative_to(bn.directory):
+                continue
+            rel = path.relative_to(bn.directory).parts
+            if rel[:2] in (("consumequeue", GROUP), ("index", GROUP)) and path.is_file():
+                bn.synced[os.fstat(fd).st_ino] = path.read_bytes()
+            return
 
     # ---- Ready handling: the broker's part ---------------------------------------------------
 
@@ -930,6 +998,11 @@ class BrokerSimulation(Simulation):
         if op in bn.waiting:
             self._finish(bn, op, "unknown", "settle timeout")
 
+    def _orphan_wait_timeout(self, bn: BrokerNode, w: OrphanWait) -> None:
+        if w in bn.orphan_waits:
+            bn.orphan_waits.remove(w)
+            w.reply("unknown", "still settling")
+
     def _progress(self, n: SimNode, bn: BrokerNode) -> None:
         """Answer what dispatch has caught up with; then maybe become MASTER."""
         dispatched = bn.dispatcher.dispatched_index
@@ -956,16 +1029,35 @@ class BrokerSimulation(Simulation):
                     self._finish(bn, op, "ok", list(s.results[:size]))
                 else:
                     self._finish(bn, op, "unknown", "settled without the batch")
+        for w in list(bn.orphan_waits):
+            m = w.marker
+            assert m.session is not None
+            if bn.inflight.get(m.session[:2]) is not m or _settled(bn, m.target):
+                bn.orphan_waits.remove(w)
+                w.again()
+            elif bn.role is not BrokerRole.MASTER or bn.role_term != m.term:
+                bn.orphan_waits.remove(w)
+                w.reply("unknown", "term over while settling")
         self._maybe_promote(n, bn)
 
     def _finish(self, bn: BrokerNode, op: Op, kind: str, payload: Any) -> None:
+        """Answer ``op``; then ``Broker._end_attempt`` for its session marker."""
         if op in bn.waiting:
             bn.waiting.remove(op)
-        if op.session is not None:
-            key = op.session[:2]
-            if bn.inflight.get(key) is op:
-                del bn.inflight[key]
-        for reply in op.replies:
+        replies, op.replies = op.replies, []
+        if op.session is not None and bn.inflight.get(op.session[:2]) is op:
+            end = bn.store.ledger_end_index
+            if (
+                kind == "unknown"
+                and bn.role is BrokerRole.MASTER
+                and bn.role_term == op.term
+                and not _settled(bn, end)
+            ):
+                op.state, op.target = OpState.ORPHANED, end
+                self.stats["orphaned"] += 1
+            else:
+                del bn.inflight[op.session[:2]]
+        for reply in replies:
             reply(kind, payload)
 
     # ---- dispatch and persistence -----------------------------------------------------------
@@ -1015,10 +1107,7 @@ class BrokerSimulation(Simulation):
             k = self.bknobs
             snapshot = self.rng.random() < k.snapshot_chance
             store_checkpoint = self.rng.random() < k.store_checkpoint_chance
-            before = bn.dispatcher.checkpoint_index
             asyncio.run(_persist(bn.dispatcher, snapshot))
-            if bn.dispatcher.checkpoint_index != before:  # it flushed the derived files
-                bn.synced = BrokerNode.derived_files_in(bn.directory)
             if store_checkpoint:
                 bn.store.flush()  # the store's background checkpoint
             self.trace(
@@ -1088,6 +1177,24 @@ class BrokerSimulation(Simulation):
             return
         key = (b.pid, b.seq)
         pending = bn.inflight.get(key)
+        if pending is not None and pending.term != bn.role_term:
+            # Appended in an earlier term: becoming MASTER again waited for dispatch to
+            # reach the own-term NOOP, so the session table knows what of it survived.
+            del bn.inflight[key]
+            pending = None
+        if pending is not None and pending.state is OpState.ORPHANED:
+            if not _settled(bn, pending.target):
+                w = OrphanWait(pending, lambda: self._handle_produce(n, bn, b, reply), reply)
+                bn.orphan_waits.append(w)
+                self.stats["orphan waits"] += 1
+                self.at(
+                    self.now_ms + self.bknobs.append_timeout_ms,
+                    "orphan settle timeout",
+                    lambda: self._orphan_wait_timeout(bn, w),
+                )
+                return
+            del bn.inflight[key]  # all of it is committed and dispatched: the table knows
+            pending = None
         if pending is not None:  # the same batch is in flight here: wait for it
             pending.replies.append(reply)
             self.stats["waited"] += 1
