@@ -9,21 +9,18 @@ bounded.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import httpx
 
-from dledger.runtime.local_cluster import free_ports
+from dledger.runtime.local_cluster import ChildNodes, free_ports
 
 
-class LocalBrokerCluster:
+class LocalBrokerCluster(ChildNodes):
     def __init__(
         self,
         n: int,
@@ -38,7 +35,9 @@ class LocalBrokerCluster:
     ) -> None:
         if not 1 <= n <= 9:
             raise ValueError("a local cluster has 1 to 9 nodes")
-        self.ids = [f"n{i}" for i in range(n)]
+        super().__init__(
+            [f"n{i}" for i in range(n)], log_dir or data_dir, inherit_output=inherit_output
+        )
         ports = free_ports(2 * n) if http_ports is None or raft_ports is None else []
         self.http_ports = list(http_ports) if http_ports is not None else ports[:n]
         self.raft_ports = list(raft_ports) if raft_ports is not None else ports[n:]
@@ -52,9 +51,6 @@ class LocalBrokerCluster:
         self.data_dir = data_dir
         self.group = group
         self.extra_args = list(extra_args)
-        self.log_dir = log_dir or data_dir
-        self.inherit_output = inherit_output
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     @property
     def brokers(self) -> str:
@@ -81,65 +77,6 @@ class LocalBrokerCluster:
             "--exit-with-parent",
             *self.extra_args,
         ]
-
-    def start(self, node: str) -> None:
-        assert not self.alive(node), f"{node} is running"
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        out: IO[bytes] | None = None
-        if not self.inherit_output:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = (self.log_dir / f"{node}.log").open("ab")
-        try:
-            self.procs[node] = subprocess.Popen(
-                self.command(node),
-                stdout=out,
-                stderr=subprocess.STDOUT if out is not None else None,
-                stdin=subprocess.DEVNULL,
-            )
-        finally:
-            if out is not None:
-                out.close()
-
-    def start_all(self) -> None:
-        for node in self.ids:
-            self.start(node)
-
-    def kill(self, node: str, sig: int = signal.SIGKILL) -> None:
-        p = self.procs[node]
-        if p.poll() is None:
-            os.kill(p.pid, sig)
-            p.wait(timeout=30)
-
-    def stop(self, node: str, timeout_s: float = 15.0) -> int | None:
-        """SIGTERM, then SIGKILL after ``timeout_s``; the exit code."""
-        p = self.procs.get(node)
-        if p is None:
-            return None
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        return p.returncode
-
-    def stop_all(self, timeout_s: float = 15.0) -> None:
-        for p in self.procs.values():  # all at once: a quorum going away together
-            if p.poll() is None:
-                p.terminate()
-        for node in self.procs:
-            self.stop(node, timeout_s)
-
-    def alive(self, node: str) -> bool:
-        p = self.procs.get(node)
-        return p is not None and p.poll() is None
-
-    def log_tail(self, node: str, lines: int = 40) -> str:
-        path = self.log_dir / f"{node}.log"
-        if not path.exists():
-            return ""
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
     # ---- probing -------------------------------------------------------------------------
 

@@ -34,49 +34,36 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-class LocalCluster:
-    def __init__(
-        self,
-        n: int,
-        data_dir: Path,
-        *,
-        group: str = "g0",
-        extra_args: tuple[str, ...] = (),
-        log_dir: Path | None = None,
-    ) -> None:
-        self.ids = [f"n{i}" for i in range(n)]
-        self.ports = free_ports(n)
-        self.peers = {i: f"127.0.0.1:{p}" for i, p in zip(self.ids, self.ports, strict=True)}
-        self.peer_spec = ";".join(f"{i}-{a}" for i, a in self.peers.items())
-        self.data_dir = data_dir
-        self.group = group
-        self.extra_args = extra_args
-        self.log_dir = log_dir or data_dir
+class ChildNodes:
+    """Node processes on this machine, one per id: start (output to ``<log_dir>/<id>.log``
+    or inherited), SIGKILL, stop (SIGTERM, then SIGKILL after a bound), liveness, log
+    tails. Subclasses say how a node is started (``command``)."""
+
+    def __init__(self, ids: list[str], log_dir: Path, *, inherit_output: bool = False) -> None:
+        self.ids = ids
+        self.log_dir = log_dir
+        self.inherit_output = inherit_output
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
+    def command(self, node: str) -> list[str]:
+        raise NotImplementedError
+
     def start(self, node: str) -> None:
-        assert node not in self.procs or self.procs[node].poll() is not None
-        log = (self.log_dir / f"{node}.log").open("ab")
-        self.procs[node] = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "dledger",
-                "--id",
-                node,
-                "--group",
-                self.group,
-                "--peers",
-                self.peer_spec,
-                "--data-dir",
-                str(self.data_dir),
-                "--exit-with-parent",
-                *self.extra_args,
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
+        assert not self.alive(node), f"{node} is running"
+        out = None
+        if not self.inherit_output:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            out = (self.log_dir / f"{node}.log").open("ab")
+        try:
+            self.procs[node] = subprocess.Popen(
+                self.command(node),
+                stdout=out,
+                stderr=subprocess.STDOUT if out is not None else None,
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            if out is not None:
+                out.close()
 
     def start_all(self) -> None:
         for node in self.ids:
@@ -86,26 +73,74 @@ class LocalCluster:
         p = self.procs[node]
         if p.poll() is None:
             os.kill(p.pid, sig)
-            p.wait(timeout=10)
+            p.wait(timeout=30)
 
-    def stop(self, node: str, timeout_s: float = 10.0) -> None:
+    def stop(self, node: str, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout_s``; the exit code."""
         p = self.procs.get(node)
-        if p is None or p.poll() is not None:
-            return
-        p.terminate()
-        try:
-            p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        return p.returncode
 
-    def stop_all(self) -> None:
-        for node in self.ids:
-            self.stop(node)
+    def stop_all(self, timeout_s: float = 15.0) -> None:
+        for p in self.procs.values():  # all at once: a quorum going away together
+            if p.poll() is None:
+                p.terminate()
+        for node in self.procs:
+            self.stop(node, timeout_s)
 
     def alive(self, node: str) -> bool:
         p = self.procs.get(node)
         return p is not None and p.poll() is None
+
+    def log_tail(self, node: str, lines: int = 40) -> str:
+        path = self.log_dir / f"{node}.log"
+        if not path.exists():
+            return ""
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class LocalCluster(ChildNodes):
+    def __init__(
+        self,
+        n: int,
+        data_dir: Path,
+        *,
+        group: str = "g0",
+        extra_args: tuple[str, ...] = (),
+        log_dir: Path | None = None,
+    ) -> None:
+        super().__init__([f"n{i}" for i in range(n)], log_dir or data_dir)
+        self.ports = free_ports(n)
+        self.peers = {i: f"127.0.0.1:{p}" for i, p in zip(self.ids, self.ports, strict=True)}
+        self.peer_spec = ";".join(f"{i}-{a}" for i, a in self.peers.items())
+        self.data_dir = data_dir
+        self.group = group
+        self.extra_args = extra_args
+
+    def command(self, node: str) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "dledger",
+            "--id",
+            node,
+            "--group",
+            self.group,
+            "--peers",
+            self.peer_spec,
+            "--data-dir",
+            str(self.data_dir),
+            "--exit-with-parent",
+            *self.extra_args,
+        ]
 
     def client(self) -> DLedgerClient:
         return DLedgerClient(self.peers, self.group)
