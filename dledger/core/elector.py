@@ -113,6 +113,10 @@ class LeaderElector:
     def maintain(self, now_ms: int) -> None:
         """``maintainState`` (LE-05), after closing any round whose deadline passed."""
         self._expire_rounds(now_ms)
+        if self.node.installing is not None and self.ms.role is not Role.LEADER:
+            # Replacing the log with a snapshot: no election timeout, no (pre-)vote until
+            # it is done (SOFAJRaft skips pre-vote while installing, JR-21).
+            return
         if self.ms.role is Role.LEADER:
             self._maintain_as_leader(now_ms)
         elif self.ms.role is Role.FOLLOWER:

@@ -7,9 +7,11 @@ any RPC machinery (the runtime's wire format carries the same fields, CHECKLIST 
 
 Vocabulary follows DLedger: ``VoteRequest``/``VoteResponse`` with every ``VoteResult``
 (CHECKLIST 1.7), ``HeartBeatRequest``, ``PushEntryRequest`` of type APPEND, COMMIT,
-COMPARE or TRUNCATE (RP-06), ``LeadershipTransferRequest`` (LE-47). A vote request with
-``pre_vote=True`` is SOFAJRaft's pre-vote (JR-05): it asks "would you vote for me at
-``term``?" and changes nothing on the receiver.
+COMPARE or TRUNCATE (RP-06), ``LeadershipTransferRequest`` (LE-47) and
+``InstallSnapshotRequest`` (RP-42, Raft §7: the application's snapshot for a follower
+whose next entry the leader no longer holds). A vote request with ``pre_vote=True`` is
+SOFAJRaft's pre-vote (JR-05): it asks "would you vote for me at ``term``?" and changes
+nothing on the receiver.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ class RequestCode(IntEnum):
     PULL = 51003
     PUSH = 51004
     LEADERSHIP_TRANSFER = 51005
+    # Ours: the seeds give INSTALL_SNAPSHOT no number (DLedger sends it as a PUSH type,
+    # RP-06); it has its own messages here, so the next free code of the peer range.
+    INSTALL_SNAPSHOT = 51006
 
 
 class VoteResult(IntEnum):
@@ -183,6 +188,45 @@ class LeadershipTransferResponse:
     code: DLedgerCode
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstallSnapshotRequest:
+    """The leader's snapshot for a follower behind the leader's log head (RP-42).
+
+    ``data`` covers entries up to ``last_included_index`` (of ``last_included_term``,
+    chain CRC ``before_begin_chain``); the follower's log restarts at
+    ``last_included_index + 1`` at byte ``next_pos``. One request carries the whole
+    snapshot (bounded by ``CoreSettings.max_snapshot_bytes``)."""
+
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    leader_id: str
+    last_included_index: int
+    last_included_term: int
+    before_begin_chain: int  # u32
+    next_pos: int
+    commit_index: int
+    data: bytes = b""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InstallSnapshotResponse:
+    """SUCCESS: the follower holds everything up to ``last_included_index`` (installed
+    now, or it had it); its log's range after the answer is ``begin_index .. end_index``."""
+
+    group: str
+    local_id: str
+    remote_id: str
+    term: int
+    req_id: int
+    code: DLedgerCode
+    last_included_index: int = -1
+    begin_index: int = -1
+    end_index: int = -1
+
+
 # ---- client protocol (served by the runtime, not the core) -------------------------
 
 
@@ -256,8 +300,20 @@ class MetadataResponse:
     status_json: bytes = b"{}"  # the node's status() as JSON
 
 
-Request = VoteRequest | HeartBeatRequest | PushEntryRequest | LeadershipTransferRequest
-Response = VoteResponse | HeartBeatResponse | PushEntryResponse | LeadershipTransferResponse
+Request = (
+    VoteRequest
+    | HeartBeatRequest
+    | PushEntryRequest
+    | LeadershipTransferRequest
+    | InstallSnapshotRequest
+)
+Response = (
+    VoteResponse
+    | HeartBeatResponse
+    | PushEntryResponse
+    | LeadershipTransferResponse
+    | InstallSnapshotResponse
+)
 Message = Request | Response
 ClientRequest = AppendRequest | GetRequest | MetadataRequest
 ClientResponse = AppendResponse | GetResponse | MetadataResponse
@@ -272,6 +328,8 @@ REQUEST_CODE_OF: dict[type, RequestCode] = {
     PushEntryResponse: RequestCode.PUSH,
     LeadershipTransferRequest: RequestCode.LEADERSHIP_TRANSFER,
     LeadershipTransferResponse: RequestCode.LEADERSHIP_TRANSFER,
+    InstallSnapshotRequest: RequestCode.INSTALL_SNAPSHOT,
+    InstallSnapshotResponse: RequestCode.INSTALL_SNAPSHOT,
     AppendRequest: RequestCode.APPEND,
     AppendResponse: RequestCode.APPEND,
     GetRequest: RequestCode.GET,

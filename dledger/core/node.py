@@ -10,6 +10,13 @@ caller handles in this order, always:
 3. apply up to ``committed_index``;
 4. deliver ``proposals``, ``transfers`` and ``role_changes``.
 
+A Ready with ``install_snapshot`` (a follower behind the leader's log head, Raft §7) adds
+to step 1, in this order: the application installs the snapshot's data durably, then the
+log restarts right after it (``store.reset``), then ``on_snapshot_installed``. A crash in
+between leaves the application ahead of the log, never behind it: the application skips
+committed entries its snapshot covers. ``persist_ready``/``deliver_ready`` in
+``dledger.runtime.ready`` do exactly this.
+
 The store is a collaborator, as in hashicorp/raft: the core writes entries into it
 (leader appends run the append hooks there, followers write the leader's bytes as they
 are) and the store puts them in the page cache; step 1 makes them durable before any
@@ -32,6 +39,8 @@ from .member_state import HardState, MemberState
 from .messages import (
     HeartBeatRequest,
     HeartBeatResponse,
+    InstallSnapshotRequest,
+    InstallSnapshotResponse,
     LeadershipTransferRequest,
     LeadershipTransferResponse,
     Message,
@@ -43,6 +52,7 @@ from .messages import (
 )
 from .pusher import EntryDispatcher, EntryHandler, QuorumAckChecker
 from .settings import CoreSettings
+from .snapshot import Snapshot, snapshot_of
 
 if TYPE_CHECKING:
     import random
@@ -96,10 +106,14 @@ class Ready:
     proposals: list[ProposalDone] = field(default_factory=list)
     transfers: list[TransferDone] = field(default_factory=list)
     role_changes: list[RoleChange] = field(default_factory=list)
+    # Follower: install this snapshot (the application first, then store.reset) before
+    # any message of this Ready is sent; then call core.on_snapshot_installed.
+    install_snapshot: Snapshot | None = None
 
     def __bool__(self) -> bool:
         return bool(
             self.hard_state is not None
+            or self.install_snapshot is not None
             or self.must_sync
             or self.messages
             or self.committed_index is not None
@@ -162,6 +176,9 @@ class DLedgerCore:
         self._transfers: list[_Transfer] = []
         self._take: _TakeLeadership | None = None
         self._last_preferred_check_ms = now_ms
+        self.snapshot: Snapshot | None = None  # the newest the application registered
+        self.installing: Snapshot | None = None  # follower: handed out, not yet installed
+        self.snapshot_stats = {"sent": 0, "installed": 0}
 
     # ---- plumbing used by the collaborators ----------------------------------------------
 
@@ -234,6 +251,10 @@ class DLedgerCore:
             self._on_push(msg, now_ms)
         elif isinstance(msg, PushEntryResponse):
             self._on_push_response(msg, now_ms)
+        elif isinstance(msg, InstallSnapshotRequest):
+            self._on_install_snapshot(msg, now_ms)
+        elif isinstance(msg, InstallSnapshotResponse):
+            self._on_install_snapshot_response(msg, now_ms)
         elif isinstance(msg, LeadershipTransferRequest):
             self._on_take_leadership(msg, now_ms)
         elif isinstance(msg, LeadershipTransferResponse):
@@ -255,29 +276,89 @@ class DLedgerCore:
 
     # ---- follower side of pushes ------------------------------------------------------------
 
-    def _on_push(self, req: PushEntryRequest, now_ms: int) -> None:
-        """``handlePush``'s checks: a push is taken only from this term's leader."""
+    def _check_leader_request(self, term: int, leader_id: str, now_ms: int) -> DLedgerCode | None:
+        """``handlePush``'s checks: a push (or a snapshot) is taken only from this term's
+        leader. None: take it (this node is now its follower); else the refusal code."""
         ms = self.ms
-        code: DLedgerCode | None = None
-        if req.term < ms.curr_term:
-            code = DLedgerCode.EXPIRED_TERM
-        elif req.term > ms.curr_term:
-            self.elector.change_role_to_candidate(req.term, now_ms)
+        if term < ms.curr_term:
+            return DLedgerCode.EXPIRED_TERM
+        if term > ms.curr_term:
+            self.elector.change_role_to_candidate(term, now_ms)
             self.elector.need_increase_term_immediately = True
-            code = DLedgerCode.TERM_NOT_READY
-        elif ms.role is Role.LEADER:
-            self.log_event("two_leaders", term=req.term, other=req.leader_id)
-            code = DLedgerCode.INCONSISTENT_LEADER
-        elif ms.leader_id is None:
-            self.elector.change_role_to_follower(req.term, req.leader_id, now_ms)
-        elif ms.leader_id != req.leader_id:
-            code = DLedgerCode.INCONSISTENT_LEADER
+            return DLedgerCode.TERM_NOT_READY
+        if ms.role is Role.LEADER:
+            self.log_event("two_leaders", term=term, other=leader_id)
+            return DLedgerCode.INCONSISTENT_LEADER
+        if ms.leader_id is None:
+            self.elector.change_role_to_follower(term, leader_id, now_ms)
+        elif ms.leader_id != leader_id:
+            return DLedgerCode.INCONSISTENT_LEADER
+        self.elector.last_leader_heartbeat_ms = now_ms
+        return None
+
+    def _on_push(self, req: PushEntryRequest, now_ms: int) -> None:
+        code = self._check_leader_request(req.term, req.leader_id, now_ms)
+        if code is None and self.installing is not None:
+            # The log is being replaced (SOFAJRaft answers EBUSY): the leader retries.
+            code = DLedgerCode.NEWER_INSTALL_SNAPSHOT_REQUEST_EXIST
         if code is not None:
             self.handler.respond(req, code)
             return
-        self.elector.last_leader_heartbeat_ms = now_ms
         self.handler.handle_push(req, now_ms)
         self._check_take_leadership(now_ms)
+
+    # ---- INSTALL_SNAPSHOT (RP-42, Raft §7) ----------------------------------------------------
+
+    def set_snapshot(self, last_index: int, data: bytes) -> Snapshot:
+        """The application wrote a snapshot of its state covering the committed entries up
+        to ``last_index`` durably: keep it (the newest one) to send to followers behind
+        the log head. Term, chain and next position come from the store; raises
+        ``DLedgerError(UNEXPECTED_ARGUMENT)`` when ``last_index`` is not committed or is
+        below ``ledger_begin_index - 1``. Returns the snapshot kept (an older one than the
+        one held is not kept)."""
+        snap = snapshot_of(self.store, last_index, data)
+        if self.snapshot is None or snap.last_index >= self.snapshot.last_index:
+            self.snapshot = snap
+            self.log_event("snapshot", index=snap.last_index, bytes=len(snap.data))
+        return self.snapshot
+
+    def begin_install(self, snap: Snapshot) -> None:
+        """Follower: hand ``snap`` to the application through the Ready (the EntryHandler
+        has decided to install it)."""
+        self.installing = snap
+        self._ready.install_snapshot = snap
+        self._ready.must_sync = True
+        self.log_event("install_snapshot", index=snap.last_index, bytes=len(snap.data))
+
+    def on_snapshot_installed(self, snap: Snapshot) -> None:
+        """The caller installed ``snap`` (application, then ``store.reset``), step 1 of the
+        Ready that carried it."""
+        assert self.store.ledger_begin_index > snap.last_index, "store.reset did not run"
+        if self.installing is snap:
+            self.installing = None
+        self.snapshot_stats["installed"] += 1
+        if self.snapshot is None or snap.last_index >= self.snapshot.last_index:
+            self.snapshot = snap
+        self._pump(self.now_ms, idle_commit=False)
+
+    def _on_install_snapshot(self, req: InstallSnapshotRequest, now_ms: int) -> None:
+        code = self._check_leader_request(req.term, req.leader_id, now_ms)
+        if code is not None:
+            self.handler.respond_install(req, code)
+            return
+        self.handler.handle_install(req)
+
+    def _on_install_snapshot_response(self, resp: InstallSnapshotResponse, now_ms: int) -> None:
+        ms = self.ms
+        if resp.term > ms.curr_term:
+            self._note_term(resp.term, False, now_ms)
+            return
+        if ms.role is not Role.LEADER:
+            return
+        self.elector.peer_heard_ms[resp.local_id] = now_ms
+        d = self.dispatchers.get(resp.local_id)
+        if d is not None:
+            d.on_install_response(resp, now_ms)
 
     def _on_push_response(self, resp: PushEntryResponse, now_ms: int) -> None:
         ms = self.ms
@@ -509,11 +590,16 @@ class DLedgerCore:
             "committed_pos": store.committed_pos,
             "transferee": ms.transferee,
             "pending_proposals": len(self._proposals),
+            "snapshot_index": self.snapshot.last_index if self.snapshot else -1,
+            "installing_snapshot_index": self.installing.last_index if self.installing else -1,
+            "snapshots_sent": self.snapshot_stats["sent"],
+            "snapshots_installed": self.snapshot_stats["installed"],
             "peers": {
                 p: {
                     "state": d.state.value,
                     "match_index": d.match_index,
                     "in_flight": len(d.pending),
+                    "snapshots_sent": d.snapshots_sent,
                 }
                 for p, d in self.dispatchers.items()
             }

@@ -1,10 +1,11 @@
 """Replication: ``EntryDispatcher`` (leader, one per peer), ``EntryHandler`` (follower)
 and ``QuorumAckChecker`` (leader) — DLedger's ``DLedgerEntryPusher`` (CHECKLIST §4).
 
-Dispatcher states COMPARE → TRUNCATE → APPEND (+ COMMIT when idle), the newer protocol
-variant (RP-23 a): COMPARE carries (pre_log_index, pre_log_term) and backs up by the
-follower's (x_term, x_index); TRUNCATE carries only the index; follower acks are filed
-under the acked entry's term, and only the current term's watermarks can commit (CV-20).
+Dispatcher states COMPARE → TRUNCATE → APPEND (+ COMMIT when idle, + INSTALL_SNAPSHOT),
+the newer protocol variant (RP-23 a): COMPARE carries (pre_log_index, pre_log_term) and
+backs up by the follower's (x_term, x_index); TRUNCATE carries only the index; follower
+acks are filed under the acked entry's term, and only the current term's watermarks can
+commit (CV-20).
 
 Invariants and the seed bugs not copied:
 - A follower truncates only entries that conflict with the leader: after an
@@ -21,6 +22,23 @@ Invariants and the seed bugs not copied:
   time out); a fast-forward answer removes the request it answers (CV-40).
 - Commit: only an index whose entry has the current term (Raft §5.4.2), checked
   explicitly as well as by the per-term watermarks.
+
+INSTALL_SNAPSHOT (RP-42, Raft §7; the seeds show only the triggers):
+
+| From | To | Condition |
+|---|---|---|
+| COMPARE | INSTALL_SNAPSHOT | ``compare_index < ledger_begin_index - 1`` (the before-begin) |
+| APPEND | INSTALL_SNAPSHOT | ``write_index <= ledger_begin_index - 1``, or the entry went missing |
+| INSTALL_SNAPSHOT | APPEND | SUCCESS: match = ``last_included_index``, push from the next one |
+| any | COMPARE | a store error in the middle of a step (RP-10: the head moved under us) |
+
+One InstallSnapshotRequest in flight per peer, resent after ``snapshot_timeout_ms``. The
+snapshot sent is the node's newest registered one, and only if the leader's log continues
+right after it (``last_index >= ledger_begin_index - 1``) and it fits
+``max_snapshot_bytes``; otherwise the peer waits (logged once) for a newer snapshot.
+The follower installs unless it already holds ``last_included_index`` with that term (then
+it keeps its log, Raft §7); the reset of its log waits until the application has the
+snapshot (``Ready.install_snapshot``), and nothing is answered before both.
 """
 
 from __future__ import annotations
@@ -31,7 +49,15 @@ from typing import TYPE_CHECKING
 
 from ..codes import DLedgerCode, DLedgerError
 from ..store.entry import last_index_of_term
-from .messages import PushEntryRequest, PushEntryResponse, PushType, Role
+from .messages import (
+    InstallSnapshotRequest,
+    InstallSnapshotResponse,
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+    Role,
+)
+from .snapshot import Snapshot
 
 if TYPE_CHECKING:
     from .node import DLedgerCore
@@ -79,12 +105,17 @@ class EntryDispatcher:
         self.last_sent_commit_index = -1
         self.quota_second = -1
         self.quota_bytes = 0
+        self.snapshot_wait: tuple[str, int] | None = None  # why we cannot send (logged once)
+        self.snapshots_sent = 0
 
     def change_state(self, target: DispatcherState) -> None:
         if target is DispatcherState.COMPARE:  # from any state: the CV-36 fix
             self.write_index = self.node.store.ledger_end_index + 1
             self.pending.clear()
+        elif target is DispatcherState.INSTALL_SNAPSHOT:
+            self.pending.clear()  # their answers no longer matter
         self.control = None
+        self.snapshot_wait = None
         self.state = target
 
     def _fresh(self) -> bool:
@@ -102,12 +133,38 @@ class EntryDispatcher:
     def maintain(self, now_ms: int, *, idle_commit: bool) -> None:
         if not self._fresh() or now_ms < self.backoff_until_ms:
             return
-        if self.state is DispatcherState.COMPARE:
-            self._do_compare(now_ms)
-        elif self.state is DispatcherState.TRUNCATE:
-            self._do_truncate(now_ms)
-        elif self.state is DispatcherState.APPEND:
-            self._do_append(now_ms, idle_commit=idle_commit)
+        try:
+            if self.state is DispatcherState.COMPARE:
+                self._do_compare(now_ms)
+            elif self.state is DispatcherState.TRUNCATE:
+                self._do_truncate(now_ms)
+            elif self.state is DispatcherState.APPEND:
+                self._do_append(now_ms, idle_commit=idle_commit)
+            else:
+                self._do_install(now_ms)
+        except DLedgerError as e:
+            self._on_store_error(now_ms, e)
+
+    def _on_store_error(self, now_ms: int, e: DLedgerError) -> None:
+        """RP-10: an error in the middle of a step (retention deleted the head between a
+        check and a read, on the store's own thread) → COMPARE after a back-off; COMPARE
+        goes on to INSTALL_SNAPSHOT if the peer now needs one."""
+        self.node.log_event("dispatcher_error", peer=self.peer_id, code=e.code.name)
+        self.change_state(DispatcherState.COMPARE)
+        self.backoff_until_ms = now_ms + self.node.settings.error_backoff_ms
+
+    def _enter_install(self, now_ms: int, needed: int) -> None:
+        """The peer needs entry ``needed + 1`` or earlier, which we no longer hold."""
+        was = self.state
+        self.change_state(DispatcherState.INSTALL_SNAPSHOT)
+        self.node.log_event(
+            "needs_snapshot",
+            peer=self.peer_id,
+            index=needed,
+            state=was.value,
+            ledger_begin_index=self.node.store.ledger_begin_index,
+        )
+        self._do_install(now_ms)
 
     def _request(self, type_: PushType, **kw: object) -> PushEntryRequest:
         ms = self.node.ms
@@ -139,9 +196,8 @@ class EntryDispatcher:
             return
         store = self.node.store
         compare_index = self.write_index - 1
-        if compare_index < store.ledger_begin_index - 1:
-            self.change_state(DispatcherState.INSTALL_SNAPSHOT)
-            self.node.log_event("needs_snapshot", peer=self.peer_id, index=compare_index)
+        if compare_index < store.ledger_begin_index - 1:  # compareIndex < ledgerBeforeBegin
+            self._enter_install(now_ms, compare_index)
             return
         compare_term = store.term_at(compare_index) if compare_index >= 0 else -1
         req = self._request(
@@ -166,9 +222,12 @@ class EntryDispatcher:
         if resp.x_term != -1:
             # textbook fast backup: compare next at our last entry of x_term, if any
             store = node.store
-            mine = last_index_of_term(
-                store.term_at, store.ledger_begin_index, c.index - 1, resp.x_term
-            )
+            begin = store.ledger_begin_index
+            mine = last_index_of_term(store.term_at, begin, c.index - 1, resp.x_term)
+            if mine < 0 and store.ledger_before_begin_term == resp.x_term and c.index >= begin:
+                # our last entry of x_term is the one before our log head: compare there
+                # rather than at the follower's x_index, below our head (a snapshot loop)
+                mine = begin - 1
             nxt = mine + 1 if mine >= 0 else resp.x_index
         else:
             nxt = resp.end_index + 1  # the follower's log is shorter
@@ -229,12 +288,18 @@ class EntryDispatcher:
             self.write_index = self.match_index + 1
         end = store.ledger_end_index
         while self.write_index <= end and len(self.pending) < s.max_inflight_pushes:
-            if self.write_index < store.ledger_begin_index:
-                self.change_state(DispatcherState.INSTALL_SNAPSHOT)
+            if self.write_index < store.ledger_begin_index:  # writeIndex <= ledgerBeforeBegin
+                self._enter_install(now_ms, self.write_index - 1)
                 return
-            raw, count, last_term = store.read_batch(
-                self.write_index, s.max_push_bytes, s.max_push_entries
-            )
+            try:
+                raw, count, last_term = store.read_batch(
+                    self.write_index, s.max_push_bytes, s.max_push_entries
+                )
+            except DLedgerError:
+                if self.write_index >= store.ledger_begin_index:
+                    raise
+                self._enter_install(now_ms, self.write_index - 1)  # deleted under us
+                return
             if not self._quota_allows(now_ms, len(raw)):
                 break
             req = self._request(
@@ -273,7 +338,104 @@ class EntryDispatcher:
             self.change_state(DispatcherState.COMPARE)
         # any other code: wait for the push timeout and resend (RP-22)
 
+    # ---- INSTALL_SNAPSHOT (RP-42, Raft §7) -------------------------------------------------
+
+    def _snapshot_problem(self) -> tuple[str, int] | None:
+        """Why the newest snapshot cannot be sent now, or None if it can."""
+        node = self.node
+        snap = node.snapshot
+        if snap is None:
+            return ("no snapshot registered", -1)
+        if snap.last_index < node.store.ledger_begin_index - 1:
+            return ("snapshot older than the log head", snap.last_index)
+        if len(snap.data) > node.settings.max_snapshot_bytes:
+            return ("snapshot over max_snapshot_bytes", snap.last_index)
+        return None
+
+    def _do_install(self, now_ms: int) -> None:
+        node, s = self.node, self.node.settings
+        c = self.control
+        if c is not None:
+            if now_ms - c.send_ms <= s.snapshot_timeout_ms:
+                return  # one in flight
+            self.control = None  # no answer: send again
+        problem = self._snapshot_problem()
+        if problem is not None:
+            if self.snapshot_wait != problem:
+                self.snapshot_wait = problem
+                snap = node.snapshot
+                node.log_event(
+                    "snapshot_unavailable",
+                    peer=self.peer_id,
+                    reason=problem[0],
+                    snapshot_index=problem[1],
+                    snapshot_bytes=len(snap.data) if snap is not None else 0,
+                    ledger_begin_index=node.store.ledger_begin_index,
+                )
+            return
+        snap = node.snapshot
+        assert snap is not None
+        ms = node.ms
+        req = InstallSnapshotRequest(
+            group=ms.group,
+            local_id=ms.self_id,
+            remote_id=self.peer_id,
+            term=ms.curr_term,
+            req_id=node.next_req_id(),
+            leader_id=ms.self_id,
+            last_included_index=snap.last_index,
+            last_included_term=snap.last_term,
+            before_begin_chain=snap.last_chain,
+            next_pos=snap.next_pos,
+            commit_index=ms.committed_index,
+            data=snap.data,
+        )
+        self.control = PendingControl(
+            req.req_id, PushType.INSTALL_SNAPSHOT, now_ms, snap.last_index, snap.last_term
+        )
+        self.snapshot_wait = None
+        self.snapshots_sent += 1
+        node.snapshot_stats["sent"] += 1
+        node.log_event(
+            "install_snapshot_sent", peer=self.peer_id, index=snap.last_index, bytes=len(snap.data)
+        )
+        node.send(req)
+
+    def on_install_response(self, resp: InstallSnapshotResponse, now_ms: int) -> None:
+        if not self._fresh() or resp.term != self.term:
+            return
+        c = self.control
+        if (
+            self.state is not DispatcherState.INSTALL_SNAPSHOT
+            or c is None
+            or c.req_id != resp.req_id
+            or c.type is not PushType.INSTALL_SNAPSHOT
+        ):
+            return  # an answer we gave up on
+        self.control = None
+        if resp.code is not DLedgerCode.SUCCESS:
+            self.backoff_until_ms = now_ms + self.node.settings.error_backoff_ms
+            self.node.log_event("install_snapshot_refused", peer=self.peer_id, code=resp.code.name)
+            return
+        if c.index > self.match_index:
+            self.match_index = c.index
+            self.node.checker.update_peer_watermark(c.term, self.peer_id, c.index)
+        self.change_state(DispatcherState.APPEND)
+        self.write_index = c.index + 1
+        self.last_push_commit_ms = now_ms
+        self.node.log_event("install_snapshot_done", peer=self.peer_id, index=c.index)
+        try:
+            self._do_append(now_ms, idle_commit=False)
+        except DLedgerError as e:
+            self._on_store_error(now_ms, e)
+
     def on_response(self, resp: PushEntryResponse, now_ms: int) -> None:
+        try:
+            self._on_response(resp, now_ms)
+        except DLedgerError as e:
+            self._on_store_error(now_ms, e)
+
+    def _on_response(self, resp: PushEntryResponse, now_ms: int) -> None:
         if not self._fresh() or resp.term != self.term:
             return  # not leading, or an answer from an earlier term
         if resp.type is PushType.APPEND:
@@ -391,6 +553,78 @@ class EntryHandler:
             self._handle_truncate(req)
         else:
             self.respond(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+
+    def handle_install(self, req: InstallSnapshotRequest) -> None:
+        """The follower's half of INSTALL_SNAPSHOT (Raft §7); the node has checked term,
+        leader and role. Answers SUCCESS when, once this node's Ready is handled, it holds
+        everything up to ``last_included_index``:
+
+        - it holds a newer state already (its log begins after the snapshot): no change;
+        - it holds the snapshot's last entry with the same term: it keeps its log, whose
+          entries up to there are committed (§7: "retain log entries following it");
+        - otherwise the application gets the snapshot (``Ready.install_snapshot``) and the
+          log restarts right after it, at the leader's position; the answer leaves after
+          both are durable (the Ready order)."""
+        node = self.node
+        store = node.store
+        term, leader, newest = self.newest
+        if (term, leader) != (req.term, req.leader_id):
+            newest = -1
+        self.newest = (req.term, req.leader_id, max(newest, req.req_id))
+        self.clear()
+        last = req.last_included_index
+        if last < 0 or req.next_pos < 0 or req.last_included_term < 0:
+            self.respond_install(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+            return
+        inst = node.installing
+        if inst is not None:
+            if last <= inst.last_index:  # true once the install in progress is durable
+                self.respond_install(req, DLedgerCode.SUCCESS, inst)
+                return
+        elif last < store.ledger_begin_index - 1:
+            self.respond_install(req, DLedgerCode.SUCCESS)
+            return
+        elif last <= store.ledger_end_index and store.term_at(last) == req.last_included_term:
+            if last > store.committed_index:
+                node.commit_to(last)
+            self.respond_install(req, DLedgerCode.SUCCESS)
+            return
+        elif last <= store.committed_index:
+            # Our committed entry there has another term: a correct leader never sends
+            # this (§5.4); refuse (and log) rather than drop committed entries.
+            node.log_event("install_refused", index=last, committed=store.committed_index)
+            self.respond_install(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        snap = Snapshot(
+            last, req.last_included_term, req.before_begin_chain, req.next_pos, req.data
+        )
+        node.begin_install(snap)
+        self.respond_install(req, DLedgerCode.SUCCESS, snap)
+
+    def respond_install(
+        self, req: InstallSnapshotRequest, code: DLedgerCode, after: Snapshot | None = None
+    ) -> None:
+        """Answer ``req``; ``after``: the snapshot being installed, whose log range is
+        what the answer reports (it is true when the answer leaves)."""
+        node = self.node
+        ms, store = node.ms, node.store
+        if after is not None:
+            begin, end = after.last_index + 1, after.last_index
+        else:
+            begin, end = store.ledger_begin_index, store.ledger_end_index
+        node.send(
+            InstallSnapshotResponse(
+                group=ms.group,
+                local_id=ms.self_id,
+                remote_id=req.local_id,
+                term=ms.curr_term,
+                req_id=req.req_id,
+                code=code,
+                last_included_index=req.last_included_index,
+                begin_index=begin,
+                end_index=end,
+            )
+        )
 
     def _hold_append(self, req: PushEntryRequest, now_ms: int) -> None:
         if req.count <= 0 or not req.entries:

@@ -33,6 +33,10 @@ class CoreSettings:
     error_backoff_ms: int = 50  # dispatcher pause after a refused COMPARE/TRUNCATE
     peer_push_quota_bytes_per_s: int = 0  # flow control for a lagging peer; 0 = off
     peer_push_throttle_entries: int = 1000  # quota applies when the peer lags this much
+    # install snapshot (RP-42): one request carries the whole snapshot, one in flight
+    snapshot_timeout_ms: int = 5000  # resend an unanswered InstallSnapshotRequest after this
+    max_snapshot_bytes: int = 32 << 20  # a larger snapshot is not sent (logged); keep it
+    # below the transport's max frame (64 MiB by default)
     # follower (RP-29 .. RP-35)
     max_follower_pending_pushes: int = 256  # out-of-order APPENDs held per follower
     fast_forward_check_ms: int = 1000  # checkAbnormalFuture period
@@ -58,7 +62,13 @@ class CoreSettings:
             raise ValueError("need 0 < min_vote_interval_ms <= max_vote_interval_ms")
         if self.taking_leadership_vote_min_ms > self.taking_leadership_vote_max_ms:
             raise ValueError("taking_leadership_vote_min_ms > taking_leadership_vote_max_ms")
-        for name in ("max_inflight_pushes", "max_push_bytes", "max_push_entries"):
+        for name in (
+            "max_inflight_pushes",
+            "max_push_bytes",
+            "max_push_entries",
+            "snapshot_timeout_ms",
+            "max_snapshot_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
         if self.flush not in ("async", "sync"):

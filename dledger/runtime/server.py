@@ -12,16 +12,21 @@ Public surface (DESIGN §2): ``append(bodies)`` → [(index, pos)] after quorum 
 ``get(index)``, ``read(pos, size)``; ``committed_index``/``committed_pos`` and
 ``wait_committed``; ``add_append_hook``; ``add_role_change_handler``;
 ``transfer_leadership``; ``status()``.
+
+Snapshots (INSTALL_SNAPSHOT, CHECKLIST RP-42): an application that lets retention delete
+the log head registers its snapshots with ``set_snapshot`` and installs the ones a leader
+sends through ``set_snapshot_installer``; see those two methods for the contract.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +47,7 @@ from ..core.messages import (
 )
 from ..core.node import DLedgerCore, Ready, RoleChange
 from ..core.settings import CoreSettings
+from ..core.snapshot import Snapshot
 from ..store import AppendHook, Entry, FileStore, StoreSettings, node_dir
 from .ready import deliver_ready, persist_ready
 from .transport import Transport, TransportSettings
@@ -52,6 +58,8 @@ log = logging.getLogger(__name__)
 TICK_MS = 10  # the state maintainer's beat (LE-04)
 
 RoleChangeHandler = Callable[[RoleChange], None]
+SnapshotInstaller = Callable[[int, bytes], Awaitable[None] | None]
+"""``installer(last_index, data)``: see :meth:`DLedgerServer.set_snapshot_installer`."""
 
 
 class NotLeaderError(DLedgerError):
@@ -120,7 +128,9 @@ class DLedgerServer:
         self._transfer_futs: dict[int, asyncio.Future[DLedgerCode]] = {}
         self._commit_changed = asyncio.Event()
         self._stopping = False
-        self.stats = {"readies": 0, "syncs": 0, "proposals": 0}
+        self._installer: SnapshotInstaller | None = None
+        self.failed: BaseException | None = None  # the node stopped working: see the log
+        self.stats = {"readies": 0, "syncs": 0, "proposals": 0, "snapshot_installs": 0}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -200,8 +210,18 @@ class DLedgerServer:
             "two_leaders",
             "needs_snapshot",
             "inconsistent_leader",
+            "install_snapshot",
+            "install_snapshot_sent",
+            "install_snapshot_done",
         ):
             log.info("%s %s", name, fields)
+        elif name in (
+            "snapshot_unavailable",
+            "install_snapshot_refused",
+            "install_refused",
+            "dispatcher_error",
+        ):
+            log.warning("%s %s", name, fields)
         else:
             log.debug("%s %s", name, fields)
 
@@ -223,6 +243,7 @@ class DLedgerServer:
         core, store = self._live_core(), self.store
         assert store is not None
         sync_log = self.config.core.flush == "sync"
+        loop = asyncio.get_running_loop()
         while True:
             await self._kick.wait()
             self._kick.clear()
@@ -232,10 +253,48 @@ class DLedgerServer:
                     break
                 self.stats["readies"] += 1
                 synced = None
-                if ready.hard_state is not None or (ready.must_sync and sync_log):
+                snap = ready.install_snapshot
+                if snap is not None:
+                    try:
+                        synced = await asyncio.to_thread(
+                            persist_ready,
+                            store,
+                            ready,
+                            sync_log=sync_log,
+                            install=lambda s: self._install(loop, s),
+                        )
+                    except Exception as e:
+                        # The log and the application may now disagree; answering the
+                        # leader would claim an install that did not happen. Stop here.
+                        self.failed = e
+                        log.critical(
+                            "installing snapshot %s failed; node %s stops (restart it)",
+                            snap,
+                            self.config.self_id,
+                            exc_info=True,
+                        )
+                        return
+                    self.stats["snapshot_installs"] += 1
+                elif ready.hard_state is not None or (ready.must_sync and sync_log):
                     self.stats["syncs"] += 1
                     synced = await asyncio.to_thread(persist_ready, store, ready, sync_log=sync_log)
                 deliver_ready(core, ready, synced, send=self._send, on_ready=self._on_ready)
+
+    def _install(self, loop: asyncio.AbstractEventLoop, snap: Snapshot) -> None:
+        """Run the application's installer (in the persist thread): a coroutine is run on
+        the event loop and waited for here."""
+        installer = self._installer
+        if installer is None:
+            log.warning("no snapshot installer: the data of %s is dropped", snap)
+            return
+        result = installer(snap.last_index, snap.data)
+        if inspect.isawaitable(result):
+            aw = result
+
+            async def run() -> None:
+                await aw
+
+            asyncio.run_coroutine_threadsafe(run(), loop).result()
 
     def _send(self, msgs: Iterable[Message]) -> None:
         assert self.transport is not None
@@ -288,6 +347,45 @@ class DLedgerServer:
 
     def add_role_change_handler(self, handler: RoleChangeHandler) -> None:
         self._handlers.append(handler)
+
+    def set_snapshot(self, last_index: int, data: bytes) -> Snapshot:
+        """Register the application's snapshot ``data`` of its state after applying the
+        committed entries up to ``last_index``. Call it on the event loop once the
+        snapshot is durable, and again after every restart (the node keeps only the
+        newest one, in memory).
+
+        A leader sends it (whole, one frame; at most ``CoreSettings.max_snapshot_bytes``)
+        to a follower whose next entry it no longer holds. It can be sent only while the
+        log continues right after it (``last_index >= ledger_begin_index - 1``), so let
+        retention delete no further than the returned ``Snapshot.next_pos``, e.g.
+        ``store.set_retention_floor(min(snap.next_pos, other_floor))``.
+
+        Raises ``DLedgerError(UNEXPECTED_ARGUMENT)`` when ``last_index`` is above the
+        committed index or below ``ledger_begin_index - 1``."""
+        return self._live_core().set_snapshot(last_index, data)
+
+    def set_snapshot_installer(self, installer: SnapshotInstaller | None) -> None:
+        """``installer(last_index, data)`` installs a snapshot a leader sent: it makes
+        ``data`` the application's state covering the entries up to ``last_index``,
+        durably, before it returns. A plain function runs in a worker thread (it may
+        block on fsync); a coroutine function runs on the event loop. Either way:
+
+        - the node is between two Readies: the store still holds the old log and its old
+          committed index; no message leaves and no other Ready is handled meanwhile;
+        - after it returns, the log is reset to begin at ``last_index + 1`` (every entry
+          up to ``last_index`` counts as committed; ``get``/``read`` below that fail),
+          and only then does the node answer the leader;
+        - after a crash between the two the node restarts with the application ahead of
+          its log: the application skips committed entries up to its snapshot's index.
+
+        An application that applies committed entries (the broker's dispatcher) resumes
+        from ``last_index + 1`` after it: e.g. the broker's installer loads its metadata
+        snapshot from ``data``, resets the consume queues and the dispatch position to
+        ``last_index``, and writes them durably. It must not wait for this node's own
+        commits (``append``, ``wait_committed``): no Ready is handled until it returns.
+        If it raises, the node stops working (``self.failed``; the process should be
+        restarted). Without an installer the data is dropped (fine for a pure log)."""
+        self._installer = installer
 
     async def append(
         self, bodies: Sequence[bytes | bytearray | memoryview]
@@ -389,6 +487,8 @@ class DLedgerServer:
                 for p, link in self.transport.links.items()
             }
         st["stats"] = dict(self.stats)
+        if self.failed is not None:
+            st["failed"] = repr(self.failed)
         return st
 
     # ---- the client protocol ---------------------------------------------------------------

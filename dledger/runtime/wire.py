@@ -12,13 +12,13 @@ Every integer is big-endian. A frame is::
                   group, local_id, remote_id, then the class's own (leader_id, ...)
     ...     ...   at most one tail, last:
                     bytes payload        u32 length + bytes
-                      (PushEntryRequest.entries, GetResponse.entries,
-                       MetadataResponse.status_json)
+                      (PushEntryRequest.entries, InstallSnapshotRequest.data,
+                       GetResponse.entries, MetadataResponse.status_json)
                     AppendRequest.bodies    u32 count, then (u32 length + bytes) each
                     AppendResponse.positions u32 count, then i64 each
 
 The fixed struct of each class (field: struct code; ``q`` i64, ``i`` i32, ``h`` i16,
-``B`` u8) always starts with ``term: q, req_id: q``, followed by:
+``I`` u32, ``B`` u8) always starts with ``term: q, req_id: q``, followed by:
 
     VoteRequest                ledger_end_index q, ledger_end_term q, pre_vote B
     VoteResponse               vote_result B, pre_vote B
@@ -30,6 +30,9 @@ The fixed struct of each class (field: struct code; ``q`` i64, ``i`` i32, ``h`` 
                                end_index q, x_term q, x_index q
     LeadershipTransferRequest  take_leadership_ledger_index q
     LeadershipTransferResponse code h
+    InstallSnapshotRequest     last_included_index q, last_included_term q,
+                               before_begin_chain I, next_pos q, commit_index q
+    InstallSnapshotResponse    code h, last_included_index q, begin_index q, end_index q
     AppendRequest              -
     AppendResponse             code h, first_index q
     GetRequest                 index q, max_count i
@@ -38,8 +41,11 @@ The fixed struct of each class (field: struct code; ``q`` i64, ``i`` i32, ``h`` 
     MetadataResponse           code h
 
 and the extra strings are: VoteRequest, HeartBeatRequest, PushEntryRequest,
-AppendResponse and GetResponse ``leader_id``; LeadershipTransferRequest ``transfer_id``,
-``transferee_id``.
+InstallSnapshotRequest, AppendResponse and GetResponse ``leader_id``;
+LeadershipTransferRequest ``transfer_id``, ``transferee_id``.
+
+Request codes are DLedger's (``RequestCode``) except INSTALL_SNAPSHOT = 51006, which is
+ours: the seeds give it no number (DLedger sends it as a PUSH type).
 
 Invariants:
 
@@ -81,6 +87,8 @@ from ..core.messages import (
     GetResponse,
     HeartBeatRequest,
     HeartBeatResponse,
+    InstallSnapshotRequest,
+    InstallSnapshotResponse,
     LeadershipTransferRequest,
     LeadershipTransferResponse,
     Message,
@@ -268,6 +276,30 @@ _SPECS: Final = (
         ["transfer_id", "transferee_id"],
     ),
     _spec(LeadershipTransferResponse, _RESP, [("code", "h", _CODE)]),
+    _spec(
+        InstallSnapshotRequest,
+        _REQ,
+        [
+            ("last_included_index", "q", None),
+            ("last_included_term", "q", None),
+            ("before_begin_chain", "I", None),
+            ("next_pos", "q", None),
+            ("commit_index", "q", None),
+        ],
+        ["leader_id"],
+        tail=_Tail.BYTES,
+        tail_name="data",
+    ),
+    _spec(
+        InstallSnapshotResponse,
+        _RESP,
+        [
+            ("code", "h", _CODE),
+            ("last_included_index", "q", None),
+            ("begin_index", "q", None),
+            ("end_index", "q", None),
+        ],
+    ),
     _spec(AppendRequest, _REQ, tail=_Tail.BODIES, tail_name="bodies"),
     _spec(
         AppendResponse,

@@ -328,9 +328,11 @@ class FileStore:
 
     def _data_write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
         files = self._data.files
-        if not files:
-            assert pos == self._data.end, (pos, self._data.end)
-        elif pos != files[-1].end:
+        if not files and pos != self._data.end:
+            # After a reset right behind an entry that ended near a segment's end (an
+            # installed snapshot): open that segment so it gets the leader's padding.
+            self._data.new_segment()
+        if files and pos != files[-1].end:
             # place_entry decided this run starts the next segment: pad the current one.
             assert pos == files[-1].limit, (pos, files[-1].end, files[-1].limit)
             self._data.pad_to_limit()
@@ -716,13 +718,17 @@ class FileStore:
             new_begin = self._end_index + 1
         else:
             new_begin = decode_header(nxt.mm, 0).index
-        before = self._header(new_begin - 1)
+        if new_begin > self._begin_index:
+            before = self._header(new_begin - 1)
+            term, chain = before.term, before.chain_crc
+        else:  # the head held no entry, only padding after a reset (an installed snapshot)
+            term, chain = self._before_begin_term, self._before_begin_chain
         self._data.delete_head(new_begin_pos, 1)
         self._index.delete_head(new_begin * INDEX_UNIT_SIZE, len(self._index.files))
         self._begin_index = new_begin
         self._begin_pos = new_begin_pos
-        self._before_begin_term = before.term
-        self._before_begin_chain = before.chain_crc
+        self._before_begin_term = term
+        self._before_begin_chain = chain
 
     # ---- recovery ----------------------------------------------------------------------
 

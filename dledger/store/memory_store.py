@@ -248,7 +248,9 @@ class MemoryStore:
             return
         self._before_begin_term = self._terms[n - 1]
         self._before_begin_chain = self._chains[n - 1]
-        self._begin_pos = self._pos[n] if n < len(self._pos) else self._end_pos
+        # where the last deleted entry ended: the log continues from there (the next
+        # entry's pos follows by the placement rule, whatever its size)
+        self._begin_pos = self._pos[n - 1] + len(self._entries[n - 1])
         del self._entries[:n], self._pos[:n], self._terms[:n], self._chains[:n]
         self._begin_index = index
 

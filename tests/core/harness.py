@@ -29,6 +29,7 @@ from dledger.core.messages import (
 )
 from dledger.core.node import DLedgerCore, Proposal, ProposalDone, Ready, RoleChange, TransferDone
 from dledger.core.settings import CoreSettings
+from dledger.core.snapshot import Snapshot
 from dledger.store import MemoryStore, TermVote
 
 T = TypeVar("T")
@@ -66,6 +67,11 @@ class Cluster:
         self.done: dict[str, list[tuple[int, ProposalDone]]] = {i: [] for i in self.ids}
         self.transfers: dict[str, list[TransferDone]] = {i: [] for i in self.ids}
         self.roles: list[tuple[int, str, RoleChange]] = []
+        # what each node's application was handed, and what it saw when it was (the
+        # messages already sent, to check that the answer waited for the install)
+        self.installed: dict[str, list[Snapshot]] = {i: [] for i in self.ids}
+        self.sent_at_install: dict[str, list[int]] = {i: [] for i in self.ids}
+        self.events: list[tuple[str, str, dict[str, Any]]] = []  # (node, name, fields)
         self.cores: dict[str, DLedgerCore] = {}
         for i in self.ids:
             self._start(i)
@@ -82,7 +88,11 @@ class Cluster:
             rng=rng,
             settings=self.settings,
             now_ms=self.now_ms,
+            event_log=lambda name, fields: self.events.append((nid, name, fields)),
         )
+
+    def events_of(self, name: str, nid: str | None = None) -> list[dict[str, Any]]:
+        return [f for n, e, f in self.events if e == name and (nid is None or n == nid)]
 
     def stop(self, nid: str) -> None:
         """Crash ``nid``: it stops ticking and messages to it are lost (its store stays)."""
@@ -216,7 +226,8 @@ class Cluster:
         return self.run(nid, lambda c: c.propose(bodies, self.now_ms), deliver=deliver)
 
     def _handle_ready(self, nid: str) -> None:
-        """The Ready contract: persist, (sync), send, then the rest."""
+        """The Ready contract: persist (term/vote, an installed snapshot: application
+        first, then the store reset), (sync), send, then the rest."""
         core, store = self.cores[nid], self.stores[nid]
         for _ in range(MAX_READIES):
             r = core.ready()
@@ -225,6 +236,12 @@ class Cluster:
             self.readies.append((nid, r))
             if r.hard_state is not None:
                 store.save_term_vote(TermVote(r.hard_state.term, r.hard_state.voted_for))
+            snap = r.install_snapshot
+            if snap is not None:
+                self.installed[nid].append(snap)
+                self.sent_at_install[nid].append(len(self.sent))
+                store.reset(snap.last_index + 1, snap.next_pos, snap.last_term, snap.last_chain)
+                core.on_snapshot_installed(snap)
             if r.must_sync:
                 store.sync()
                 core.on_synced(store.ledger_end_index)  # may fill the next Ready

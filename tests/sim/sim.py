@@ -9,8 +9,17 @@ One ``random.Random(seed)`` derives every knob; time is simulated milliseconds.
 
 After every event the invariants are checked (``Checker``); after the fault phase the
 cluster is healed and must elect a leader and converge within a bound, ending with
-byte-identical data files. ``trace_digest`` hashes the whole event trace: the same seed
-gives the same digest. A failure names the command that replays its seed.
+byte-identical data files (from the highest log begin on, where retention deleted heads).
+``trace_digest`` hashes the whole event trace: the same seed gives the same digest. A
+failure names the command that replays its seed.
+
+With ``app=True`` (``run_seed``) every node also runs a tiny application, ``SimApp``: a
+count and a chained CRC of the committed entry bodies it applied. It writes snapshots at
+seeded times and registers them with the core; retention then deletes log heads below
+them, so a node that was down or cut off long enough gets INSTALL_SNAPSHOT (RP-42).
+Its knobs (``AppKnobs``) come from a stream of their own, so a run without the app (the
+broker simulation) draws exactly what it drew before. After convergence every node's
+application state must equal the leader's and the fold of the committed bodies.
 """
 
 from __future__ import annotations
@@ -21,18 +30,21 @@ import itertools
 import os
 import random
 import shutil
+import struct
 import tempfile
+import zlib
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dledger.codes import DLedgerCode, DLedgerError
-from dledger.core.messages import Message, PushEntryRequest, Role
+from dledger.core.messages import InstallSnapshotRequest, Message, PushEntryRequest, Role
 from dledger.core.node import DLedgerCore, Ready
 from dledger.core.settings import CoreSettings
+from dledger.core.snapshot import Snapshot
 from dledger.runtime.ready import deliver_ready, persist_ready
-from dledger.store import FileStore, StoreSettings
+from dledger.store import MAGIC_NORMAL, Entry, FileStore, StoreSettings
 
 TICK_MS = 10
 STORE = StoreSettings(
@@ -49,6 +61,9 @@ def replay_command(seed: int) -> str:
 
 class InvariantViolationError(AssertionError):
     pass
+
+
+_BUG_EVENTS = frozenset({"dispatcher_error", "install_refused", "two_leaders"})
 
 
 @dataclass
@@ -88,6 +103,60 @@ class Knobs:
 
 
 @dataclass
+class AppKnobs:
+    """The application's snapshots and the log's retention. Drawn from a stream of their
+    own (``app-<seed>``): turning the app off changes no other draw of the seed."""
+
+    snapshot_every_ms: tuple[int, int] | None  # None: the app never snapshots
+    retain_every_ms: tuple[int, int] | None  # None: retention never runs
+    data_file_size: int
+    crash_after_install: float  # power lost between the app's install and the log reset
+
+    @classmethod
+    def from_seed(cls, seed: int) -> AppKnobs:
+        rng = random.Random(f"app-{seed}")
+        snapshots = rng.random() < 0.75
+        retain = snapshots and rng.random() < 0.8
+        return cls(
+            snapshot_every_ms=(rng.choice((100, 300)), rng.choice((800, 2000)))
+            if snapshots
+            else None,
+            retain_every_ms=(rng.choice((100, 400)), rng.choice((1000, 2500))) if retain else None,
+            data_file_size=rng.choice((4096, 4096, 16 * 1024)),
+            crash_after_install=rng.choice((0.0, 0.0, 0.3)),
+        )
+
+
+class CrashAfterInstallError(Exception):
+    """The seeded power loss right after the application installed a snapshot."""
+
+
+@dataclass(frozen=True)
+class SimApp:
+    """The application's state machine: how many NORMAL entries it applied and a chained
+    CRC of their bodies, up to log index ``applied``. Its snapshot is these three."""
+
+    applied: int = -1
+    count: int = 0
+    digest: int = 0
+
+    _CODEC = struct.Struct(">qqI")
+
+    def apply(self, e: Entry) -> SimApp:
+        assert e.index == self.applied + 1, (e.index, self.applied)
+        if e.magic != MAGIC_NORMAL:
+            return replace(self, applied=e.index)
+        return SimApp(e.index, self.count + 1, zlib.crc32(e.body, self.digest))
+
+    def encode(self) -> bytes:
+        return self._CODEC.pack(self.applied, self.count, self.digest)
+
+    @classmethod
+    def decode(cls, data: bytes) -> SimApp:
+        return cls(*cls._CODEC.unpack(data))
+
+
+@dataclass
 class SimNode:
     node_id: str
     directory: Path
@@ -97,6 +166,9 @@ class SimNode:
     inbox: list[Message] = field(default_factory=list)  # held while paused
     restarts: int = 0
     applied: int = -1  # the highest committed index this incarnation reported
+    app: SimApp | None = None  # in memory: lost in a crash
+    app_snapshot: bytes | None = None  # durable: the application's snapshot file
+    installs: int = 0
 
     @property
     def alive(self) -> bool:
@@ -115,6 +187,7 @@ class Checker:
         self.committed_in_term: dict[int, int] = {}  # term seen at commit -> max index
         self.leader_mark: dict[str, tuple[int, int, int]] = {}  # node -> (term, idx, chain)
         self.acked: dict[int, bytes] = {}  # index -> body of an acknowledged append
+        self.committed_body: dict[int, bytes | None] = {}  # None: not a NORMAL entry
 
     def fail(self, what: str) -> None:
         raise InvariantViolationError(f"seed {self.sim.seed} t={self.sim.now_ms}: {what}")
@@ -134,6 +207,7 @@ class Checker:
             seen = self.committed.setdefault(i, (e.term, e.chain_crc))
             if seen != (e.term, e.chain_crc):
                 self.fail(f"{node.node_id} applied {e.term}/{e.chain_crc} at {i}, seen {seen}")
+            self.committed_body.setdefault(i, e.body if e.magic == MAGIC_NORMAL else None)
         self.max_committed = max(self.max_committed, new)
         term = node.core.ms.curr_term if node.core is not None else -1
         self.committed_in_term[term] = max(self.committed_in_term.get(term, -1), new)
@@ -161,14 +235,14 @@ class Checker:
         mark = self.leader_mark.get(n.node_id)
         if mark is not None and mark[0] == term:
             _, idx, chain = mark
-            if store.ledger_end_index < idx or store.get(idx).chain_crc != chain:
+            if store.ledger_end_index < idx or _term_chain(store, idx)[1] not in (chain, None):
                 self.fail(f"leader {n.node_id} overwrote its log at {idx} in term {term}")
         end = store.ledger_end_index
-        if end >= 0:
+        if end >= store.ledger_begin_index:
             self.leader_mark[n.node_id] = (term, end, store.get(end).chain_crc)
         # Leader completeness (§5.4.1): entries committed by the time of this term
         c = max((i for t, i in self.committed_in_term.items() if t <= term), default=-1)
-        if c >= 0 and (end < c or (store.get(c).term, store.get(c).chain_crc) != self.committed[c]):
+        if c >= 0 and (end < c or _term_chain(store, c) not in (self.committed[c], (None, None))):
             self.fail(f"leader {n.node_id} (term {term}) lacks committed entry {c}")
 
     def _check_log_matching(self, alive: list[SimNode]) -> None:
@@ -184,11 +258,38 @@ class Checker:
                 self.fail(f"{a.node_id} and {b.node_id} differ before index {i} (term {ea.term})")
 
 
+def _term_chain(store: FileStore, index: int) -> tuple[int | None, int | None]:
+    """(term, chain CRC) of entry ``index``, also when it is the one before the log head;
+    (None, None) when retention deleted it (a snapshot covers it)."""
+    if index == store.ledger_begin_index - 1:
+        return store.ledger_before_begin_term, store.ledger_before_begin_chain
+    if index < store.ledger_begin_index:
+        return None, None
+    e = store.get(index)
+    return e.term, e.chain_crc
+
+
 class Simulation:
-    def __init__(self, seed: int, root: Path, *, fault_ms: int = 8_000, verbose: bool = False):
+    def __init__(
+        self,
+        seed: int,
+        root: Path,
+        *,
+        fault_ms: int = 8_000,
+        verbose: bool = False,
+        app: bool = False,
+    ):
         self.seed = seed
         self.rng = random.Random(seed)
         self.knobs = Knobs.from_rng(self.rng, fault_ms)
+        self.app = app
+        self.app_knobs = AppKnobs.from_seed(seed)
+        self.app_rng = random.Random(f"app-events-{seed}")  # the app's own draws
+        self.store_settings = (
+            replace(STORE, data_file_size=self.app_knobs.data_file_size) if app else STORE
+        )
+        self.installs = 0
+        self.crashes_after_install = 0
         self.root = root
         self.verbose = verbose
         self.now_ms = 0
@@ -227,7 +328,7 @@ class Simulation:
     # ---- nodes -------------------------------------------------------------------------
 
     def start(self, n: SimNode) -> None:
-        n.store = FileStore(n.directory, STORE, background=False)
+        n.store = FileStore(n.directory, self.store_settings, background=False)
         n.core = DLedgerCore(
             group="g0",
             self_id=n.node_id,
@@ -236,6 +337,7 @@ class Simulation:
             rng=random.Random(self.rng.getrandbits(64)),
             settings=self.settings,
             now_ms=self.now_ms,
+            event_log=lambda name, fields: self._core_event(n, name, fields),
         )
         self.trace(f"start {n.node_id} end={n.store.ledger_end_index} term={n.core.ms.curr_term}")
         self.at(
@@ -243,6 +345,14 @@ class Simulation:
             f"tick {n.node_id}",
             lambda: self._tick(n, n.restarts),
         )
+        if self.app:
+            self._start_app(n)
+
+    def _core_event(self, n: SimNode, name: str, fields: dict[str, Any]) -> None:
+        """Events that are bugs here: the simulated store never moves under the core (one
+        thread), and a snapshot never contradicts a committed entry (§5.4)."""
+        if name in _BUG_EVENTS:
+            self.checker.fail(f"{n.node_id}: {name} {fields}")
 
     def crash(self, n: SimNode, *, mid_ready: bool = False) -> None:
         store = n.store
@@ -251,6 +361,7 @@ class Simulation:
         end_pos = store.ledger_end_pos
         store.abandon()
         n.store = n.core = None
+        n.app = None
         n.paused = False
         n.inbox.clear()
         n.restarts += 1
@@ -299,7 +410,21 @@ class Simulation:
                 hs = ready.hard_state
                 self.checker.on_hard_state(n.node_id, hs.term, hs.voted_for)
             old_commit = n.applied
-            synced = persist_ready(store, ready, sync_log=True)
+            try:
+                synced = persist_ready(
+                    store,
+                    ready,
+                    sync_log=True,
+                    install=(lambda snap: self._install(n, snap)) if self.app else None,
+                )
+            except CrashAfterInstallError:
+                self.crash(n, mid_ready=True)  # the app has the snapshot, the log is old
+                self.at(
+                    self.now_ms + self.rng.randint(50, 2000),
+                    f"restart {n.node_id}",
+                    lambda: self.start(n) if n.core is None else None,
+                )
+                return result
             deliver_ready(
                 core,
                 ready,
@@ -321,6 +446,108 @@ class Simulation:
                 self.checker.on_acked(done.proposal.first_index, bodies)
         for rc in r.role_changes:
             self.trace(f"role {n.node_id} {rc.role.value} term={rc.term} leader={rc.leader_id}")
+        if self.app and r.committed_index is not None:
+            self._apply(n)
+
+    # ---- the application: state machine, snapshots, retention -------------------------------
+
+    def _start_app(self, n: SimNode) -> None:
+        """Recovery: the app's state is its snapshot file; the log has everything after
+        it (retention stops at the snapshot, an install resets the log after the app)."""
+        store = n.store
+        assert store is not None
+        n.app = SimApp.decode(n.app_snapshot) if n.app_snapshot is not None else SimApp()
+        if store.ledger_begin_index - 1 > n.app.applied:
+            self.checker.fail(
+                f"{n.node_id}'s log begins at {store.ledger_begin_index}, after its"
+                f" application's snapshot at {n.app.applied}"
+            )
+        self._apply(n)
+        gen = n.restarts
+        k = self.app_knobs
+        if k.snapshot_every_ms is not None:
+            self.at(
+                self.now_ms + self.app_rng.randint(*k.snapshot_every_ms),
+                f"snapshot {n.node_id}",
+                lambda: self._snapshot_event(n, gen),
+            )
+        if k.retain_every_ms is not None:
+            self.at(
+                self.now_ms + self.app_rng.randint(*k.retain_every_ms),
+                f"retain {n.node_id}",
+                lambda: self._retain_event(n, gen),
+            )
+
+    def _apply(self, n: SimNode) -> None:
+        store, app = n.store, n.app
+        assert store is not None and app is not None
+        for i in range(app.applied + 1, store.committed_index + 1):
+            app = app.apply(store.get(i))
+        n.app = app
+        self._register(n)
+
+    def _register(self, n: SimNode) -> None:
+        """Register the app's durable snapshot with the core (after a restart too; it
+        is refused while the log has not committed that far yet: try again later)."""
+        core = n.core
+        if core is None or n.app_snapshot is None:
+            return
+        snap = SimApp.decode(n.app_snapshot)
+        if core.snapshot is not None and core.snapshot.last_index >= snap.applied:
+            return
+        if snap.applied <= core.store.committed_index:
+            core.set_snapshot(snap.applied, n.app_snapshot)
+
+    def _snapshot_event(self, n: SimNode, gen: int) -> None:
+        if n.core is None or n.restarts != gen:
+            return
+        app = n.app
+        assert app is not None
+        if not n.paused and app.applied >= 0:
+            old = SimApp.decode(n.app_snapshot).applied if n.app_snapshot else -1
+            if app.applied > old:
+                n.app_snapshot = app.encode()  # written atomically: durable from here
+                self._register(n)
+                self.trace(f"snapshot {n.node_id} {app.applied}")
+        k = self.app_knobs.snapshot_every_ms
+        assert k is not None
+        self.at(
+            self.now_ms + self.app_rng.randint(*k),
+            f"snapshot {n.node_id}",
+            lambda: self._snapshot_event(n, gen),
+        )
+
+    def _retain_event(self, n: SimNode, gen: int) -> None:
+        if n.core is None or n.restarts != gen:
+            return
+        store, snap = n.store, n.core.snapshot
+        assert store is not None
+        if not n.paused and snap is not None:
+            before = store.ledger_begin_index
+            store.set_retention_floor(snap.next_pos)  # never past the app's snapshot
+            store.clean(force=True)
+            if store.ledger_begin_index != before:
+                self.trace(f"retain {n.node_id} begin={store.ledger_begin_index}")
+        k = self.app_knobs.retain_every_ms
+        assert k is not None
+        self.at(
+            self.now_ms + self.app_rng.randint(*k),
+            f"retain {n.node_id}",
+            lambda: self._retain_event(n, gen),
+        )
+
+    def _install(self, n: SimNode, snap: Snapshot) -> None:
+        """The app's snapshot installer: durable before it returns (persist_ready resets
+        the log only afterwards)."""
+        n.app_snapshot = snap.data
+        n.app = SimApp.decode(snap.data)
+        assert n.app.applied == snap.last_index
+        n.installs += 1
+        self.installs += 1
+        self.trace(f"install {n.node_id} {snap.last_index} next_pos={snap.next_pos}")
+        if self.faults_on and self.app_rng.random() < self.app_knobs.crash_after_install:
+            self.crashes_after_install += 1
+            raise CrashAfterInstallError
 
     # ---- network -----------------------------------------------------------------------
 
@@ -476,6 +703,8 @@ class Simulation:
     def execute(self) -> None:
         k = self.knobs
         self.trace(f"knobs {k}")
+        if self.app:
+            self.trace(f"app {self.app_knobs}")
         for n in self.nodes:
             self.start(n)
         self._workload_end_ms = k.fault_ms + 2000
@@ -525,16 +754,47 @@ class Simulation:
         assert all(s is not None for s in stores)
         first = stores[0]
         assert first is not None
+        bodies = self.checker.committed_body
         for index, body in self.checker.acked.items():
-            if first.get(index).body != body:
-                self.checker.fail(f"acknowledged entry {index} lost or changed")
+            if index >= first.ledger_begin_index:
+                if first.get(index).body != body:
+                    self.checker.fail(f"acknowledged entry {index} lost or changed")
+            elif bodies.get(index) != body:  # a snapshot covers it: the apps are checked
+                self.checker.fail(f"acknowledged entry {index} was committed otherwise")
         for s in stores:
             assert s is not None
             s.sync()
-        images = [_data_image(n.directory) for n in self.nodes]
-        for n, img in zip(self.nodes[1:], images[1:], strict=True):
-            if img != images[0]:
-                self.checker.fail(f"{n.node_id}'s data files differ from {self.nodes[0].node_id}'s")
+        # Byte-identical from the highest log begin on (positions are the same everywhere)
+        begin = max(s.ledger_begin_pos for s in stores if s is not None)
+        end = first.ledger_end_pos
+        images = [_data_image(n.directory, begin) for n in self.nodes]
+        for n, img in zip(self.nodes, images, strict=True):
+            if img[: end - begin] != images[0][: end - begin] or len(img) < end - begin:
+                self.checker.fail(
+                    f"{n.node_id}'s data files differ from {self.nodes[0].node_id}'s"
+                    f" in [{begin}, {end})"
+                )
+            if img[end - begin :].count(0) != len(img) - (end - begin):
+                self.checker.fail(f"{n.node_id}'s data files hold bytes after the log end {end}")
+        if self.app:
+            self._final_app_checks()
+
+    def _final_app_checks(self) -> None:
+        """Every application applied every committed entry, to the same state, and that
+        state is the fold of the committed bodies (an install carried it correctly)."""
+        committed = self.nodes[0].store.committed_index if self.nodes[0].store else -1
+        ref = SimApp()
+        bodies = self.checker.committed_body
+        for i in range(committed + 1):
+            if i not in bodies:
+                self.checker.fail(f"committed entry {i} was never seen by the checker")
+            body = bodies[i]
+            ref = SimApp(i, ref.count + (body is not None), ref.digest)
+            if body is not None:
+                ref = replace(ref, digest=zlib.crc32(body, ref.digest))
+        for n in self.nodes:
+            if n.app != ref:
+                self.checker.fail(f"{n.node_id}'s application is {n.app}, the log gives {ref}")
 
     def close(self) -> None:
         for n in self.nodes:
@@ -546,6 +806,8 @@ def _describe(m: Message) -> str:
     kind = type(m).__name__
     if isinstance(m, PushEntryRequest):
         return f"{kind} {m.type.name} t={m.term} #{m.req_id} first={m.first_index} n={m.count}"
+    if isinstance(m, InstallSnapshotRequest):
+        return f"{kind} t={m.term} #{m.req_id} last={m.last_included_index} pos={m.next_pos}"
     code = getattr(m, "code", None) or getattr(m, "vote_result", None)
     return f"{kind} t={m.term} #{m.req_id} {getattr(code, 'name', '')}"
 
@@ -560,8 +822,18 @@ def _zero_from(f: Path, rel: int) -> None:
         fh.write(bytes(size - rel))
 
 
-def _data_image(d: Path) -> list[tuple[str, bytes]]:
-    return [(f.name, f.read_bytes()) for f in sorted((d / "data").iterdir())]
+def _data_image(d: Path, from_pos: int = 0) -> bytes:
+    """The data files' bytes from position ``from_pos`` on (segments are contiguous)."""
+    out = bytearray()
+    for f in sorted((d / "data").iterdir()):
+        start = int(f.name)
+        raw = f.read_bytes()
+        lo = max(from_pos - start, 0)
+        if lo < len(raw):
+            if start + lo != from_pos + len(out):
+                raise InvariantViolationError(f"{d}: no data at [{from_pos + len(out)}, {start})")
+            out += raw[lo:]
+    return bytes(out)
 
 
 def sim_root() -> Path:
@@ -570,9 +842,11 @@ def sim_root() -> Path:
     return Path(tempfile.mkdtemp(prefix="ledgermq-sim-", dir=base))
 
 
-def run_seed(seed: int, *, fault_ms: int = 8_000, verbose: bool = False) -> Simulation:
+def run_seed(
+    seed: int, *, fault_ms: int = 8_000, verbose: bool = False, app: bool = True
+) -> Simulation:
     root = sim_root()
-    sim = Simulation(seed, root, fault_ms=fault_ms, verbose=verbose)
+    sim = Simulation(seed, root, fault_ms=fault_ms, verbose=verbose, app=app)
     try:
         sim.execute()
     except BaseException as e:

@@ -19,6 +19,7 @@ from dledger.store import (
     MAGIC_NOOP,
     EntryMeta,
     FileStore,
+    MemoryStore,
     StoreCorruptionError,
     StoreError,
     StoreSettings,
@@ -292,6 +293,66 @@ def test_reset_restarts_the_log_at_a_given_index_and_pos(tmp_path: Path) -> None
     assert follower.get(end) == leader.get(end)
     leader.close()
     follower.close()
+
+
+@pytest.mark.parametrize("reopen", [False, True])
+def test_reset_at_an_entry_end_then_an_entry_that_opens_the_next_segment(
+    tmp_path: Path, reopen: bool
+) -> None:
+    """INSTALL_SNAPSHOT may restart a follower's log right after entry i (mid-segment)
+    when the leader's entry i + 1 did not fit there: the follower pads the segment as
+    the leader did, and the bytes from the reset position on are the leader's."""
+    leader = FileStore(tmp_path / "a", TINY)
+    metas = leader.append_as_leader(1, bodies(40, size=150))
+    k = next(i for i in range(1, 40) if metas[i].pos != metas[i - 1].pos + metas[i - 1].size)
+    last = leader.get(metas[k - 1].index)  # the last entry of its segment
+    after = last.pos + 48 + len(last.body)
+    follower = FileStore(tmp_path / "b", TINY)
+    follower.append_as_leader(1, bodies(3))  # stale history, dropped by the reset
+    follower.reset(last.index + 1, after, last.term, last.chain_crc)
+    if reopen:
+        follower.close()
+        follower = FileStore(tmp_path / "b", TINY)
+    follower.append_as_follower(leader.read_entries(last.index + 1, 1 << 20, 1000))
+    assert follower.get(last.index + 1) == leader.get(last.index + 1)
+    follower.close()
+    leader.close()
+    a = b"".join(p.read_bytes() for p in sorted((tmp_path / "a" / "data").iterdir()))
+    b = b"".join(p.read_bytes() for p in sorted((tmp_path / "b" / "data").iterdir()))
+    seg = TINY.data_file_size
+    skip = after - after % seg  # both lists start at a segment start; the follower's later
+    assert b[after - skip :] == a[after : after + len(b) - (after - skip)]
+    assert b[: after - skip] == bytes(after - skip)  # nothing of the follower's old log
+
+
+def test_retention_deletes_a_head_segment_holding_only_padding_after_a_reset(
+    tmp_path: Path,
+) -> None:
+    """After a reset right behind an entry near a segment's end, the next entry opens the
+    next segment: the head segment holds no entry. Deleting it keeps the begin index and
+    the before-begin term and chain (found by the simulator, seed 277)."""
+    leader = MemoryStore(TINY)  # a leader whose log restarted at the same place
+    leader.reset(10, 4096 - 60, 3, 77)  # 60 bytes left: a 150-byte body goes on
+    leader.append_as_leader(3, bodies(30, size=150))
+    s = FileStore(tmp_path, TINY)
+    s.reset(10, 4096 - 60, 3, 77)
+    i = 10
+    while i <= leader.ledger_end_index:
+        raw, n, _ = leader.read_batch(i, 1 << 20, 1000)
+        s.append_as_follower(raw)
+        i += n
+    s.update_committed(s.ledger_end_index)
+    assert len(s.data_files()) >= 3 and s.get_meta(10).pos == 4096
+    s.set_retention_floor(4096)  # only the head segment
+    assert s.clean(force=True) == 1
+    assert (s.ledger_begin_index, s.ledger_before_begin_term) == (10, 3)
+    assert s.ledger_before_begin_chain == 77 and s.ledger_begin_pos == 4096
+    assert s.term_at(9) == 3
+    s.close()
+    s = FileStore(tmp_path, TINY)
+    assert (s.ledger_begin_index, s.ledger_before_begin_term) == (10, 3)
+    assert s.get(39) == leader.get(39)
+    s.close()
 
 
 def test_reset_then_reopen_with_an_empty_log(tmp_path: Path) -> None:
