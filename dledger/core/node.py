@@ -348,27 +348,27 @@ class DLedgerCore:
             return
         self.handler.handle_install(req)
 
-    def _on_install_snapshot_response(self, resp: InstallSnapshotResponse, now_ms: int) -> None:
+    def _answering_dispatcher(
+        self, resp: PushEntryResponse | InstallSnapshotResponse, now_ms: int
+    ) -> EntryDispatcher | None:
+        """The dispatcher a peer's answer is for, if this node still leads; a higher
+        term in the answer makes it step down instead."""
         ms = self.ms
         if resp.term > ms.curr_term:
             self._note_term(resp.term, False, now_ms)
-            return
+            return None
         if ms.role is not Role.LEADER:
-            return
+            return None
         self.elector.peer_heard_ms[resp.local_id] = now_ms
-        d = self.dispatchers.get(resp.local_id)
+        return self.dispatchers.get(resp.local_id)
+
+    def _on_install_snapshot_response(self, resp: InstallSnapshotResponse, now_ms: int) -> None:
+        d = self._answering_dispatcher(resp, now_ms)
         if d is not None:
             d.on_install_response(resp, now_ms)
 
     def _on_push_response(self, resp: PushEntryResponse, now_ms: int) -> None:
-        ms = self.ms
-        if resp.term > ms.curr_term:
-            self._note_term(resp.term, False, now_ms)
-            return
-        if ms.role is not Role.LEADER:
-            return
-        self.elector.peer_heard_ms[resp.local_id] = now_ms
-        d = self.dispatchers.get(resp.local_id)
+        d = self._answering_dispatcher(resp, now_ms)
         if d is not None:
             d.on_response(resp, now_ms)
 
