@@ -28,6 +28,7 @@ import uvicorn
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from dledger.core.settings import CoreSettings
+from dledger.runtime.transport import parse_address
 from dledger.store import StoreSettings
 
 from .app import create_app
@@ -187,13 +188,6 @@ def _request_exit(server: uvicorn.Server) -> None:
 # ---- options --------------------------------------------------------------------------------
 
 
-def _host_port(spec: str) -> tuple[str, int]:
-    host, _, port = spec.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{spec!r}: want host:port")
-    return host, int(port)
-
-
 def _peer_urls(spec: str) -> dict[str, str]:
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -267,7 +261,7 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSettings]:
-    host, port = _host_port(args.http)
+    host, port = parse_address(args.http)
     advertised = (
         args.advertised_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     )

@@ -229,11 +229,6 @@ class Broker:
             )
         self.role, self.role_term = role, term
 
-    def require_master(self) -> None:
-        """Raise ``NotMasterError`` (with the master's id and URL) or ``NoMasterError``
-        unless this broker takes writes now."""
-        self._require_master()
-
     def _require_master(self) -> None:
         if self.role is BrokerRole.MASTER:
             return
@@ -822,6 +817,7 @@ class Broker:
 
     async def reset_offsets(self, group: str, topic: str, to: str | int) -> dict[int, int]:
         """Move a group's offsets to ``earliest``, ``latest`` or a store timestamp."""
+        self._require_master()  # a write: redirect before computing anything
         t = self.topic(topic)
         offsets = {}
         for qid in range(t.queues):
@@ -851,6 +847,8 @@ class Broker:
     ) -> GroupPullResult:
         """Messages from the group's committed offsets (a new group starts at the
         earliest retained message), across the chosen queues."""
+        if auto_commit:
+            self._require_master()  # the commit is a write: go to the master before pulling
         self._check_group(group)
         self._check_pull_args(max_messages, wait_ms)
         t = self.topic(topic)
@@ -892,9 +890,13 @@ class Broker:
     # ---- cluster -----------------------------------------------------------------------
 
     async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> None:
-        if to not in self.settings.peer_map:
-            raise errors.InvalidArgumentError(f"unknown node {to!r}")
+        """Returns once ``to`` leads (at once when ``to`` is this master)."""
+        peers = self.settings.peer_map
+        if to not in peers:
+            raise errors.UnknownNodeError(f"{to} is not a member: {sorted(peers)}")
         self._require_master()
+        if to == self.settings.node_id:
+            return
         code = await self.server.transfer_leadership(to, timeout_s)
         if code is not DLedgerCode.SUCCESS:
             raise errors.NoMasterError(f"leadership transfer to {to} failed: {code.name}")

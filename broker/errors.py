@@ -71,6 +71,13 @@ class UnauthenticatedError(BrokerError):
     http_status = 401
 
 
+class UnknownNodeError(BrokerError):
+    """A node id that is not a member of the group."""
+
+    code = "UNKNOWN_NODE"
+    http_status = 409
+
+
 class NotMasterError(BrokerError):
     """This broker is a SLAVE; writes go to the master (``leader_id``, ``leader_addr``,
     ``leader_url`` when known)."""

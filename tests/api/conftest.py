@@ -26,6 +26,7 @@ from broker.settings import BrokerSettings, Limits
 from consumequeue import ConsumeQueueSettings
 from dledger.runtime.local_cluster import free_ports
 from dledger.store import StoreSettings
+from tests.broker.harness import until
 
 # Small segments, so the test data rolls files; production sizes otherwise.
 CLUSTER_ARGS = ("--data-file-mb", "8", "--log-level", "INFO")
@@ -68,23 +69,13 @@ def node_settings(data_dir: Path, **overrides: Any) -> BrokerSettings:
     return replace(base, **overrides)
 
 
-async def wait_master(broker: Broker, timeout_s: float = 15.0) -> None:
-    import asyncio  # noqa: PLC0415
-
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not broker.is_master:
-        assert loop.time() < deadline, "single node did not become MASTER"
-        await asyncio.sleep(0.01)
-
-
 @pytest_asyncio.fixture
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
     settings = node_settings(tmp_path / "n0")
     broker = Broker(settings)
     await broker.start()
     try:
-        await wait_master(broker)
+        await until(lambda: broker.is_master, what="the single node becomes MASTER")
         app = create_app(settings, broker)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
