@@ -152,6 +152,8 @@ class Broker:
         self.role_term = -1
         self.role_handler = RoleChangeHandler(self)
         self.server.add_role_change_handler(self.role_handler)
+        self.server.set_snapshot_installer(self._install_snapshot)
+        self._recovered = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # (producer id, sequence) → the attempt at it on this master; kept after the attempt
         # ended until its entries are committed and dispatched or the term is over
@@ -184,8 +186,11 @@ class Broker:
             snapshot_interval_entries=s.snapshot_interval_entries,
             snapshot_interval_ms=s.snapshot_interval_ms,
             on_topic_deleted=self.commitlog.forget_topic,
+            serve_snapshot=self._serve_snapshot,
         )
         await asyncio.to_thread(self.dispatcher.recover)
+        self._recovered.set()
+        self.dispatcher.offer_snapshot()
         self._tasks.append(
             asyncio.create_task(
                 self.dispatcher.run(self.server.wait_committed), name="broker-dispatch"
@@ -212,6 +217,32 @@ class Broker:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
+
+    # ---- snapshots (DESIGN §5) ---------------------------------------------------------
+
+    def _serve_snapshot(self, index: int, data: bytes) -> bool:
+        """Raft keeps the dispatcher's newest snapshot for followers behind the log head;
+        False while it cannot (after a restart, until the local commit index is back)."""
+        try:
+            self.server.set_snapshot(index, data)
+        except DLedgerError as e:
+            log.debug("snapshot %d not served yet: %s", index, e.message)
+            return False
+        return True
+
+    async def _install_snapshot(self, last_index: int, data: bytes) -> None:
+        """The leader no longer has the entries this node needs: take its snapshot.
+        Raft handles nothing else until this returns, and it can arrive as soon as the
+        server is up, so it waits for recovery first (which needs no Raft progress)."""
+        await self._recovered.wait()
+        log.info(
+            "node %s installs the leader's snapshot of entry %d (%d bytes)",
+            self.settings.node_id,
+            last_index,
+            len(data),
+        )
+        await self.dispatcher.install(last_index, data)
+        self.commitlog.clear_queue_table()
 
     # ---- roles -------------------------------------------------------------------------
 

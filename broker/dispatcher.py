@@ -82,6 +82,7 @@ class Dispatcher:
         snapshot_interval_entries: int = 100_000,
         snapshot_interval_ms: int = 60_000,
         on_topic_deleted: Callable[[str], None] | None = None,
+        serve_snapshot: Callable[[int, bytes], bool] | None = None,
     ) -> None:
         self.store = store
         self.cq = cq
@@ -94,6 +95,10 @@ class Dispatcher:
         self.snapshot_interval_entries = snapshot_interval_entries
         self.snapshot_interval_ms = snapshot_interval_ms
         self.on_topic_deleted = on_topic_deleted
+        # Hands a snapshot to Raft for followers behind the log head; False: not now.
+        self.serve_snapshot = serve_snapshot
+        self.served_index = -1  # the snapshot Raft holds (with serve_snapshot set)
+        self._unserved: tuple[int, bytes] | None = None
         self.dispatched_index = -1  # every committed entry up to here is dispatched
         self.snapshot_index = -1  # the newest metadata snapshot on disk
         self.checkpoint_index = -1
@@ -166,17 +171,24 @@ class Dispatcher:
         store = self.store
         for index in reversed(self.snapshots.indexes()):
             if index > store.ledger_end_index:
-                continue  # the entries it covers are not all here
+                # No local log continues it: an install that crashed before the log was
+                # reset (Raft sends it again), or entries a power loss took. Kept, it
+                # would crowd the usable snapshots out of the few that are kept.
+                log.warning("metadata snapshot %d is past the log end: deleted", index)
+                self.snapshots.path(index).unlink(missing_ok=True)
+                continue
             if index < store.ledger_begin_index - 1:
                 break  # the entries after it are gone
             try:
                 raw = self.snapshots.path(index).read_bytes()
-                loaded, _extra = MetadataState.from_snapshot(raw, self.meta.max_sessions)
+                loaded, extra = MetadataState.from_snapshot(raw, self.meta.max_sessions)
             except (OSError, ValueError, KeyError, TypeError) as e:
                 log.warning("metadata snapshot %d unusable, trying an older one: %s", index, e)
                 continue
             self._adopt_meta(loaded)
             self.snapshot_index = index
+            if "queues" in extra:  # older snapshots lack the queue table: not servable
+                self._unserved = (index, raw)
             return
         if store.ledger_begin_index > 0:
             log.error(
@@ -285,6 +297,66 @@ class Dispatcher:
         if index < store.ledger_begin_index:
             return store.ledger_begin_pos
         return store.get_meta(index).pos
+
+    # ---- installing a leader's snapshot ------------------------------------------------
+
+    async def install(self, last_index: int, data: bytes) -> None:
+        """Make a leader's snapshot (see ``snapshot``) this node's state after entry
+        ``last_index``, durably: DLedger then restarts the log right after it
+        (``DLedgerServer.set_snapshot_installer``). Raises ``ValueError`` on data that is
+        not such a snapshot, before anything changed.
+
+        The consume queues restart empty at the snapshot's next offsets (the units before
+        refer to log this node never gets) and the key index restarts empty: queries by
+        key find the messages from here on. A crash part way leaves no checkpoint (or
+        one past the old log) and the snapshot past the old log's end: ``recover``
+        deletes the snapshot and rebuilds from the old log, and the leader, which still
+        finds this node behind its head, sends the snapshot again."""
+        loaded, extra = MetadataState.from_snapshot(data, self.meta.max_sessions)
+        table = _parse_queue_table(extra.get("queues"))
+        if loaded.applied_index != last_index:
+            raise ValueError(f"snapshot of entry {loaded.applied_index} sent as {last_index}")
+        # Not pruned here: until the log restarts, the older snapshots are the ones a
+        # restart can use.
+        await asyncio.to_thread(self.snapshots.save, last_index, data, prune=False)
+        async with self._persist_lock:  # no checkpoint or snapshot meanwhile
+            # From here on synchronous, so no dispatch step or read sees a half-installed
+            # state. The old checkpoint goes first, durably: it describes queues that
+            # are about to change.
+            self.checkpoint_path.unlink(missing_ok=True)
+            _fsync_dir(self.checkpoint_path.parent)
+            for q in list(self.cq):
+                if (q.topic, q.queue_id) not in table:
+                    self.cq.delete_queue(q.topic, q.queue_id)
+            for (topic, queue_id), next_offset in table.items():
+                if next_offset or self.cq.find(topic, queue_id) is not None:
+                    self.cq.queue(topic, queue_id).reset(next_offset)
+            self.keys.clear()
+            gone = [
+                name
+                for name, t in self.meta.topics.items()
+                if (new := loaded.topics.get(name)) is None or new.created_index != t.created_index
+            ]
+            self._adopt_meta(loaded)
+            self.dispatched_index = self.derived_index = last_index
+            self.snapshot_index = self.served_index = last_index  # the core keeps it too
+            self._unserved = None
+            self.rebuild_until = -1
+            self._begin_pos_seen = -1  # the log's begin moves next: correct min offsets
+            self.cq.flush()
+            self.keys.flush()
+            write_atomic(self.checkpoint_path, self._checkpoint_data(last_index))
+            self.checkpoint_index = last_index
+        for name in gone:
+            if self.on_topic_deleted is not None:
+                self.on_topic_deleted(name)
+        # Wake every reader: their queues restarted.
+        ev, self._progress = self._progress, asyncio.Event()
+        ev.set()
+        for qev in self._queue_events.values():
+            qev.set()
+        self._queue_events.clear()
+        log.info("installed the snapshot of entry %d (%d queues)", last_index, len(table))
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -451,6 +523,9 @@ class Dispatcher:
         if due_entries > 0 and (force or due_time or due_entries >= self.snapshot_interval_entries):
             self._last_snapshot = now
             await self.snapshot()
+        if self._unserved is not None:  # after a restart, until Raft's commit reaches it
+            self.offer_snapshot()
+            self._update_retention_floor()
         self._correct_min_offsets()
 
     async def checkpoint(self) -> None:
@@ -461,17 +536,20 @@ class Dispatcher:
             index = self.dispatched_index
             if index == self.checkpoint_index:
                 return
-            data = orjson.dumps(
-                {
-                    "dispatched_index": index,
-                    "queues": {f"{q.topic}/{q.queue_id}": q.max_offset for q in self.cq},
-                    "keys": list(self.keys.position()),
-                }
-            )
+            data = self._checkpoint_data(index)
             await asyncio.to_thread(self._flush_derived)
             await asyncio.to_thread(write_atomic, self.checkpoint_path, data)
             self.checkpoint_index = index
             self._update_retention_floor()
+
+    def _checkpoint_data(self, index: int) -> bytes:
+        return orjson.dumps(
+            {
+                "dispatched_index": index,
+                "queues": self.queue_table(),
+                "keys": list(self.keys.position()),
+            }
+        )
 
     def _flush_derived(self) -> None:
         # The store's checkpoint first: it makes the commit point durable, and recovery
@@ -482,20 +560,43 @@ class Dispatcher:
         self.keys.flush()
 
     async def snapshot(self) -> None:
+        """Write the metadata and every queue's next offset at the dispatched index, then
+        hand it to Raft: it is what a follower behind the log head installs."""
         async with self._persist_lock:
             index = self.meta.applied_index
-            if index == self.snapshot_index:
+            if index == self.snapshot_index or index != self.dispatched_index:
                 return
-            data = self.meta.to_snapshot()  # at exactly ``index``: taken on the loop thread
+            # At exactly ``index``: taken on the loop thread, between two dispatch steps.
+            data = self.meta.to_snapshot({"queues": self.queue_table()})
             await asyncio.to_thread(self.snapshots.save, index, data)
             self.snapshot_index = index
+            self._unserved = (index, data)
+            self.offer_snapshot()
             self._update_retention_floor()
+
+    def queue_table(self) -> dict[str, int]:
+        """Every consume queue's next offset, as ``{"topic/queue_id": offset}``."""
+        return {f"{q.topic}/{q.queue_id}": q.max_offset for q in self.cq}
+
+    def offer_snapshot(self) -> None:
+        """Hand the newest snapshot to Raft, if it does not hold it yet."""
+        unserved = self._unserved
+        if unserved is None or self.serve_snapshot is None:
+            return
+        if unserved[0] < self.store.ledger_begin_index - 1:
+            self._unserved = None  # the log no longer continues it: a newer one will do
+        elif self.serve_snapshot(*unserved):
+            self._unserved = None
+            self.served_index = unserved[0]
 
     def _update_retention_floor(self) -> None:
         # Never delete log the derived state still needs: not past the checkpointed
-        # dispatch point nor past the newest metadata snapshot (DESIGN §5).
-        keep_from = min(self.checkpoint_index, self.snapshot_index) + 1
-        self.store.set_retention_floor(self._pos_of(keep_from))
+        # dispatch point nor past the newest metadata snapshot (DESIGN §5); and not past
+        # the snapshot Raft serves, or a follower behind would wait for the next one.
+        keep_from = min(self.checkpoint_index, self.snapshot_index)
+        if self.serve_snapshot is not None:
+            keep_from = min(keep_from, self.served_index)
+        self.store.set_retention_floor(self._pos_of(keep_from + 1))
 
     def _correct_min_offsets(self) -> None:
         begin_pos = self.store.ledger_begin_pos
@@ -539,6 +640,19 @@ class Dispatcher:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await ev.wait()
+
+
+def _parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
+    """``{"topic/queue_id": next_offset}`` → ``{(topic, queue_id): next_offset}``."""
+    if not isinstance(raw, dict):
+        raise ValueError("the snapshot has no queue table")
+    out: dict[tuple[str, int], int] = {}
+    for key, offset in raw.items():
+        topic, _, queue_id = str(key).rpartition("/")
+        if not topic or not queue_id.isdigit() or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"bad queue table entry {key!r}: {offset!r}")
+        out[topic, int(queue_id)] = offset
+    return out
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -212,9 +212,10 @@ class SnapshotFiles:
     def path(self, index: int) -> Path:
         return self.directory / f"snapshot-{index:020d}"
 
-    def save(self, index: int, data: bytes) -> Path:
+    def save(self, index: int, data: bytes, *, prune: bool = True) -> Path:
         final = self.path(index)
         write_atomic(final, data)
-        for old in self.indexes()[: -self.keep]:
-            self.path(old).unlink(missing_ok=True)
+        if prune:
+            for old in self.indexes()[: -self.keep]:
+                self.path(old).unlink(missing_ok=True)
         return final

@@ -1,0 +1,222 @@
+"""A broker that was away while retention deleted the master's log head catches up by
+INSTALL_SNAPSHOT (DESIGN §5): three brokers in one process over real TCP on 127.0.0.1.
+
+The master's metadata snapshot carries every queue's next offset; the follower installs
+it (metadata, queues restarted at those offsets, key index emptied), its log restarts at
+the master's head, and it dispatches on from there: same topics, consumer offsets and
+producer sessions as the master, the same messages at the same offsets, and offsets that
+continue without gap when it becomes master."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.broker import Broker, ProduceMessage
+from broker.metadata import MetadataState
+from dledger.store import FileStore
+from tests.broker.harness import BrokerCluster, until
+
+pytestmark = pytest.mark.asyncio
+
+
+def _msgs(tag: str, n: int) -> list[ProduceMessage]:
+    return [
+        ProduceMessage(b"%s-%04d" % (tag.encode(), i) + b"x" * 1000, keys=[f"{tag}{i}"])
+        for i in range(n)
+    ]
+
+
+async def _produce(m: Broker, topic: str, tag: str, batches: int) -> None:
+    for i in range(batches):
+        await m.produce(topic, _msgs(f"{tag}{i}-", 100))
+
+
+async def _delete_head(m: Broker) -> int:
+    """Snapshot and checkpoint the master, then let retention delete every head segment
+    they allow; returns the master's new log begin."""
+    await m.dispatcher.snapshot()
+    await m.dispatcher.checkpoint()
+    assert m.dispatcher.served_index == m.dispatcher.snapshot_index
+    await asyncio.to_thread(m.store.clean, True)
+    return m.store.ledger_begin_index
+
+
+def _state(b: Broker) -> dict[str, Any]:
+    return {
+        "topics": {n: (t.queues, t.created_index) for n, t in b.meta.topics.items()},
+        "offsets": b.meta.offsets,
+        "sessions": {p: (s.seq, s.size, s.results) for p, s in b.meta.sessions.items()},
+    }
+
+
+async def _queue_view(b: Broker, topic: str, qid: int, lo: int) -> list[tuple[int, int, bytes]]:
+    out: list[tuple[int, int, bytes]] = []
+    offset = lo
+    for _ in range(100):  # bounded
+        r = await b.pull(topic, qid, offset, max_messages=1000)
+        if r.status != "FOUND":
+            break
+        out += [(m.queue_offset, m.commitlog_offset, m.body) for m in r.messages]
+        offset = r.next_offset
+    return out
+
+
+def _same_log_from(f: Broker, m: Broker) -> None:
+    """The follower's log, from its begin, is byte for byte the master's."""
+    lo, hi = f.store.ledger_begin_pos, f.store.committed_pos
+    assert hi == m.store.committed_pos and hi > lo
+    assert f.store.read(lo, hi - lo) == m.store.read(lo, hi - lo)
+
+
+async def _start_lagging_follower(tmp_path: Path) -> tuple[BrokerCluster, Broker, str]:
+    """A cluster whose follower ``lag`` was stopped while the master moved on and
+    deleted its log head; ``lag`` is not running yet."""
+    c = BrokerCluster(tmp_path, n=3)
+    await c.start_all()
+    m = await c.master()
+    await m.create_topic("t", 2)
+    await m.create_topic("gone", 1)
+    await _produce(m, "t", "a", 3)
+    await m.commit_offsets("grp", "t", {0: 10, 1: 20})
+    await c.converged()
+    lag = next(n for n, b in c.brokers.items() if b is not m)
+    await c.stop(lag)
+    await _produce(m, "t", "b", 30)  # about 3 MB: 3 segments of 1 MiB
+    await m.delete_topic("gone")
+    await m.create_topic("gone", 3)  # another incarnation
+    await m.commit_offsets("grp", "t", {0: 700})
+    await m.produce("t", [ProduceMessage(b"s")], producer_id="p1", sequence=7)
+    begin = await _delete_head(m)
+    assert begin > 0, "retention deleted nothing"
+    return c, m, lag
+
+
+async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Path) -> None:
+    c, m, lag = await _start_lagging_follower(tmp_path)
+    try:
+        snap_index = m.dispatcher.snapshot_index
+        f = await c.start(lag)
+        await until(lambda: f.server.stats["snapshot_installs"] >= 1, 30, "snapshot install")
+        await c.converged()
+        assert f.store.ledger_begin_index == snap_index + 1
+        ms = m.store
+        head = (
+            ms.get_meta(snap_index + 1).pos
+            if snap_index < ms.ledger_end_index
+            else ms.ledger_end_pos
+        )
+        assert f.store.ledger_begin_pos == head
+        assert _state(f) == _state(m)
+        assert f.meta.committed_offset("grp", "t", 0) == 700
+        for qid in (0, 1):
+            fmin, fmax = f.queue_bounds("t", qid)
+            mmin, mmax = m.queue_bounds("t", qid)
+            assert fmax == mmax and mmin <= fmin <= fmax
+            # What the follower holds is what the master holds at the same offsets.
+            fview = await _queue_view(f, "t", qid, fmin)
+            mview = await _queue_view(m, "t", qid, fmin)
+            assert fview == mview
+        # Messages after the install are dispatched and indexed by key on the follower.
+        await m.produce("t", _msgs("after", 10))
+        await c.converged()
+        for qid in (0, 1):
+            assert f.queue_bounds("t", qid)[1] == m.queue_bounds("t", qid)[1]
+        _same_log_from(f, m)
+        found = f.query_by_key("t", "after3")
+        assert [x.body for x in found] == [_msgs("after", 10)[3].body]
+        # The retried session batch is answered from the installed session table.
+        await c.converged()
+        again = await m.produce("t", [ProduceMessage(b"s")], producer_id="p1", sequence=7)
+        assert f.meta.sessions["p1"].results[0][1] == again[0].queue_offset
+
+        # The installed node takes over: offsets continue without gap or duplicate.
+        before = {q: f.queue_bounds("t", q)[1] for q in (0, 1)}
+        await m.transfer_leadership(lag, timeout_s=10)
+        await until(lambda: f.is_master, 20, "installed node is master")
+        res = await f.produce("t", [ProduceMessage(b"n%d" % i) for i in range(10)])
+        for q in (0, 1):
+            got = sorted(r.queue_offset for r in res if r.queue_id == q)
+            assert got == list(range(before[q], before[q] + len(got)))
+        await f.commit_offsets("grp", "t", {1: 800})
+        await c.converged()
+        assert _state(f) == _state(m)
+
+        # A restart recovers from the installed snapshot: the log no longer begins at 0.
+        bounds = {q: f.queue_bounds("t", q) for q in (0, 1)}
+        await c.stop(lag)
+        f = await c.start(lag)
+        assert f.dispatcher.snapshot_index >= snap_index
+        assert {q: f.queue_bounds("t", q) for q in (0, 1)} == bounds
+        await c.converged()
+        assert _state(f) == _state(c.brokers[m.settings.node_id])
+    finally:
+        await c.close()
+
+
+async def test_a_crash_between_install_and_log_reset_installs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The installer ran, the log's restart did not (the node died in between): the
+    restarted node drops the snapshot no log of its continues, rebuilds from its old
+    log, and the leader, still finding it behind its head, sends the snapshot again.
+    The master is restarted too: it serves its snapshot from its file."""
+    c, m, lag = await _start_lagging_follower(tmp_path)
+    try:
+        real_reset = FileStore.reset
+        calls: list[int] = []
+
+        def dying_reset(self: FileStore, *args: Any, **kw: Any) -> None:
+            calls.append(args[0])
+            raise OSError("power cut before the log restarted")
+
+        monkeypatch.setattr(FileStore, "reset", dying_reset)
+        f = await c.start(lag)
+        await until(lambda: f.server.failed is not None, 30, "the install to fail")
+        assert calls and f.dispatcher.snapshot_index == calls[0] - 1
+        await c.stop(lag)
+        monkeypatch.setattr(FileStore, "reset", real_reset)
+
+        master_id = m.settings.node_id
+        await c.stop(master_id)
+        m = await c.start(master_id)
+        await until(lambda: m.dispatcher.served_index >= 0, 30, "restarted master serves")
+        f = await c.start(lag)
+        await until(lambda: f.server.stats["snapshot_installs"] >= 1, 30, "install again")
+        m = await c.master(timeout_s=30)
+        await c.converged()
+        assert _state(f) == _state(m)
+        for qid in (0, 1):
+            assert f.queue_bounds("t", qid)[1] == m.queue_bounds("t", qid)[1]
+        _same_log_from(f, m)
+    finally:
+        await c.close()
+
+
+async def test_install_refuses_data_that_is_not_a_broker_snapshot(tmp_path: Path) -> None:
+    c = BrokerCluster(tmp_path, n=1)
+    await c.start_all()
+    try:
+        m = await c.master()
+        await m.create_topic("t", 2)
+        await m.produce("t", _msgs("a", 5))
+        await m.dispatcher.snapshot()
+        good = m.snapshots.path(m.dispatcher.snapshot_index).read_bytes()
+        before = (_state(m), m.queue_bounds("t", 0), m.dispatcher.dispatched_index)
+        no_table = MetadataState().to_snapshot()
+        wrong_index = good
+        bad_table = MetadataState().to_snapshot({"queues": {"t/0": -1}})
+        for data, index in [
+            (b"not json", 5),
+            (no_table, -1),
+            (bad_table, -1),
+            (wrong_index, m.dispatcher.snapshot_index + 1),
+        ]:
+            with pytest.raises(ValueError):
+                await m.dispatcher.install(index, data)
+            assert (_state(m), m.queue_bounds("t", 0), m.dispatcher.dispatched_index) == before
+    finally:
+        await c.close()
