@@ -300,6 +300,8 @@ def create_app(
                 "ledger_end_index": st["ledger_end_index"],
                 "committed_index": st["committed_index"],
                 "dispatched_index": st["dispatched_index"],
+                "snapshot_index": st["snapshot_index"],
+                "snapshots_installed": st["snapshots_installed"],
             }
         )
 

@@ -60,6 +60,8 @@ class ClusterInfo(BaseModel):
     ledger_end_index: int
     committed_index: int
     dispatched_index: int
+    snapshot_index: int = Field(description="the newest metadata snapshot")
+    snapshots_installed: int = Field(description="leader snapshots this node installed")
 
 
 class LeadershipRequest(_Request):

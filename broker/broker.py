@@ -949,6 +949,9 @@ class Broker:
             "ledger_end_index": store.ledger_end_index,
             "committed_index": store.committed_index,
             "dispatched_index": self.dispatcher.dispatched_index if self.dispatcher else -1,
+            # The newest metadata snapshot (what a follower behind the log head installs).
+            "snapshot_index": self.dispatcher.snapshot_index if self.dispatcher else -1,
+            "snapshots_installed": self.server.stats.get("snapshot_installs", 0),
             "peers": st.get("peers", {}),
             "stats": {**self.stats, **(self.dispatcher.stats if self.dispatcher else {})},
         }

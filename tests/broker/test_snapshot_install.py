@@ -103,6 +103,8 @@ async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Pa
         await until(lambda: f.server.stats["snapshot_installs"] >= 1, 30, "snapshot install")
         await c.converged()
         assert f.store.ledger_begin_index == snap_index + 1
+        st = f.status()
+        assert st["snapshots_installed"] == 1 and st["snapshot_index"] >= snap_index
         ms = m.store
         head = (
             ms.get_meta(snap_index + 1).pos
