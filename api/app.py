@@ -17,7 +17,6 @@ model validation on the hot path); their models document them in the OpenAPI sch
 # some of which use this app's limits, at route definition time.
 import base64
 import binascii
-import hmac
 import logging
 import math
 import time
@@ -40,6 +39,7 @@ from broker.role import BrokerRole
 from broker.settings import BrokerSettings
 
 from . import models
+from .auth import Grant, TokenTable
 from .metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
@@ -150,27 +150,46 @@ def create_app(
     broker: Broker,
     *,
     auth_token: str | None = None,
+    auth_tokens: TokenTable | None = None,
     metrics_need_auth: bool = False,
 ) -> FastAPI:
     """The HTTP API of one node. ``broker`` is started (and stopped) by the caller.
 
-    With ``auth_token`` every ``/v1`` request needs ``Authorization: Bearer <token>``
-    (401 otherwise); ``/healthz`` and ``/readyz`` stay open, ``/metrics`` too unless
-    ``metrics_need_auth``."""
+    With ``auth_token`` (allowed everything) or ``auth_tokens`` (tokens with scopes, see
+    ``api.auth``) every ``/v1`` request needs ``Authorization: Bearer <token>``: 401
+    without a known one, 403 when its scopes do not cover the request. ``/healthz`` and
+    ``/readyz`` stay open, ``/metrics`` too unless ``metrics_need_auth``."""
     limits = settings.limits
-    bearer = HTTPBearer(auto_error=False, description="the node's --auth-token")
+    bearer = HTTPBearer(auto_error=False, description="a token of the node's --auth-token(s)")
+    tokens: TokenTable | None = None
+    if auth_token is not None or auth_tokens is not None:
+        tokens = TokenTable() if auth_tokens is None else auth_tokens.copy()
+        if auth_token is not None:
+            tokens.add(auth_token, ["admin"])
 
     async def check_token(
+        request: Request,
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
     ) -> None:
-        if auth_token is None:
+        if tokens is None:
             return
-        given = credentials.credentials if credentials is not None else ""
-        if not hmac.compare_digest(given.encode(), auth_token.encode()):
+        grant = tokens.lookup(credentials.credentials) if credentials is not None else None
+        if grant is None:
             raise errors.UnauthenticatedError("a valid bearer token is required")
+        request.state.grant = grant
 
-    guarded = [Depends(check_token)] if auth_token is not None else []
-    v1 = APIRouter(dependencies=guarded)
+    def need(request: Request, action: str, topic: str | None = None) -> None:
+        """403 unless the request's token may ``action`` (admin/produce/consume)."""
+        grant: Grant | None = getattr(request.state, "grant", None)
+        if grant is None:
+            return  # no auth on this node
+        if grant.admin if action == "admin" else grant.allows(action, topic):
+            return
+        what = f"{action} {topic}" if topic else action
+        raise errors.ForbiddenError(f"this token may not {what}", needs=action)
+
+    guarded = [Depends(check_token)] if tokens is not None else []
+    v1 = APIRouter(dependencies=guarded, responses=_error_docs(401, 403) if guarded else None)
     metrics = NodeMetrics(broker)
     app = FastAPI(
         title="LedgerMQ",
@@ -312,7 +331,8 @@ def create_app(
         response_model=models.LeadershipResult,
         responses=_error_docs(307, 409, 503),
     )
-    async def leadership(body: models.LeadershipRequest) -> Response:
+    async def leadership(request: Request, body: models.LeadershipRequest) -> Response:
+        need(request, "admin")
         await broker.transfer_leadership(body.to)
         st = broker.status()
         return JSONBytes({"leader_id": st["leader_id"] or body.to, "term": st["term"]})
@@ -327,7 +347,8 @@ def create_app(
         responses={200: {"model": models.TopicInfo}, **_error_docs(307, 409, 503)},
         summary="create a topic (201); the same again answers 200",
     )
-    async def create_topic(body: models.TopicCreate) -> Response:
+    async def create_topic(request: Request, body: models.TopicCreate) -> Response:
+        need(request, "admin")
         t, created = await broker.create_topic(body.name, body.queues)
         return JSONBytes({"name": t.name, "queues": t.queues}, status_code=201 if created else 200)
 
@@ -353,7 +374,8 @@ def create_app(
         response_class=Response,
         responses=_error_docs(307, 404, 503),
     )
-    async def delete_topic(topic: TopicPath) -> Response:
+    async def delete_topic(request: Request, topic: TopicPath) -> Response:
+        need(request, "admin")
         await broker.delete_topic(topic)
         return Response(status_code=204)
 
@@ -441,6 +463,7 @@ def create_app(
         },
     )
     async def produce(topic: TopicPath, request: Request) -> Response:
+        need(request, "produce", topic)
         started = time.monotonic()
         raw = await read_body(request)
         req = parse_produce(raw, request.headers.get("content-type", ""), request.query_params)
@@ -484,6 +507,7 @@ def create_app(
     )
     async def pull(
         *,
+        request: Request,
         topic: TopicPath,
         queue_id: Annotated[int, Path(ge=0, le=65_535)],
         offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
@@ -492,6 +516,7 @@ def create_app(
         tags: Annotated[str | None, Query(max_length=4096, examples=["TagA||TagB"])] = None,
         encoding: EncodingQuery = "utf-8",
     ) -> Response:
+        need(request, "consume", topic)
         with metrics.long_polls.track_inprogress():
             r = await broker.pull(
                 topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
@@ -514,10 +539,12 @@ def create_app(
         responses=_error_docs(404),
     )
     async def offset_for_time(
+        request: Request,
         topic: TopicPath,
         queue_id: Annotated[int, Path(ge=0, le=65_535)],
         timestamp: Annotated[int, Query(ge=0, le=2**62)],
     ) -> Response:
+        need(request, "consume", topic)
         return JSONBytes({"offset": broker.offset_for_time(topic, queue_id, timestamp)})
 
     @v1.get(
@@ -528,11 +555,13 @@ def create_app(
         responses=_error_docs(404),
     )
     async def query_by_key(
+        request: Request,
         topic: TopicPath,
         key: Annotated[str, Query(min_length=1, max_length=1024)],
         max: Annotated[int, Query(ge=1, le=limits.max_key_query_results)] = 64,
         encoding: EncodingQuery = "utf-8",
     ) -> Response:
+        need(request, "consume", topic)
         found = broker.query_by_key(topic, key, max)
         return JSONBytes({"messages": messages_out(topic, found, encoding)})
 
@@ -543,15 +572,19 @@ def create_app(
         responses=_error_docs(404),
     )
     async def get_message(
-        msg_id: Annotated[str, Path(max_length=256)], encoding: EncodingQuery = "utf-8"
+        request: Request,
+        msg_id: Annotated[str, Path(max_length=256)],
+        encoding: EncodingQuery = "utf-8",
     ) -> Response:
         m = broker.get_message(msg_id)
+        need(request, "consume", m.topic)
         return JSONBytes(message_out(m, encoding))
 
     # ---- consumer groups ---------------------------------------------------------------
 
     @v1.get("/v1/groups", tags=["groups"], response_model=models.GroupList)
-    async def list_groups() -> Response:
+    async def list_groups(request: Request) -> Response:
+        need(request, "consume")
         return JSONBytes({"groups": broker.list_groups()})
 
     @v1.get(
@@ -561,9 +594,11 @@ def create_app(
         responses=_error_docs(404),
     )
     async def group_offsets(
+        request: Request,
         group: GroupPath,
         topic: Annotated[str | None, Query(pattern=models.TOPIC_PATTERN)] = None,
     ) -> Response:
+        need(request, "consume", topic)
         return JSONBytes({"offsets": broker.group_offsets(group, topic)})
 
     def queue_ids(offsets: dict[str, int]) -> dict[int, int]:
@@ -581,7 +616,10 @@ def create_app(
         response_model=models.OffsetsAnswer,
         responses=_error_docs(307, 404, 503),
     )
-    async def commit_offsets(group: GroupPath, body: models.CommitOffsets) -> Response:
+    async def commit_offsets(
+        request: Request, group: GroupPath, body: models.CommitOffsets
+    ) -> Response:
+        need(request, "consume", body.topic)
         offsets = queue_ids(body.offsets)
         await broker.commit_offsets(group, body.topic, offsets)
         return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
@@ -593,7 +631,10 @@ def create_app(
         response_model=models.OffsetsAnswer,
         responses=_error_docs(307, 404, 503),
     )
-    async def reset_offsets(group: GroupPath, body: models.ResetOffsets) -> Response:
+    async def reset_offsets(
+        request: Request, group: GroupPath, body: models.ResetOffsets
+    ) -> Response:
+        need(request, "consume", body.topic)
         offsets = await broker.reset_offsets(group, body.topic, body.to)
         return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
 
@@ -604,7 +645,8 @@ def create_app(
         response_model=models.GroupPullResponse,
         responses=_error_docs(307, 404, 503),
     )
-    async def group_pull(group: GroupPath, body: models.GroupPull) -> Response:
+    async def group_pull(request: Request, group: GroupPath, body: models.GroupPull) -> Response:
+        need(request, "consume", body.topic)
         with metrics.long_polls.track_inprogress():
             r = await broker.group_pull(
                 group,

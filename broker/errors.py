@@ -71,6 +71,13 @@ class UnauthenticatedError(BrokerError):
     http_status = 401
 
 
+class ForbiddenError(BrokerError):
+    """The bearer token is valid but its scopes do not cover the request (API.md §6)."""
+
+    code = "FORBIDDEN"
+    http_status = 403
+
+
 class UnknownNodeError(BrokerError):
     """A node id that is not a member of the group."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -13,6 +14,7 @@ import orjson
 import pytest
 
 from api.app import create_app
+from api.auth import TokenTable
 from tests.api.conftest import TEST_LIMITS, Node
 from tests.broker.harness import until
 
@@ -471,3 +473,70 @@ async def test_bearer_token_guards_v1_but_not_the_probes(node: Node) -> None:
     ) as http:
         assert (await http.get("/metrics")).status_code == 401
         assert (await http.get("/healthz")).status_code == 200
+
+
+async def test_token_scopes_allow_what_they_name_and_answer_403_otherwise(
+    node: Node, tmp_path: Path
+) -> None:
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text(
+        "# token       scopes\n"
+        "boss-token    admin\n"
+        "writer-token  produce:orders   # one topic\n"
+        "reader-token  consume:orders\n"
+        "all-readers   consume\n"
+    )
+    app = create_app(
+        node.broker.settings, node.broker, auth_tokens=TokenTable.from_file(tokens_file)
+    )
+
+    def bearer(token: str) -> dict[str, str]:
+        return {"authorization": f"Bearer {token}"}
+
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://node"
+    ) as http:
+        boss, writer, reader, readers = (
+            bearer(t) for t in ("boss-token", "writer-token", "reader-token", "all-readers")
+        )
+        for name in ("orders", "clicks"):
+            r = await http.post("/v1/topics", json={"name": name, "queues": 1}, headers=boss)
+            assert r.status_code == 201, r.text
+        before = node.log_state()
+        forbidden = [
+            (writer, "post", "/v1/topics", {"name": "x", "queues": 1}),
+            (reader, "delete", "/v1/topics/orders", None),
+            (writer, "post", "/v1/topics/clicks/messages", {"messages": [{"body": "b"}]}),
+            (reader, "post", "/v1/topics/orders/messages", {"messages": [{"body": "b"}]}),
+            (writer, "get", "/v1/topics/orders/queues/0/messages", None),
+            (reader, "get", "/v1/topics/clicks/queues/0/messages", None),
+            (reader, "put", "/v1/groups/g/offsets", {"topic": "clicks", "offsets": {"0": 0}}),
+            (reader, "post", "/v1/groups/g/pull", {"topic": "clicks"}),
+            (reader, "get", "/v1/groups", None),
+            (readers, "post", "/v1/cluster/leadership", {"to": node.broker.settings.node_id}),
+        ]
+        for headers, method, path, body in forbidden:
+            r = await http.request(method, path, json=body, headers=headers)
+            assert r.status_code == 403, (method, path, r.text)
+            assert error_of(r)["code"] == "FORBIDDEN"
+        assert node.log_state() == before
+        r = await http.post(
+            "/v1/topics/orders/messages", json={"messages": [{"body": "hi"}]}, headers=writer
+        )
+        assert r.status_code == 200, r.text
+        msg_id = r.json()["results"][0]["msg_id"]
+        for headers in (reader, readers, boss):
+            r = await http.get("/v1/topics/orders/queues/0/messages", headers=headers)
+            assert [m["body"] for m in r.json()["messages"]] == ["hi"]
+            assert (await http.get(f"/v1/messages/{msg_id}", headers=headers)).status_code == 200
+        assert (await http.get(f"/v1/messages/{msg_id}", headers=writer)).status_code == 403
+        r = await http.put(
+            "/v1/groups/g/offsets", json={"topic": "orders", "offsets": {"0": 1}}, headers=reader
+        )
+        assert r.status_code == 200, r.text
+        assert (await http.get("/v1/groups", headers=readers)).json()["groups"] == ["g"]
+        for headers in (writer, reader):  # any valid token reads the cluster and topics
+            assert (await http.get("/v1/cluster", headers=headers)).status_code == 200
+            assert (await http.get("/v1/topics", headers=headers)).status_code == 200
+        r = await http.get("/v1/topics", headers=bearer("nobody"))
+        assert r.status_code == 401

@@ -1,0 +1,37 @@
+"""Tokens files and scopes (API.md §6); the HTTP side is in test_app.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from api.auth import TokenTable
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("", "no tokens"),
+        ("tok\n", "at least one scope"),
+        ("tok write\n", "unknown scope"),
+        ("tok produce:bad/topic\n", "unknown scope"),
+        ("tok admin\ntok consume\n", "twice"),
+    ],
+)
+def test_a_bad_tokens_file_is_refused_with_its_line(tmp_path: Path, text: str, why: str) -> None:
+    f = tmp_path / "tokens"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=why):
+        TokenTable.from_file(f)
+
+
+def test_scopes_cover_what_they_name() -> None:
+    t = TokenTable([("a", ["admin"]), ("p", ["produce:orders", "consume"]), ("c", ["consume:x"])])
+    admin, p, c = t.lookup("a"), t.lookup("p"), t.lookup("c")
+    assert admin is not None and p is not None and c is not None
+    assert admin.admin and admin.allows("produce", "anything")
+    assert p.allows("produce", "orders") and not p.allows("produce", "other")
+    assert not p.allows("produce") and p.allows("consume") and p.allows("consume", "other")
+    assert not p.admin and not c.allows("consume") and c.allows("consume", "x")
+    assert t.lookup("A") is None and t.lookup("") is None
