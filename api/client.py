@@ -80,6 +80,7 @@ __all__ = [
     "ClusterNode",
     "ClusterStatus",
     "Consumer",
+    "ForbiddenError",
     "GroupNotFoundError",
     "GroupOffset",
     "InvalidArgumentError",
@@ -101,6 +102,7 @@ __all__ = [
     "TopicDescription",
     "TopicInfo",
     "TopicNotFoundError",
+    "UnauthenticatedError",
     "UnknownOutcomeError",
 ]
 
@@ -180,6 +182,18 @@ class BusyError(LedgerMQError):
     CODE = "BUSY"
 
 
+class UnauthenticatedError(LedgerMQError):
+    """No token, or one the broker does not know."""
+
+    CODE = "UNAUTHENTICATED"
+
+
+class ForbiddenError(LedgerMQError):
+    """The token's scopes do not cover the request."""
+
+    CODE = "FORBIDDEN"
+
+
 class BrokerUnavailableError(LedgerMQError):
     """No broker answered (connection refused, timeouts) within the deadline."""
 
@@ -200,6 +214,8 @@ _ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         GroupNotFoundError,
         SequenceTooOldError,
         BusyError,
+        UnauthenticatedError,
+        ForbiddenError,
         BrokerUnavailableError,
     )
 }

@@ -15,6 +15,7 @@ import pytest
 
 from api.app import create_app
 from api.auth import TokenTable
+from api.client import AsyncProducer, ForbiddenError, UnauthenticatedError
 from tests.api.conftest import TEST_LIMITS, Node
 from tests.broker.harness import until
 
@@ -540,3 +541,12 @@ async def test_token_scopes_allow_what_they_name_and_answer_403_otherwise(
             assert (await http.get("/v1/topics", headers=headers)).status_code == 200
         r = await http.get("/v1/topics", headers=bearer("nobody"))
         assert r.status_code == 401
+    # The client raises typed errors for both.
+    url = "http://node"
+    transport = httpx.ASGITransport(app=app)
+    async with AsyncProducer(url, transport=transport, auth_token="reader-token") as p:
+        with pytest.raises(ForbiddenError):
+            await p.send("orders", [b"x"])
+    async with AsyncProducer(url, transport=transport, auth_token="nobody") as p:
+        with pytest.raises(UnauthenticatedError):
+            await p.send("orders", [b"x"])
