@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from broker.demo import run_demo
+from dledger.runtime.peer_auth import load_peer_secret
 from dledger.store.demo import run_demo as run_store_demo
 
 from .cli_client import add_client_commands, run_client_command
@@ -45,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_option(up, "--raft-base-port", type=int, default=None, help="default: base + 1000")
     add_option(up, "--data-dir", type=Path, default=Path("ledgermq-data"))
     add_option(up, "--flush", choices=("sync", "async"), default="sync")
+    add_option(up, "--peer-secret", default=None, help="for every node (API.md §6)")
+    add_option(up, "--peer-secret-file", type=Path, default=None)
     demo = sub.add_parser("demo", help="run the 3-broker failover demonstration and exit")
     demo.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
     demo.add_argument("--messages", type=int, default=20_000, help="per produce phase")
@@ -72,6 +75,7 @@ def cluster_up(args: argparse.Namespace) -> int:
         raft_ports=[raft_base + i for i in range(n)],
         extra_args=["--flush", args.flush],
         inherit_output=True,
+        peer_secret=load_peer_secret(args.peer_secret, args.peer_secret_file),
     )
     stop = False
 

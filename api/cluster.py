@@ -4,7 +4,8 @@
 the same class. Each node gets an HTTP port and a Raft port, every node knows every
 node's URL (so a SLAVE redirects writes to the master), and children are started with
 ``--exit-with-parent``: nothing outlives the process that started them. Every wait is
-bounded.
+bounded. A peer secret (API.md §6) reaches the children in their environment, out of
+``ps``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from dledger.runtime.local_cluster import ChildNodes, free_ports
+from dledger.runtime.local_cluster import ChildNodes, free_ports, peer_secret_env
 
 
 class LocalBrokerCluster(ChildNodes):
@@ -32,11 +33,15 @@ class LocalBrokerCluster(ChildNodes):
         extra_args: Sequence[str] = (),
         log_dir: Path | None = None,
         inherit_output: bool = False,
+        peer_secret: bytes | None = None,
     ) -> None:
         if not 1 <= n <= 9:
             raise ValueError("a local cluster has 1 to 9 nodes")
         super().__init__(
-            [f"n{i}" for i in range(n)], log_dir or data_dir, inherit_output=inherit_output
+            [f"n{i}" for i in range(n)],
+            log_dir or data_dir,
+            inherit_output=inherit_output,
+            env=peer_secret_env(peer_secret),
         )
         ports = free_ports(2 * n) if http_ports is None or raft_ports is None else []
         self.http_ports = list(http_ports) if http_ports is not None else ports[:n]

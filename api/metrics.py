@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from broker.broker import Broker
@@ -91,6 +91,12 @@ class _StateCollector(Collector):
             role.add_metric([name], 1.0 if st["raft_role"] == name else 0.0)
         yield role
         yield gauge("ledgermq_broker_master", "1 when MASTER", 1.0 if b.is_master else 0.0)
+        if b.server.transport is not None:
+            yield CounterMetricFamily(
+                "ledgermq_raft_auth_failures",
+                "inbound Raft connections refused by the peer-secret handshake",
+                value=b.server.transport.auth_failures,
+            )
         yield gauge("ledgermq_ledger_begin_index", "first log index kept", st["ledger_begin_index"])
         yield gauge("ledgermq_ledger_end_index", "last log index", st["ledger_end_index"])
         yield gauge("ledgermq_committed_index", "quorum-committed index", st["committed_index"])

@@ -28,7 +28,8 @@ import uvicorn
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from dledger.core.settings import CoreSettings
-from dledger.runtime.transport import parse_address
+from dledger.runtime.peer_auth import load_peer_secret
+from dledger.runtime.transport import TransportSettings, parse_address
 from dledger.store import StoreSettings
 
 from .app import create_app
@@ -248,6 +249,16 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     add_option(p, "--auth-token", default=None, help="require this bearer token on /v1")
     add_option(
         p,
+        "--peer-secret",
+        default=None,
+        help="Raft connections authenticate with this shared secret (API.md §6); "
+        "visible in ps: prefer --peer-secret-file or the environment variable",
+    )
+    add_option(
+        p, "--peer-secret-file", type=Path, default=None, help="read the peer secret from a file"
+    )
+    add_option(
+        p,
         "--metrics-auth",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -290,6 +301,9 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         default_queues=args.default_queues,
         core=core,
         store=store,
+        transport=TransportSettings(
+            peer_secret=load_peer_secret(args.peer_secret, args.peer_secret_file)
+        ),
     )
     http = HttpSettings(
         host=host,

@@ -15,6 +15,9 @@ What it measures (every figure is printed; nothing is asserted):
    (``bench/pysyncobj_baseline.py``), unless ``--skip-pysyncobj``.
 
     .venv/bin/python bench/raft_bench.py --duration 60 --kills 20
+
+``--peer-secret S`` runs both DLedger groups (and the client) with a peer secret
+(API.md §6), to see what the connection handshake costs; pysyncobj runs as always.
 """
 
 from __future__ import annotations
@@ -152,13 +155,17 @@ def main() -> int:
     ap.add_argument("--pysyncobj-duration", type=float, default=None)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--peer-secret", default=None, help="DLedger nodes authenticate with it")
     a = ap.parse_args()
     progress = not a.no_progress
-    results: dict[str, Any] = {"settings": vars(a) | {"workdir": str(a.workdir)}}
+    secret = a.peer_secret.encode() if a.peer_secret else None
+    results: dict[str, Any] = {
+        "settings": vars(a) | {"workdir": str(a.workdir), "peer_secret": secret is not None}
+    }
     with tempfile.TemporaryDirectory(prefix="raft-bench-", dir=a.workdir) as tmp:
         root = Path(tmp)
         args = ("--data-file-mib", "256", "--flush", a.flush, "--log-level", "WARNING")
-        with LocalCluster(3, root / "load", extra_args=args) as cl:
+        with LocalCluster(3, root / "load", extra_args=args, peer_secret=secret) as cl:
             (root / "load").mkdir(exist_ok=True)
             cl.start_all()
             results["throughput"] = asyncio.run(
@@ -168,7 +175,7 @@ def main() -> int:
             cl.stop_all()
         if a.kills:
             (root / "failover").mkdir()
-            with LocalCluster(3, root / "failover", extra_args=args) as cl:
+            with LocalCluster(3, root / "failover", extra_args=args, peer_secret=secret) as cl:
                 cl.start_all()
                 results["failover"] = asyncio.run(_failover(cl, a.kills, progress))
                 print("dledger failover:", json.dumps(results["failover"]), flush=True)

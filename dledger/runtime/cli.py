@@ -5,6 +5,10 @@
     python -m dledger client --group g0 --peers "..." append "hello" "world"
     python -m dledger client --group g0 --peers "..." get 0 --count 10
     python -m dledger client --group g0 --peers "..." status
+
+With a peer secret (API.md §6), give every node and the client the same one:
+``--peer-secret-file PATH``, or ``LEDGERMQ_PEER_SECRET`` in the environment (both stay
+out of ``ps``, unlike ``--peer-secret VALUE``).
 """
 
 from __future__ import annotations
@@ -24,9 +28,35 @@ import orjson
 from ..core.settings import CoreSettings
 from ..store import StoreSettings
 from .client import DLedgerClient
+from .peer_auth import PEER_SECRET_ENV, PEER_SECRET_FILE_ENV, load_peer_secret
 from .server import DLedgerServer, ServerConfig, parse_peers
+from .transport import TransportSettings
 
 MiB = 1 << 20
+
+
+def _add_peer_secret_options(ap: argparse.ArgumentParser) -> None:
+    """``--peer-secret`` / ``--peer-secret-file``, defaults from the environment (the
+    same variables as ``ledgermq broker``)."""
+    ap.add_argument(
+        "--peer-secret",
+        default=os.environ.get(PEER_SECRET_ENV),
+        help="authenticate Raft connections with this shared secret; visible in ps, "
+        f"prefer --peer-secret-file or {PEER_SECRET_ENV} [env {PEER_SECRET_ENV}]",
+    )
+    ap.add_argument(
+        "--peer-secret-file",
+        type=Path,
+        default=os.environ.get(PEER_SECRET_FILE_ENV),
+        help=f"read the peer secret from this file [env {PEER_SECRET_FILE_ENV}]",
+    )
+
+
+def peer_secret_from_args(a: argparse.Namespace) -> bytes | None:
+    try:
+        return load_peer_secret(a.peer_secret, a.peer_secret_file)
+    except ValueError as e:
+        raise SystemExit(f"python -m dledger: {e}") from None
 
 
 def _node_parser() -> argparse.ArgumentParser:
@@ -51,6 +81,7 @@ def _node_parser() -> argparse.ArgumentParser:
     ap.add_argument("--data-file-mib", type=int, default=1024)
     ap.add_argument("--preferred-leader", default="", help="ids separated by ';'")
     ap.add_argument("--seed", type=int, default=None, help="seed the election RNG")
+    _add_peer_secret_options(ap)
     ap.add_argument(
         "--exit-with-parent",
         action="store_true",
@@ -81,6 +112,7 @@ def settings_from_args(a: argparse.Namespace) -> ServerConfig:
         data_dir=a.data_dir,
         core=core,
         store=store,
+        transport=TransportSettings(peer_secret=peer_secret_from_args(a)),
         seed=a.seed,
     )
 
@@ -114,6 +146,7 @@ def _client(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m dledger client")
     ap.add_argument("--group", default="g0")
     ap.add_argument("--peers", required=True)
+    _add_peer_secret_options(ap)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_append = sub.add_parser("append", help="append bodies (UTF-8 text) after quorum commit")
     p_append.add_argument("bodies", nargs="+")
@@ -124,9 +157,10 @@ def _client(argv: list[str]) -> int:
     sub.add_parser("status", help="every node's status")
     a = ap.parse_args(argv)
     peers = parse_peers(a.peers)
+    secret = peer_secret_from_args(a)
 
     async def go() -> None:
-        async with DLedgerClient(peers, a.group) as c:
+        async with DLedgerClient(peers, a.group, peer_secret=secret) as c:
             if a.cmd == "append":
                 r = await c.append([b.encode() for b in a.bodies])
                 print(

@@ -3,6 +3,8 @@
 It finds the leader itself: it asks the node it believes leads, follows the
 ``leader_id`` a NOT_LEADER answer names, and tries the other nodes when none is known.
 Tests and the benchmark use it; the broker embeds :class:`DLedgerServer` instead.
+With ``peer_secret`` it runs the nodes' handshake (``peer_auth``, API.md §6) on every
+connection before its first request, as a peer does.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from ..core.messages import (
     MetadataResponse,
 )
 from ..store.entry import Entry, decode_entry
-from .transport import parse_address
+from .peer_auth import MAGIC, PeerAuthError
+from .transport import authenticate_to, parse_address
 from .wire import FrameDecoder, FrameError, WireMessage, encode_parts
 
 RETRYABLE = {
@@ -53,8 +56,12 @@ class _Conn:
 
     async def _read(self, reader: asyncio.StreamReader) -> None:
         decoder = FrameDecoder()
+        needs_secret = False  # the node greeted us with a handshake's hello
+        first = True
         try:
             while data := await reader.read(1 << 20):
+                needs_secret = needs_secret or (first and data.startswith(MAGIC))
+                first = False
                 for m in decoder.feed(data):
                     fut = self.waiting.pop(m.req_id, None)
                     if fut is not None and not fut.done():
@@ -64,7 +71,11 @@ class _Conn:
         finally:
             for fut in self.waiting.values():
                 if not fut.done():
-                    fut.set_exception(ConnectionError("connection closed"))
+                    fut.set_exception(
+                        PeerAuthError("the node wants a peer secret; this client has none")
+                        if needs_secret
+                        else ConnectionError("connection closed")
+                    )
             self.waiting.clear()
 
     @property
@@ -79,10 +90,22 @@ class _Conn:
 
 
 class DLedgerClient:
-    def __init__(self, peers: dict[str, str], group: str, *, client_id: str | None = None):
+    def __init__(
+        self,
+        peers: dict[str, str],
+        group: str,
+        *,
+        client_id: str | None = None,
+        peer_secret: bytes | None = None,
+        auth_timeout_s: float = 2.0,
+    ):
+        if peer_secret is not None and not peer_secret:
+            raise ValueError("peer_secret must not be empty (None disables it)")
         self.peers = dict(sorted(peers.items()))
         self.group = group
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:8]}"
+        self.peer_secret = peer_secret
+        self.auth_timeout_s = auth_timeout_s
         self.leader: str | None = None
         self._conns: dict[str, _Conn] = {}
         self._seq = itertools.count(1)
@@ -106,6 +129,18 @@ class DLedgerClient:
             host, port = parse_address(self.peers[node])
             async with asyncio.timeout(timeout_s):
                 reader, writer = await asyncio.open_connection(host, port)
+                if self.peer_secret is not None:
+                    try:  # PeerAuthError is a ConnectionError: retried like a refused connect
+                        await authenticate_to(
+                            reader,
+                            writer,
+                            secret=self.peer_secret,
+                            node_id=node,
+                            timeout_s=min(self.auth_timeout_s, timeout_s),
+                        )
+                    except BaseException:
+                        writer.close()
+                        raise
             c = self._conns[node] = _Conn(reader, writer)
         return c
 

@@ -1,7 +1,8 @@
 """Run a DLedger group as local processes on 127.0.0.1 (tests, benchmarks, demos).
 
 Each node is ``python -m dledger ... --exit-with-parent``, so nothing outlives the
-process that started it. Every wait is bounded.
+process that started it. Every wait is bounded. A peer secret reaches the children in
+their environment, not on their command line, where ``ps`` would show it.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from .client import DLedgerClient
+from .peer_auth import PEER_SECRET_ENV, PEER_SECRET_FILE_ENV
 
 
 def free_ports(n: int) -> list[int]:
@@ -37,16 +40,37 @@ def free_ports(n: int) -> list[int]:
 class ChildNodes:
     """Node processes on this machine, one per id: start (output to ``<log_dir>/<id>.log``
     or inherited), SIGKILL, stop (SIGTERM, then SIGKILL after a bound), liveness, log
-    tails. Subclasses say how a node is started (``command``)."""
+    tails. Subclasses say how a node is started (``command``); ``env`` sets (a string) or
+    removes (None) variables in the children's environment, which is otherwise this
+    process's."""
 
-    def __init__(self, ids: list[str], log_dir: Path, *, inherit_output: bool = False) -> None:
+    def __init__(
+        self,
+        ids: list[str],
+        log_dir: Path,
+        *,
+        inherit_output: bool = False,
+        env: Mapping[str, str | None] | None = None,
+    ) -> None:
         self.ids = ids
         self.log_dir = log_dir
         self.inherit_output = inherit_output
+        self.env = dict(env or {})
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def command(self, node: str) -> list[str]:
         raise NotImplementedError
+
+    def child_env(self) -> dict[str, str] | None:
+        if not self.env:
+            return None  # inherit, as before
+        out = dict(os.environ)
+        for name, value in self.env.items():
+            if value is None:
+                out.pop(name, None)
+            else:
+                out[name] = value
+        return out
 
     def start(self, node: str) -> None:
         assert not self.alive(node), f"{node} is running"
@@ -60,6 +84,7 @@ class ChildNodes:
                 stdout=out,
                 stderr=subprocess.STDOUT if out is not None else None,
                 stdin=subprocess.DEVNULL,
+                env=self.child_env(),
             )
         finally:
             if out is not None:
@@ -107,6 +132,15 @@ class ChildNodes:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
 
 
+def peer_secret_env(secret: bytes | None) -> dict[str, str | None]:
+    """Children's environment for ``secret``: set, or (None) unset, so that a variable of
+    the operator's shell never gives the nodes a secret their parent does not know."""
+    if secret is None:
+        return {PEER_SECRET_ENV: None, PEER_SECRET_FILE_ENV: None}
+    # fsdecode/fsencode (in load_peer_secret) round-trip any bytes through the variable.
+    return {PEER_SECRET_ENV: os.fsdecode(secret), PEER_SECRET_FILE_ENV: None}
+
+
 class LocalCluster(ChildNodes):
     def __init__(
         self,
@@ -116,8 +150,12 @@ class LocalCluster(ChildNodes):
         group: str = "g0",
         extra_args: tuple[str, ...] = (),
         log_dir: Path | None = None,
+        peer_secret: bytes | None = None,
     ) -> None:
-        super().__init__([f"n{i}" for i in range(n)], log_dir or data_dir)
+        super().__init__(
+            [f"n{i}" for i in range(n)], log_dir or data_dir, env=peer_secret_env(peer_secret)
+        )
+        self.peer_secret = peer_secret
         self.ports = free_ports(n)
         self.peers = {i: f"127.0.0.1:{p}" for i, p in zip(self.ids, self.ports, strict=True)}
         self.peer_spec = ";".join(f"{i}-{a}" for i, a in self.peers.items())
@@ -143,7 +181,7 @@ class LocalCluster(ChildNodes):
         ]
 
     def client(self) -> DLedgerClient:
-        return DLedgerClient(self.peers, self.group)
+        return DLedgerClient(self.peers, self.group, peer_secret=self.peer_secret)
 
     async def statuses(self, client: DLedgerClient) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}

@@ -483,8 +483,18 @@ class DLedgerServer:
         st = self._live_core().status()
         if self.transport is not None:
             st["links"] = {
-                p: {"connected": link.connected, "sent": link.sent, "dropped": link.dropped}
+                p: {
+                    "connected": link.connected,
+                    "sent": link.sent,
+                    "dropped": link.dropped,
+                    "auth_failures": link.auth_failures,
+                }
                 for p, link in self.transport.links.items()
+            }
+            # Inbound connections refused: bad frames, failed peer handshakes (API.md §6).
+            st["refused"] = {
+                "bad_frames": self.transport.bad_frames,
+                "auth_failures": self.transport.auth_failures,
             }
         st["stats"] = dict(self.stats)
         if self.failed is not None:

@@ -9,6 +9,11 @@
   heartbeats every interval), and a dead peer must not hold unbounded memory.
 - A frame that does not parse closes that connection and is logged; nothing else
   happens (the decoder is unusable after an error, so the stream cannot resync).
+- With ``peer_secret`` set (API.md §6), every connection starts with the handshake of
+  ``peer_auth``, in both directions: the listening side closes a connection that fails
+  it before reading a single frame byte, so nothing an unauthenticated process sends
+  reaches the decoder or the core. Without a secret there is no handshake and the bytes
+  on the wire are exactly what they were before the option existed.
 """
 
 from __future__ import annotations
@@ -16,15 +21,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .peer_auth import (
+    CLIENT_PROOF_BYTES,
+    HELLO_BYTES,
+    MAGIC,
+    SERVER_PROOF_BYTES,
+    ClientHandshake,
+    PeerAuthError,
+    ServerHandshake,
+    check_magic,
+)
 from .wire import FrameDecoder, FrameError, WireMessage, encode_parts
 
 log = logging.getLogger(__name__)
 
 READ_CHUNK = 1 << 20
+AUTH_LOG_INTERVAL_S = 1.0  # at most one line per second about refused connections
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +53,27 @@ class TransportSettings:
     reconnect_min_ms: int = 20
     reconnect_max_ms: int = 1000
     max_client_requests_per_connection: int = 1024
+    # API.md §6: None = no handshake at all (the wire is unchanged). Kept out of repr so
+    # that a logged settings object does not print it.
+    peer_secret: bytes | None = field(default=None, repr=False)
+    auth_timeout_ms: int = 2000  # the whole handshake, from accept/connect
+    # Connections in the handshake at once; more are refused at once. Each one holds a
+    # socket and a read buffer until its timeout, so a flood must not hold unbounded
+    # memory; peers retry with backoff.
+    max_handshakes_in_flight: int = 128
+
+    def __post_init__(self) -> None:
+        if self.peer_secret is not None and not self.peer_secret:
+            raise ValueError("peer_secret must not be empty (None disables it)")
+        if self.auth_timeout_ms <= 0 or self.max_handshakes_in_flight <= 0:
+            raise ValueError("auth_timeout_ms and max_handshakes_in_flight must be positive")
+
+
+def _address(peername: object) -> str:
+    """``('127.0.0.1', 5000)`` (or an IPv6 4-tuple) → ``127.0.0.1:5000``."""
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        return f"{peername[0]}:{peername[1]}"
+    return str(peername)
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -43,6 +81,67 @@ def parse_address(addr: str) -> tuple[str, int]:
     if not host or not port.isdigit():
         raise ValueError(f"bad address {addr!r}: want host:port")
     return host, int(port)
+
+
+def _handshake_failure(e: BaseException, timeout_s: float, waiting_for: str) -> PeerAuthError:
+    if isinstance(e, TimeoutError):
+        hint = " (a node without a peer secret sends none)" if waiting_for == "hello" else ""
+        return PeerAuthError(f"no {waiting_for} within {timeout_s * 1000:.0f} ms{hint}")
+    if isinstance(e, asyncio.IncompleteReadError):
+        return PeerAuthError(
+            f"connection closed in the handshake ({len(e.partial)} of {e.expected} bytes)"
+        )
+    if isinstance(e, PeerAuthError):
+        return e
+    return PeerAuthError(f"handshake failed: {e!r}")
+
+
+async def accept_peer(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    secret: bytes,
+    node_id: str,
+    timeout_s: float,
+) -> None:
+    """The listening side of the handshake (``peer_auth``); ``PeerAuthError`` on any
+    failure. Reads exactly the handshake's bytes and nothing after them."""
+    hs = ServerHandshake(secret, node_id)
+    try:
+        # asyncio.timeout, never wait_for: see PeerLink._connect.
+        async with asyncio.timeout(timeout_s):
+            writer.write(hs.hello())
+            # The magic first: a peer without a secret is told apart at once (it sends a
+            # frame here) instead of when its frames have filled a whole proof.
+            head = await reader.readexactly(len(MAGIC))
+            check_magic(head, "client")
+            rest = await reader.readexactly(CLIENT_PROOF_BYTES - len(MAGIC))
+            writer.write(hs.check_client_proof(head + rest))
+            await writer.drain()
+    except (OSError, EOFError, TimeoutError) as e:  # PeerAuthError is an OSError
+        raise _handshake_failure(e, timeout_s, "client proof") from None
+
+
+async def authenticate_to(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    secret: bytes,
+    node_id: str,
+    timeout_s: float,
+) -> None:
+    """The connecting side of the handshake with node ``node_id``; ``PeerAuthError`` on
+    any failure, including a server that does not prove it holds the secret."""
+    hs = ClientHandshake(secret, node_id)
+    waiting_for = "hello"
+    try:
+        async with asyncio.timeout(timeout_s):
+            hello = await reader.readexactly(HELLO_BYTES)
+            writer.write(hs.answer(hello))
+            waiting_for = "server proof"
+            hs.check_server_proof(await reader.readexactly(SERVER_PROOF_BYTES))
+    except (OSError, EOFError, TimeoutError) as e:
+        raise _handshake_failure(e, timeout_s, waiting_for) from None
 
 
 class PeerLink:
@@ -56,9 +155,11 @@ class PeerLink:
         self._queued_bytes = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self.connected = False
+        self.connected = False  # and authenticated, with a peer secret
         self.dropped = 0
         self.sent = 0
+        self.auth_failures = 0  # handshakes that failed, in total
+        self._failed_handshakes = 0  # in a row; the first one is logged
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"peer-link-{self.peer_id}")
@@ -92,13 +193,8 @@ class PeerLink:
         s = self.settings
         backoff = s.reconnect_min_ms
         while True:
-            try:
-                # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a
-                # cancellation that races with the connect failing (close() then waited
-                # on this loop forever).
-                async with asyncio.timeout(s.connect_timeout_ms / 1000):
-                    _, writer = await asyncio.open_connection(self.host, self.port)
-            except (OSError, TimeoutError):
+            writer = await self._connect()
+            if writer is None:
                 self._clear()
                 await asyncio.sleep(backoff / 1000)
                 backoff = min(backoff * 2, s.reconnect_max_ms)
@@ -115,6 +211,54 @@ class PeerLink:
                 writer.close()
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
+
+    async def _connect(self) -> asyncio.StreamWriter | None:
+        """A connection to the peer, authenticated when there is a secret; None when
+        the connect or the handshake fails (the caller backs off and retries)."""
+        s = self.settings
+        try:
+            # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a
+            # cancellation that races with the connect failing (close() then waited
+            # on this loop forever).
+            async with asyncio.timeout(s.connect_timeout_ms / 1000):
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+        except (OSError, TimeoutError):
+            return None
+        if s.peer_secret is None:
+            return writer
+        ok = False
+        try:
+            await authenticate_to(
+                reader,
+                writer,
+                secret=s.peer_secret,
+                node_id=self.peer_id,
+                timeout_s=s.auth_timeout_ms / 1000,
+            )
+            ok = True
+        except PeerAuthError as e:
+            self.auth_failures += 1
+            self._failed_handshakes += 1
+            if self._failed_handshakes == 1:  # once per streak: a retry a second is noise
+                log.warning(
+                    "link to %s (%s:%d): %s; retrying quietly",
+                    self.peer_id,
+                    self.host,
+                    self.port,
+                    e,
+                )
+            return None
+        finally:
+            if not ok:  # failed or cancelled: do not leak the socket
+                writer.close()
+        if self._failed_handshakes:
+            log.info(
+                "link to %s authenticated after %d failed handshakes",
+                self.peer_id,
+                self._failed_handshakes,
+            )
+            self._failed_handshakes = 0
+        return writer
 
     async def _write_loop(self, writer: asyncio.StreamWriter) -> None:
         while True:
@@ -161,6 +305,10 @@ class Transport:
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.bad_frames = 0
+        self.auth_failures = 0  # inbound connections refused by the handshake
+        self._handshakes = 0  # inbound connections in the handshake now
+        self._auth_logged_at = -AUTH_LOG_INTERVAL_S
+        self._auth_failures_logged = 0
 
     async def start(self) -> None:
         host, port = parse_address(self.listen)
@@ -190,10 +338,18 @@ class Transport:
         task = asyncio.current_task()
         assert task is not None
         self._conns[task] = writer
-        decoder = FrameDecoder(self.settings.max_frame_bytes)
         pending: set[asyncio.Task[None]] = set()
         peer = writer.get_extra_info("peername")
         try:
+            # Authenticate before the decoder exists: an unauthenticated peer's bytes
+            # are never parsed, so no frame of theirs (a vote with a huge term, a bogus
+            # append) can reach the core, and no decoder bug is reachable without the
+            # secret.
+            if self.settings.peer_secret is not None and not await self._authenticate(
+                reader, writer, peer
+            ):
+                return
+            decoder = FrameDecoder(self.settings.max_frame_bytes)
             while True:
                 data = await reader.read(READ_CHUNK)
                 if not data:
@@ -221,6 +377,47 @@ class Transport:
             for t in pending:
                 t.cancel()
             writer.close()
+
+    async def _authenticate(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
+    ) -> bool:
+        s = self.settings
+        assert s.peer_secret is not None
+        if self._handshakes >= s.max_handshakes_in_flight:
+            self._refused(peer, f"{self._handshakes} connections already in the handshake")
+            return False
+        self._handshakes += 1
+        try:
+            await accept_peer(
+                reader,
+                writer,
+                secret=s.peer_secret,
+                node_id=self.self_id,
+                timeout_s=s.auth_timeout_ms / 1000,
+            )
+        except PeerAuthError as e:
+            self._refused(peer, str(e))
+            return False
+        finally:
+            self._handshakes -= 1
+        return True
+
+    def _refused(self, peer: object, reason: str) -> None:
+        """Count a refused connection; log it, at most one line a second (a scanner or a
+        misconfigured peer retrying must not flood the log), with what was not logged."""
+        self.auth_failures += 1
+        now = time.monotonic()
+        if now - self._auth_logged_at < AUTH_LOG_INTERVAL_S:
+            return
+        unlogged = self.auth_failures - self._auth_failures_logged - 1
+        log.warning(
+            "refused Raft connection from %s: %s%s",
+            _address(peer),
+            reason,
+            f" (and {unlogged} more since the last report)" if unlogged else "",
+        )
+        self._auth_logged_at = now
+        self._auth_failures_logged = self.auth_failures
 
     async def _answer(self, m: WireMessage, writer: asyncio.StreamWriter) -> None:
         try:
