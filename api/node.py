@@ -33,6 +33,7 @@ from dledger.runtime.transport import TransportSettings, parse_address
 from dledger.store import StoreSettings
 
 from .app import create_app
+from .auth import TokenTable
 from .cliutil import add_option, fail
 
 log = logging.getLogger("ledgermq.node")
@@ -59,6 +60,7 @@ class HttpSettings:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     auth_token: str | None = None  # API.md §6: every /v1 request needs it when set
+    auth_tokens: TokenTable | None = None  # tokens with scopes (--auth-tokens-file)
     metrics_need_auth: bool = False
 
 
@@ -126,7 +128,11 @@ async def serve(
     started = time.monotonic()
     await broker.start()
     app = create_app(
-        settings, broker, auth_token=http.auth_token, metrics_need_auth=http.metrics_need_auth
+        settings,
+        broker,
+        auth_token=http.auth_token,
+        auth_tokens=http.auth_tokens,
+        metrics_need_auth=http.metrics_need_auth,
     )
     config = uvicorn.Config(
         app,
@@ -249,6 +255,13 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     add_option(p, "--auth-token", default=None, help="require this bearer token on /v1")
     add_option(
         p,
+        "--auth-tokens-file",
+        type=Path,
+        default=None,
+        help="tokens with scopes, one per line: TOKEN admin|produce[:TOPIC]|consume[:TOPIC]...",
+    )
+    add_option(
+        p,
         "--peer-secret",
         default=None,
         help="Raft connections authenticate with this shared secret (API.md §6); "
@@ -311,9 +324,19 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
         auth_token=args.auth_token or None,
+        auth_tokens=_tokens_file(args.auth_tokens_file),
         metrics_need_auth=args.metrics_auth,
     )
     return settings, http
+
+
+def _tokens_file(path: Path | None) -> TokenTable | None:
+    if path is None:
+        return None
+    try:
+        return TokenTable.from_file(path)
+    except OSError as e:
+        raise ValueError(f"--auth-tokens-file {path}: {e.strerror or e}") from None
 
 
 def run_broker(args: argparse.Namespace) -> int:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from api.auth import TokenTable
+from api.node import add_broker_options, settings_from_args
 
 
 @pytest.mark.parametrize(
@@ -35,3 +37,16 @@ def test_scopes_cover_what_they_name() -> None:
     assert not p.allows("produce") and p.allows("consume") and p.allows("consume", "other")
     assert not p.admin and not c.allows("consume") and c.allows("consume", "x")
     assert t.lookup("A") is None and t.lookup("") is None
+
+
+def test_ledgermq_broker_reads_its_tokens_file(tmp_path: Path) -> None:
+    p = argparse.ArgumentParser()
+    add_broker_options(p)
+    f = tmp_path / "tokens"
+    f.write_text("writer produce:orders\nboss admin\n")
+    _, http = settings_from_args(p.parse_args(["--auth-tokens-file", str(f)]))
+    assert http.auth_tokens is not None and len(http.auth_tokens) == 2
+    grant = http.auth_tokens.lookup("writer")
+    assert grant is not None and grant.allows("produce", "orders")
+    with pytest.raises(ValueError, match="No such file"):
+        settings_from_args(p.parse_args(["--auth-tokens-file", str(tmp_path / "missing")]))
