@@ -115,8 +115,10 @@ def test_error_codes_map_to_typed_exceptions(code: str) -> None:
 
 
 def test_unknown_codes_and_bodies_that_are_not_ours() -> None:
+    e = mq.error_from_reply(error(418, "TEAPOT"))
+    assert type(e) is mq.LedgerMQError and e.code == "TEAPOT"
     e = mq.error_from_reply(error(403, "FORBIDDEN"))
-    assert type(e) is mq.LedgerMQError and e.code == "FORBIDDEN"
+    assert type(e) is mq.ForbiddenError and isinstance(e, mq.LedgerMQError)
     e = mq.error_from_reply(mq.Reply(502, {}, None, "<html>bad gateway</html>"))
     assert e.code == "HTTP_502" and "bad gateway" in e.message
 
