@@ -28,7 +28,8 @@ are replayed for the metadata alone; a snapshot newer than the checkpoint is fin
 first fact, with the queues of topics it says were deleted since dropped. A checkpoint
 that cannot be trusted (missing, outside the local log, or naming a queue that is gone
 or short) restarts dispatch from the log head: the queues and the key index are rebuilt
-from the commitlog.
+from the commitlog (each queue from its next offset before the head, which the metadata
+snapshot's queue table gives, when retention or an install deleted entries before it).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Dispatcher:
         self.serve_snapshot = serve_snapshot
         self.served_index = -1  # the snapshot Raft holds (with serve_snapshot set)
         self._unserved: tuple[int, bytes] | None = None
+        self._snapshot_queues: Any = None  # the queue table of the snapshot recovered
         self.dispatched_index = -1  # every committed entry up to here is dispatched
         self.snapshot_index = -1  # the newest metadata snapshot on disk
         self.checkpoint_index = -1
@@ -139,6 +141,7 @@ class Dispatcher:
             _fsync_dir(self.checkpoint_path.parent)
             self.cq.delete_all()
             self.keys.clear()
+            self._start_queues_at_head()
             self.rebuild_until = store.committed_index
             self.stats["rebuilds"] += 1
             keys_index = index
@@ -189,11 +192,71 @@ class Dispatcher:
             self.snapshot_index = index
             if "queues" in extra:  # older snapshots lack the queue table: not servable
                 self._unserved = (index, raw)
+                self._snapshot_queues = extra["queues"]
             return
         if store.ledger_begin_index > 0:
             log.error(
                 "no metadata snapshot for a log that begins at entry %d", store.ledger_begin_index
             )
+
+    def _start_queues_at_head(self) -> None:
+        """A rebuild over a log whose head is gone (retention, an install) starts every
+        queue at its next offset before the log's first entry. Rebuilt from the log
+        alone, a queue none of whose messages the log still holds came back empty at 0:
+        a message of it committed later was a gap (the dispatcher stopped) and, as
+        master, this node handed out its queue offsets again (broker simulation seed 35:
+        a power loss between an install and the log reset, then a rebuild). The snapshot
+        loaded (at ``s``, never before the log head: retention keeps it) has every
+        queue's next offset at ``s``; the messages the log holds up to ``s`` come off.
+        Only when entries up to ``s`` are committed here: otherwise they may not be the
+        ones the snapshot saw (the leader sends its snapshot again)."""
+        store = self.store
+        begin, s, raw_table = store.ledger_begin_index, self.snapshot_index, self._snapshot_queues
+        if begin == 0 or raw_table is None or s > store.committed_index:
+            return
+        try:
+            table = _parse_queue_table(raw_table)
+        except ValueError as e:
+            log.warning("metadata snapshot %d: %s; queues restart from the log alone", s, e)
+            return
+        held: dict[tuple[str, int], int] = {}  # messages up to ``s`` in the log, per queue
+        index = begin
+        while index <= s:
+            raw, count, _ = store.read_batch(index, 4 << 20, s - index + 1)
+            assert count > 0, f"committed entry {index} is not in the log"
+            off = 0
+            for _ in range(count):
+                magic, size, i, _term, pos = _ENTRY_HEAD.unpack_from(raw, off)
+                key = self._queue_of(raw, off + BODY_OFFSET, magic, i, pos)
+                off += size
+                if key is not None:
+                    held[key] = held.get(key, 0) + 1
+            index += count
+        for key, next_offset in sorted(table.items()):
+            first = next_offset - held.get(key, 0)
+            if first > 0:
+                self.cq.queue(*key).reset(first)
+
+    def _queue_of(
+        self, raw: bytes, body_at: int, magic: int, index: int, pos: int
+    ) -> tuple[str, int] | None:
+        """The queue the entry at ``raw[body_at - 48:]`` goes into, by the metadata held:
+        ``_dispatch_raw``'s rule (a message of the topic's incarnation it names)."""
+        if magic != MAGIC_NORMAL:
+            return None
+        try:
+            info = peek_dispatch(raw, body_at)
+        except MessageFormatError:
+            return None
+        topic = self.meta.topics.get(info.topic)
+        if (
+            info.physical_offset != pos + BODY_OFFSET
+            or topic is None
+            or topic.created_index >= index
+            or info.queue_id >= topic.queues
+        ):
+            return None
+        return info.topic, info.queue_id
 
     def _adopt_meta(self, loaded: MetadataState) -> None:
         # The broker holds a reference to self.meta: update it in place.
@@ -568,6 +631,12 @@ class Dispatcher:
                 return
             # At exactly ``index``: taken on the loop thread, between two dispatch steps.
             data = self.meta.to_snapshot({"queues": self.queue_table()})
+            # The store's commit point first (as ``checkpoint`` does): after a restart the
+            # log knows every entry the snapshot covers is committed, so Raft takes it
+            # back at once and a rebuild can start the queues from its table (see
+            # ``_start_queues_at_head``; seed 270 of the broker simulation with an 8 s
+            # fault phase: a snapshot past the durable commit point, a rebuild).
+            await asyncio.to_thread(self.store.flush)
             await asyncio.to_thread(self.snapshots.save, index, data)
             self.snapshot_index = index
             self._unserved = (index, data)

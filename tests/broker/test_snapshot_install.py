@@ -10,6 +10,7 @@ continue without gap when it becomes master."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,8 @@ import pytest
 from broker.broker import Broker, ProduceMessage
 from broker.metadata import MetadataState
 from dledger.store import FileStore
-from tests.broker.harness import BrokerCluster, until
+from dledger.store.meta import CheckpointFile
+from tests.broker.harness import SMALL_STORE, BrokerCluster, until
 
 pytestmark = pytest.mark.asyncio
 
@@ -220,5 +222,68 @@ async def test_install_refuses_data_that_is_not_a_broker_snapshot(tmp_path: Path
             with pytest.raises(ValueError):
                 await m.dispatcher.install(index, data)
             assert (_state(m), m.queue_bounds("t", 0), m.dispatcher.dispatched_index) == before
+    finally:
+        await c.close()
+
+
+async def test_a_rebuild_over_a_deleted_log_head_starts_queues_at_their_next_offset(
+    tmp_path: Path,
+) -> None:
+    """Regression (broker simulation seed 35, there after a power loss between an
+    install and the log reset): consume queues rebuilt over a log whose head retention
+    deleted start at each queue's next offset before the log's first entry (from the
+    metadata snapshot's queue table, less the messages the log holds up to it). A queue
+    none of whose messages the log still holds came back empty at 0: as master the
+    broker then gave its next message offset 0 again."""
+    c = BrokerCluster(tmp_path, n=1)
+    await c.start_all()
+    try:
+        m = await c.master()
+        await m.create_topic("idle", 1)
+        await m.create_topic("t", 2)
+        idle = await m.produce("idle", _msgs("i", 5))
+        await _produce(m, "t", "a", 30)  # about 3 MB: 3 segments of 1 MiB
+        begin = await _delete_head(m)
+        assert m.store.ledger_begin_pos > idle[-1].commitlog_offset, "idle's messages remain"
+        await _produce(m, "t", "b", 1)  # the snapshot (at the log head) is not the last entry
+        bounds = {q: m.queue_bounds("t", q) for q in (0, 1)}
+        node = m.settings.node_id
+        await c.stop(node)
+        c.wipe_consume_queues(node)  # derived data: rebuilt from the log
+        m = await c.start(node)
+        assert m.dispatcher.stats["rebuilds"] == 1 and m.store.ledger_begin_index == begin
+        m = await c.master()
+        assert m.queue_bounds("idle", 0) == (5, 5)
+        for q in (0, 1):
+            lo, hi = m.queue_bounds("t", q)
+            assert hi == bounds[q][1] and bounds[q][0] <= lo < hi
+            first = m.cq.queue("t", q).get(lo)
+            assert first is not None and first[0] >= m.store.ledger_begin_pos
+        again = await m.produce("idle", [ProduceMessage(b"next")])
+        assert again[0].queue_offset == 5
+        for q in (0, 1):  # the rebuilt queues continue where they were too
+            res = await m.produce("t", [ProduceMessage(b"n", queue_id=q)])
+            assert res[0].queue_offset == bounds[q][1]
+    finally:
+        await c.close()
+
+
+async def test_a_metadata_snapshot_makes_the_commit_point_durable_first(tmp_path: Path) -> None:
+    """Regression (broker simulation seed 270 with an 8 s fault phase): a snapshot past
+    the store's durable commit point was, after a restart, neither served to Raft
+    (its entries not known committed) nor usable to start rebuilt queues at."""
+    quiet = replace(SMALL_STORE, checkpoint_interval_ms=3_600_000)
+    c = BrokerCluster(tmp_path, n=1, store=quiet, dispatch_checkpoint_interval_ms=3_600_000)
+    await c.start_all()
+    try:
+        m = await c.master()
+        await m.create_topic("t", 1)
+        await m.produce("t", _msgs("a", 5))
+        checkpoint = CheckpointFile(m.store.dir / "checkpoint")
+        before = checkpoint.load()
+        assert before is None or before.committed_index < m.dispatcher.dispatched_index
+        await m.dispatcher.snapshot()
+        after = checkpoint.load()
+        assert after is not None and after.committed_index >= m.dispatcher.snapshot_index >= 0
     finally:
         await c.close()

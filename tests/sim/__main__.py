@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from .broker_sim import FAULT_MS, KNOWN_BUGS, run_broker_seed
+from .broker_sim import FAULT_MS, KNOWN_BUGS, BrokerSimulation, run_broker_seed
 from .sim import Simulation, run_seed
 
 
@@ -34,6 +34,7 @@ def main() -> int:
     )
     fault_ms = a.fault_ms if a.fault_ms is not None else (FAULT_MS if a.broker else 8_000)
     failed = 0
+    totals: dict[str, int] = {}  # broker runs: seeds with retention, installs, ...
     for s in seeds:
         t0 = time.monotonic()
         try:
@@ -48,11 +49,24 @@ def main() -> int:
             print(f"seed {s}: FAIL {type(e).__name__}: {e} ({notes})", flush=True)
             continue
         took = time.monotonic() - t0
+        more = ""
+        if isinstance(sim, BrokerSimulation):
+            counts = {
+                "retentions": sim.stats["retentions"],
+                "installs": sim.installs,
+                "crashes after install": sim.crashes_after_install,
+            }
+            more = " " + " ".join(f"{k.replace(' ', '_')}={v}" for k, v in counts.items())
+            for k, v in counts.items():
+                totals[k] = totals.get(k, 0) + v
+                totals[f"seeds with {k}"] = totals.get(f"seeds with {k}", 0) + (v > 0)
         print(
             f"seed {s}: ok {took:.2f}s n={sim.knobs.n_nodes} events={sim.trace_lines} "
-            f"digest={sim.trace_digest[:16]}",
+            f"digest={sim.trace_digest[:16]}{more}",
             flush=True,
         )
+    if totals:
+        print(f"{len(seeds)} seeds, {failed} failed; {totals}", flush=True)
     return 1 if failed else 0
 
 

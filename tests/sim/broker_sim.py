@@ -10,7 +10,24 @@ own-term NOOP is committed and dispatch has caught up, with the next-queue-offse
 rebuilt from the consume queues). A crash drops the broker state; a restart rebuilds it
 from disk with ``Dispatcher.recover()`` as a real restart does. Dispatch checkpoints,
 metadata snapshots and store checkpoints happen at seeded times, and dispatch may lag the
-commit index.
+commit index; after every dispatch step the loop's housekeeping runs (``_housekeep``).
+
+Retention and INSTALL_SNAPSHOT take the real broker's path. The dispatcher hands each
+metadata snapshot (with every queue's next offset) to the node's core
+(``serve_snapshot`` → ``DLedgerCore.set_snapshot``; refused, and offered again by the
+housekeeping, while the commit index is below it, e.g. after a restart). In most seeds
+the store's segments are small and, at seeded times, each node's store deletes head
+segments (``FileStore.clean(force=True)``) as far as the floor its dispatcher set (the
+checkpoint, the newest snapshot and the snapshot Raft serves). A follower the leader's
+log head has passed gets the leader's snapshot: ``persist_ready`` runs
+``Dispatcher.install`` (the base simulation's ``_install`` hook), then resets the log;
+in some seeds the power is lost between the two (``CrashAfterInstallError``; not twice
+in a row on a node), and the restart recovers from the old log. In some seeds a
+persist event's snapshot comes without a dispatch checkpoint (the dispatcher's two
+intervals are independent), and one follower goes down for a while early on, so that
+the leader's retention may pass it while faults still happen. These knobs come from a
+side stream of the seed (``BrokerKnobs.retention_draws``): a seed drawn without
+retention runs as before.
 
 Seeded clients use the master only, with ``Broker``'s semantics: producers send batches
 under a producer session (id + sequence) and retry an unknown outcome with the same
@@ -27,19 +44,34 @@ and in Jepsen's words:
   queue offsets baked into committed messages are 0, 1, 2, ... in commit order, across
   failovers; every message's PHYSICALOFFSET is its own position;
 - every node's consume queues equal the model cut at that node's dispatched index, after
-  every dispatch step and right after recovery: contiguous from 0, each unit's commitlog
-  offset, size and tags hash as modelled, and the message read from *that node's* store
-  at that offset carries the unit's TOPIC, QUEUEID and QUEUEOFFSET; a committed entry has
-  the same position on every replica; each node's topic table is the model's;
+  every dispatch step, install and housekeeping after retention, and right after
+  recovery: the max offset is the model's; the min offset is 0 or, once the node's log
+  begins later (retention, an install), at most the first unit whose message that log
+  still holds (never skipping one it holds); the units in between are contiguous, each
+  one's commitlog offset, size and tags hash as modelled, and the message read from
+  *that node's* store at that offset (when its log still holds it) carries the unit's
+  TOPIC, QUEUEID and QUEUEOFFSET; a committed entry has the same position on every
+  replica; each node's topic table is the model's;
+- retention: it never deletes an entry after the node's dispatch checkpoint, after
+  every metadata snapshot its log continues, or after the snapshot its core serves;
 - consumer offsets: an acknowledged commit is never lower on a node whose metadata has
-  applied it (same topic incarnation), across failovers and restarts;
-- producers: no committed message is ``duplicated`` or ``unexpected``; every
-  acknowledged result names the message it claims (``lost`` = 0); two answers for one
-  batch agree; after healing every batch is acknowledged;
+  applied it (same topic incarnation), across failovers, restarts and installs;
+- producers: no committed message is ``duplicated`` or ``unexpected`` (an installed
+  session table deduplicates as the log did); every acknowledged result names the
+  message it claims (``lost`` = 0); two answers for one batch agree; after healing every
+  batch is acknowledged;
 - after convergence: every node dispatched everything; metadata (topics, offsets,
-  producer sessions) is identical on every node and equals the model; the key index finds
-  every key of every message; consume-queue and key-index files are byte-identical
-  across replicas.
+  producer sessions) is identical on every node and equals the model; every queue starts
+  exactly at its first unit the node's log holds; the key index finds every key of every
+  message from the node's log head on and, there, nothing else (below the head, files
+  retention kept may still answer, only with such messages). Files: per queue, from the
+  highest min offset of the replicas on, the consume-queue bytes are identical on every
+  replica and zero after the last unit (below it retention and installs leave each
+  replica different segments); key-index files are byte-identical between replicas whose
+  index started at the same log position (from the later of their first files on): all
+  of them unless one installed or rebuilt its index over a log whose head was deleted
+  (its files then roll at other messages). Without retention and installs (every log
+  from entry 0) both trees are byte-identical across replicas, every file.
 
 Faults beyond the Raft simulation's: a crash may also be a power loss for the derived
 files (each 512-byte sector written since the file's last fsync reaches the disk or not,
@@ -52,9 +84,10 @@ checkpoint) or the key index: derived data, rebuilt from the log.
 Known broker bugs this simulation finds and that are not fixed yet are named in
 ``KNOWN_BUGS`` (none now). Their triggering knobs are held off by default, so the seeds
 check everything else; ``--explore NAME[,NAME]`` (``explore=`` here) turns them back on.
-Not modelled: retention and snapshot install (the log head stays at entry 0), leadership
-transfer, pulls by consumers (they read the master's queue bounds), lost replies (a
-client sees a reply or times out).
+Not modelled: time-based retention (``file_reserved_hours``, disk pressure: retention
+here is forced, as far as the floor allows), snapshots by the dispatcher's own intervals
+(the seeded persist events take them), leadership transfer, pulls by consumers (they
+read the master's queue bounds), lost replies (a client sees a reply or times out).
 
 A failure names its seed and the replay command,
 ``.venv/bin/python -m tests.sim --broker --seed N --verbose``.
@@ -105,19 +138,33 @@ from broker.metadata import (
 )
 from broker.role import BrokerRole, own_term_committed, queue_table_from
 from consumequeue import (
+    UNIT_SIZE,
+    ConsumeQueue,
     ConsumeQueueSettings,
     ConsumeQueueStore,
     KeyIndex,
     KeyIndexSettings,
+    key_hash,
     tags_hash,
 )
 from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import Role
 from dledger.core.node import DLedgerCore, ProposalDone, Ready, RoleChange
+from dledger.core.snapshot import Snapshot
 from dledger.runtime.server import DLedgerServer
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, AppendHook, Entry, FileStore
 
-from .sim import Checker, InvariantViolationError, Knobs, SimNode, Simulation, sim_root
+from .sim import (
+    STORE,
+    AppKnobs,
+    Checker,
+    CrashAfterInstallError,
+    InvariantViolationError,
+    Knobs,
+    SimNode,
+    Simulation,
+    sim_root,
+)
 
 GROUP = "g0"
 EPOCH_MS = 1_700_000_000_000  # store and born timestamps: simulated time after this
@@ -127,6 +174,7 @@ KEY_SETTINGS = KeyIndexSettings(slots_per_file=16, max_entries_per_file=64)
 FAULT_MS = 3_000  # the fault phase (the Raft simulation's default is 8 s)
 SECTOR = 512  # the unit a power loss tears derived files at
 MAX_CLIENT_ATTEMPTS = 10_000  # a bound on one batch's retries (liveness fails long before)
+NEVER = 1 << 62  # a dispatcher interval that never elapses
 
 Result = tuple[int, int, int]  # (queue_id, queue_offset, commitlog_offset)
 Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
@@ -136,8 +184,9 @@ Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
 # do and which knob triggers them (see tests/sim/test_broker_simulation.py). The trigger
 # of a bug named here is held off in ``BrokerKnobs.from_rng`` so the seeds check
 # everything else; ``--explore NAME`` turns it back on. Fixed, and no longer here:
-# settle-timeout-duplicate, recover-across-topic-delete, key-index-power-loss (their
-# seeds are regression tests).
+# settle-timeout-duplicate, recover-across-topic-delete, key-index-power-loss,
+# rebuild-over-deleted-head, snapshot-past-durable-commit (their seeds are regression
+# tests).
 KNOWN_BUGS: dict[str, str] = {}
 
 
@@ -173,6 +222,21 @@ class BrokerKnobs:
     # key index) before a restart. Drawn from a side stream of the seed, so the draws
     # above, and every seed's run without a wipe, are what they were before it existed.
     wipe_chance: float = 0.0
+    # Retention and INSTALL_SNAPSHOT (``retention_draws``, a side stream of its own):
+    # how often each node's store deletes the head segments its dispatcher allows
+    # (None: never), the store's segment size (small: a few entries each, so retention
+    # deletes log a follower away for a while still needs), the chance that power is
+    # lost between a follower's install and its log reset, and the chance that a
+    # persist event's snapshot comes without a dispatch checkpoint (the dispatcher's
+    # two intervals are independent: the snapshot is then newer than the checkpoint).
+    retain_every_ms: tuple[int, int] | None = None
+    data_file_size: int = STORE.data_file_size
+    crash_after_install: float = 0.0
+    snapshot_alone_chance: float = 0.0  # a persist event's snapshot comes without checkpoint
+    # (when, for how long): one follower goes down for a while, so that the leader's
+    # retention passes it in the fault phase (it installs the snapshot, or loses power
+    # right after).
+    away_ms: tuple[int, int] | None = None
 
     @classmethod
     def from_rng(cls, rng: random.Random, base: Knobs, explore: frozenset[str]) -> BrokerKnobs:
@@ -205,6 +269,20 @@ class BrokerKnobs:
         self.wipe_chance = side.choice((0.0, 0.0, 0.3))
         return side
 
+    def retention_draws(self, seed: int) -> random.Random:
+        """Draw retention's knobs from a stream of their own; returns it (it also decides
+        when retention runs and whether power is lost after an install). A seed drawn
+        without retention keeps the default segment size: it runs as it did before."""
+        side = random.Random(f"{seed}/retain")
+        if side.random() < 0.75:
+            self.retain_every_ms = (side.choice((50, 200)), side.choice((400, 1200)))
+            self.data_file_size = side.choice((2048, 2048, 4096, 8192))
+            self.snapshot_alone_chance = side.choice((0.0, 0.3))
+        self.crash_after_install = side.choice((0.0, 0.7, 1.0))
+        if self.retain_every_ms is not None and side.random() < 0.5:
+            self.away_ms = (side.randint(200, 1000), side.choice((800, 1500, 2200)))
+        return side
+
 
 # ---- the model of the committed log -----------------------------------------------------
 
@@ -231,6 +309,11 @@ class ModelQueue:
 
     def count_upto(self, index: int) -> int:
         return bisect.bisect_right(self.indexes, index)
+
+    def count_before_pos(self, pos: int) -> int:
+        """How many units point at messages before log position ``pos`` (units only grow
+        along a queue): on a node whose log begins at ``pos``, the units it cannot serve."""
+        return bisect.bisect_left(self.units, (pos,))
 
 
 @dataclass(slots=True, frozen=True)
@@ -434,7 +517,12 @@ class DiskFile:
 class BrokerNode:
     """One node's broker state over its store (``Broker`` without asyncio and HTTP)."""
 
-    def __init__(self, directory: Path, store: FileStore) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        store: FileStore,
+        serve_snapshot: Callable[[int, bytes], bool] | None = None,
+    ) -> None:
         self.directory = directory
         self.store = store
         self.commitlog = DLedgerCommitLog(cast(DLedgerServer, _HookHost(store)))
@@ -451,8 +539,24 @@ class BrokerNode:
             self.meta,
             self.snapshots,
             checkpoint_path=directory / "consumequeue" / f"checkpoint-{GROUP}",
+            # Checkpoints and snapshots happen at the simulation's seeded times only: the
+            # loop's housekeeping (``_housekeep``) must never persist on the wall clock.
+            checkpoint_interval_ms=NEVER,
+            snapshot_interval_entries=NEVER,
+            snapshot_interval_ms=NEVER,
             on_topic_deleted=self.commitlog.forget_topic,
+            serve_snapshot=serve_snapshot,
         )
+        # The key index was emptied (a rebuild, an install): its files restart from
+        # there, laid out differently from a replica that indexed the log from before.
+        self.keys_cleared = False
+        clear = self.keys.clear
+
+        def cleared() -> None:
+            self.keys_cleared = True
+            clear()
+
+        self.keys.clear = cleared  # type: ignore[method-assign]
         self.role = BrokerRole.SLAVE
         self.role_term = -1
         self.pending_term: int | None = None  # LEADER, not yet MASTER
@@ -493,10 +597,44 @@ def _settled(bn: BrokerNode, index: int) -> bool:
     return bn.store.committed_index >= index and bn.dispatcher.dispatched_index >= index
 
 
-async def _persist(d: Dispatcher, snapshot: bool) -> None:
-    await d.checkpoint()
+async def _persist(d: Dispatcher, snapshot: bool, checkpoint: bool = True) -> None:
+    if checkpoint:
+        await d.checkpoint()
     if snapshot:
         await d.snapshot()
+
+
+def _housekeep(d: Dispatcher) -> None:
+    """What the dispatcher's loop does after every dispatch step (``_maybe_persist``,
+    whose intervals never elapse here): hand Raft a snapshot it refused before (after a
+    restart, until the commit index is back), move the retention floor, and start the
+    queues and the key index at the log's head after retention deleted some. Nothing in
+    it waits, so it runs to the end without an event loop (cheap: it runs after every
+    dispatch step)."""
+    coro = d._maybe_persist()
+    try:
+        coro.send(None)
+    except StopIteration:
+        return
+    coro.close()
+    raise AssertionError("the dispatcher's housekeeping waited for something")
+
+
+def _queue_image(directory: Path, from_pos: int) -> bytes | None:
+    """A consume queue's segment bytes from byte ``from_pos`` to the end of its last
+    segment; None when a segment in between is missing."""
+    out = bytearray()
+    for f in sorted(directory.iterdir()):
+        if not f.name.isdigit():
+            continue  # the reset point
+        start = int(f.name)
+        raw = f.read_bytes()
+        lo = max(from_pos - start, 0)
+        if lo < len(raw):
+            if start + lo != from_pos + len(out):
+                return None
+            out += raw[lo:]
+    return bytes(out)
 
 
 def _tree_image(root: Path) -> list[tuple[str, bytes]]:
@@ -581,15 +719,26 @@ class BrokerChecker(Checker):
         q = bn.cq.find(name, qid)
         lo, hi = (q.min_offset, q.max_offset) if q is not None else (0, 0)
         where = f"{n.node_id} {name}/{qid} (created {created}, dispatched {dispatched})"
-        if (lo, hi) != (0, want):
-            self.fail(f"poll-skip: {where} holds queue offsets [{lo}, {hi}), the log [0, {want})")
+        # The units before ``gone`` point at messages this node's log no longer holds
+        # (retention deleted them, or it installed a snapshot after them): the queue may
+        # start anywhere up to there (at it once the dispatcher saw the log's new head),
+        # never after a message its log still holds, and it ends at the model's cut.
+        begin_pos = bn.store.ledger_begin_pos
+        gone = mq.count_before_pos(begin_pos)
+        if hi != want or not 0 <= lo <= gone:
+            self.fail(
+                f"poll-skip: {where} holds queue offsets [{lo}, {hi}), the log [0, {want})"
+                f" of which its own (from position {begin_pos}) [{gone}, {want})"
+            )
         key = (name, created, qid)
-        start = bn.verified.get(key, 0)
+        start = max(bn.verified.get(key, 0), lo)
         if q is None or start >= hi:
             return
         for qo, clo, size, th in q.read(start, hi - start):
             if (clo, size, th) != mq.units[qo]:
                 self.fail(f"{where}: unit {qo} is {(clo, size, th)}, the log {mq.units[qo]}")
+            if clo < begin_pos:
+                continue  # retention deleted it (the unit equals the model's: enough)
             m = decode_message(bn.store.read(clo, size))
             if (m.topic, m.queue_id, m.queue_offset, m.physical_offset) != (name, qid, qo, clo):
                 self.fail(
@@ -630,6 +779,24 @@ class BrokerChecker(Checker):
             if m is None or m.msg_id != want or (m.queue_id, m.queue_offset) != (qid, qo):
                 self.fail(f"lost: {want} acknowledged as {(qid, qo, clo)}, the log has {m}")
 
+    def check_retention(self, n: SimNode, bn: BrokerNode) -> None:
+        """Retention deleted only log the node can do without: a restart resumes from the
+        dispatch checkpoint and a metadata snapshot the log continues (no rebuild), and
+        Raft holds a snapshot to send a follower behind the new head."""
+        d, store, core = bn.dispatcher, bn.store, n.core
+        assert core is not None
+        head = store.ledger_begin_index - 1  # the last entry deleted
+        if d.checkpoint_index < head:
+            self.fail(
+                f"{n.node_id}: retention deleted up to {head}, past checkpoint {d.checkpoint_index}"
+            )
+        if not any(head <= i <= store.ledger_end_index for i in d.snapshots.indexes()):
+            self.fail(
+                f"{n.node_id}: retention deleted up to {head}; no metadata snapshot continues it"
+            )
+        if core.snapshot is None or core.snapshot.last_index < head:
+            self.fail(f"{n.node_id}: retention deleted up to {head}; Raft serves {core.snapshot}")
+
     # ---- after convergence ---------------------------------------------------------------
 
     def final(self) -> None:
@@ -639,19 +806,31 @@ class BrokerChecker(Checker):
             assert bn is not None and n.store is not None
             if bn.dispatcher.dispatched_index != model.end:
                 self.fail(f"{n.node_id} dispatched {bn.dispatcher.dispatched_index}/{model.end}")
+            _housekeep(bn.dispatcher)  # the loop ran since the last retention
             bn.verified.clear()
             self.check_node(n, bn)
+            self._final_heads(n, bn)
             self._final_meta(n, bn)
             self._final_keys(n, bn)
         for p in sim.producers:
             for seq in range(p.next_seq):
                 if (p.pid, seq) not in sim.acked:
                     self.fail(f"producer {p.pid} seq {seq} never acknowledged after healing")
-        images = []
         for _, bn in live:
             assert bn is not None
             bn.cq.flush()
             bn.keys.flush()
+        if sim.installs == 0 and all(n.store and n.store.ledger_begin_index == 0 for n, _ in live):
+            self._final_identical_files(live)  # every replica built its files from entry 0
+        self._final_queue_files(live)
+        self._final_key_files(live)
+
+    def _final_identical_files(self, live: list[tuple[SimNode, BrokerNode | None]]) -> None:
+        """Without retention and installs the consume-queue and key-index files are
+        byte-identical across replicas, every file of them."""
+        images = []
+        for _, bn in live:
+            assert bn is not None
             images.append(
                 {"consume queue": _tree_image(bn.cq_root), "key index": _tree_image(bn.keys_dir)}
             )
@@ -667,6 +846,71 @@ class BrokerChecker(Checker):
                         f"{n.node_id}'s {what} files differ from {live[0][0].node_id}'s: {diff[:5]}"
                     )
 
+    def _final_heads(self, n: SimNode, bn: BrokerNode) -> None:
+        """Once the dispatcher saw the log's head, every queue starts exactly at its first
+        unit whose message the node's log holds (``check_node`` allows a lag)."""
+        begin_pos = bn.store.ledger_begin_pos
+        for name, t in sorted(bn.meta.topics.items()):
+            for qid in range(t.queues):
+                mq = self.sim.model.queues.get((name, t.created_index, qid)) or ModelQueue()
+                q = bn.cq.find(name, qid)
+                lo = q.min_offset if q is not None else 0
+                if lo != mq.count_before_pos(begin_pos):
+                    self.fail(
+                        f"{n.node_id} {name}/{qid} starts at {lo}; its log (from position"
+                        f" {begin_pos}) holds the units from {mq.count_before_pos(begin_pos)}"
+                    )
+
+    def _final_queue_files(self, live: list[tuple[SimNode, BrokerNode | None]]) -> None:
+        """The consume-queue files agree across replicas where they can: per queue, from
+        the highest min offset any replica has on (below it retention and installs leave
+        each replica other files: segments deleted or never written, a reset point), the
+        units' bytes are identical and every byte after the last unit is zero."""
+        queues: dict[tuple[str, int], list[tuple[str, ConsumeQueue]]] = {}
+        for n, bn in live:
+            assert bn is not None
+            for q in bn.cq:
+                queues.setdefault((q.topic, q.queue_id), []).append((n.node_id, q))
+        for (topic, qid), held in sorted(queues.items()):
+            lo = max(q.min_offset for _, q in held)
+            ref: tuple[str, int, bytes] | None = None
+            for node_id, q in held:
+                image = _queue_image(q.path, lo * UNIT_SIZE)
+                where = f"{node_id}'s consume queue {topic}/{qid}"
+                if image is None:
+                    self.fail(f"{where} lacks a segment after offset {lo}")
+                    return
+                units = max(q.max_offset - lo, 0) * UNIT_SIZE
+                if image[units:].count(0) != len(image) - units:
+                    self.fail(f"{where} holds bytes after its last unit {q.max_offset - 1}")
+                if ref is None:
+                    ref = (node_id, q.max_offset, image[:units])
+                elif (q.max_offset, image[:units]) != ref[1:]:
+                    self.fail(
+                        f"{where} differs from {ref[0]}'s in [{lo}, {max(ref[1], q.max_offset)})"
+                    )
+
+    def _final_key_files(self, live: list[tuple[SimNode, BrokerNode | None]]) -> None:
+        """Key-index files are byte-identical between replicas whose index started at the
+        same log position (``BrokerSimulation.keys_origin``: the index is a function of
+        the log from there; one that restarted elsewhere, after an install or a rebuild
+        over a log whose head was deleted, rolls its files at other messages), from the
+        later of their first files on (retention deletes files below each one's head)."""
+        lineages: dict[int, list[tuple[str, dict[str, bytes]]]] = {}
+        for n, bn in live:
+            assert bn is not None
+            origin = self.sim.keys_origin[n.node_id]
+            lineages.setdefault(origin, []).append((n.node_id, dict(_tree_image(bn.keys_dir))))
+        for group in lineages.values():
+            start = max(min(files, default="") for _, files in group)
+            ref_id, ref = group[0]
+            ref = {name: data for name, data in ref.items() if name >= start}
+            for node_id, files in group[1:]:
+                mine = {name: data for name, data in files.items() if name >= start}
+                if mine != ref:
+                    diff = sorted(p for p in mine.keys() | ref.keys() if mine.get(p) != ref.get(p))
+                    self.fail(f"{node_id}'s key index files differ from {ref_id}'s: {diff[:5]}")
+
     def _final_meta(self, n: SimNode, bn: BrokerNode) -> None:
         model, meta = self.sim.model, bn.meta
         sessions = {p: (s.seq, s.size, s.results) for p, s in meta.sessions.items()}
@@ -680,13 +924,25 @@ class BrokerChecker(Checker):
             self.fail(f"{n.node_id}'s metadata differs from {self.sim.nodes[0].node_id}'s")
 
     def _final_keys(self, n: SimNode, bn: BrokerNode) -> None:
-        found: dict[str, set[int]] = {}
-        for clo, m in sorted(self.sim.model.messages.items()):
+        """The key index finds every key of every message from the node's log head on,
+        and there nothing else: a key's candidates at or after the head are exactly the
+        messages with a key of the same hash. Below the head (files retention kept, as
+        it deletes only whole ones) candidates may remain, but only such messages."""
+        begin_pos = bn.store.ledger_begin_pos
+        by_hash: dict[int, set[int]] = {}
+        for clo, m in self.sim.model.messages.items():
             for key in m.keys:  # every message's, whatever became of its topic
-                if key not in found:
-                    found[key] = set(bn.keys.query(key, 1 << 20))
-                if clo not in found[key]:
-                    self.fail(f"{n.node_id}'s key index misses {key!r} of {m.msg_id} at {clo}")
+                by_hash.setdefault(key_hash(key), set()).add(clo)
+        keys = sorted({key for m in self.sim.model.messages.values() for key in m.keys})
+        for key in keys:
+            want = by_hash[key_hash(key)]
+            got = set(bn.keys.query(key, 1 << 20))
+            missing = sorted(c for c in want - got if c >= begin_pos)
+            if missing:
+                m = self.sim.model.messages[missing[0]]
+                self.fail(f"{n.node_id}'s key index misses {key!r} of {m.msg_id} at {m.index}")
+            if got - want:
+                self.fail(f"{n.node_id}'s key index answers {key!r} with {sorted(got - want)}")
 
 
 # ---- clients --------------------------------------------------------------------------------
@@ -767,12 +1023,27 @@ class BrokerSimulation(Simulation):
         self.explore = explore
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
         self.wipe_rng = self.bknobs.side_draws(seed)
+        self.retain_rng = self.bknobs.retention_draws(seed)
+        k = self.bknobs
+        # INSTALL_SNAPSHOT goes through the base simulation's application hooks: with
+        # ``app`` on, its Ready loop hands a snapshot to ``_install`` inside
+        # ``persist_ready`` (before the log reset) and turns ``CrashAfterInstallError``
+        # into a power loss; ``_start_app`` schedules each incarnation's retention. The
+        # base's own application (``SimApp``) does not run: the broker is the application.
+        self.app = True
+        self.app_knobs = AppKnobs(None, k.retain_every_ms, k.data_file_size, k.crash_after_install)
+        self.store_settings = replace(STORE, data_file_size=k.data_file_size)
+        # Where each node's key index started indexing the log (0; the log head after an
+        # install or a rebuild): replicas with the same origin build the same files.
+        self.keys_origin = {n.node_id: 0 for n in self.nodes}
+        self._crashed_after_install: set[str] = set()  # nodes whose last install did
+        if k.away_ms is not None and len(self.nodes) > 1:
+            self.at(k.away_ms[0], "away", self._away)
         self.settings = replace(self.settings, max_wait_ack_ms=self.bknobs.max_wait_ack_ms)
         self.checker = BrokerChecker(self)
         self.model = LogModel(self.checker.fail)
         self.brokers: dict[str, BrokerNode | None] = {n.node_id: None for n in self.nodes}
         self.hosts = {n.node_id: ("127.0.0.1", 20000 + j) for j, n in enumerate(self.nodes)}
-        k = self.bknobs
         self.producers = [Producer(f"p{i}") for i in range(k.producers)]
         self.consumers = [Consumer(f"cg{i}") for i in range(k.groups)]
         self.admin = Admin()
@@ -801,12 +1072,16 @@ class BrokerSimulation(Simulation):
             self.trace(f"wipe {n.node_id} {what}")
             self.stats[f"wiped {what}"] += 1
         on_disk = BrokerNode.derived_files_in(self.broker_dir(n))
-        bn = BrokerNode(self.broker_dir(n), n.store)
+        serve = functools.partial(self._serve_snapshot, n, n.core)
+        bn = BrokerNode(self.broker_dir(n), n.store, serve)
         bn.synced = {f.inode: f.data for f in on_disk.values()}  # what a crash left is on disk
         self.brokers[n.node_id] = bn
         self.checker.observe(n, bn)
         d = bn.dispatcher
+        key_files = bn.keys.file_count
         d.recover()
+        if bn.keys_cleared or key_files == 0:  # the key index is built from the log head
+            self.keys_origin[n.node_id] = n.store.ledger_begin_pos
         self.trace(
             f"broker {n.node_id} recovered: resume after {d.dispatched_index} "
             f"(snapshot {d.snapshot_index}, checkpoint {d.checkpoint_index}, "
@@ -814,6 +1089,7 @@ class BrokerSimulation(Simulation):
         )
         self.checker.check_node(n, bn)
         self._count_recovery(bn)
+        _housekeep(d)  # the Broker offers the snapshot it recovered, then its loop runs
         gen = n.restarts
         self.at(
             self.now_ms + self.rng.randint(*self.bknobs.persist_every_ms),
@@ -821,6 +1097,125 @@ class BrokerSimulation(Simulation):
             lambda: self._persist_event(n, bn, gen),
         )
         self._dispatch_soon(n, bn)
+
+    # ---- snapshots, installs, retention ---------------------------------------------------
+
+    def _serve_snapshot(
+        self, n: SimNode, core: DLedgerCore | None, index: int, data: bytes
+    ) -> bool:
+        """``Broker._serve_snapshot``: register the dispatcher's snapshot with the node's
+        core; refused (False, offered again later) while the commit index is below it."""
+        if core is None or n.core is not core:
+            return False  # a crashed incarnation's dispatcher
+        try:
+            core.set_snapshot(index, data)
+        except DLedgerError as e:
+            self.trace(f"serve {n.node_id} {index} refused {e.code.name}")
+            return False
+        self.trace(f"serve {n.node_id} {index}")
+        return True
+
+    def _install(self, n: SimNode, snap: Snapshot) -> None:
+        """``Broker._install_snapshot``, called by ``persist_ready`` before the log reset:
+        the dispatcher installs the leader's snapshot durably; then, perhaps, the power
+        goes (the base simulation crashes the node: the broker ahead of its log)."""
+        bn = self.brokers.get(n.node_id)
+        assert bn is not None, "a node's broker runs whenever its core does"
+        d = bn.dispatcher
+        self.trace(
+            f"install {n.node_id} {snap.last_index} next_pos={snap.next_pos} (dispatched"
+            f" {d.dispatched_index}, log [{bn.store.ledger_begin_index},"
+            f" {bn.store.ledger_end_index}] committed {bn.store.committed_index})"
+        )
+        asyncio.run(d.install(snap.last_index, snap.data))
+        bn.commitlog.clear_queue_table()
+        bn.verified.clear()
+        self.keys_origin[n.node_id] = snap.next_pos
+        n.installs += 1
+        self.installs += 1
+        self.stats["installs"] += 1
+        self.stats["installs in the fault phase"] += self.faults_on
+        # Not twice in a row on a node: the install it gets again then completes, and
+        # the faults go on with an installed node.
+        if (
+            self.faults_on
+            and n.node_id not in self._crashed_after_install
+            and self.retain_rng.random() < self.bknobs.crash_after_install
+        ):
+            self.crashes_after_install += 1
+            self.stats["crashes after install"] += 1
+            self._crashed_after_install.add(n.node_id)
+            raise CrashAfterInstallError
+        self._crashed_after_install.discard(n.node_id)
+
+    def _start_app(self, n: SimNode) -> None:
+        k = self.bknobs.retain_every_ms
+        if k is not None:
+            gen = n.restarts
+            self.at(
+                self.now_ms + self.retain_rng.randint(*k),
+                f"retain {n.node_id}",
+                lambda: self._retain_event(n, gen),
+            )
+
+    def _apply(self, n: SimNode) -> None:
+        pass  # the broker's dispatcher applies the log (``_on_ready``)
+
+    def _final_app_checks(self) -> None:
+        pass  # the broker's (``BrokerChecker.final``)
+
+    def _retain_event(self, n: SimNode, gen: int) -> None:
+        """The store's retention, forced: it deletes head segments up to the floor the
+        dispatcher set (its checkpoint, snapshot and the snapshot Raft serves)."""
+        bn = self.brokers.get(n.node_id)
+        if n.core is None or n.restarts != gen or bn is None:
+            return
+        if not n.paused:
+            store = bn.store
+            before = store.ledger_begin_index
+            store.clean(force=True)
+            if store.ledger_begin_index != before:
+                self.trace(f"retain {n.node_id} begin={store.ledger_begin_index}")
+                self.stats["retentions"] += 1
+                self.checker.check_retention(n, bn)
+                self.at(
+                    self.now_ms + self.retain_rng.randint(1, 200),
+                    f"housekeep {n.node_id}",
+                    lambda: self._housekeep_event(n, bn),
+                )
+        k = self.bknobs.retain_every_ms
+        assert k is not None
+        self.at(
+            self.now_ms + self.retain_rng.randint(*k),
+            f"retain {n.node_id}",
+            lambda: self._retain_event(n, gen),
+        )
+
+    def _away(self) -> None:
+        """A follower goes down for ``away_ms[1]`` ms: long enough, often, for the
+        leader's retention to delete log it needs (it then installs a snapshot)."""
+        followers = [
+            n for n in self.nodes if n.core is not None and n.core.ms.role is not Role.LEADER
+        ]
+        if not followers or not self.faults_on:
+            return
+        n = self.retain_rng.choice(followers)
+        self.trace(f"away {n.node_id}")
+        self.crash(n)
+        self.stats["away"] += 1
+        assert self.bknobs.away_ms is not None
+        self.at(
+            self.now_ms + self.bknobs.away_ms[1],
+            f"restart {n.node_id}",
+            lambda: self.start(n) if n.core is None else None,
+        )
+
+    def _housekeep_event(self, n: SimNode, bn: BrokerNode) -> None:
+        """The dispatcher loop's next turn after retention (at most 0.2 s later)."""
+        if self.brokers.get(n.node_id) is not bn or n.paused:
+            return
+        _housekeep(bn.dispatcher)
+        self.checker.check_node(n, bn)
 
     def _count_recovery(self, bn: BrokerNode) -> None:
         """Count the recoveries that once went wrong (see ``FIXED`` in the tests)."""
@@ -832,6 +1227,8 @@ class BrokerSimulation(Simulation):
             for inc in lives
         ):
             self.stats["recoveries across a topic delete"] += 1
+        if d.stats["rebuilds"] and bn.store.ledger_begin_index > 0:
+            self.stats["rebuilds over a deleted log head"] += 1
         if bn.keys.dropped:
             self.stats["key index files dropped on open"] += len(bn.keys.dropped)
         if bn.keys.repairs:  # a crashed tail cut back to the checkpoint
@@ -942,6 +1339,8 @@ class BrokerSimulation(Simulation):
         if bn is None:
             return
         self.checker.observe(n, bn)
+        if r.install_snapshot is not None:  # installed, and the log reset after it
+            self.checker.check_node(n, bn)
         for rc in r.role_changes:
             self._role_change(n, bn, rc)
         for done in r.proposals:
@@ -1096,6 +1495,7 @@ class BrokerSimulation(Simulation):
             if k == 0:
                 break
             left -= k
+        _housekeep(d)  # the loop's turn after a dispatch step
         if d.dispatched_index != before:
             self.trace(f"dispatch {n.node_id} {before + 1}..{d.dispatched_index}")
             self.checker.check_node(n, bn)
@@ -1107,7 +1507,11 @@ class BrokerSimulation(Simulation):
             k = self.bknobs
             snapshot = self.rng.random() < k.snapshot_chance
             store_checkpoint = self.rng.random() < k.store_checkpoint_chance
-            asyncio.run(_persist(bn.dispatcher, snapshot))
+            # The dispatcher's checkpoint and snapshot intervals are independent: a
+            # snapshot can be newer than the checkpoint (drawn from the retention stream).
+            checkpoint = not (snapshot and self.retain_rng.random() < k.snapshot_alone_chance)
+            asyncio.run(_persist(bn.dispatcher, snapshot, checkpoint))
+            _housekeep(bn.dispatcher)
             if store_checkpoint:
                 bn.store.flush()  # the store's background checkpoint
             self.trace(

@@ -1,7 +1,9 @@
 """The broker state machine on the deterministic simulator (``tests/sim/broker_sim.py``):
 queue offsets contiguous in commit order across failovers, every committed message at the
 same commitlog offset on every replica, consumer offsets never lost, retried batches never
-duplicated, consume-queue and key-index files byte-identical after convergence. A failing
+duplicated, consume-queue and key-index files alike across replicas after convergence,
+with retention deleting log heads and followers behind them installing the leader's
+snapshot (some losing power before their log restarts). A failing
 seed's error ends with the command that replays it, e.g.
 ``.venv/bin/python -m tests.sim --broker --seed 17 --verbose``.
 
@@ -46,13 +48,63 @@ FIXED: list[tuple[str, int, int, str | None, str]] = [
     # files are synced before use now; what the seed exercises is the repair of the
     # sectors a power loss kept or dropped after the checkpoint.
     ("key-index-power-loss", 22, 3000, "key index repairs", "bad magic 0x0"),
+    # Consume queues rebuilt over a log whose head was deleted (here: a power loss between
+    # an install and the log reset, then a rebuild from the old log) came back empty at
+    # 0 when the log held none of their messages. Recovery now starts them at their next
+    # offset from the metadata snapshot's queue table. Seed 35 found it; the fix below
+    # changed its run, so it is a plain regression seed, and seed 93 (which says the same
+    # without the fix: n4 T0/0 [0, 0), the log [0, 4)) exercises the rebuild now.
+    (
+        "rebuild-over-deleted-head",
+        35,
+        3000,
+        None,
+        "poll-skip: n2 T0/0 (created 1, dispatched 10) holds queue offsets [0, 0), the log"
+        " [0, 3) of which its own (from position 4096) [3, 3)",
+    ),
+    (
+        "rebuild-over-deleted-head",
+        93,
+        3000,
+        "rebuilds over a deleted log head",
+        "poll-skip: n4 T0/0 (created 1, dispatched 5) holds queue offsets [0, 0), the log"
+        " [0, 4) of which its own (from position 2048) [4, 4)",
+    ),
+    # The same, from a metadata snapshot past the store's durable commit point: after a
+    # restart the rebuild could not trust its table. A snapshot makes the commit point
+    # durable first now, so this seed no longer reaches the rebuild that failed.
+    (
+        "snapshot-past-durable-commit",
+        270,
+        8000,
+        None,
+        "poll-skip: n0 T0/0 (created 1, dispatched 41) holds queue offsets [0, 0), the log"
+        " [0, 7) of which its own (from position 16384) [7, 7)",
+    ),
 ]
+
+# What each CI seed did of retention and INSTALL_SNAPSHOT: (installs, power losses
+# between an install and the log reset), for ``test_the_seeds_install_snapshots``.
+_INSTALLS: dict[int, tuple[int, int]] = {}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_seed_keeps_the_broker_invariants_and_converges(seed: int) -> None:
     sim = run_broker_seed(seed)
     assert sim.acked, "no produce was ever acknowledged"
+    _INSTALLS[seed] = (sim.installs, sim.crashes_after_install)
+
+
+def test_the_seeds_install_snapshots() -> None:
+    """The CI seeds (run above) retain logs far enough that followers install snapshots,
+    and some lose power between the install and the log reset: the seeds cannot stop
+    covering either silently (a change of knobs, of segment sizes, of retention)."""
+    if _INSTALLS.keys() != set(SEEDS):
+        pytest.skip("needs every CI seed run in this session")
+    installs = [s for s, (k, _) in _INSTALLS.items() if k > 0]
+    crashed = [s for s, (_, k) in _INSTALLS.items() if k > 0]
+    assert len(installs) >= len(SEEDS) // 8, f"only seeds {installs} install a snapshot"
+    assert crashed, "no seed loses power between an install and the log reset"
 
 
 def test_same_seed_gives_the_same_trace_digest() -> None:
@@ -73,6 +125,7 @@ def test_the_seeds_exercise_every_broker_knob() -> None:
         base = Knobs.from_rng(rng, 3000)
         k = BrokerKnobs.from_rng(rng, base, frozenset())
         k.side_draws(s)
+        k.retention_draws(s)
         knobs.append((base, k))
     brokers = [k for _, k in knobs]
     assert sum(k.churn_per_s > 0 for k in brokers) > 5
@@ -84,6 +137,13 @@ def test_the_seeds_exercise_every_broker_knob() -> None:
     assert sum(k.churn_per_s > 0 and k.snapshot_chance > 0 for k in brokers) > 10
     assert sum(k.power_loss and b.crash_per_s > 0 for b, k in knobs) > 10
     assert sum(k.wipe_chance > 0 and b.crash_per_s > 0 for b, k in knobs) > 10
+    retaining = [k for k in brokers if k.retain_every_ms is not None and k.snapshot_chance > 0]
+    assert len(retaining) > 25
+    assert sum(k.retain_every_ms is None for k in brokers) > 10  # and files byte-identical
+    assert sum(k.crash_after_install > 0 for k in retaining) > 15
+    assert sum(k.away_ms is not None for k in retaining) > 10
+    assert sum(k.snapshot_alone_chance > 0 for k in retaining) > 10
+    assert {k.data_file_size for k in retaining} == {2048, 4096, 8192}
     assert {k.producers for k in brokers} == {1, 2, 3}
 
 
