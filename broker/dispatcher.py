@@ -248,15 +248,19 @@ class Dispatcher:
             info = peek_dispatch(raw, body_at)
         except MessageFormatError:
             return None
-        topic = self.meta.topics.get(info.topic)
-        if (
-            info.physical_offset != pos + BODY_OFFSET
-            or topic is None
-            or topic.created_index >= index
-            or info.queue_id >= topic.queues
+        if info.physical_offset != pos + BODY_OFFSET or not self._queued(
+            info.topic, info.queue_id, index
         ):
             return None
         return info.topic, info.queue_id
+
+    def _queued(self, topic_name: str, queue_id: int, index: int) -> bool:
+        """Does the message at entry ``index`` go into its queue? Iff the topic's current
+        incarnation existed then (created before it) and has that queue. The metadata
+        can be ahead of the entry (a newer snapshot after a restart): a message of an
+        incarnation deleted by now goes nowhere (its queues are gone)."""
+        topic = self.meta.topics.get(topic_name)
+        return topic is not None and topic.created_index < index and queue_id < topic.queues
 
     def _adopt_meta(self, loaded: MetadataState) -> None:
         # The broker holds a reference to self.meta: update it in place.
@@ -504,13 +508,8 @@ class Dispatcher:
                 keys.put(msg_keys, commitlog_offset, info.store_timestamp)
             if index <= self.derived_index:
                 continue  # recovery's replay: the queues hold this entry already
-            # After a restart the metadata can be ahead of this entry (a newer snapshot).
-            # The topic's current incarnation existed at ``index`` iff it was created
-            # before it; otherwise the message belongs to an incarnation that is deleted
-            # by now, whose queues are gone (``recover`` dropped them).
-            topic = meta.topics.get(info.topic)
-            if topic is None or topic.created_index >= index or info.queue_id >= topic.queues:
-                continue
+            if not self._queued(info.topic, info.queue_id, index):
+                continue  # an incarnation deleted by now (``recover`` dropped its queues)
             key = (info.topic, info.queue_id)
             self._put_unit(
                 key,
