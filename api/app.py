@@ -38,9 +38,14 @@ from broker.broker import ProduceMessage as BrokerMessage
 from broker.role import BrokerRole
 from broker.settings import BrokerSettings
 
-from . import models
+from . import media, models
 from .auth import Grant, TokenTable
 from .metrics import NodeMetrics
+
+try:  # the Arrow pull needs the optional `arrow` extra (pyarrow, numpy)
+    from . import arrow as arrow_pull
+except ImportError:  # pragma: no cover - the test environment installs it
+    arrow_pull = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -502,8 +507,9 @@ def create_app(
         "/v1/topics/{topic}/queues/{queue_id}/messages",
         tags=["consume"],
         summary="pull from one queue (long polling with wait_ms)",
+        description=media.ARROW_PULL_DOC,
         response_model=models.PullResponse,
-        responses=_error_docs(404),
+        responses={200: media.ARROW_PULL_RESPONSE, **_error_docs(404, 406)},
     )
     async def pull(
         *,
@@ -517,6 +523,20 @@ def create_app(
         encoding: EncodingQuery = "utf-8",
     ) -> Response:
         need(request, "consume", topic)
+        if media.wants_arrow(request.headers.get("accept")):
+            if arrow_pull is None:
+                raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
+            with metrics.long_polls.track_inprogress():
+                return await arrow_pull.pull_response(
+                    broker,
+                    metrics,
+                    topic,
+                    queue_id,
+                    offset,
+                    max_messages=max_messages,
+                    wait_ms=wait_ms,
+                    tags=tags,
+                )
         with metrics.long_polls.track_inprogress():
             r = await broker.pull(
                 topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags

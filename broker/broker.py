@@ -23,11 +23,12 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from consumequeue import ConsumeQueueStore, KeyIndex, parse_tag_expression
+from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expression
+from consumequeue.queue import UNIT as PAGE_UNIT
 from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import Role
 from dledger.runtime.server import DLedgerServer, NotLeaderError
@@ -66,6 +67,7 @@ from .metadata import (
     op_create_topic,
     op_delete_topic,
 )
+from .pages import RawPage, RawPullResult, read_page
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
 
@@ -116,6 +118,25 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
+
+
+_Found = TypeVar("_Found")
+_Found_co = TypeVar("_Found_co", covariant=True)
+
+
+class _Scan(Protocol[_Found_co]):
+    """One look at a queue: (what was found, how many messages, the next offset)."""
+
+    def __call__(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[_Found_co, int, int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -673,6 +694,52 @@ class Broker:
         tags: str | None = None,
     ) -> PullResult:
         """Messages of one queue from ``offset`` (RocketMQ's PullStatus vocabulary)."""
+        status, found, next_offset, lo, hi = await self._pull_loop(
+            self._scan,
+            topic,
+            queue_id,
+            offset,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            tags=tags,
+        )
+        return PullResult(status, found or [], next_offset, lo, hi)
+
+    async def pull_page(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        tags: str | None = None,
+    ) -> RawPullResult:
+        """``pull``, with the messages as stored (``broker.pages``) for columnar encoders."""
+        status, page, next_offset, lo, hi = await self._pull_loop(
+            self._scan_page,
+            topic,
+            queue_id,
+            offset,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            tags=tags,
+        )
+        return RawPullResult(status, page or RawPage([]), next_offset, lo, hi)
+
+    async def _pull_loop(
+        self,
+        scan: _Scan[_Found],
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        wait_ms: int,
+        tags: str | None,
+    ) -> tuple[str, _Found | None, int, int, int]:
+        """The pull protocol, whatever form the messages take: (status, what ``scan``
+        found or None, next offset, min offset, max offset)."""
         # Yield once per pull: a caller pulling back to back in-process would otherwise
         # hold the event loop (and the Raft node on it) for as long as data is there.
         await asyncio.sleep(0)
@@ -686,14 +753,14 @@ class Broker:
         while True:
             lo, hi = self.queue_bounds(topic, queue_id)
             if offset < lo or offset > hi:
-                return PullResult("OFFSET_ILLEGAL", [], lo if offset < lo else hi, lo, hi)
+                return "OFFSET_ILLEGAL", None, lo if offset < lo else hi, lo, hi
             if offset < hi:
-                found, next_offset = self._scan(
+                found, count, next_offset = scan(
                     topic, queue_id, offset, max_messages=max_messages, hashes=hashes, wanted=wanted
                 )
-                if found:
-                    self.stats["pulled"] += len(found)
-                    return PullResult("FOUND", found, next_offset, lo, hi)
+                if count:
+                    self.stats["pulled"] += count
+                    return "FOUND", found, next_offset, lo, hi
                 offset = next_offset
                 status = "NO_MATCHED_MSG"
             else:
@@ -701,7 +768,7 @@ class Broker:
             left = deadline - time.monotonic()
             if left <= 0:
                 lo, hi = self.queue_bounds(topic, queue_id)
-                return PullResult(status, [], offset, lo, hi)
+                return status, None, offset, lo, hi
             await self.dispatcher.wait_queue(topic, queue_id, offset, left)
 
     def _scan(
@@ -713,10 +780,10 @@ class Broker:
         max_messages: int,
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
-    ) -> tuple[list[PulledMessage], int]:
+    ) -> tuple[list[PulledMessage], int, int]:
         q = self.cq.find(topic, queue_id)
         if q is None:
-            return [], offset
+            return [], 0, offset
         scan_limit = max_messages if hashes is None else max(max_messages * 4, 1024)
         units = q.read(offset, scan_limit)
         out: list[PulledMessage] = []
@@ -731,7 +798,47 @@ class Broker:
             out.append(self._pulled(m))
             if len(out) >= max_messages:
                 break
-        return out, next_offset
+        return out, len(out), next_offset
+
+    def _scan_page(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[RawPage, int, int]:
+        """``_scan`` for ``pull_page``: without a tag filter the units are taken as they
+        are, one slice, with no object per message; with one, unit by unit as ``_scan``."""
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return RawPage([]), 0, offset
+        if hashes is None:
+            first, units = q.read_raw(offset, max_messages)
+            count = len(units) // UNIT_SIZE
+            next_offset = first + count if count else offset
+        else:
+            kept: list[bytes] = []
+            next_offset = offset
+            for queue_offset, commitlog_offset, size, thash in q.read(
+                offset, max(max_messages * 4, 1024)
+            ):
+                next_offset = queue_offset + 1
+                if thash not in hashes:
+                    continue
+                exact = wanted is None or self._read_message(commitlog_offset, size).tags in wanted
+                if not exact:
+                    continue  # a tags-hash collision: the exact tags decide
+                kept.append(PAGE_UNIT.pack(commitlog_offset, size, thash))
+                if len(kept) >= max_messages:
+                    break
+            units, count = b"".join(kept), len(kept)
+        if not count:
+            return RawPage([]), 0, next_offset
+        page = read_page(units, self.commitlog.get_message, self.settings.store.data_file_size)
+        return page, count, next_offset
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose store time is at or after ``timestamp_ms``."""

@@ -1,0 +1,70 @@
+"""``broker.pages``: how a page of units is cut into chunks (one log read each)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from broker.pages import plan_chunks, read_page
+from consumequeue.queue import UNIT
+
+
+def units_of(spans: list[tuple[int, int]]) -> bytes:
+    return b"".join(UNIT.pack(start, size, 0) for start, size in spans)
+
+
+def test_one_chunk_when_everything_fits() -> None:
+    units = units_of([(48, 100), (300, 100), (900, 50)])
+    assert plan_chunks(units, segment_bytes=4096) == [(0, 3)]
+    reads: list[tuple[int, int]] = []
+    log = bytes(range(256)) * 8
+    page = read_page(units, lambda p, n: reads.append((p, n)) or log[p : p + n], 4096)
+    assert reads == [(48, 902)] and page.count == 3
+    (chunk,) = page.chunks
+    assert (chunk.commitlog_offset, chunk.data, chunk.units) == (48, log[48:950], units)
+
+
+def test_segment_boundaries_and_the_span_limit_split_chunks() -> None:
+    units = units_of([(48, 100), (200, 100), (1048, 100), (1200, 100), (1900, 50)])
+    assert plan_chunks(units, segment_bytes=1000) == [(0, 2), (2, 5)]
+    # Halving, not packing: (2, 5) is too wide, and so is its right half (3, 5).
+    assert plan_chunks(units, segment_bytes=1000, max_span_bytes=300) == [
+        (0, 2),
+        (2, 3),
+        (3, 4),
+        (4, 5),
+    ]
+    # A single record bigger than the span is still a chunk of its own.
+    assert plan_chunks(units_of([(0, 500)]), segment_bytes=1000, max_span_bytes=10) == [(0, 1)]
+    assert plan_chunks(b"", segment_bytes=1000) == []
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="multiple of 20"):
+        plan_chunks(b"x" * 21, segment_bytes=10)
+    with pytest.raises(ValueError, match=">= 1"):
+        plan_chunks(b"", segment_bytes=0)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 300), st.integers(1, 400)), min_size=1, max_size=60),
+    st.integers(100, 3000),
+    st.integers(1, 5000),
+)
+def test_chunks_cover_every_unit_in_order_within_their_limits(
+    steps: list[tuple[int, int]], segment_bytes: int, span: int
+) -> None:
+    spans, pos = [], 0
+    for gap, wanted in steps:
+        start, size = pos + gap, min(wanted, segment_bytes)
+        if start // segment_bytes != (start + size - 1) // segment_bytes:
+            start = (start // segment_bytes + 1) * segment_bytes  # no record straddles
+        spans.append((start, size))
+        pos = start + size
+    runs = plan_chunks(units_of(spans), segment_bytes, span)
+    assert [i for first, end in runs for i in range(first, end)] == list(range(len(spans)))
+    for first, end in runs:
+        lo, hi = spans[first][0], spans[end - 1][0] + spans[end - 1][1]
+        assert lo // segment_bytes == (hi - 1) // segment_bytes
+        assert end - first == 1 or hi - lo <= span
