@@ -12,7 +12,7 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from api import media
+from api import client, media
 from api.arrow import SCHEMA
 from tests.api.conftest import Node
 from tests.api.test_app import produce
@@ -175,3 +175,18 @@ async def test_arrow_pulls_are_counted_and_documented(node: Node) -> None:
     assert set(ok["content"]) == {"application/json", media.ARROW_STREAM}
     assert media.PULL_NEXT_OFFSET in ok["headers"] and "406" in op["responses"]
     assert media.ARROW_STREAM in op["description"]
+
+
+async def test_the_python_client_pulls_arrow(node: Node) -> None:
+    assert client.ARROW_STREAM == media.ARROW_STREAM
+    await produce(node, "cl", *[{"body": f"m{i}", "queue_id": 1} for i in range(5)])
+    transport = httpx.ASGITransport(app=node.app)
+    async with client.AsyncAdmin("http://node", transport=transport) as admin:
+        page = await admin.pull_arrow("cl", 1, 1, max_messages=3)
+        assert (page.status, page.next_offset, page.max_offset, page.count) == ("FOUND", 4, 5, 3)
+        table = pa.ipc.open_stream(page.content).read_all()
+        assert table.column("value").to_pylist() == [b"m1", b"m2", b"m3"]
+        empty = await admin.pull_arrow("cl", 1, 5)
+        assert (empty.status, empty.count) == ("NO_NEW_MSG", 0)
+        with pytest.raises(client.TopicNotFoundError):
+            await admin.pull_arrow("nope", 0, 0)
