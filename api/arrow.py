@@ -53,6 +53,7 @@ from broker.message import (
 from broker.pages import RawPage, RecordChunk
 
 from . import media
+from .arrow_schema import SCHEMA, TIMESTAMP
 from .metrics import NodeMetrics
 
 __all__ = [
@@ -66,24 +67,6 @@ __all__ = [
 ]
 
 Int64Array = npt.NDArray[np.int64]
-
-TIMESTAMP = pa.timestamp("us", tz="UTC")
-SCHEMA = pa.schema(
-    [
-        pa.field("key", pa.string()),
-        pa.field("keys", pa.list_(pa.field("element", pa.string()))),
-        pa.field("value", pa.binary()),
-        pa.field("topic", pa.string()),
-        pa.field("queue_id", pa.int32()),
-        pa.field("queue_offset", pa.int64()),
-        pa.field("msg_id", pa.string()),
-        pa.field("tags", pa.string()),
-        pa.field("properties", pa.map_(pa.string(), pa.string())),
-        pa.field("born_timestamp", TIMESTAMP),
-        pa.field("store_timestamp", TIMESTAMP),
-    ]
-)
-"""API.md §5's schema, as Spark's ``to_arrow_schema`` spells it."""
 
 _UNIT = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_hash", ">i8")])
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
