@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -33,6 +33,7 @@ from .produce import chunk_messages, messages_from_batch
 
 log = logging.getLogger(__name__)
 
+PLANNING_ATTEMPTS_PER_NODE = 3
 # A pull that finds nothing yet is held this long by the broker (long polling) before the
 # reader asks again, possibly another node.
 LAGGING_WAIT_MS = 1000
@@ -49,7 +50,13 @@ def _each_broker(conn: Connection, op: Callable[[Admin], Any], what: str) -> lis
     """``op`` against every broker of the list on its own; the answers of those that
     answered. None answering is ``SourceError`` naming each one's error."""
     answers, errors = [], []
-    settings = conn.client_settings()
+    # One node among several: a node that does not answer is given up on quickly (a
+    # couple of tries), since the others are asked too.
+    settings = replace(
+        conn.client_settings(),
+        max_attempts=min(conn.max_attempts, PLANNING_ATTEMPTS_PER_NODE),
+        backoff_cap_s=0.5,
+    )
     for url in conn.brokers:
         try:
             with Admin([url], settings=settings) as admin:
