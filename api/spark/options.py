@@ -33,9 +33,17 @@ TOPIC = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 GROUP = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 MiB = 1 << 20
 
-CONNECTION_KEYS = frozenset(
-    {"brokers", "topic", "path", "authtoken", "requesttimeoutms", "retrydeadlinems", "maxattempts"}
-)
+# Keys Spark itself puts among a source's or sink's options (``load(path)``, and a
+# streaming sink's checkpoint): taken without complaint (``path`` may name the topic).
+SPARK_KEYS = frozenset({"path", "checkpointlocation"})
+CONNECTION_KEYS = SPARK_KEYS | {
+    "brokers",
+    "topic",
+    "authtoken",
+    "requesttimeoutms",
+    "retrydeadlinems",
+    "maxattempts",
+}
 READ_KEYS = CONNECTION_KEYS | {
     "startingoffsets",
     "endingoffsets",
@@ -96,7 +104,7 @@ def _check_known(opts: Mapping[str, str], known: frozenset[str], what: str) -> N
     unknown = sorted(set(opts) - known)
     if unknown:
         raise OptionError(
-            f"unknown {what} option(s) {unknown}; known (any case): {sorted(known - {'path'})}"
+            f"unknown {what} option(s) {unknown}; known (any case): {sorted(known - SPARK_KEYS)}"
         )
 
 
@@ -177,7 +185,9 @@ def _offset_spec(
     default = EARLIEST if which == "starting" else LATEST
     if streaming and which == "starting":
         default = LATEST  # a new stream starts at the end, as Kafka's does
-    forbidden = LATEST if which == "starting" and not streaming else EARLIEST
+    # A batch read from latest, or to earliest, would be empty: Kafka's source refuses
+    # both, and so does this one; a stream may start anywhere.
+    forbidden = EARLIEST if which == "ending" else None if streaming else LATEST
     key = f"{which}offsets"
     ts_key, by_ts_key = f"{which}timestamp", f"{which}offsetsbytimestamp"
     if streaming and which == "ending" and ({key, ts_key, by_ts_key} & set(opts)):
@@ -198,11 +208,13 @@ def _offset_spec(
             raise OptionError(f"option {key}: {raw} makes no sense here (the read would be empty)")
         return OffsetSpec(name)
     offsets = _queue_json(key, raw, topic)
+    allowed = {EARLIEST: "-2 for earliest", LATEST: "-1 for latest"}
+    allowed.pop(forbidden, None)  # type: ignore[arg-type]
     for q, off in offsets.items():
-        if off < EARLIEST or off == forbidden:
+        if off < 0 and off not in allowed:
             raise OptionError(
                 f"option {key}: queue {q}: {off} (want an offset >= 0, "
-                f"{'-2 for earliest' if forbidden == LATEST else '-1 for latest'})"
+                f"{' or '.join(allowed.values())})"
             )
     return OffsetSpec(default, offsets=offsets)
 

@@ -80,6 +80,10 @@ def test_streams_start_at_latest_and_take_their_own_options() -> None:
     assert parse_read_options({**BASE, "startingOffsets": "latest"}, streaming=True).starting == (
         OffsetSpec(LATEST)
     )
+    spec = parse_read_options({**BASE, "startingOffsets": "earliest"}, streaming=True).starting
+    assert spec == OffsetSpec(EARLIEST)
+    spec = parse_read_options({**BASE, "startingOffsets": '{"0": -1, "1": -2}'}, streaming=True)
+    assert spec.starting == OffsetSpec(LATEST, offsets={0: LATEST, 1: EARLIEST})
 
 
 @pytest.mark.parametrize(
@@ -91,6 +95,7 @@ def test_streams_start_at_latest_and_take_their_own_options() -> None:
         ({"startingOffsets": '{"0": -1}'}, False, "-2 for earliest"),
         ({"endingOffsets": '{"0": -2}'}, False, "-1 for latest"),
         ({"startingOffsets": '{"0": -7}'}, False, "queue 0: -7"),
+        ({"startingOffsets": '{"0": -3}'}, True, "-2 for earliest or -1 for latest"),
         ({"startingOffsets": "{nope"}, False, "not JSON"),
         ({"startingOffsets": '{"x": 1}'}, False, "not a queue id"),
         ({"startingOffsets": '{"0": true}'}, False, "not a queue id"),
