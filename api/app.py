@@ -165,6 +165,7 @@ def create_app(
     without a known one, 403 when its scopes do not cover the request. ``/healthz`` and
     ``/readyz`` stay open, ``/metrics`` too unless ``metrics_need_auth``."""
     limits = settings.limits
+    max_pull_any = max(limits.max_pull_messages, limits.max_arrow_pull_messages)
     bearer = HTTPBearer(auto_error=False, description="a token of the node's --auth-token(s)")
     tokens: TokenTable | None = None
     if auth_token is not None or auth_tokens is not None:
@@ -517,7 +518,9 @@ def create_app(
         topic: TopicPath,
         queue_id: Annotated[int, Path(ge=0, le=65_535)],
         offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
-        max_messages: Annotated[int, Query(ge=1, le=limits.max_pull_messages)] = 32,
+        # The JSON pull takes at most max_pull_messages (the broker checks), an Arrow one
+        # max_arrow_pull_messages.
+        max_messages: Annotated[int, Query(ge=1, le=max_pull_any)] = 32,
         wait_ms: Annotated[int, Query(ge=0, le=limits.max_wait_ms)] = 0,
         tags: Annotated[str | None, Query(max_length=4096, examples=["TagA||TagB"])] = None,
         encoding: EncodingQuery = "utf-8",

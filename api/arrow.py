@@ -1,12 +1,17 @@
 """The Arrow pull: a pull page as an Arrow IPC stream (API.md §5), built a page at a time.
 
-``encode_page`` turns a ``broker.pages.RawPage`` (consume-queue units plus the commitlog
-bytes holding the records) into record batches of ``SCHEMA`` without a Python object
-per message: numpy gathers the big-endian header fields of every record at once, the
-variable-length fields (body, properties) are cut out of the chunk by one Arrow ``take``
-over a binary array whose offsets alternate record field / gap, and the properties are
-split, filtered and regrouped with Arrow compute kernels. The per-page cost is a few
-dozen vectorised calls, whatever the page holds.
+``encode_page`` turns a ``broker.pages.RawPage`` (consume-queue units, and zero-copy
+views of the commitlog stretches holding the records) into record batches of ``SCHEMA``
+without a Python object per message and with one copy of each byte it keeps: numpy
+gathers the big-endian header fields of every record at once, the variable-length
+fields (body, properties) are cut out of the view by one Arrow ``take`` over a binary
+array whose offsets alternate record field / gap, and the properties are split,
+filtered and regrouped with Arrow compute kernels. The per-page cost is a few dozen
+vectorised calls, whatever the page holds; nothing made here refers to a view after
+its chunk is encoded (the view's release checks it).
+
+The IPC stream is written once into a buffer of its exact size and handed to the
+response as a view, with no copy into ``bytes``.
 
 Invariants:
 - the batches' schema is ``SCHEMA`` exactly, which is what Spark's Python data source
@@ -72,6 +77,13 @@ _UNIT = np.dtype([("commitlog_offset", ">i8"), ("size", ">i4"), ("tags_hash", ">
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _NIBBLE_SHIFTS = np.arange(60, -4, -4, dtype=np.uint64)  # 16 hex digits, most significant first
 _SYSTEM_NAMES = pa.array(sorted(SYSTEM_PROPERTIES), pa.string())
+# Compute kernels get Arrow scalars, not Python strings: converting a Python argument
+# makes pyarrow look for pandas on every call, an import attempt that costs more than
+# the kernel when pandas is not installed.
+_EMPTY = pa.scalar("", pa.string())
+_TAGS = pa.scalar(PROP_TAGS, pa.string())
+_KEYS = pa.scalar(PROP_KEYS, pa.string())
+_NAME, _VALUE = pa.scalar(0, pa.int64()), pa.scalar(1, pa.int64())
 _MAX_CHUNK_BYTES = 2**31 - 1  # binary offsets are int32
 
 
@@ -150,11 +162,11 @@ def _properties(raw: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa
         items = pc.split_pattern(text, pattern="\x02")
         flat = pc.list_flatten(items)
         parents = pc.list_parent_indices(items).to_numpy().astype(np.int64)
-        present = pc.not_equal(flat, "")  # the piece after the final separator
+        present = pc.not_equal(flat, _EMPTY)  # the piece after the final separator
         flat, parents = flat.filter(present), parents[present.to_numpy(zero_copy_only=False)]
         pairs = pc.split_pattern(flat, pattern="\x01", max_splits=1)
-        names = pc.list_element(pairs, 0)
-        values = pc.list_element(pairs, 1)
+        names = pc.list_element(pairs, _NAME)
+        values = pc.list_element(pairs, _VALUE)
     except (pa.ArrowInvalid, pa.ArrowIndexError) as e:
         raise PageFormatError(f"PROPERTIES: {e}") from None
     system = pc.is_in(names, value_set=_SYSTEM_NAMES).to_numpy(zero_copy_only=False)
@@ -165,14 +177,14 @@ def _properties(raw: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa
         values.filter(pa.array(user)),
         type=SCHEMA.field("properties").type,
     )
-    is_tags = pc.equal(names, PROP_TAGS).to_numpy(zero_copy_only=False)
+    is_tags = pc.equal(names, _TAGS).to_numpy(zero_copy_only=False)
     tags = _one_per_row(values.filter(pa.array(is_tags)), parents[is_tags], n)
-    is_keys = pc.equal(names, PROP_KEYS).to_numpy(zero_copy_only=False)
+    is_keys = pc.equal(names, _KEYS).to_numpy(zero_copy_only=False)
     keys_text = _one_per_row(values.filter(pa.array(is_keys)), parents[is_keys], n)
     split = pc.split_pattern(keys_text, pattern=" ")
     key_items = pc.list_flatten(split)
     key_parents = pc.list_parent_indices(split).to_numpy().astype(np.int64)
-    real = pc.not_equal(key_items, "").to_numpy(zero_copy_only=False)  # "a  b" has a gap
+    real = pc.not_equal(key_items, _EMPTY).to_numpy(zero_copy_only=False)  # "a  b": a gap
     key_items, key_parents = key_items.filter(pa.array(real)), key_parents[real]
     keys = pa.ListArray.from_arrays(
         _offsets(key_parents, n), key_items, type=SCHEMA.field("keys").type
@@ -194,7 +206,7 @@ def _chunk_batch(chunk: RecordChunk, topic: str, group_hex: bytes) -> tuple[pa.R
     buf = np.frombuffer(chunk.data, dtype=np.uint8)
     commitlog_offsets = units["commitlog_offset"].astype(np.int64)
     sizes = units["size"].astype(np.int64)
-    starts = commitlog_offsets - chunk.commitlog_offset
+    starts = commitlog_offsets - chunk.base
     ends = starts + sizes
     if n and (starts.min() < 0 or ends.max() > len(buf) or sizes.min() < BODY_POS + 4):
         raise PageFormatError("a consume-queue unit points outside its chunk")
@@ -241,28 +253,32 @@ def encode_page(page: RawPage, *, topic: str, group: str) -> tuple[list[pa.Recor
     """The page's messages as record batches of ``SCHEMA`` (one per chunk), and the sum
     of their body lengths. ``group`` is the broker's DLedger group (the msg_id prefix)."""
     group_hex = group.encode().hex().upper().encode()
-    batches, body_bytes = [], 0
-    for chunk in page.chunks:
-        batch, n = _chunk_batch(chunk, topic, group_hex)
-        batches.append(batch)
-        body_bytes += n
-    return batches, body_bytes
+    encoded = page.encode(lambda chunk: _chunk_batch(chunk, topic, group_hex))
+    return [batch for batch, _ in encoded], sum(n for _, n in encoded)
 
 
-def ipc_stream(batches: list[pa.RecordBatch]) -> bytes:
-    """An Arrow IPC stream of ``SCHEMA`` holding ``batches`` (none: the schema alone)."""
-    sink = pa.BufferOutputStream()
+def _write_stream(sink: Any, batches: list[pa.RecordBatch]) -> None:
     with pa.ipc.new_stream(sink, SCHEMA) as writer:
         for batch in batches:
             writer.write_batch(batch)
-    return bytes(sink.getvalue().to_pybytes())
+
+
+def ipc_stream(batches: list[pa.RecordBatch]) -> memoryview:
+    """An Arrow IPC stream of ``SCHEMA`` holding ``batches`` (none: the schema alone),
+    written once into a buffer of its exact size (measured by a first pass that copies
+    nothing) and handed out as a view: no growing buffer, no copy into ``bytes``."""
+    size = pa.MockOutputStream()
+    _write_stream(size, batches)
+    out = pa.allocate_buffer(size.size())
+    _write_stream(pa.FixedSizeBufferWriter(out), batches)
+    return memoryview(out)
 
 
 @dataclass(frozen=True, slots=True)
 class ArrowPull:
     """A pull answered as an IPC stream, with the JSON answer's other fields."""
 
-    content: bytes
+    content: memoryview
     status: str
     next_offset: int
     min_offset: int

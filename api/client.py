@@ -440,7 +440,7 @@ class ArrowPage:
     min_offset: int
     max_offset: int
     count: int
-    content: bytes
+    content: bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -573,7 +573,7 @@ class Reply:
     headers: Mapping[str, str]  # lower-case names
     body: Any  # parsed JSON, or None when the body is empty or not JSON
     text: str = ""
-    content: bytes = b""  # the raw body of a non-JSON answer (an Arrow stream)
+    content: bytes | memoryview = b""  # the raw body of a non-JSON answer (an Arrow stream)
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,8 +68,10 @@ value as binary, topic, queue_id, queue_offset, msg_id, tags, properties as a ma
 producer's own properties, born_timestamp and store_timestamp as timestamp[us, UTC]), and
 the status and offsets in the headers `{PULL_STATUS}`, `{PULL_NEXT_OFFSET}`,
 `{PULL_MIN_OFFSET}`, `{PULL_MAX_OFFSET}` and `{PULL_COUNT}`. Bodies are
-never base64-encoded there, so `encoding` does not apply. JSON stays the default; a node
-without the `arrow` extra answers such a request 406 NOT_ACCEPTABLE."""
+never base64-encoded there, so `encoding` does not apply, and a page may hold up to the
+node's `max_arrow_pull_messages` (10,000 by default; JSON: `max_pull_messages`, 1,000).
+JSON stays the default; a node without the `arrow` extra answers such a request 406
+NOT_ACCEPTABLE."""
 
 ARROW_PULL_RESPONSE: dict[str, Any] = {
     "description": "the pull, as JSON or (when asked) as an Arrow IPC stream",

@@ -67,7 +67,7 @@ from .metadata import (
     op_create_topic,
     op_delete_topic,
 )
-from .pages import RawPage, RawPullResult, read_page
+from .pages import RawPage, RawPullResult
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
 
@@ -676,10 +676,11 @@ class Broker:
             raise errors.InvalidArgumentError(f"queue_id {queue_id} is not in 0..{t.queues - 1}")
         return t
 
-    def _check_pull_args(self, max_messages: int, wait_ms: int) -> None:
+    def _check_pull_args(self, max_messages: int, wait_ms: int, limit: int | None = None) -> None:
         lim = self.settings.limits
-        if not 1 <= max_messages <= lim.max_pull_messages:
-            raise errors.InvalidArgumentError(f"max_messages must be 1..{lim.max_pull_messages}")
+        most = lim.max_pull_messages if limit is None else limit
+        if not 1 <= max_messages <= most:
+            raise errors.InvalidArgumentError(f"max_messages must be 1..{most}")
         if not 0 <= wait_ms <= lim.max_wait_ms:
             raise errors.InvalidArgumentError(f"wait_ms must be 0..{lim.max_wait_ms}")
 
@@ -724,8 +725,9 @@ class Broker:
             max_messages=max_messages,
             wait_ms=wait_ms,
             tags=tags,
+            limit=self.settings.limits.max_arrow_pull_messages,
         )
-        return RawPullResult(status, page or RawPage([]), next_offset, lo, hi)
+        return RawPullResult(status, page or RawPage(b""), next_offset, lo, hi)
 
     async def _pull_loop(
         self,
@@ -737,14 +739,16 @@ class Broker:
         max_messages: int,
         wait_ms: int,
         tags: str | None,
+        limit: int | None = None,
     ) -> tuple[str, _Found | None, int, int, int]:
         """The pull protocol, whatever form the messages take: (status, what ``scan``
-        found or None, next offset, min offset, max offset)."""
+        found or None, next offset, min offset, max offset). ``limit`` bounds
+        ``max_messages`` (default: the JSON pull's ``max_pull_messages``)."""
         # Yield once per pull: a caller pulling back to back in-process would otherwise
         # hold the event loop (and the Raft node on it) for as long as data is there.
         await asyncio.sleep(0)
         self._check_queue(topic, queue_id)
-        self._check_pull_args(max_messages, wait_ms)
+        self._check_pull_args(max_messages, wait_ms, limit)
         hashes = parse_tag_expression(tags)
         wanted = None
         if hashes is not None and tags:
@@ -814,7 +818,7 @@ class Broker:
         are, one slice, with no object per message; with one, unit by unit as ``_scan``."""
         q = self.cq.find(topic, queue_id)
         if q is None:
-            return RawPage([]), 0, offset
+            return RawPage(b""), 0, offset
         if hashes is None:
             first, units = q.read_raw(offset, max_messages)
             count = len(units) // UNIT_SIZE
@@ -836,8 +840,8 @@ class Broker:
                     break
             units, count = b"".join(kept), len(kept)
         if not count:
-            return RawPage([]), 0, next_offset
-        page = read_page(units, self.commitlog.get_message, self.settings.store.data_file_size)
+            return RawPage(b""), 0, next_offset
+        page = RawPage(units, self.commitlog.view, self.settings.store.data_file_size)
         return page, count, next_offset
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:

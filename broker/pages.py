@@ -1,41 +1,49 @@
 """Raw pages: what a pull found, as stored, for columnar encoders (the Arrow pull).
 
 A ``RawPage`` is the found messages' consume-queue units (20 bytes each, big-endian
-``commitlog_offset i64 | size i32 | tags_hash i64``, in queue order) and the committed
-commitlog bytes that hold their records, in ``RecordChunk``s. Nothing is decoded and no
-object is made per message: an encoder reads the records' fields straight out of the
-chunks, a whole page at a time.
+``commitlog_offset i64 | size i32 | tags_hash i64``, in queue order) and a way to look at
+the committed log bytes holding their records. ``RawPage.encode`` hands an encoder one
+``RecordChunk`` at a time: a zero-copy view of a stretch of the log (``FileStore.view``)
+and the units of the records in it. Nothing is decoded, copied or made per message here:
+the encoder reads the fields it needs straight out of the view, a chunk at a time, and
+copies only the bytes it keeps. (Messages of other queues sit between a queue's records,
+so a page of one queue among eight spans eight times the bytes it holds: copying the
+span first would cost more than encoding it.)
 
 Invariants:
-- every unit of a chunk lies inside it:
-  ``chunk.commitlog_offset <= unit.commitlog_offset`` and
-  ``unit.commitlog_offset + unit.size <= chunk.commitlog_offset + len(chunk.data)``;
+- every unit of a chunk lies inside its view: ``base <= commitlog_offset`` and
+  ``commitlog_offset + size <= base + len(data)``;
 - a chunk's records do not overlap and come in commitlog order (units only grow along a
-  queue), so they can be cut out of ``data`` by offsets alone;
-- a chunk lies within one commitlog segment (a record never straddles two, and one read
-  of the log stays in one segment) and spans at most ``max_span_bytes`` unless it holds
-  a single record: messages of other queues sit between a queue's records, so a page of
-  one queue among many spans more bytes than it holds, and the span is what is copied.
+  queue), so they can be cut out of the view by offsets alone;
+- a chunk lies within one commitlog segment (a view never crosses one) and spans at most
+  ``max_span_bytes`` unless it holds a single record: the log's lock is held while a view
+  is open, and this bounds how long;
+- a view is valid only during the encoder's call, which must copy what it keeps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TypeVar
 
 from consumequeue.queue import UNIT, UNIT_SIZE
 
 DEFAULT_MAX_SPAN_BYTES = 16 << 20
 
+View = Callable[[int, int], AbstractContextManager[memoryview]]
+R = TypeVar("R")
+
 
 @dataclass(frozen=True, slots=True)
 class RecordChunk:
-    commitlog_offset: int
-    """Where ``data`` starts in the commitlog."""
-    data: bytes
-    """Committed log bytes holding every record of ``units`` (and whatever lies between)."""
+    data: memoryview
+    """A view of the log from ``base`` on, valid during the encoder's call only."""
     units: bytes
-    """The chunk's consume-queue units, back to back."""
+    """The consume-queue units of the chunk's records, back to back."""
+    base: int
+    """The commitlog offset of ``data[0]``: a record starts at ``commitlog_offset - base``."""
 
     @property
     def count(self) -> int:
@@ -44,11 +52,36 @@ class RecordChunk:
 
 @dataclass(frozen=True, slots=True)
 class RawPage:
-    chunks: list[RecordChunk]
+    units: bytes
+    view: View | None = None
+    segment_bytes: int = 1
+    max_span_bytes: int = DEFAULT_MAX_SPAN_BYTES
 
     @property
     def count(self) -> int:
-        return sum(c.count for c in self.chunks)
+        return len(self.units) // UNIT_SIZE
+
+    def encode(self, encode_chunk: Callable[[RecordChunk], R]) -> list[R]:
+        """``encode_chunk`` of every chunk of the page, in order (see the module
+        docstring): one view of the log per chunk, open during the call."""
+        if not self.count:
+            return []
+        assert self.view is not None, "a page with messages has a view of the log"
+        out = []
+        for first, end in plan_chunks(self.units, self.segment_bytes, self.max_span_bytes):
+            start, stop = _span(self.units, first, end)
+            units = self.units[first * UNIT_SIZE : end * UNIT_SIZE]
+            error: Exception | None = None
+            with self.view(start, stop - start) as data:
+                try:
+                    out.append(encode_chunk(RecordChunk(data, units, start)))
+                except Exception as e:
+                    # Raised after the view's release: the traceback's frames hold
+                    # buffers made from the view, which would make the release fail.
+                    error = e.with_traceback(None)
+            if error is not None:
+                raise error
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,18 +127,3 @@ def plan_chunks(
             todo.append((mid, end))  # popped after the left half: runs stay in order
             todo.append((first, mid))
     return runs
-
-
-def read_page(
-    units: bytes,
-    read: Callable[[int, int], bytes],
-    segment_bytes: int,
-    max_span_bytes: int = DEFAULT_MAX_SPAN_BYTES,
-) -> RawPage:
-    """The page of ``units``: one ``read(commitlog_offset, size)`` per chunk."""
-    chunks = []
-    for first, end in plan_chunks(units, segment_bytes, max_span_bytes):
-        start, stop = _span(units, first, end)
-        mine = units[first * UNIT_SIZE : end * UNIT_SIZE]
-        chunks.append(RecordChunk(start, read(start, stop - start), mine))
-    return RawPage(chunks)

@@ -7,8 +7,9 @@ key is an error, not a silent no-op: a misspelt ``startingOffset`` would otherwi
 from the default. ``authToken`` never appears in a repr, a log line or an error message
 (``redact``); Spark's own plan output redacts it too, by its ``token`` substring.
 
-Every limit is an option with a default: ``pullBatchSize`` (messages per pull, at most
-the broker's ``max_pull_messages``), ``requestTimeoutMs`` (one HTTP request),
+Every limit is an option with a default: ``pullBatchSize`` (messages per pull: 10,000 for
+the Arrow pull, 1,000 for JSON, the brokers' defaults of ``max_arrow_pull_messages`` and
+``max_pull_messages``), ``requestTimeoutMs`` (one HTTP request),
 ``retryDeadlineMs`` and ``maxAttempts`` (one operation, across brokers and retries),
 ``readTimeoutMs`` (how long a task waits for a lagging node to hold its range), and for
 writes ``maxMessagesPerRequest`` / ``maxRequestBytes`` (the produce API's limits).
@@ -242,7 +243,7 @@ class ReadOptions:
     ending: OffsetSpec = field(default_factory=lambda: OffsetSpec(LATEST))
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
-    pull_batch_size: int = 1000
+    pull_batch_size: int = 10_000
     pull_format: Literal["arrow", "json"] = "arrow"
     read_timeout_ms: int = 60_000
     max_offsets_per_trigger: int | None = None
@@ -272,7 +273,9 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         ending=_offset_spec(opts, "ending", topic, streaming=streaming),
         min_partitions=_optional_int(opts, "minpartitions", minimum=1),
         fail_on_data_loss=_bool(opts, "failondataloss", True),
-        pull_batch_size=_int(opts, "pullbatchsize", 1000, minimum=1),
+        pull_batch_size=_int(
+            opts, "pullbatchsize", 10_000 if pull_format == "arrow" else 1000, minimum=1
+        ),
         pull_format="json" if pull_format == "json" else "arrow",
         read_timeout_ms=_int(opts, "readtimeoutms", 60_000, minimum=1),
         max_offsets_per_trigger=_optional_int(opts, "maxoffsetspertrigger", minimum=1),

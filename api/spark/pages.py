@@ -46,7 +46,7 @@ def _conform(batch: pa.RecordBatch) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
-def from_stream(content: bytes) -> list[pa.RecordBatch]:
+def from_stream(content: bytes | memoryview) -> list[pa.RecordBatch]:
     """The record batches of an Arrow pull (an IPC stream), in the source's schema."""
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(content))

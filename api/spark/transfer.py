@@ -16,11 +16,14 @@ Which node answers:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
@@ -30,10 +33,15 @@ from . import pages
 from .offsets import QueueRange, data_lost, plan_ranges, resolve
 from .options import Connection, ReadOptions
 from .produce import chunk_messages, messages_from_batch
+from .pull import Puller
 
 log = logging.getLogger(__name__)
 
 PLANNING_ATTEMPTS_PER_NODE = 3
+# The prefetching thread and its consumer look up from a blocked handoff this often (to
+# notice that the other side stopped), and a stopped helper is waited for this long.
+HANDOFF_POLL_S = 0.1
+HELPER_JOIN_S = 30.0
 # A pull that finds nothing yet is held this long by the broker (long polling) before the
 # reader asks again, possibly another node.
 LAGGING_WAIT_MS = 1000
@@ -142,10 +150,11 @@ def plan_batch(opts: ReadOptions) -> list[QueueRange]:
 
 @dataclass(frozen=True, slots=True)
 class ReadSettings:
-    pull_batch_size: int = 1000
+    pull_batch_size: int = 10_000
     pull_format: str = "arrow"
     fail_on_data_loss: bool = True
     read_timeout_ms: int = 60_000
+    prefetch_pages: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,13 +167,13 @@ class _Page:
 
 
 def _pull(
-    admin: Admin, topic: str, q: int, offset: int, *, n: int, wait_ms: int, fmt: str
+    puller: Puller, topic: str, q: int, offset: int, *, n: int, wait_ms: int, fmt: str
 ) -> _Page:
     if fmt == "json":
-        r = admin.pull(topic, q, offset, max_messages=n, wait_ms=wait_ms)
+        r = puller.pull(topic, q, offset, n=n, wait_ms=wait_ms)
         batches = [pages.from_received(r.messages)] if r.messages else []
         return _Page(r.status, r.next_offset, r.min_offset, len(r.messages), batches)
-    a = admin.pull_arrow(topic, q, offset, max_messages=n, wait_ms=wait_ms)
+    a = puller.pull_arrow(topic, q, offset, n=n, wait_ms=wait_ms)
     batches = pages.from_stream(a.content) if a.count else []
     if sum(b.num_rows for b in batches) != a.count:
         raise SourceError(f"queue {q}: a page said {a.count} messages but held another number")
@@ -180,43 +189,141 @@ def read_range(
     clock: Callable[[], float] = time.monotonic,
 ) -> Iterator[pa.RecordBatch]:
     """The messages ``[r.start, r.end)`` of one queue as record batches, in order, each
-    exactly once; pages as the broker sent them (``pull_batch_size`` messages at most)."""
+    exactly once; pages as the broker sent them (``pull_batch_size`` messages at most),
+    pulled up to ``prefetch_pages`` ahead of the caller by a helper thread, so the broker
+    works on the next page while Spark takes the last one."""
+    with _pooled_puller(conn) as puller:
+        pages_ = _found_pages(puller, topic, r, settings, clock)
+        for batches in _ahead(pages_, settings.prefetch_pages):
+            yield from batches
+
+
+def _found_pages(
+    puller: Puller,
+    topic: str,
+    r: QueueRange,
+    settings: ReadSettings,
+    clock: Callable[[], float],
+) -> Iterator[list[pa.RecordBatch]]:
+    """The batches of each page found in ``[r.start, r.end)``: the pull loop of
+    ``read_range`` (data loss, lagging nodes, the read timeout)."""
     offset = r.start
     timeout_s = settings.read_timeout_ms / 1000
     deadline = clock() + timeout_s
     wait_ms = 0
-    with Admin(list(conn.brokers), settings=conn.client_settings()) as admin:
-        while offset < r.end:
-            n = min(settings.pull_batch_size, r.end - offset)
-            page = _pull(
-                admin, topic, r.queue_id, offset, n=n, wait_ms=wait_ms, fmt=settings.pull_format
-            )
-            if page.status == "FOUND":
-                if not 0 < page.count <= n or page.next_offset != offset + page.count:
-                    raise SourceError(
-                        f"queue {r.queue_id}: a pull from {offset} of {n} gave {page.count} "
-                        f"messages and next offset {page.next_offset}"
-                    )
-                yield from page.batches
-                offset, wait_ms, deadline = page.next_offset, 0, clock() + timeout_s
-            elif page.status == "OFFSET_ILLEGAL" and offset < page.min_offset:
-                offset = min(
-                    r.end,
-                    data_lost(
-                        r.queue_id,
-                        offset,
-                        page.min_offset,
-                        fail_on_data_loss=settings.fail_on_data_loss,
-                    ),
-                )
-            elif clock() >= deadline:
+    while offset < r.end:
+        n = min(settings.pull_batch_size, r.end - offset)
+        page = _pull(
+            puller, topic, r.queue_id, offset, n=n, wait_ms=wait_ms, fmt=settings.pull_format
+        )
+        if page.status == "FOUND":
+            if not 0 < page.count <= n or page.next_offset != offset + page.count:
                 raise SourceError(
-                    f"queue {r.queue_id} of {topic}: offsets {offset}..{r.end - 1} were planned "
-                    f"but no broker served them within {settings.read_timeout_ms} ms "
-                    f"(last answer {page.status}, next offset {page.next_offset})"
+                    f"queue {r.queue_id}: a pull from {offset} of {n} gave {page.count} "
+                    f"messages and next offset {page.next_offset}"
                 )
+            yield page.batches
+            offset, wait_ms, deadline = page.next_offset, 0, clock() + timeout_s
+        elif page.status == "OFFSET_ILLEGAL" and offset < page.min_offset:
+            offset = min(
+                r.end,
+                data_lost(
+                    r.queue_id,
+                    offset,
+                    page.min_offset,
+                    fail_on_data_loss=settings.fail_on_data_loss,
+                ),
+            )
+        elif clock() >= deadline:
+            raise SourceError(
+                f"queue {r.queue_id} of {topic}: offsets {offset}..{r.end - 1} were planned "
+                f"but no broker served them within {settings.read_timeout_ms} ms "
+                f"(last answer {page.status}, next offset {page.next_offset})"
+            )
+        else:
+            wait_ms = LAGGING_WAIT_MS  # this node lags: long-poll, then maybe another
+
+
+T = TypeVar("T")
+
+
+def _ahead(items: Iterator[T], depth: int) -> Iterator[T]:
+    """``items``, produced by a helper thread at most ``depth`` items ahead of the
+    consumer (``depth`` 0: in the caller's thread). The helper's error is raised here;
+    a consumer that stops early stops the helper at its next item."""
+    if depth < 1:
+        yield from items
+        return
+    slots: queue.Queue[tuple[str, Any]] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(kind: str, value: Any) -> bool:
+        while not stop.is_set():
+            with contextlib.suppress(queue.Full):
+                slots.put((kind, value), timeout=HANDOFF_POLL_S)
+                return True
+        return False
+
+    def run() -> None:
+        try:
+            for item in items:
+                if not put("item", item):
+                    return
+            put("done", None)
+        except BaseException as e:  # handed to the consumer, who raises it
+            put("error", e)
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()  # a generator's clean-up runs in the thread that ran it
+
+    helper = threading.Thread(target=run, name="ledgermq-prefetch", daemon=True)
+    helper.start()
+    try:
+        while True:
+            try:
+                kind, value = slots.get(timeout=HANDOFF_POLL_S)
+            except queue.Empty:
+                if not helper.is_alive() and slots.empty():
+                    raise SourceError("the prefetching thread ended without a word") from None
+                continue
+            if kind == "item":
+                yield value
+            elif kind == "done":
+                return
             else:
-                wait_ms = LAGGING_WAIT_MS  # this node lags: long-poll, then maybe another
+                raise value
+    finally:
+        stop.set()
+        helper.join(timeout=HELPER_JOIN_S)
+
+
+# Pullers (with their keep-alive connections and TLS context) are kept per process and
+# connection settings: Spark reuses its Python workers from task to task.
+_POOL: dict[Connection, list[Puller]] = {}
+_POOL_LOCK = threading.Lock()
+POOLED_PULLERS_PER_CONNECTION = 4
+
+
+@contextlib.contextmanager
+def _pooled_puller(conn: Connection) -> Iterator[Puller]:
+    with _POOL_LOCK:
+        free = _POOL.setdefault(conn, [])
+        puller = free.pop() if free else None
+    if puller is None:
+        puller = Puller(list(conn.brokers), conn.client_settings())
+    ok = False
+    try:
+        yield puller
+        ok = True
+    finally:
+        with _POOL_LOCK:
+            free = _POOL.setdefault(conn, [])
+            keep = ok and len(free) < POOLED_PULLERS_PER_CONNECTION
+            if keep:
+                free.append(puller)
+        if not keep:
+            puller.close()
 
 
 # ---- writing ----------------------------------------------------------------------------------

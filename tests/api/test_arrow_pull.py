@@ -134,6 +134,13 @@ async def test_statuses_offsets_and_tag_filter_match_json(node: Node) -> None:
     assert [r["value"] for r in as_arrow_rows(a)] == [b"m1", b"m3", b"m5", b"m7", b"m9"]
     bad = await node.http.get(url, params={"max_messages": 0}, headers=ARROW)
     assert bad.status_code == 422 and bad.json()["error"]["code"] == "INVALID_ARGUMENT"
+    # Arrow pages may be larger than JSON ones (the test node allows 100 JSON messages).
+    assert (await node.http.get(url, params={"max_messages": 150})).status_code == 422
+    big = await node.http.get(url, params={"max_messages": 150}, headers=ARROW)
+    assert len(as_arrow_rows(big)) == 10
+    limit = node.broker.settings.limits.max_arrow_pull_messages
+    bad = await node.http.get(url, params={"max_messages": limit + 1}, headers=ARROW)
+    assert bad.status_code == 422
     missing = await node.http.get("/v1/topics/none/queues/0/messages", headers=ARROW)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "TOPIC_NOT_FOUND"
 

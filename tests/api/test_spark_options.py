@@ -23,7 +23,7 @@ def test_defaults_of_a_batch_read() -> None:
     assert o.connection.brokers == ("http://127.0.0.1:8080", "http://127.0.0.1:8081")
     assert o.topic == "orders" and o.queue_ids is None
     assert o.starting == OffsetSpec(EARLIEST) and o.ending == OffsetSpec(LATEST)
-    assert (o.min_partitions, o.fail_on_data_loss, o.pull_batch_size) == (None, True, 1000)
+    assert (o.min_partitions, o.fail_on_data_loss, o.pull_batch_size) == (None, True, 10_000)
     assert o.pull_format == "arrow" and o.max_offsets_per_trigger is None
     settings = o.connection.client_settings()
     assert (settings.timeout_s, settings.deadline_s, settings.max_attempts) == (30.0, 60.0, 32)

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.pages import plan_chunks, read_page
+from broker.pages import RawPage, RecordChunk, View, plan_chunks
 from consumequeue.queue import UNIT
 
 
@@ -14,15 +17,47 @@ def units_of(spans: list[tuple[int, int]]) -> bytes:
     return b"".join(UNIT.pack(start, size, 0) for start, size in spans)
 
 
-def test_one_chunk_when_everything_fits() -> None:
-    units = units_of([(48, 100), (300, 100), (900, 50)])
-    assert plan_chunks(units, segment_bytes=4096) == [(0, 3)]
-    reads: list[tuple[int, int]] = []
-    log = bytes(range(256)) * 8
-    page = read_page(units, lambda p, n: reads.append((p, n)) or log[p : p + n], 4096)
-    assert reads == [(48, 902)] and page.count == 3
-    (chunk,) = page.chunks
-    assert (chunk.commitlog_offset, chunk.data, chunk.units) == (48, log[48:950], units)
+@contextmanager
+def views_of(log: bytes, opened: list[tuple[int, int]]) -> Iterator[View]:
+    """A ``View`` over ``log`` that records what it opens."""
+
+    @contextmanager
+    def view(pos: int, size: int) -> Iterator[memoryview]:
+        opened.append((pos, size))
+        with memoryview(log)[pos : pos + size] as v:
+            yield v
+
+    yield view
+
+
+def test_a_page_encodes_chunk_by_chunk_on_views_of_the_log() -> None:
+    units = units_of([(48, 100), (300, 100), (900, 50), (5000, 10)])
+    log = bytes(range(256)) * 40
+    opened: list[tuple[int, int]] = []
+    with views_of(log, opened) as view:
+        page = RawPage(units, view, segment_bytes=8192)
+        got = page.encode(lambda c: (c.base, bytes(c.data), c.units, c.count))
+    assert page.count == 4 and opened == [(48, 4962)]
+    assert got == [(48, log[48:5010], units, 4)]
+    opened.clear()
+    with views_of(log, opened) as view:  # the last record is in the next segment
+        got = RawPage(units, view, segment_bytes=4096).encode(lambda c: (c.base, c.count))
+    assert opened == [(48, 352), (900, 50), (5000, 10)] and got == [(48, 2), (900, 1), (5000, 1)]
+    assert RawPage(b"").encode(lambda c: pytest.fail("no chunk")) == []
+
+
+def test_an_encoder_error_is_raised_after_the_view_is_released() -> None:
+    """The error's frames hold buffers made from the view: it is raised once the view is
+    released, not in its place as a BufferError."""
+    log = bytes(1000)
+    units = units_of([(48, 100)])
+
+    def bad(chunk: RecordChunk) -> None:
+        kept = memoryview(chunk.data)  # noqa: F841 - alive in this frame when it raises
+        raise ValueError("bad record")
+
+    with views_of(log, []) as view, pytest.raises(ValueError, match="bad record"):
+        RawPage(units, view, segment_bytes=4096).encode(bad)
 
 
 def test_segment_boundaries_and_the_span_limit_split_chunks() -> None:
