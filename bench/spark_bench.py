@@ -2,14 +2,15 @@
 pull next to the JSON pull, in one run.
 
 1. A ``LocalBrokerCluster`` (``--nodes``, 3) gets a topic of ``--queues`` (8) queues and
-   ``--messages`` (1,000,000) messages of ``--body-bytes`` (1 KiB) random bytes, sent by
-   ``--producers`` (4) threads in batches of 500 (not timed).
+   ``--messages`` (1,000,000) messages of ``--body-bytes`` (1 KiB) random bytes, each body
+   its own, sent by ``--producers`` (4) threads in batches of 500 (not timed).
 2. ``pull``: one client reads ``--pull-messages`` (200,000) of them, queue after queue
-   from one node, pages of 1,000, twice: as JSON with base64 bodies (``encoding=base64``,
-   decoded to bytes: ``orjson.loads`` and ``b64decode`` per body) and as Arrow
-   (``Accept: application/vnd.apache.arrow.stream``, decoded with
-   ``pyarrow.ipc.open_stream``). Messages/s, bytes on the wire per message, and the
-   broker's CPU time per message (from /proc) for each.
+   from one node, twice: as JSON with base64 bodies (``encoding=base64``, pages of 1,000,
+   the JSON limit, decoded to bytes: ``orjson.loads`` and ``b64decode`` per body) and as
+   Arrow (``Accept: application/vnd.apache.arrow.stream``, pages of 1,000 and of 10,000,
+   the Arrow limit, decoded with ``pyarrow.ipc.open_stream``). Messages/s, bytes on the
+   wire per message, and the broker's CPU time per message (from /proc) for each; the
+   second of two runs of each counts.
 3. ``spark``: a ``local[2]`` session runs ``sum(length(value))`` (every value is read)
    over the whole topic three ways: the ledgermq source with the Arrow pull (default),
    the same with ``pullFormat=json``, and ``spark.read.parquet`` over a Parquet copy of
@@ -65,11 +66,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy so far (all cores, /proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def produce(cluster: LocalBrokerCluster, args: argparse.Namespace) -> None:
     with Admin(cluster.brokers) as admin:
         admin.create_topic(TOPIC, args.queues)
-    rng = random.Random(1)
-    pool = [rng.randbytes(args.body_bytes) for _ in range(256)]
     per_thread = args.messages // args.producers
     bar = tqdm(total=per_thread * args.producers, desc="produce", unit="msg", file=sys.stderr)
     errors: list[BaseException] = []
@@ -80,7 +85,9 @@ def produce(cluster: LocalBrokerCluster, args: argparse.Namespace) -> None:
             with Producer(cluster.brokers, deadline_s=120) as p:
                 for start in range(0, per_thread, BATCH):
                     n = min(BATCH, per_thread - start)
-                    p.send(TOPIC, [pool[r.randrange(256)] for _ in range(n)])
+                    # Every body its own random bytes: Parquet would dictionary-encode a
+                    # small pool of repeated bodies and read far less than a gigabyte.
+                    p.send(TOPIC, [r.randbytes(args.body_bytes) for _ in range(n)])
                     bar.update(n)
         except BaseException as e:
             errors.append(e)
@@ -96,7 +103,7 @@ def produce(cluster: LocalBrokerCluster, args: argparse.Namespace) -> None:
     args.messages = per_thread * args.producers
 
 
-def pull_all(url: str, queues: int, per_queue: int, fmt: str) -> tuple[int, int]:
+def pull_all(url: str, queues: int, per_queue: int, fmt: str, page: int) -> tuple[int, int]:
     """(messages, bytes on the wire) of reading ``per_queue`` messages of every queue."""
     count = wire = 0
     headers = {"accept": ARROW} if fmt == "arrow" else {}
@@ -104,7 +111,7 @@ def pull_all(url: str, queues: int, per_queue: int, fmt: str) -> tuple[int, int]
         for q in range(queues):
             offset = 0
             while offset < per_queue:
-                n = min(1000, per_queue - offset)
+                n = min(page, per_queue - offset)
                 params: dict[str, Any] = {"offset": offset, "max_messages": n}
                 if fmt == "json":
                     params["encoding"] = "base64"
@@ -129,18 +136,20 @@ def bench_pull(cluster: LocalBrokerCluster, args: argparse.Namespace) -> dict[st
     url, pid = cluster.urls[node], cluster.procs[node].pid
     per_queue = args.pull_messages // args.queues
     out = {}
-    for fmt in ("json", "arrow", "json", "arrow"):  # each twice: the second run counts
+    runs = [("json", 1000), ("arrow", 1000), ("arrow", 10_000)]
+    for fmt, page in runs + runs:  # each twice: the second run counts
         cpu0, t0 = cpu_seconds(pid), time.perf_counter()
-        count, wire = pull_all(url, args.queues, per_queue, fmt)
+        count, wire = pull_all(url, args.queues, per_queue, fmt, page)
         seconds, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
-        out[fmt] = {
+        name = f"{fmt} page {page}"
+        out[name] = {
             "messages": count,
             "seconds": round(seconds, 3),
             "msgs_per_s": round(count / seconds),
             "wire_bytes_per_msg": round(wire / count, 1),
             "broker_cpu_us_per_msg": round(cpu / count * 1e6, 2),
         }
-        log(f"pull {fmt}: {out[fmt]}")
+        log(f"pull {name}: {out[name]}")
     return out
 
 
@@ -189,12 +198,17 @@ def bench_spark(
             "parquet": lambda: spark.read.parquet(str(parquet)),
         }
         out: dict[str, Any] = {}
+        brokers = [cluster.procs[n].pid for n in cluster.ids]
         for name, df in jobs.items():
-            times = []
+            times, busy, broker_cpu = [], [], []
             for run in range(args.repeats + 1):
+                b0, c0 = machine_busy_s(), sum(cpu_seconds(p) for p in brokers)
                 t0 = time.perf_counter()
                 rows, total = df().selectExpr("count(*)", "sum(length(value))").first()
                 seconds = time.perf_counter() - t0
+                if run:
+                    busy.append(round(machine_busy_s() - b0, 1))
+                    broker_cpu.append(round(sum(cpu_seconds(p) for p in brokers) - c0, 1))
                 if rows != args.messages or total != args.messages * args.body_bytes:
                     raise RuntimeError(f"{name}: {rows} rows, {total} bytes")
                 log(f"spark {name} run {run}: {seconds:.2f} s" + (" (warm-up)" if not run else ""))
@@ -204,6 +218,10 @@ def bench_spark(
             out[name] = {
                 "seconds": [round(t, 2) for t in times],
                 "rows_per_s": round(args.messages / median),
+                # The machine's busy CPU seconds during each run (all processes, ours and
+                # anyone else's) and the brokers' share: shows what the run competed with.
+                "machine_busy_cpu_s": busy,
+                "broker_cpu_s": broker_cpu,
             }
         for name in ("ledgermq arrow", "ledgermq json"):
             out[name]["vs_parquet"] = round(
@@ -250,12 +268,15 @@ def main() -> int:
     print(f"\n{args.messages:,} messages of {args.body_bytes} B in {args.queues} queues")
     for fmt, r in results.get("pull", {}).items():
         print(
-            f"pull {fmt:6} {r['msgs_per_s']:>10,} msg/s  {r['wire_bytes_per_msg']:>8} B/msg"
+            f"pull {fmt:17} {r['msgs_per_s']:>10,} msg/s  {r['wire_bytes_per_msg']:>8} B/msg"
             f" on the wire  {r['broker_cpu_us_per_msg']:>7} µs broker CPU/msg"
         )
     for name, r in results.get("spark", {}).items():
         ratio = f"  {r['vs_parquet']:.2f}x parquet" if "vs_parquet" in r else ""
-        print(f"spark {name:15} {r['rows_per_s']:>10,} rows/s  runs {r['seconds']} s{ratio}")
+        print(
+            f"spark {name:15} {r['rows_per_s']:>10,} rows/s  runs {r['seconds']} s"
+            f"  (machine busy {r['machine_busy_cpu_s']} cpu-s, brokers {r['broker_cpu_s']})" + ratio
+        )
     line = json.dumps(results)
     if args.json:
         args.json.write_text(line + "\n")
