@@ -16,6 +16,7 @@ Which node answers:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import queue
@@ -303,6 +304,18 @@ def _ahead(items: Iterator[T], depth: int) -> Iterator[T]:
 _POOL: dict[Connection, list[Puller]] = {}
 _POOL_LOCK = threading.Lock()
 POOLED_PULLERS_PER_CONNECTION = 4
+
+
+def close_pool() -> None:
+    """Close the pooled pullers' connections (at exit, or when a caller is done)."""
+    with _POOL_LOCK:
+        pullers = [p for free in _POOL.values() for p in free]
+        _POOL.clear()
+    for p in pullers:
+        p.close()
+
+
+atexit.register(close_pool)
 
 
 @contextlib.contextmanager

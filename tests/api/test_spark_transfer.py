@@ -86,6 +86,7 @@ def served(tmp_path: Path) -> Iterator[Served]:
     try:
         yield node
     finally:
+        transfer.close_pool()
         server[0].should_exit = True
         t.join(timeout=30)
         assert not t.is_alive(), "the served node did not stop"
