@@ -84,6 +84,9 @@ _EMPTY = pa.scalar("", pa.string())
 _TAGS = pa.scalar(PROP_TAGS, pa.string())
 _KEYS = pa.scalar(PROP_KEYS, pa.string())
 _NAME, _VALUE = pa.scalar(0, pa.int64()), pa.scalar(1, pa.int64())
+_SYSTEM_BYTES = tuple(sorted(name.encode() for name in SYSTEM_PROPERTIES))
+_NONE: Int64Array = np.zeros(0, dtype=np.int64)
+_KEYS_TYPE = SCHEMA.field("keys").type
 _MAX_CHUNK_BYTES = 2**31 - 1  # binary offsets are int32
 
 
@@ -155,41 +158,139 @@ def _one_per_row(values: pa.Array, parents: Int64Array, n: int) -> pa.Array:
     return values.take(pa.array(at, mask=at < 0))
 
 
-def _properties(raw: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
-    """(key, keys, tags, properties) from the PROPERTIES blobs ``name\\x01value\\x02...``."""
+@dataclass(frozen=True, slots=True)
+class _Pairs:
+    """The property pairs of a chunk's records that the schema shows: the producer's
+    own (as name and value strings with their row numbers), and the TAGS and KEYS
+    values (a row has at most one of each)."""
+
+    user_names: pa.Array
+    user_values: pa.Array
+    user_rows: Int64Array
+    tags: pa.Array
+    tags_rows: Int64Array
+    keys: pa.Array
+    keys_rows: Int64Array
+
+
+def _strings(pieces: pa.Array, at: Int64Array) -> pa.Array:
+    try:
+        return pieces.take(pa.array(at)).cast(pa.string())  # the cast checks UTF-8
+    except pa.ArrowInvalid as e:
+        raise PageFormatError(f"PROPERTIES: {e}") from None
+
+
+def _pairs_scan(raw: pa.Array, n: int) -> _Pairs | None:
+    """The pairs found by scanning the blobs' bytes with numpy: every ``\x02`` ends a
+    pair, and each pair holds exactly one ``\x01``. None when a blob is not in the
+    form ``encode_properties`` writes (each pair ended by ``\x02``, names not empty);
+    ``_pairs_kernels`` then decides, as ``decode_properties`` would."""
+    _, offsets_buf, data_buf = raw.buffers()
+    bounds = np.frombuffer(offsets_buf, np.int32)[raw.offset : raw.offset + n + 1]
+    bounds = bounds.astype(np.int64)
+    if data_buf is None or bounds[-1] == bounds[0]:
+        return _empty_pairs() if bounds[-1] == bounds[0] else None
+    data = np.frombuffer(data_buf, np.uint8)
+    lo = int(bounds[0])
+    blobs = data[lo : int(bounds[-1])]
+    ends = np.flatnonzero(blobs == 2) + lo  # each pair's \x02
+    seps = np.flatnonzero(blobs == 1) + lo  # each pair's \x01
+    filled = bounds[1:] > bounds[:-1]
+    if len(seps) != len(ends) or not (data[bounds[1:][filled] - 1] == 2).all():
+        return None
+    starts = np.empty_like(ends)
+    starts[0], starts[1:] = lo, ends[:-1] + 1
+    if not ((starts < seps) & (seps < ends)).all():
+        return None  # an empty name, or a pair with no or two separators
+    rows = np.searchsorted(bounds[1:], ends, side="right").astype(np.int64)
+    name_lens = seps - starts
+    system = np.zeros(len(ends), dtype=bool)
+    found: dict[str, Int64Array] = {}
+    for name in _SYSTEM_BYTES:
+        maybe = np.flatnonzero(name_lens == len(name))
+        if maybe.size:
+            window = data[starts[maybe][:, None] + np.arange(len(name))]
+            hit = maybe[(window == np.frombuffer(name, np.uint8)).all(axis=1)]
+            system[hit] = True
+            found[name.decode()] = hit
+    # One binary array over the blobs, cut as name | \x01 | value | \x02 per pair.
+    cuts = np.empty(4 * len(ends) + 1, dtype=np.int32)
+    cuts[0:-1:4], cuts[1::4], cuts[2::4], cuts[3::4] = starts, seps, seps + 1, ends
+    cuts[-1] = ends[-1] + 1
+    pieces = pa.Array.from_buffers(pa.binary(), 4 * len(ends), [None, pa.py_buffer(cuts), data_buf])
+    user = np.flatnonzero(~system)
+    tags = found.get(PROP_TAGS, _NONE)
+    keys = found.get(PROP_KEYS, _NONE)
+    return _Pairs(
+        _strings(pieces, 4 * user),
+        _strings(pieces, 4 * user + 2),
+        rows[user],
+        _strings(pieces, 4 * tags + 2),
+        rows[tags],
+        _strings(pieces, 4 * keys + 2),
+        rows[keys],
+    )
+
+
+def _empty_pairs() -> _Pairs:
+    none = pa.array([], pa.string())
+    return _Pairs(none, none, _NONE, none, _NONE, none, _NONE)
+
+
+def _pairs_kernels(raw: pa.Array, n: int) -> _Pairs:
+    """The pairs found with Arrow's string kernels: split on ``\x02`` (the last one
+    optional, as in ``decode_properties``), then once on ``\x01``."""
     try:
         text = raw.cast(pa.string())  # checks UTF-8
         items = pc.split_pattern(text, pattern="\x02")
         flat = pc.list_flatten(items)
-        parents = pc.list_parent_indices(items).to_numpy().astype(np.int64)
+        rows = pc.list_parent_indices(items).to_numpy().astype(np.int64)
         present = pc.not_equal(flat, _EMPTY)  # the piece after the final separator
-        flat, parents = flat.filter(present), parents[present.to_numpy(zero_copy_only=False)]
+        flat, rows = flat.filter(present), rows[present.to_numpy(zero_copy_only=False)]
         pairs = pc.split_pattern(flat, pattern="\x01", max_splits=1)
         names = pc.list_element(pairs, _NAME)
         values = pc.list_element(pairs, _VALUE)
     except (pa.ArrowInvalid, pa.ArrowIndexError) as e:
         raise PageFormatError(f"PROPERTIES: {e}") from None
-    system = pc.is_in(names, value_set=_SYSTEM_NAMES).to_numpy(zero_copy_only=False)
-    user = ~system
-    properties = pa.MapArray.from_arrays(
-        _offsets(parents[user], n),
+    if pc.any(pc.equal(names, _EMPTY)).as_py():
+        raise PageFormatError("PROPERTIES: empty property name")
+    if pc.any(pc.match_substring(values, "\x01")).as_py():
+        raise PageFormatError("PROPERTIES: a pair with more than one \\x01")
+    user = ~pc.is_in(names, value_set=_SYSTEM_NAMES).to_numpy(zero_copy_only=False)
+    is_tags = pc.equal(names, _TAGS).to_numpy(zero_copy_only=False)
+    is_keys = pc.equal(names, _KEYS).to_numpy(zero_copy_only=False)
+    return _Pairs(
         names.filter(pa.array(user)),
         values.filter(pa.array(user)),
-        type=SCHEMA.field("properties").type,
+        rows[user],
+        values.filter(pa.array(is_tags)),
+        rows[is_tags],
+        values.filter(pa.array(is_keys)),
+        rows[is_keys],
     )
-    is_tags = pc.equal(names, _TAGS).to_numpy(zero_copy_only=False)
-    tags = _one_per_row(values.filter(pa.array(is_tags)), parents[is_tags], n)
-    is_keys = pc.equal(names, _KEYS).to_numpy(zero_copy_only=False)
-    keys_text = _one_per_row(values.filter(pa.array(is_keys)), parents[is_keys], n)
-    split = pc.split_pattern(keys_text, pattern=" ")
+
+
+def _properties(raw: pa.Array, n: int) -> tuple[pa.Array, pa.Array, pa.Array, pa.Array]:
+    """(key, keys, tags, properties) from the PROPERTIES blobs ``name\x01value\x02...``."""
+    p = _pairs_scan(raw, n) or _pairs_kernels(raw, n)
+    properties = pa.MapArray.from_arrays(
+        _offsets(p.user_rows, n), p.user_names, p.user_values, type=SCHEMA.field("properties").type
+    )
+    tags = _one_per_row(p.tags, p.tags_rows, n)
+    if len(p.keys) == 0:
+        no_keys = pa.ListArray.from_arrays(
+            pa.array(np.zeros(n + 1, np.int32)), pa.array([], pa.string()), type=_KEYS_TYPE
+        )
+        return pa.nulls(n, pa.string()), no_keys, tags, properties
+    split = pc.split_pattern(p.keys, pattern=" ")
     key_items = pc.list_flatten(split)
-    key_parents = pc.list_parent_indices(split).to_numpy().astype(np.int64)
+    key_rows = p.keys_rows[pc.list_parent_indices(split).to_numpy().astype(np.int64)]
     real = pc.not_equal(key_items, _EMPTY).to_numpy(zero_copy_only=False)  # "a  b": a gap
-    key_items, key_parents = key_items.filter(pa.array(real)), key_parents[real]
-    keys = pa.ListArray.from_arrays(
-        _offsets(key_parents, n), key_items, type=SCHEMA.field("keys").type
-    )
-    first_rows, first_at = np.unique(key_parents, return_index=True)
+    key_items, key_rows = key_items.filter(pa.array(real)), key_rows[real]
+    order = np.argsort(key_rows, kind="stable")  # rows of KEYS pairs may come in any order
+    key_items, key_rows = key_items.take(pa.array(order)), key_rows[order]
+    keys = pa.ListArray.from_arrays(_offsets(key_rows, n), key_items, type=_KEYS_TYPE)
+    first_rows, first_at = np.unique(key_rows, return_index=True)
     key = _one_per_row(key_items.take(pa.array(first_at)), first_rows.astype(np.int64), n)
     return key, keys, tags, properties
 

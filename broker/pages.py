@@ -76,12 +76,27 @@ class RawPage:
                 try:
                     out.append(encode_chunk(RecordChunk(data, units, start)))
                 except Exception as e:
-                    # Raised after the view's release: the traceback's frames hold
-                    # buffers made from the view, which would make the release fail.
-                    error = e.with_traceback(None)
+                    # Raised after the view's release: the traceback's frames (and those
+                    # of the errors it chains to) hold buffers made from the view, which
+                    # would make the release fail.
+                    error = _without_tracebacks(e)
             if error is not None:
                 raise error
         return out
+
+
+def _without_tracebacks(error: Exception) -> Exception:
+    """``error`` and the errors it chains to, with their tracebacks dropped."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [error]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        e.__traceback__ = None
+        todo += [e.__cause__, e.__context__]
+    return error
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,6 +196,37 @@ def test_keys_with_empty_pieces_and_no_properties() -> None:
     assert [r["value"] for r in rows] == [b"", b"v"]
 
 
+def records_log(*records: bytearray) -> tuple[bytes, bytes]:
+    log, units = bytearray(), []
+    for rec in records:
+        log += bytes(ENTRY_HEADER)
+        set_physical_offset(rec, len(log))
+        units.append(UNIT.pack(len(log), len(rec), 0))
+        log += rec
+    return bytes(log), b"".join(units)
+
+
+def test_property_blocks_not_in_the_writers_form_are_read_as_the_json_pull_reads_them() -> None:
+    """A block whose last pair lacks its ``\\x02`` (RocketMQ allows it) is not for the
+    numpy scan; Arrow's kernels read it, as ``decode_properties`` does."""
+    odd = encode_message(
+        topic="orders", body=b"x", properties=b"TAGS\x01T\x02u\x01v", born_timestamp=5
+    )
+    plain = encode_message(topic="orders", body=b"y", properties={"a": "b"}, born_timestamp=6)
+    log, units = records_log(odd, plain)
+    rows = arrow_rows(page_of(log, units))
+    assert [(r["tags"], r["properties"]) for r in rows] == [
+        ("T", [("u", "v")]),
+        (None, [("a", "b")]),
+    ]
+    for bad in (b"\x01v\x02", b"a\x01b\x01c\x02", b"a\x02"):
+        log, units = records_log(
+            encode_message(topic="orders", body=b"x", properties=bad, born_timestamp=5)
+        )
+        with pytest.raises(PageFormatError, match="PROPERTIES"):
+            encode_page(page_of(log, units), topic="orders", group=GROUP)
+
+
 def test_an_empty_page_is_a_stream_with_the_schema_alone() -> None:
     batches, body_bytes = encode_page(RawPage(b""), topic="orders", group=GROUP)
     assert (batches, body_bytes) == ([], 0)

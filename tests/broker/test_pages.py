@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -52,9 +53,15 @@ def test_an_encoder_error_is_raised_after_the_view_is_released() -> None:
     log = bytes(1000)
     units = units_of([(48, 100)])
 
+    def check(n: int) -> None:
+        raise KeyError(n)
+
     def bad(chunk: RecordChunk) -> None:
-        kept = memoryview(chunk.data)  # noqa: F841 - alive in this frame when it raises
-        raise ValueError("bad record")
+        kept = pickle.PickleBuffer(chunk.data)  # noqa: F841 - alive in this frame
+        try:
+            check(1)
+        except KeyError:
+            raise ValueError("bad record") from None  # chained: two tracebacks
 
     with views_of(log, []) as view, pytest.raises(ValueError, match="bad record"):
         RawPage(units, view, segment_bytes=4096).encode(bad)
