@@ -18,8 +18,8 @@ settle, as long as this master's term lasts (see ``_join_inflight``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -128,6 +128,14 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _error_text(e: BaseException | None) -> str | None:
+    if e is None:
+        return None
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror} ({e.filename})" if e.filename else e.strerror
+    return str(e) or type(e).__name__
+
+
 @dataclass(slots=True)
 class _InflightBatch:
     """A session batch this master appended (or is appending) in ``term``."""
@@ -160,6 +168,8 @@ class Broker:
         # (bounded by max_producer_sessions: beyond, produce is refused as busy).
         self._inflight_sessions: dict[tuple[str, int], _InflightBatch] = {}
         self._store_host = ("127.0.0.1", 0)
+        self._disk_checked_at = -1e18
+        self._disk_free_bytes = 1 << 62
         self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0}
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -191,19 +201,31 @@ class Broker:
         await asyncio.to_thread(self.dispatcher.recover)
         self._recovered.set()
         self.dispatcher.offer_snapshot()
-        self._tasks.append(
-            asyncio.create_task(
-                self.dispatcher.run(self.server.wait_committed), name="broker-dispatch"
-            )
+        task = asyncio.create_task(
+            self.dispatcher.run(self.server.wait_committed), name="broker-dispatch"
         )
+        # The dispatcher ends only on a broken invariant: without it nothing committed
+        # becomes readable, so the node must fail loudly, not go on half alive.
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        e = task.exception() or RuntimeError("returned")
+        self.server.fail(f"task {task.get_name()} ended", e)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the node stopped working (it is exiting), or None."""
+        return self.server.failed
 
     async def stop(self) -> None:
         await self.role_handler.close()
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        # A task that died already was reported (it failed the node); stop goes on.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         if self.dispatcher is not None:
             await self.dispatcher.close()
@@ -262,6 +284,7 @@ class Broker:
 
     def _require_master(self) -> None:
         if self.role is BrokerRole.MASTER:
+            self._require_writable()
             return
         core = self.server.core
         leader = core.ms.leader_id if core is not None else None
@@ -274,6 +297,38 @@ class Broker:
             leader_addr=self.settings.peer_map.get(leader),
             leader_url=self.settings.peer_urls.get(leader),
         )
+
+    def _require_writable(self) -> None:
+        """Refuse a write the node could not make readable: while dispatch is stalled on
+        a disk error nothing new reaches the consume queues (it resumes by itself)."""
+        if self.server.failed is not None:
+            raise errors.NodeFailedError(f"node failed: {self.server.failed!r}")
+        free = self._disk_free()
+        if free < self.settings.disk_reserve:
+            raise errors.DiskFullError(
+                f"writes refused: {free >> 20} MiB free in {self.settings.data_dir}, under the"
+                f" reserve of {self.settings.disk_reserve >> 20} MiB kept for the consume"
+                " queues and the key index; reads go on, writes resume when space returns",
+                retry_after_ms=1000,
+            )
+        stall = self.dispatcher.stall if self.dispatcher is not None else None
+        if stall is not None:
+            raise errors.DiskFullError(
+                f"writes refused: dispatch is stalled on a disk error ({stall.strerror or stall});"
+                " reads go on, writes resume when it moves again",
+                retry_after_ms=1000,
+            )
+
+    def _disk_free(self) -> int:
+        """Free bytes where the data lives, looked up at most once per interval."""
+        now = time.monotonic()
+        if now - self._disk_checked_at >= self.settings.disk_check_interval_ms / 1000:
+            self._disk_checked_at = now
+            try:
+                self._disk_free_bytes = shutil.disk_usage(self.settings.data_dir).free
+            except OSError as e:  # the directory went away: say so, refuse nothing more
+                log.warning("cannot read the free space of %s: %s", self.settings.data_dir, e)
+        return self._disk_free_bytes
 
     # ---- appends -----------------------------------------------------------------------
 
@@ -290,7 +345,9 @@ class Broker:
                 return err
         if e.code is DLedgerCode.LEADER_PENDING_FULL:
             return errors.BusyError("too many appends waiting for a quorum", retry_after_ms=100)
-        if e.code in (DLedgerCode.DISK_FULL, DLedgerCode.UNEXPECTED_ARGUMENT):
+        if e.code is DLedgerCode.DISK_FULL:
+            return errors.DiskFullError(e.message, retry_after_ms=1000)
+        if e.code in (DLedgerCode.DISK_ERROR, DLedgerCode.UNEXPECTED_ARGUMENT):
             return errors.StorageError(e.message)
         return errors.NoMasterError(f"append refused: {e.code.name}", retry_after_ms=200)
 
@@ -954,6 +1011,11 @@ class Broker:
             "snapshots_installed": self.server.stats.get("snapshot_installs", 0),
             "peers": st.get("peers", {}),
             "stats": {**self.stats, **(self.dispatcher.stats if self.dispatcher else {})},
+            # Why dispatch cannot move (a disk error it retries) and why the node stopped
+            # working (it exits); None while all is well.
+            "dispatch_stall": _error_text(self.dispatcher.stall if self.dispatcher else None),
+            "failed": _error_text(self.server.failed),
+            "refused": st.get("refused", {}),
         }
 
     @property

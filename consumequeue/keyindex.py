@@ -93,6 +93,11 @@ class KeyIndexSettings:
     """Keys of one message beyond this are not indexed (a warning is logged): dispatch of
     a committed message must not fail, and the producer side should refuse such keys."""
 
+    @property
+    def file_bytes(self) -> int:
+        """The size of one index file (allocated in full when it is created)."""
+        return _IndexFile.size_for(self.slots_per_file, self.max_entries_per_file)
+
     def __post_init__(self) -> None:
         for name in ("slots_per_file", "max_query_results", "max_keys_per_message"):
             if getattr(self, name) < 1:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..codes import DLedgerCode
 from .messages import (
+    MAX_TERM,
     HeartBeatRequest,
     HeartBeatResponse,
     ParseResult,
@@ -188,6 +189,12 @@ class LeaderElector:
         if now_ms < self.next_time_to_request_vote_ms and not self.need_increase_term_immediately:
             return
         ms = self.ms
+        if ms.curr_term >= MAX_TERM and ms.known_max_term <= ms.curr_term:
+            # No term left to move to (see MAX_TERM; unreachable but by forgery).
+            self.node.log_event("term_space_exhausted", term=ms.curr_term)
+            self.need_increase_term_immediately = False
+            self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
+            return
         if self.last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT or (
             self.need_increase_term_immediately
         ):

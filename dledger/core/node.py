@@ -37,6 +37,7 @@ from ..store.entry import MAGIC_NOOP
 from .elector import LeaderElector
 from .member_state import HardState, MemberState
 from .messages import (
+    MAX_TERM,
     HeartBeatRequest,
     HeartBeatResponse,
     InstallSnapshotRequest,
@@ -235,8 +236,22 @@ class DLedgerCore:
         """Take one message from a peer. Requests are answered into ``ready().messages``."""
         self.now_ms = now_ms
         ms = self.ms
-        if msg.group != ms.group or msg.remote_id != ms.self_id or msg.local_id not in ms.peers:
+        if (
+            msg.group != ms.group
+            or msg.remote_id != ms.self_id
+            or msg.local_id not in ms.peers
+            or msg.local_id == ms.self_id
+        ):
             self.log_event("dropped", kind=type(msg).__name__, sender=msg.local_id)
+            return
+        if msg.term > ms.curr_term + self.settings.max_term_jump or msg.term > MAX_TERM:
+            self.log_event(
+                "term_jump_refused",
+                kind=type(msg).__name__,
+                sender=msg.local_id,
+                term=msg.term,
+                ours=ms.curr_term,
+            )
             return
         if isinstance(msg, VoteRequest):
             self.send(self.elector.on_vote_request(msg, now_ms))

@@ -107,6 +107,7 @@ class EntryDispatcher:
         self.quota_bytes = 0
         self.snapshot_wait: tuple[str, int] | None = None  # why we cannot send (logged once)
         self.snapshots_sent = 0
+        self.peer_storage_refused = False  # its last append failed for its disk
 
     def change_state(self, target: DispatcherState) -> None:
         if target is DispatcherState.COMPARE:  # from any state: the CV-36 fix
@@ -326,6 +327,9 @@ class EntryDispatcher:
         if p is None or p.req_id != resp.req_id:
             return  # answer to a batch we already gave up on
         if resp.code is DLedgerCode.SUCCESS:
+            if self.peer_storage_refused:
+                self.peer_storage_refused = False
+                self.node.log_event("peer_storage_recovered", peer=self.peer_id)
             del self.pending[resp.index]
             last = p.first_index + p.count - 1
             if last > self.match_index:
@@ -336,6 +340,14 @@ class EntryDispatcher:
                 del self.pending[first]
         elif resp.code is DLedgerCode.INCONSISTENT_STATE:
             self.change_state(DispatcherState.COMPARE)
+        elif resp.code in (DLedgerCode.DISK_FULL, DLedgerCode.DISK_ERROR):
+            # The follower wrote nothing (its store is all-or-nothing): pause, then
+            # COMPARE finds where it stands. Logged once per streak, not once a second.
+            if not self.peer_storage_refused:
+                self.node.log_event("peer_storage_refused", peer=self.peer_id, code=resp.code.name)
+            self.peer_storage_refused = True
+            self.change_state(DispatcherState.COMPARE)
+            self.backoff_until_ms = now_ms + self.node.settings.storage_error_backoff_ms
         # any other code: wait for the push timeout and resend (RP-22)
 
     # ---- INSTALL_SNAPSHOT (RP-42, Raft §7) -------------------------------------------------
@@ -660,8 +672,16 @@ class EntryHandler:
         try:
             metas = self.node.store.append_as_follower(req.entries)
         except DLedgerError as e:
-            self.node.log_event("append_refused", first=req.first_index, code=e.code.name)
-            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+            storage = e.code in (DLedgerCode.DISK_FULL, DLedgerCode.DISK_ERROR)
+            self.node.log_event(
+                "append_storage_error" if storage else "append_refused",
+                first=req.first_index,
+                code=e.code.name,
+                reason=e.message,
+            )
+            # A disk problem is said as such (the leader backs off); anything else means
+            # the leader's view of this log is wrong, so it compares again.
+            self.respond(req, e.code if storage else DLedgerCode.INCONSISTENT_STATE)
             return
         self.node.wrote_entries()
         if len(metas) != req.count:

@@ -14,13 +14,22 @@
   it before reading a single frame byte, so nothing an unauthenticated process sends
   reaches the decoder or the core. Without a secret there is no handshake and the bytes
   on the wire are exactly what they were before the option existed.
+- A peer frame (vote, heartbeat, push, snapshot, transfer) is taken only from a member:
+  of our group, addressed to us, from a configured peer other than ourselves, and every
+  frame of one connection from the same peer, whose first one came from an address of
+  that peer's configured host (``check_peer_address``; loopback counts for loopback).
+  Anything else closes the connection before the frame reaches the core. Without a
+  peer secret this stops strangers who do not forge a member's identity and address;
+  the secret stops the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -61,6 +70,12 @@ class TransportSettings:
     # socket and a read buffer until its timeout, so a flood must not hold unbounded
     # memory; peers retry with backoff.
     max_handshakes_in_flight: int = 128
+    # A member's frames must come from an address its configured host resolves to (or
+    # any loopback address when it is loopback). Off for networks that rewrite source
+    # addresses (NAT between members); the peer secret is the real authentication.
+    check_peer_address: bool = True
+    # How long a resolved member host is trusted before it is looked up again.
+    peer_address_ttl_ms: int = 30_000
 
     def __post_init__(self) -> None:
         if self.peer_secret is not None and not self.peer_secret:
@@ -279,6 +294,19 @@ PeerHandler = Callable[[WireMessage], None]
 ClientHandler = Callable[[WireMessage], Awaitable[WireMessage | None]]
 
 
+_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _ip(text: str) -> _IPAddress | None:
+    try:
+        a = ipaddress.ip_address(text.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        return a.ipv4_mapped
+    return a
+
+
 class Transport:
     """Listens on the node's address; owns one ``PeerLink`` per other peer."""
 
@@ -287,6 +315,7 @@ class Transport:
         self_id: str,
         peers: dict[str, str],
         *,
+        group: str | None = None,
         on_peer_message: PeerHandler,
         on_client_request: ClientHandler,
         is_peer_message: Callable[[WireMessage], bool],
@@ -294,6 +323,8 @@ class Transport:
         listen: str | None = None,
     ) -> None:
         self.self_id = self_id
+        self.group = group  # None: frames of any group reach the core (which checks)
+        self.peers = dict(peers)
         self.settings = settings or TransportSettings()
         self.listen = listen or peers[self_id]
         self.links = {
@@ -305,6 +336,8 @@ class Transport:
         self._server: asyncio.Server | None = None
         self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
         self.bad_frames = 0
+        self.stranger_frames = 0  # peer frames refused: not from a member (see module doc)
+        self._resolved: dict[str, tuple[float, frozenset[_IPAddress]]] = {}
         self.auth_failures = 0  # inbound connections refused by the handshake
         self._handshakes = 0  # inbound connections in the handshake now
         self._auth_logged_at = -AUTH_LOG_INTERVAL_S
@@ -350,6 +383,7 @@ class Transport:
             ):
                 return
             decoder = FrameDecoder(self.settings.max_frame_bytes)
+            member: str | None = None  # the peer this connection speaks for, once known
             while True:
                 data = await reader.read(READ_CHUNK)
                 if not data:
@@ -362,6 +396,12 @@ class Transport:
                     return
                 for m in msgs:
                     if self._is_peer(m):
+                        why = await self._stranger(m, member, peer)
+                        if why is not None:
+                            self.stranger_frames += 1
+                            self._refused(peer, why, counted=True)
+                            return
+                        member = m.local_id
                         self._on_peer(m)
                     elif len(pending) >= self.settings.max_client_requests_per_connection:
                         log.warning("client %s exceeds its in-flight limit; closing", peer)
@@ -402,14 +442,71 @@ class Transport:
             self._handshakes -= 1
         return True
 
-    def _refused(self, peer: object, reason: str) -> None:
-        """Count a refused connection; log it, at most one line a second (a scanner or a
-        misconfigured peer retrying must not flood the log), with what was not logged."""
-        self.auth_failures += 1
+    async def _stranger(self, m: WireMessage, member: str | None, peer: object) -> str | None:
+        """Why peer frame ``m`` on a connection bound to ``member`` (None: its first)
+        does not come from a member of this group (see the module docstring); None when
+        it does."""
+        if self.group is not None and m.group != self.group:
+            return f"a {type(m).__name__} of group {m.group!r}, not {self.group!r}"
+        if m.local_id not in self.peers or m.local_id == self.self_id:
+            return f"a {type(m).__name__} from {m.local_id!r}, not a member"
+        if m.remote_id != self.self_id:
+            return f"a {type(m).__name__} addressed to {m.remote_id!r}, not {self.self_id!r}"
+        if member is not None:
+            if m.local_id != member:
+                return f"a {type(m).__name__} as {m.local_id!r} on the connection of {member!r}"
+            return None
+        if self.settings.check_peer_address and not await self._from_host_of(m.local_id, peer):
+            return (
+                f"a {type(m).__name__} as {m.local_id!r} from {_address(peer)}, not an"
+                f" address of {self.peers[m.local_id]}"
+            )
+        return None
+
+    async def _from_host_of(self, member: str, peer: object) -> bool:
+        """Does the connection's source address belong to ``member``'s configured host?"""
+        src = _ip(str(peer[0])) if isinstance(peer, tuple) and peer else None
+        if src is None:
+            return False  # a unix socket or an unknown family: not a configured member
+        host, _ = parse_address(self.peers[member])
+        addrs = await self._addresses_of(member, host, fresh=False)
+        if src not in addrs and not (src.is_loopback and any(a.is_loopback for a in addrs)):
+            # The host may have moved (a container restarted with a new address).
+            addrs = await self._addresses_of(member, host, fresh=True)
+        return src in addrs or (src.is_loopback and any(a.is_loopback for a in addrs))
+
+    async def _addresses_of(self, member: str, host: str, *, fresh: bool) -> frozenset[_IPAddress]:
+        literal = _ip(host)
+        if literal is not None:
+            return frozenset({literal})
         now = time.monotonic()
+        cached = self._resolved.get(member)
+        ttl_s = self.settings.peer_address_ttl_ms / 1000
+        if cached is not None and now - cached[0] < (1.0 if fresh else ttl_s):
+            return cached[1]
+        try:
+            async with asyncio.timeout(2.0):
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, None, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError) as e:
+            log.warning("cannot resolve %s (member %s): %s", host, member, e)
+            return cached[1] if cached is not None else frozenset()
+        addrs = frozenset(a for info in infos if (a := _ip(str(info[4][0]))) is not None)
+        self._resolved[member] = (now, addrs)
+        return addrs
+
+    def _refused(self, peer: object, reason: str, *, counted: bool = False) -> None:
+        """Count a refused connection (unless ``counted``); log it, at most one line a
+        second (a scanner or a misconfigured peer retrying must not flood the log), with
+        what was not logged."""
+        if not counted:
+            self.auth_failures += 1
+        now = time.monotonic()
+        refusals = self.auth_failures + self.stranger_frames
         if now - self._auth_logged_at < AUTH_LOG_INTERVAL_S:
             return
-        unlogged = self.auth_failures - self._auth_failures_logged - 1
+        unlogged = refusals - self._auth_failures_logged - 1
         log.warning(
             "refused Raft connection from %s: %s%s",
             _address(peer),
@@ -417,7 +514,7 @@ class Transport:
             f" (and {unlogged} more since the last report)" if unlogged else "",
         )
         self._auth_logged_at = now
-        self._auth_failures_logged = self.auth_failures
+        self._auth_failures_logged = refusals
 
     async def _answer(self, m: WireMessage, writer: asyncio.StreamWriter) -> None:
         try:

@@ -20,6 +20,7 @@ Threads: callers serialise through ``self._lock`` (one writer, as DLedger's
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -30,12 +31,14 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from ..codes import DLedgerCode
 from .base import (
     AppendHook,
     StoreCorruptionError,
     StoreError,
+    StoreFailedError,
     StoreSettings,
     check_leader_bodies,
     place_entry,
@@ -137,6 +140,7 @@ class FileStore:
         self._disk_ratio = 0.0
         self._disk_checked_at = -1e18
         self._closed = False
+        self._failed: StoreFailedError | None = None
 
         self.recovery_stats: dict[str, float] = {}
         try:
@@ -318,10 +322,32 @@ class FileStore:
         units: bytes | bytearray,
         end_chain: int,
     ) -> None:
-        """Write pre-placed runs of entries and their index units; update ledger end."""
-        for pos, data in runs:
-            self._data_write(pos, data)
-        self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
+        """Write pre-placed runs of entries and their index units; update ledger end.
+
+        All or nothing: a write that fails part-way (``ENOSPC`` when blocks are
+        reserved, ``EIO`` anywhere) is undone (segments created since deleted, bytes
+        after the old end zeroed) and raises ``StoreError`` with the ledger end as it
+        was, so no orphan bytes shift the next entry's pos and recovery adopts nothing.
+        If the undo fails too, the store fails (``StoreFailedError``)."""
+        data_end, data_files = self._data.end, len(self._data.files)
+        index_end, index_files = self._index.end, len(self._index.files)
+        try:
+            for pos, data in runs:
+                self._data_write(pos, data)
+            self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
+        except OSError as e:
+            try:
+                self._data.undo_append(data_end, data_files)
+                self._index.undo_append(index_end, index_files)
+            except OSError as again:
+                # Part of the batch may now be in the log: the outcome is unknown.
+                self._fail(f"undoing a failed write at pos {data_end} ({e})", again)
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise StoreError(
+                DLedgerCode.DISK_FULL if full else DLedgerCode.DISK_ERROR,
+                f"writing entries {metas[0].index}..{metas[-1].index} at pos {data_end} failed"
+                f" ({e.strerror or e}); nothing was written",
+            ) from e
         self._end_index = metas[-1].index
         self._end_term = metas[-1].term
         self._end_chain = end_chain
@@ -606,17 +632,25 @@ class FileStore:
         replication path are not blocked). The index is synced by the background thread;
         recovery rebuilds any index units past the checkpoint from the data."""
         with self._lock:
+            self._check_open()
             todo = self._data.unflushed()
-        self._data.sync(todo)
+        try:
+            self._data.sync(todo)
+        except OSError as e:
+            self._fail("fsync of the data segments", e)
 
     def _sync_now(self) -> None:
         with self._lock:
+            self._check_open()
             todo_d = self._data.unflushed()
             todo_i = self._index.unflushed()
             end_index = self._end_index
             generation = self._generation
-        self._data.sync(todo_d)
-        self._index.sync(todo_i)
+        try:
+            self._data.sync(todo_d)
+            self._index.sync(todo_i)
+        except OSError as e:
+            self._fail("fsync of the log", e)
         with self._lock:
             if self._generation == generation:
                 self._durable_index = max(self._durable_index, end_index)
@@ -632,7 +666,7 @@ class FileStore:
 
     def _write_checkpoint(self) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self._failed is not None:
                 return
             committed = min(self._committed_index, self._durable_index)
             committed_pos = self._committed_pos
@@ -656,7 +690,10 @@ class FileStore:
         s = self.settings
         tick = s.flush_interval_ms / 1000
         last_cp = last_clean = time.monotonic()
+        errors_logged_at, unlogged = -1e18, 0
         while not self._stop.wait(tick):
+            if self._failed is not None:
+                return  # crash-only: the node stops; nothing here can make it good
             try:
                 # Async mode: this is the flush. Sync mode: the data is synced already;
                 # this syncs the index and lets the checkpoint move.
@@ -672,8 +709,19 @@ class FileStore:
                 if now - last_clean >= s.clean_interval_ms / 1000:
                     self.clean()
                     last_clean = now
-            except Exception:  # keep flushing; the error is logged and retried next tick
-                log.exception("background flush of %s failed", self.dir)
+            except StoreFailedError:
+                return  # logged once where it happened
+            except Exception:  # keep flushing; logged (at most every 10 s) and retried
+                now = time.monotonic()
+                if now - errors_logged_at >= 10.0:
+                    log.exception(
+                        "background flush of %s failed%s",
+                        self.dir,
+                        f" ({unlogged} more failures since the last report)" if unlogged else "",
+                    )
+                    errors_logged_at, unlogged = now, 0
+                else:
+                    unlogged += 1
 
     # ---- retention ---------------------------------------------------------------------
 
@@ -958,17 +1006,42 @@ class FileStore:
     # ---- lifecycle ---------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        if self._failed is not None:
+            raise self._failed
         if self._closed:
             raise StoreError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"store {self.dir} is closed")
+
+    @property
+    def failed(self) -> StoreFailedError | None:
+        """Why the store stopped vouching for its files (``StoreFailedError``), if it did."""
+        return self._failed
+
+    def _fail(self, what: str, e: OSError) -> NoReturn:
+        """Crash-only: remember the failure, so every later call raises it, and raise it."""
+        if self._failed is None:
+            self._failed = StoreFailedError(
+                f"store {self.dir}: {what} failed: {e.strerror or e}; restart the node"
+                " (recovery re-verifies the log from the last durable checkpoint)"
+            )
+            log.critical("%s", self._failed)
+        raise self._failed from e
 
     def close(self) -> None:
         """Stop the flusher, sync everything, write the checkpoint, unmap the files."""
         if self._closed:
             return
+        if self._failed is not None:
+            self.abandon()  # nothing synced now could be trusted
+            return
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
-        self.flush()
+        self._sync_now()
+        try:
+            self._write_checkpoint()
+        except OSError as e:  # a full disk: the older checkpoint stays valid (recovery
+            # scans further from it), so the close goes on
+            log.warning("closing %s without a new checkpoint: %s", self.dir, e)
         with self._lock:
             self._closed = True
             self._data.close()

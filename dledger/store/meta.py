@@ -23,17 +23,22 @@ class MetaFileError(ValueError):
 
 
 def write_atomic(path: Path, content: str | bytes) -> None:
-    """Replace ``path`` atomically and durably: temp file, fsync, rename, directory fsync."""
+    """Replace ``path`` atomically and durably: temp file, fsync, rename, directory fsync.
+    On failure (a full disk, say) ``path`` is as it was and no temp file is left."""
     tmp = path.with_name(path.name + ".tmp")
     data = content.encode() if isinstance(content, str) else content
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)
     dfd = os.open(path.parent, os.O_RDONLY)
     try:
