@@ -34,7 +34,7 @@ from dledger.runtime.server import DLedgerServer, NotLeaderError
 from dledger.runtime.server import UnknownOutcomeError as RaftUnknownOutcome
 from dledger.store import FileStore
 
-from . import errors
+from . import errors, sessions
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .dispatcher import Dispatcher
 from .message import (
@@ -66,6 +66,7 @@ from .metadata import (
     op_create_topic,
     op_delete_topic,
 )
+from .promotion import own_term_committed, queue_table_from
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
 
@@ -136,15 +137,6 @@ def _error_text(e: BaseException | None) -> str | None:
     return str(e) or type(e).__name__
 
 
-@dataclass(slots=True)
-class _InflightBatch:
-    """A session batch this master appended (or is appending) in ``term``."""
-
-    term: int
-    answer: asyncio.Future[list[ProduceResult]]  # the attempt's own answer
-    settle_index: int = -1  # once it ended: its entries are at or below this index
-
-
 class Broker:
     def __init__(self, settings: BrokerSettings) -> None:
         self.settings = settings
@@ -158,15 +150,15 @@ class Broker:
         self.dispatcher: Dispatcher = None  # type: ignore[assignment]  # set in start()
         self.role = BrokerRole.SLAVE
         self.role_term = -1
-        self.role_handler = RoleChangeHandler(self)
+        self.role_handler = RoleChangeHandler(self, settings.master_catch_up_timeout_ms)
         self.server.add_role_change_handler(self.role_handler)
         self.server.set_snapshot_installer(self._install_snapshot)
         self._recovered = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        # (producer id, sequence) → the attempt at it on this master; kept after the attempt
-        # ended until its entries are committed and dispatched or the term is over
-        # (bounded by max_producer_sessions: beyond, produce is refused as busy).
-        self._inflight_sessions: dict[tuple[str, int], _InflightBatch] = {}
+        # This master's attempts at session batches (the rule: broker/sessions.py), and
+        # the answer each running one will give to the requests that join it.
+        self.sessions = sessions.ProducerSessions(settings.max_producer_sessions)
+        self._attempt_answers: dict[sessions.Attempt, asyncio.Future[list[sessions.Result]]] = {}
         self._store_host = ("127.0.0.1", 0)
         self._disk_checked_at = -1e18
         self._disk_free_bytes = 1 << 62
@@ -281,6 +273,34 @@ class Broker:
                 why,
             )
         self.role, self.role_term = role, term
+
+    # RoleHost (broker/role.py): what the promotion to MASTER reads and waits for.
+
+    def leading(self, term: int) -> bool:
+        core = self.server.core
+        return core is not None and core.ms.role is Role.LEADER and core.ms.curr_term == term
+
+    def own_term_committed(self, term: int) -> bool:
+        return own_term_committed(self.store, term)
+
+    @property
+    def committed_index(self) -> int:
+        return self.store.committed_index
+
+    @property
+    def dispatched_index(self) -> int:
+        return self.dispatcher.dispatched_index
+
+    async def wait_committed(self, index: int, timeout_s: float) -> bool:
+        return await self.server.wait_committed(index, timeout_s)
+
+    async def wait_dispatched(self, index: int, timeout_s: float) -> bool:
+        return await self.dispatcher.wait_dispatched(index, timeout_s)
+
+    def rebuild_queue_table(self) -> int:
+        table = queue_table_from(self.meta, self.cq)
+        self.commitlog.reset_queue_table(table)
+        return len(table)
 
     def _require_master(self) -> None:
         if self.role is BrokerRole.MASTER:
@@ -526,120 +546,99 @@ class Broker:
                 )
             topic, _ = await self.create_topic(topic_name, None)
         if producer_id is None or sequence is None:
-            return await self._put(topic, messages, None, 0)
-        key = (producer_id, sequence)
-        earlier = await self._join_inflight(key)
-        if earlier is not None:
-            self.stats["deduplicated"] += len(messages)
-            return earlier
-        self._make_room_for_inflight()
-        marker = _InflightBatch(self.role_term, asyncio.get_running_loop().create_future())
-        self._inflight_sessions[key] = marker  # no await since _join_inflight found none
+            return self._results(await self._put(topic, messages, None, 0))
+        return await self._produce_in_session(topic, messages, producer_id, sequence)
+
+    async def _produce_in_session(
+        self, topic: TopicMeta, messages: Sequence[ProduceMessage], pid: str, seq: int
+    ) -> list[ProduceResult]:
+        """Drive ``ProducerSessions`` (``broker/sessions.py``: the rule, shared with the
+        simulation) for one request: answer, join, settle first, or append."""
+        key = (pid, seq)
+        for _ in range(3):  # each round ends an attempt or answers; more is a busy batch
+            d = self.sessions.begin(
+                key,
+                len(messages),
+                term=self.role_term,
+                table=self.meta.sessions,
+                settled=self._settled,
+            )
+            if isinstance(d, sessions.Answer):
+                self.stats["deduplicated"] += len(d.results)
+                return self._results(d.results)
+            if isinstance(d, sessions.Refuse):
+                raise d.error
+            if isinstance(d, sessions.Join):
+                return self._results(await asyncio.shield(self._attempt_answers[d.attempt]))
+            if isinstance(d, sessions.SettleFirst):
+                if not await self._settle(d.attempt.term, d.index):
+                    raise errors.UnknownOutcomeError(
+                        f"producer {pid} sequence {seq}: an earlier attempt is not settled"
+                        " yet; retry with the same sequence"
+                    )
+                continue
+            return self._results(await self._attempt(topic, messages, d))
+        raise errors.UnknownOutcomeError(
+            f"producer {pid} sequence {seq}: attempts keep overlapping; retry"
+        )
+
+    async def _attempt(
+        self, topic: TopicMeta, messages: Sequence[ProduceMessage], d: sessions.Append
+    ) -> list[sessions.Result]:
+        """Append the batch's missing tail as ``d.attempt``; its answer goes to every
+        request that joined it, and ``ProducerSessions.end`` hears how it ended."""
+        a, done = d.attempt, d.done
+        pid, seq = a.key
+        answer_fut: asyncio.Future[list[sessions.Result]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._attempt_answers[a] = answer_fut
+        self.stats["deduplicated"] += len(done)
+        answer: list[sessions.Result] | None = None
+        appended = True
         try:
-            results = await self._produce_session(topic, messages, producer_id, sequence)
+            try:
+                placed = await self._put(
+                    topic, messages[len(done) :], (pid, seq, len(messages)), len(done)
+                )
+            except errors.UnknownOutcomeError:
+                # Still master in the same term: the entries are in our log and commit or
+                # vanish with our leadership. Wait for all appended so far; if the batch
+                # made it, the session table has the answer, else the client retries.
+                if await self._settle(a.term):
+                    answer = self.sessions.answer_from_table(a, len(messages), self.meta.sessions)
+                if answer is None:
+                    raise
+            else:
+                answer = done + placed
         except BaseException as e:
+            # A refusal before the append (not master, busy, disk full) appended nothing;
+            # an unknown outcome or a cancel mid-append may have.
             appended = not isinstance(e, errors.BrokerError) or isinstance(
                 e, errors.UnknownOutcomeError
             )
-            if not isinstance(e, errors.BrokerError):  # cancelled mid-append, say
-                e = errors.UnknownOutcomeError(f"produce interrupted ({type(e).__name__})")
-            marker.answer.set_exception(e)
-            marker.answer.exception()  # retrieved: waiters, if any, get it too
-            self._end_attempt(key, marker, appended)
+            told = e if isinstance(e, errors.BrokerError) else None
+            answer_fut.set_exception(
+                told or errors.UnknownOutcomeError(f"produce interrupted ({type(e).__name__})")
+            )
+            answer_fut.exception()  # retrieved: joiners, if any, get it too
             raise
-        marker.answer.set_result(results)
-        self._end_attempt(key, marker, appended=True)
-        return results
-
-    async def _join_inflight(self, key: tuple[str, int]) -> list[ProduceResult] | None:
-        """The answer of an earlier attempt at the same batch on this master, or None when
-        this request is to append it (or its missing tail) itself.
-
-        An attempt's marker stays until its entries are known committed and dispatched,
-        or its term is over: only then does the session table tell the whole truth about
-        the batch, and appending it again before could commit it twice (a settle that
-        timed out leaves the first copy in the log, still able to commit)."""
-        for _ in range(3):  # each round ends a marker or returns; more is a busy batch
-            marker = self._inflight_sessions.get(key)
-            if marker is None:
-                return None
-            if marker.term != self.role_term:
-                # An earlier term's: becoming MASTER since waited for dispatch to reach
-                # the own-term NOOP, so the session table holds whatever of it survived.
-                del self._inflight_sessions[key]
-                return None
-            if not marker.answer.done() or marker.answer.exception() is None:
-                return await asyncio.shield(marker.answer)  # running, or answered
-            # It ended with an unknown outcome: wait for what it appended to settle.
-            if not await self._settle(marker.term, marker.settle_index):
-                raise errors.UnknownOutcomeError(
-                    f"producer {key[0]} sequence {key[1]}: an earlier attempt is not settled"
-                    " yet; retry with the same sequence"
-                )
-            if self._inflight_sessions.get(key) is marker:
-                del self._inflight_sessions[key]
-        raise errors.UnknownOutcomeError(
-            f"producer {key[0]} sequence {key[1]}: attempts keep overlapping; retry"
-        )
-
-    def _end_attempt(self, key: tuple[str, int], marker: _InflightBatch, appended: bool) -> None:
-        """Drop the attempt's marker unless entries of it may still be unsettled in this
-        master's term (``_join_inflight`` says why). That includes a success whose wait
-        for dispatch timed out: a retry gets the same answer, not a second append."""
-        end = self.store.ledger_end_index
-        if appended and self.is_master and self.role_term == marker.term and not self._settled(end):
-            marker.settle_index = end  # all it appended is at or below
-        elif self._inflight_sessions.get(key) is marker:
-            del self._inflight_sessions[key]
+        else:
+            answer_fut.set_result(answer)
+            return answer
+        finally:
+            self.sessions.end(
+                a,
+                answer=answer,
+                appended=appended,
+                master_term=self.role_term if self.is_master else None,
+                ledger_end=self.store.ledger_end_index,
+                settled=self._settled,
+            )
+            self._attempt_answers.pop(a, None)
 
     def _settled(self, index: int) -> bool:
         return self.store.committed_index >= index and self.dispatcher.dispatched_index >= index
-
-    def _make_room_for_inflight(self) -> None:
-        """Bound the markers: at the limit, drop the ones that are settled or of an
-        earlier term; if that is not enough, the producer is told to back off."""
-        limit = self.settings.max_producer_sessions
-        if len(self._inflight_sessions) < limit:
-            return
-        for key, m in list(self._inflight_sessions.items()):
-            if m.term != self.role_term or (m.answer.done() and self._settled(m.settle_index)):
-                del self._inflight_sessions[key]
-        if len(self._inflight_sessions) >= limit:
-            raise errors.BusyError(
-                f"{limit} producer batches are in flight or settling", retry_after_ms=200
-            )
-
-    async def _produce_session(
-        self, topic: TopicMeta, messages: Sequence[ProduceMessage], pid: str, seq: int
-    ) -> list[ProduceResult]:
-        s = self.meta.sessions.get(pid)
-        done: list[ProduceResult] = []
-        if s is not None:
-            if seq < s.seq:
-                raise errors.SequenceTooOldError(
-                    f"producer {pid}: sequence {seq} is below the last one, {s.seq}",
-                    last_sequence=s.seq,
-                )
-            if seq == s.seq:
-                done = [self._result(q, o, c) for q, o, c in s.results[: len(messages)]]
-                self.stats["deduplicated"] += len(done)
-                if len(done) >= len(messages):
-                    return done
-        term = self.role_term
-        try:
-            rest = await self._put(
-                topic, messages[len(done) :], (pid, seq, len(messages)), len(done)
-            )
-        except errors.UnknownOutcomeError:
-            # Still master in the same term: the entries are in our log and will commit
-            # or vanish with our leadership. Wait for everything appended so far; if the
-            # batch made it, answer from the session table, else let the client retry.
-            settled = await self._settle(term)
-            s = self.meta.sessions.get(pid)
-            if settled and s is not None and s.seq == seq and s.complete:
-                return [self._result(q, o, c) for q, o, c in s.results[: len(messages)]]
-            raise
-        return done + rest
 
     async def _settle(self, term: int, target: int | None = None) -> bool:
         """Wait (bounded) until all that this master appended, up to ``target`` when
@@ -652,6 +651,9 @@ class Broker:
         if not await self.server.wait_committed(target, timeout_s):
             return False
         return await self.dispatcher.wait_dispatched(target, timeout_s)
+
+    def _results(self, results: Sequence[sessions.Result]) -> list[ProduceResult]:
+        return [self._result(q, o, c) for q, o, c in results]
 
     def _result(self, queue_id: int, queue_offset: int, commitlog_offset: int) -> ProduceResult:
         return ProduceResult(
@@ -667,7 +669,7 @@ class Broker:
         messages: Sequence[ProduceMessage],
         session: tuple[str, int, int] | None,
         first_in_batch: int,
-    ) -> list[ProduceResult]:
+    ) -> list[sessions.Result]:
         now = _now_ms()
         batch = [
             self._encode(topic, m, first_in_batch + i, session, now) for i, m in enumerate(messages)
@@ -683,7 +685,7 @@ class Broker:
             placed[-1].index, self.settings.append_timeout_ms / 1000
         )
         self.stats["produced"] += len(placed)
-        return [self._result(p.queue_id, p.queue_offset, p.commitlog_offset) for p in placed]
+        return [(p.queue_id, p.queue_offset, p.commitlog_offset) for p in placed]
 
     # ---- reads -------------------------------------------------------------------------
 
