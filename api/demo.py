@@ -171,6 +171,9 @@ class Story:
         self.monitor = Monitor(
             urls,
             on_event=self.say,
+            # A local story measures its restarts itself; against a running cluster the
+            # monitor is the one to notice a node back and caught up.
+            report_catch_up=self.args.brokers is not None,
             settings=ClientSettings(
                 timeout_s=1.0,
                 connect_timeout_s=0.5,

@@ -3,9 +3,10 @@
 - ``Monitor`` asks every node for ``GET /v1/cluster`` every ``interval_s`` (each node
   through its own ``AsyncAdmin`` holding only its URL: one try, short timeouts, so a
   dead node costs one connect timeout, never a retry loop) and keeps the last answer
-  per node. It tells what changed — a node stops answering or answers again, a leader
-  is elected for a new term, a node becomes MASTER — and lets the story wait for a
-  condition on the rows, bounded by a timeout.
+  per node. It tells what changed — a node stops answering or answers again (and, if
+  asked, when such a node has caught up), a leader is elected for a new term, a node
+  becomes MASTER — and lets the story wait for a condition on the rows, bounded by a
+  timeout.
 - Two views of the same state: ``LiveView`` (a ``rich`` table redrawn in place, the
   story's latest lines beneath) when stdout is a terminal, ``PlainView`` (one line per
   event and a status line every few seconds) when it is not — a pipe, a CI log, a
@@ -68,8 +69,12 @@ class Monitor:
         interval_s: float = 0.2,
         settings: ClientSettings | None = None,
         on_event: Callable[[str], None] = lambda _line: None,
+        report_catch_up: bool = False,
     ) -> None:
         self.interval_s = interval_s
+        self.report_catch_up = report_catch_up
+        # node → (when it answered again, the committed index then, entries behind)
+        self._returning: dict[str, tuple[float, int, int]] = {}
         self.settings = settings or ClientSettings(
             timeout_s=1.0, connect_timeout_s=0.5, deadline_s=1.5, max_attempts=1
         )
@@ -107,12 +112,38 @@ class Monitor:
 
     async def poll_once(self) -> None:
         new = await asyncio.gather(*(self._ask(n) for n in self.rows))
+        back = []
         for row in new:
-            self._tell(self.rows[row.node_id], row)
-            self.rows[row.node_id] = replace(row, note=self.rows[row.node_id].note)
+            old = self.rows[row.node_id]
+            self._tell(old, row)
+            if row.up and not old.up and old.polled:
+                back.append(row.node_id)
+            self.rows[row.node_id] = replace(row, note=old.note)
+        if self.report_catch_up:
+            self._follow_catch_up(back)
         self.polls += 1
         async with self._changed:
             self._changed.notify_all()
+
+    def _follow_catch_up(self, back: list[str]) -> None:
+        """A node answering again has the highest committed index of that moment to
+        dispatch before it serves what the others do: say when it has."""
+        now = time.monotonic()
+        for node in back:
+            s = self.rows[node].status
+            assert s is not None
+            target = self.max_committed()
+            self._returning[node] = (now, target, max(0, target - s.dispatched_index))
+        for node, (since, target, behind) in list(self._returning.items()):
+            s = self.rows[node].status
+            if s is None:
+                del self._returning[node]
+            elif s.dispatched_index >= target:
+                del self._returning[node]
+                self.on_event(
+                    f"{node} caught up: {behind:,} entries behind when it answered again, "
+                    f"dispatched up to {target:,} {(now - since) * 1000:,.0f} ms later"
+                )
 
     def _tell(self, old: NodeRow, new: NodeRow) -> None:
         s = new.status

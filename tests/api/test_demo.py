@@ -1,7 +1,9 @@
 """``ledgermq demo`` end to end through its real entry point: three broker processes,
 the master killed with SIGKILL twice under a producer and a consumer group, the old
 nodes restarted and caught up, the books balanced and every replica identical;
-``--keep-running`` leaves the cluster up until Ctrl-C, which stops every node."""
+``--keep-running`` leaves the cluster up until Ctrl-C, which stops every node.
+``--brokers`` with ``--duration`` against a running cluster, twice: the second run
+finds the topic and the group of the first and counts only its own messages."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from api.client import Admin
+from api.cluster import LocalBrokerCluster
 from tests.lines import Lines
 
 LEDGERMQ = str(Path(sys.executable).with_name("ledgermq"))
@@ -86,3 +89,27 @@ def test_demo_kills_the_master_twice_and_balances_the_books(tmp_path: Path) -> N
             p.kill()
             p.wait(timeout=30)
     assert not re.search(r"PROBLEM|Traceback", out.text), out.text
+
+
+def test_demo_against_a_running_cluster_runs_for_its_duration_twice(
+    cluster3: LocalBrokerCluster,
+) -> None:
+    for run in (1, 2):
+        args = ["--duration", "2", "--plain", "--rate", "500", "--topic", "demo-duration"]
+        r = subprocess.run(
+            [LEDGERMQ, "demo", "--brokers", cluster3.brokers, *args],
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert r.returncode == 0, f"run {run}:\n{r.stdout}\n{r.stderr}"
+        assert re.search(r"n\d is MASTER\. To see a failover, kill it", r.stdout), r.stdout
+        books = re.search(
+            rf"acknowledged {NUMBER}, consumed {NUMBER}, lost 0, duplicated 0\n", r.stdout
+        )
+        assert books and books.group(1) == books.group(2) and _int(books.group(1)) > 0, r.stdout
+        assert "no failover during the run" in r.stdout
+        assert "other producers' messages" not in r.stdout, "the group starts at the run's start"
+        assert re.search(r"queues over HTTP: 4 queues x 3 nodes, identical", r.stdout)
+        assert r.stdout.rstrip().endswith("result: CLEAN"), r.stdout

@@ -271,6 +271,7 @@ def test_compose_demo_rides_through_a_kill_9_of_the_master(
         assert moved.group(1) in brokers and moved.group(1) != master
         topo.start(master)  # `docker compose start`
         out.wait_for(rf"{master} answers again", 90)
+        out.wait_for(rf"{master} caught up: [\d,]+ entries behind", 120)
         wait_until(lambda: topo.healthcheck(master) == 0, 120, f"{master} healthy again")
         out.wait_for(r"produced [1-9][\d,]*/s", 60)
 
