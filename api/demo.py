@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import secrets
 import shutil
 import signal
 import sys
@@ -64,7 +65,9 @@ def add_demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase", type=float, default=4.0, help="seconds between the story's steps")
     p.add_argument("--topic", default=d.topic)
     p.add_argument("--queues", type=int, default=d.queues)
-    p.add_argument("--group", default=d.group, help="the consumer group")
+    p.add_argument(
+        "--group", default=None, help="the consumer group (default: ledgermq-demo-<run id>)"
+    )
     p.add_argument("--batch", type=int, default=d.batch, help="messages per produce request")
     p.add_argument("--body-bytes", type=int, default=d.body_bytes)
     p.add_argument("--rate", type=int, default=d.rate_per_s, help="messages/s (0: unpaced)")
@@ -134,6 +137,7 @@ class Story:
         self._acks: list[Ack] = []  # the last ack per master change (--brokers gaps)
         self._tasks: list[asyncio.Task[None]] = []
         self.kept_running = False  # the books are printed; the cluster stays up
+        self.run = secrets.token_hex(4)  # names the run's messages and its group
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -154,7 +158,9 @@ class Story:
         return LoadSettings(
             topic=a.topic,
             queues=a.queues,
-            group=a.group,
+            # A group of its own per run: two demos at once (one in `docker compose up`,
+            # one in `docker compose run`) would otherwise split each other's messages.
+            group=a.group or f"ledgermq-demo-{self.run}",
             batch=a.batch,
             body_bytes=a.body_bytes,
             rate_per_s=a.rate,
@@ -191,7 +197,9 @@ class Story:
         starts = await topic_ends(master_url, settings.topic, client)
         async with AsyncAdmin(brokers, settings=client) as admin:
             await admin.reset_offsets(settings.group, settings.topic, "latest")
-        self.workload = Workload(brokers, settings, on_event=self.say, on_ack=self._on_ack)
+        self.workload = Workload(
+            brokers, settings, run=self.run, on_event=self.say, on_ack=self._on_ack
+        )
         self.workload.start()
         rate = f"~{settings.rate_per_s:,} msg/s" if settings.rate_per_s else "as fast as acked"
         self.say(

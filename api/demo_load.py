@@ -67,7 +67,7 @@ class LoadSettings:
 
     topic: str = "demo"
     queues: int = 4
-    group: str = "ledgermq-demo"
+    group: str = "ledgermq-demo"  # the demo gives each run its own
     batch: int = 20  # messages per produce request
     body_bytes: int = 64  # the body names run and number, padded to this size
     # Messages per second; 0 sends the next batch as soon as the last one is acknowledged.
@@ -77,7 +77,10 @@ class LoadSettings:
     poll_max_messages: int = 500
     poll_wait_ms: int = 500
     # Each client operation (a send, a poll) gives up after this long; a failover takes
-    # a second or two, so this only trips when no master comes back at all.
+    # a second or two, so this only trips when no master comes back at all. Backoff is
+    # capped at 0.5 s instead of the client's 2 s (a default for many clients retrying
+    # at once): one producer may retry sooner, so the window measured is the
+    # cluster's failover more than the client's sleep.
     client: ClientSettings = field(
         default_factory=lambda: ClientSettings(
             timeout_s=5.0, connect_timeout_s=1.0, deadline_s=30.0, backoff_cap_s=0.5

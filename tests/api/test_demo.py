@@ -3,7 +3,7 @@ the master killed with SIGKILL twice under a producer and a consumer group, the 
 nodes restarted and caught up, the books balanced and every replica identical;
 ``--keep-running`` leaves the cluster up until Ctrl-C, which stops every node.
 ``--brokers`` with ``--duration`` against a running cluster, twice: the second run
-finds the topic and the group of the first and counts only its own messages."""
+finds the topic of the first and counts only its own messages."""
 
 from __future__ import annotations
 
