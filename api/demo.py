@@ -299,10 +299,13 @@ class Story:
         books.drained = await w.drain(ends, self.args.drain_timeout)
         if not books.drained:
             books.problems.append(f"the consumer did not drain within {self.args.drain_timeout} s")
-        await self.wait_idle(list(urls), self.args.catch_up_timeout)
+        else:
+            self.say(f"group drained: {w.history.consumed:,} messages consumed")
+        end = await self.wait_idle(list(urls), self.args.catch_up_timeout)
         ranges = {q: (starts.get(q, 0), end) for q, end in ends.items()}
         images: dict[str, dict[int, QueueImage]] = {}
         for node, url in urls.items():
+            self.say(f"every node at index {end:,}; reading {len(ranges)} queues on {node}")
             images[node] = await read_queues(url, w.settings.topic, ranges, w.settings.client)
         first = next(iter(images))
         same = all(images[n] == images[first] for n in images)
@@ -324,6 +327,7 @@ class Story:
         return books
 
     def compare_files(self, data_dirs: Mapping[str, Path], books: Books) -> None:
+        self.say("comparing the replicas' commitlog and consume-queue files byte for byte")
         for cmp in (
             compare_commitlogs(data_dirs, GROUP),
             compare_consume_queues(data_dirs, GROUP),

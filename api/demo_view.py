@@ -327,7 +327,7 @@ class LiveView:
             ("commit", "right"),
             ("dispatch", "right"),
             ("lag", "right"),
-            ("", "left"),
+            ("note", "left"),
         ):
             table.add_column(name, justify=justify)  # type: ignore[arg-type]
         for r in self._rows.values():
