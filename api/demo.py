@@ -33,7 +33,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -171,9 +171,7 @@ class Story:
     async def start(self, urls: Mapping[str, str], brokers: list[str]) -> dict[int, int]:
         """Monitor, topic, group reset to the topic's end, then producer and consumer;
         the queues' start offsets (this run's messages lie after them)."""
-        client = LoadSettings().client
-        if self.args.auth_token:
-            client = ClientSettings(**{**_fields(client), "auth_token": self.args.auth_token})
+        client = replace(LoadSettings().client, auth_token=self.args.auth_token)
         self.monitor = Monitor(
             urls,
             on_event=self.say,
@@ -374,10 +372,6 @@ class Story:
         for line in books.problems:
             p(f"PROBLEM: {line}")
         p("result: " + ("CLEAN" if books.clean else "NOT CLEAN"))
-
-
-def _fields(s: ClientSettings) -> dict[str, object]:
-    return {name: getattr(s, name) for name in s.__dataclass_fields__}
 
 
 def _printer(out: TextIO | None) -> Callable[[str], None]:
