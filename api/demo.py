@@ -63,15 +63,20 @@ def add_demo_options(p: argparse.ArgumentParser) -> None:
         "--duration", type=float, default=0.0, help="with --brokers: stop after this many seconds"
     )
     p.add_argument("--phase", type=float, default=4.0, help="seconds between the story's steps")
-    p.add_argument("--topic", default=d.topic)
-    p.add_argument("--queues", type=int, default=d.queues)
+    p.add_argument("--topic", default=d.topic, help="created if missing")
+    p.add_argument("--queues", type=int, default=d.queues, help="of a topic it creates")
     p.add_argument(
         "--group", default=None, help="the consumer group (default: ledgermq-demo-<run id>)"
     )
     p.add_argument("--batch", type=int, default=d.batch, help="messages per produce request")
-    p.add_argument("--body-bytes", type=int, default=d.body_bytes)
+    p.add_argument("--body-bytes", type=int, default=d.body_bytes, help="message body size")
     p.add_argument("--rate", type=int, default=d.rate_per_s, help="messages/s (0: unpaced)")
-    p.add_argument("--max-messages", type=int, default=d.max_messages)
+    p.add_argument(
+        "--max-messages",
+        type=int,
+        default=d.max_messages,
+        help="the producer stops here (the books keep 9 bytes per message)",
+    )
     p.add_argument("--failover-timeout", type=float, default=30.0, help="seconds")
     p.add_argument("--catch-up-timeout", type=float, default=60.0, help="seconds")
     p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds")
