@@ -406,6 +406,7 @@ class Broker:
             raise errors.InvalidArgumentError(
                 f"queues must be 1..{self.settings.limits.max_queues_per_topic}, not {n}"
             )
+        self._require_master()  # a write, even when it turns out to exist: the master says
         existing = self.meta.topics.get(name)
         if existing is None:
             await self._append_meta(op_create_topic(name, n))
@@ -447,6 +448,8 @@ class Broker:
         return (0, 0) if q is None else (q.min_offset, q.max_offset)
 
     async def delete_topic(self, name: str) -> None:
+        # A write: redirect first. A slave may not know a topic the master just made.
+        self._require_master()
         self.topic(name)
         await self._append_meta(op_delete_topic(name))
 
@@ -892,6 +895,7 @@ class Broker:
         return out
 
     async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        self._require_master()  # a write: redirect before looking at the topic (see above)
         self._check_group(group)
         t = self.topic(topic)
         clean: dict[int, int] = {}
