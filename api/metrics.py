@@ -103,7 +103,7 @@ class _StateCollector(Collector):
             " this node does not serve",
             labels=["reason"],
         )
-        for reason in ("bad_frames", "stranger_frames", "client_requests"):
+        for reason in ("bad_frames", "stranger_frames", "client_requests", "limited"):
             refused.add_metric([reason], st["refused"].get(reason, 0))
         yield refused
         yield gauge(

@@ -612,6 +612,7 @@ class DLedgerServer:
                 "bad_frames": self.transport.bad_frames,
                 "auth_failures": self.transport.auth_failures,
                 "stranger_frames": self.transport.stranger_frames,
+                "limited": self.transport.limited,
                 "client_requests": self.stats["client_refused"],
             }
         st["stats"] = dict(self.stats)

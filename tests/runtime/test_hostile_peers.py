@@ -14,6 +14,7 @@ In-process ``DLedgerServer`` groups on 127.0.0.1, real sockets and files; bounde
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 
 from broker.settings import BrokerSettings
 from dledger.codes import DLedgerCode, DLedgerError
-from dledger.core.messages import MAX_TERM, VoteRequest
+from dledger.core.messages import MAX_TERM, GetRequest, VoteRequest
 from dledger.core.settings import CoreSettings
 from dledger.runtime.client import DLedgerClient
 from dledger.runtime.local_cluster import free_ports
@@ -203,3 +204,104 @@ def test_a_node_beyond_loopback_without_a_secret_warns_at_start(
         with caplog.at_level(logging.WARNING, "dledger.runtime.server"):
             DLedgerServer(config(host, secret))._warn_if_exposed()
         assert ("without a peer secret" in caplog.text) is warns, (host, secret)
+
+
+# ---- inbound limits: count, bytes, time ---------------------------------------------------
+
+
+async def _closed_by_node(reader: asyncio.StreamReader, timeout_s: float = 10.0) -> bool:
+    """Whether the node closes this connection within ``timeout_s`` (bounded)."""
+    try:
+        await _until_closed(reader, timeout_s=timeout_s)
+    except TimeoutError:
+        return False
+    return True
+
+
+@pytest.mark.asyncio
+async def test_strangers_holding_sockets_cannot_lock_the_members_out(tmp_path: Path) -> None:
+    """At max_inbound_connections a new connection takes the place of the longest-idle
+    one that is not a member's: twenty idle sockets later the group still commits."""
+    async with _group(tmp_path, [None, None, None], max_inbound_connections=4) as servers:
+        await _wait_leader(servers)
+        n0 = servers["n0"]
+        assert n0.transport is not None
+        conns = [await asyncio.open_connection(*_addr(n0)) for _ in range(20)]
+        try:
+            closed = [await _closed_by_node(r, 0.5) for r, _ in conns[:-2]]
+            assert sum(closed) >= 16  # the early ones were evicted
+            assert n0.transport.limited >= 16
+            await _commit_one(servers)  # the members' links were never the victims
+        finally:
+            for _, w in conns:
+                w.close()
+
+
+@pytest.mark.asyncio
+async def test_a_frame_begun_and_not_finished_is_closed_in_time(tmp_path: Path) -> None:
+    async with _group(tmp_path, [None, None, None], partial_frame_timeout_ms=300) as servers:
+        await _wait_leader(servers)
+        n0 = servers["n0"]
+        assert n0.transport is not None
+        reader, writer = await asyncio.open_connection(*_addr(n0))
+        try:
+            writer.write((1 << 20).to_bytes(4, "big") + b"\x00" * 100)  # 1 MiB announced
+            await writer.drain()
+            assert await _closed_by_node(reader, 10.0)
+            assert n0.transport.limited == 1
+        finally:
+            writer.close()
+
+
+@pytest.mark.asyncio
+async def test_partial_frames_together_stay_within_the_byte_budget(tmp_path: Path) -> None:
+    async with _group(tmp_path, [None, None, None], max_inbound_buffer_bytes=2 << 20) as servers:
+        await _wait_leader(servers)
+        n0 = servers["n0"]
+        assert n0.transport is not None
+        conns = [await asyncio.open_connection(*_addr(n0)) for _ in range(4)]
+        try:
+            for _, w in conns:  # each announces 8 MiB and sends 900 KiB of it
+                w.write((8 << 20).to_bytes(4, "big") + b"\x01" * (900 << 10))
+                with contextlib.suppress(ConnectionError):
+                    await w.drain()
+            await _until(lambda: n0.transport is not None and n0.transport.limited >= 2)
+            assert sum(n0.transport._buffered.values()) <= 2 << 20
+            await _commit_one(servers)
+        finally:
+            for _, w in conns:
+                w.close()
+
+
+@pytest.mark.asyncio
+async def test_an_idle_client_is_closed_and_comes_back(tmp_path: Path) -> None:
+    async with _group(tmp_path, [None, None, None], client_idle_timeout_ms=300) as servers:
+        lead = await _wait_leader(servers)
+        peers = {n: s.config.peers[n] for n, s in servers.items()}
+        async with DLedgerClient(peers, "g0") as client:
+            node = lead.config.self_id
+            assert (await client.status(node, timeout_s=10))["role"] == "LEADER"
+            conn = client._conns[node]
+            await _until(lambda: conn.closed, what="the idle client closed")
+            assert (await client.status(node, timeout_s=10))["role"] == "LEADER"  # reconnects
+        assert lead.transport is not None and lead.transport.limited >= 1
+
+
+@pytest.mark.asyncio
+async def test_a_client_that_does_not_read_its_answers_is_closed(tmp_path: Path) -> None:
+    async with _group(tmp_path, [None, None, None], client_write_timeout_ms=300) as servers:
+        lead = await _wait_leader(servers)
+        for _ in range(8):  # ~4 MiB of entries to read back
+            await asyncio.wait_for(lead.append([b"x" * 60_000] * 8), 20)
+        _reader, writer = await asyncio.open_connection(*_addr(lead))
+        try:
+            for i in range(200):  # never read: the answers pile up in our receive window
+                writer.write(
+                    encode(GetRequest(group="g0", local_id="c", remote_id=lead.config.self_id,
+                                      term=-1, req_id=i, index=0, max_count=64))
+                )  # fmt: skip
+            await writer.drain()
+            assert lead.transport is not None
+            await _until(lambda: lead.transport.limited >= 1, what="the writer gave up")
+        finally:
+            writer.close()

@@ -244,6 +244,7 @@ async def test_a_group_with_one_secret_elects_a_leader_and_commits(tmp_path: Pat
                 "auth_failures": 0,
                 "stranger_frames": 0,
                 "client_requests": 0,
+                "limited": 0,
             }
 
 
