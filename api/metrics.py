@@ -138,6 +138,8 @@ class _StateCollector(Collector):
             "ledgermq_queue_max_offset", "next offset to write", labels=["topic", "queue_id"]
         )
         bounds: dict[tuple[str, int], int] = {}
+        if b.dispatcher.installing:  # the queues are being replaced: no per-queue series
+            return
         for t in b.list_topics():
             for qid in range(t.queues):
                 lo, hi = b.queue_bounds(t.name, qid)

@@ -318,6 +318,14 @@ class Broker:
             leader_url=self.settings.peer_urls.get(leader),
         )
 
+    def _require_derived(self) -> None:
+        """Reads of the consume queues and the key index wait out a snapshot install
+        (its thread is replacing the files): 429 BUSY with a short Retry-After."""
+        if self.dispatcher is not None and self.dispatcher.installing:
+            raise errors.BusyError(
+                "installing a snapshot from the leader; retry shortly", retry_after_ms=200
+            )
+
     def _require_writable(self) -> None:
         """Refuse a write the node could not make readable: while dispatch is stalled on
         a disk error nothing new reaches the consume queues (it resumes by itself)."""
@@ -444,6 +452,7 @@ class Broker:
         }
 
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        self._require_derived()
         q = self.cq.find(topic, queue_id)
         return (0, 0) if q is None else (q.min_offset, q.max_offset)
 
@@ -745,6 +754,7 @@ class Broker:
         if hashes is not None and tags:
             wanted = {t.strip() for t in tags.split("||") if t.strip()}
         deadline = time.monotonic() + wait_ms / 1000
+        scanned = 0  # units a tag filter passed over: bounded per pull
         while True:
             lo, hi = self.queue_bounds(topic, queue_id)
             if offset < lo or offset > hi:
@@ -756,8 +766,17 @@ class Broker:
                 if found:
                     self.stats["pulled"] += len(found)
                     return PullResult("FOUND", found, next_offset, lo, hi)
+                scanned += next_offset - offset
                 offset = next_offset
                 status = "NO_MATCHED_MSG"
+                if scanned >= self.settings.limits.max_filter_scan_units:
+                    # A filter that matches nothing in a long backlog: answer where the
+                    # scan got to (the client goes on from there) instead of holding
+                    # the loop through all of it.
+                    return PullResult(status, [], offset, lo, hi)
+                if offset < hi:
+                    await asyncio.sleep(0)  # more backlog to scan: let the loop run first
+                    continue
             else:
                 status = "NO_NEW_MSG"
             left = deadline - time.monotonic()
@@ -776,6 +795,7 @@ class Broker:
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
     ) -> tuple[list[PulledMessage], int]:
+        self._require_derived()
         q = self.cq.find(topic, queue_id)
         if q is None:
             return [], offset
@@ -798,6 +818,7 @@ class Broker:
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose store time is at or after ``timestamp_ms``."""
         self._check_queue(topic, queue_id)
+        self._require_derived()
         q = self.cq.find(topic, queue_id)
         if q is None:
             return 0
@@ -847,6 +868,7 @@ class Broker:
         if t.created_index >= store.ledger_begin_index:
             floor = store.get_meta(t.created_index).pos
         out = []
+        self._require_derived()
         for commitlog_offset in self.keys.query(key, max_results * 2):
             if commitlog_offset <= floor:
                 continue

@@ -129,6 +129,9 @@ class Dispatcher:
         }
         # Why dispatch cannot move now (a disk error it retries), None while it can.
         self.stall: OSError | None = None
+        # A leader's snapshot is being installed: the consume queues and the key index
+        # change in a thread, and nobody on the loop may touch them (``install``).
+        self.installing = False
         self._stall_logged_at = self._persist_logged_at = -1e18
         self._progress = asyncio.Event()
         self._persist_lock = asyncio.Lock()
@@ -407,18 +410,15 @@ class Dispatcher:
         # restart can use.
         await asyncio.to_thread(self.snapshots.save, last_index, data, prune=False)
         async with self._persist_lock:  # no checkpoint or snapshot meanwhile
-            # From here on synchronous, so no dispatch step or read sees a half-installed
-            # state. The old checkpoint goes first, durably: it describes queues that
-            # are about to change.
-            self.checkpoint_path.unlink(missing_ok=True)
-            _fsync_dir(self.checkpoint_path.parent)
-            for q in list(self.cq):
-                if (q.topic, q.queue_id) not in table:
-                    self.cq.delete_queue(q.topic, q.queue_id)
-            for (topic, queue_id), next_offset in table.items():
-                if next_offset or self.cq.find(topic, queue_id) is not None:
-                    self.cq.queue(topic, queue_id).reset(next_offset)
-            self.keys.clear()
+            # The files change in a thread (deletes, resets and their fsyncs would stall
+            # the loop for as long as there are queues); meanwhile ``installing`` keeps
+            # dispatch and every read of the queues and the key index away, so none sees
+            # a half-installed state. Raft handles no Ready until this returns.
+            self.installing = True
+            try:
+                await asyncio.to_thread(self._install_files, table, last_index)
+            finally:
+                self.installing = False
             gone = [
                 name
                 for name, t in self.meta.topics.items()
@@ -430,9 +430,6 @@ class Dispatcher:
             self._unserved = None
             self.rebuild_until = -1
             self._begin_pos_seen = -1  # the log's begin moves next: correct min offsets
-            self.cq.flush()
-            self.keys.flush()
-            write_atomic(self.checkpoint_path, self._checkpoint_data(last_index))
             self.checkpoint_index = last_index
         for name in gone:
             if self.on_topic_deleted is not None:
@@ -444,6 +441,22 @@ class Dispatcher:
             qev.set()
         self._queue_events.clear()
         log.info("installed the snapshot of entry %d (%d queues)", last_index, len(table))
+
+    def _install_files(self, table: dict[tuple[str, int], int], last_index: int) -> None:
+        """``install``'s file work, in a thread while ``installing`` holds everyone off.
+        The old checkpoint goes first, durably: it describes queues about to change."""
+        self.checkpoint_path.unlink(missing_ok=True)
+        _fsync_dir(self.checkpoint_path.parent)
+        for q in list(self.cq):
+            if (q.topic, q.queue_id) not in table:
+                self.cq.delete_queue(q.topic, q.queue_id)
+        for (topic, queue_id), next_offset in table.items():
+            if next_offset or self.cq.find(topic, queue_id) is not None:
+                self.cq.queue(topic, queue_id).reset(next_offset)
+        self.keys.clear()
+        self.cq.flush()
+        self.keys.flush()
+        write_atomic(self.checkpoint_path, self._checkpoint_data(last_index))
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -500,6 +513,8 @@ class Dispatcher:
         """Dispatch up to ``max_entries`` committed entries; returns how many. On a disk
         error (raised) the entries before the failing one stay dispatched, and their
         readers are woken."""
+        if self.installing:
+            return 0  # the files are being replaced in a thread (``install``)
         store = self.store
         start = self.dispatched_index
         touched: set[tuple[str, int]] = set()

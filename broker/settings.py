@@ -32,6 +32,9 @@ class Limits:
     max_key_query_results: int = 1024
     max_queues_per_topic: int = 1024
     max_keys_per_message: int = 32
+    # Units a pull with a tag filter passes over before it answers NO_MATCHED_MSG with
+    # where it got to (RocketMQ's maxFilterMessageCount is 16,000).
+    max_filter_scan_units: int = 16_384
 
 
 @dataclass(frozen=True, slots=True)
