@@ -40,11 +40,16 @@ def write_atomic(path: Path, content: str | bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory, so that names created, renamed or deleted in it are durable."""
+    fd = os.open(directory, os.O_RDONLY)
     try:
-        os.fsync(dfd)
+        os.fsync(fd)
     finally:
-        os.close(dfd)
+        os.close(fd)
 
 
 def read_properties(path: Path) -> dict[str, str] | None:

@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .entry import BLANK, MAGIC_BLANK, MIN_BLANK_LEN
+from .meta import fsync_dir
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +253,17 @@ class MmapFileList:
         last.write(last.wrote, data)
         last.wrote += len(data)
 
+    def append_rolling(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at the end, rolling to new segments as each fills: for records
+        of a size that divides the segment size (index units), which never straddle."""
+        view = memoryview(data)
+        while view:
+            if not self.files or self.files[-1].free == 0:
+                self.new_segment()
+            n = min(len(view), self.files[-1].free)
+            self.write_at_end(view[:n])
+            view = view[n:]
+
     # ---- reading -----------------------------------------------------------------------
 
     def read(self, pos: int, n: int) -> bytes:
@@ -352,11 +364,7 @@ class MmapFileList:
         return self.end
 
     def fsync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.dir)
 
     def close(self) -> None:
         with self.flush_lock:
