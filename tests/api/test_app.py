@@ -18,7 +18,7 @@ from api.auth import TokenTable
 from api.client import AsyncProducer, ForbiddenError, UnauthenticatedError
 from consumequeue import ConsumeQueueError
 from tests.api.conftest import TEST_LIMITS, Node
-from tests.broker.harness import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 

@@ -31,6 +31,7 @@ from api.client import (
 )
 from api.cluster import LocalBrokerCluster
 from broker.metadata import PRODUCER_ID
+from tests.waiting import wait_until
 
 # ---- the sans-I/O core, driven by hand ------------------------------------------------------
 
@@ -451,13 +452,6 @@ def test_async_driver_sleeps_between_retries_and_quotes_names() -> None:
 
 
 # ---- against a real cluster -----------------------------------------------------------------
-
-
-def wait_until(cond: Callable[[], object], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"not reached within {timeout_s} s"
-        time.sleep(0.02)
 
 
 def read_all(admin: Admin, topic: str) -> dict[int, list[ReceivedMessage]]:

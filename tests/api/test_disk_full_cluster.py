@@ -20,9 +20,9 @@ import httpx
 import pytest
 
 from api.cluster import LocalBrokerCluster
+from tests.waiting import wait_until
 
 from ..smallfs import Ballast, MiB, small_fs
-from .test_cluster_contract import wait_until
 
 FS_BYTES = 96 * MiB
 RESERVE_MB = 24

@@ -14,7 +14,7 @@ import pytest
 from api.node import EXIT_NODE_FAILED, HttpSettings, NodeFailedError, serve
 from broker.broker import Broker
 from tests.api.conftest import node_settings
-from tests.broker.harness import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 

@@ -13,7 +13,8 @@ import pytest
 from broker import errors
 from broker.broker import Broker, ProduceMessage
 from broker.settings import Limits
-from tests.broker.harness import BrokerCluster, until
+from tests.broker.harness import BrokerCluster
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 

@@ -19,9 +19,10 @@ import pytest_asyncio
 from broker import errors
 from broker.broker import Broker, ProduceMessage
 from dledger.runtime.local_cluster import free_ports
+from tests.waiting import until
 
 from ..smallfs import Ballast, MiB, free_bytes, small_fs
-from .harness import SMALL_STORE, broker_settings, until
+from .harness import SMALL_STORE, broker_settings
 
 pytestmark = pytest.mark.asyncio
 

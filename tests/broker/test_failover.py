@@ -14,7 +14,8 @@ from broker import errors
 from broker.broker import Broker, ProduceMessage
 from dledger.core.messages import PushEntryRequest
 from dledger.core.settings import CoreSettings
-from tests.broker.harness import BrokerCluster, until
+from tests.broker.harness import BrokerCluster
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 

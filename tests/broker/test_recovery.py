@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from broker.broker import Broker, ProduceMessage
-from tests.broker.harness import BrokerCluster, until
+from tests.broker.harness import BrokerCluster
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 

@@ -29,8 +29,7 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +49,7 @@ from tests.deploy.compose import (
     venv_tool,
 )
 from tests.lines import Lines
+from tests.waiting import wait_until
 
 COMPOSE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -69,16 +69,6 @@ def image() -> Image:
 def brokers_of(compose: dict[str, Any], image: Image) -> list[str]:
     """The services that run the image's entry point unchanged: the brokers."""
     return sorted(n for n, s in compose["services"].items() if s.get("entrypoint") is None)
-
-
-def wait_until(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.2)
 
 
 # ---- static checks ----------------------------------------------------------------------------

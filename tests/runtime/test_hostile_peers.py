@@ -30,8 +30,9 @@ from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.runtime.transport import TransportSettings
 from dledger.runtime.wire import encode
+from tests.waiting import until as _until
 
-from .test_peer_secret import STORE, _addr, _group, _max_term, _until, _until_closed, _wait_leader
+from .test_peer_secret import STORE, _addr, _group, _max_term, _until_closed, _wait_leader
 
 
 def _vote(term: int, *, sender: str = "n1", to: str = "n0", group: str = "g0") -> bytes:

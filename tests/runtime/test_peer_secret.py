@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -40,20 +40,13 @@ from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.runtime.transport import PeerLink, TransportSettings, authenticate_to
 from dledger.runtime.wire import encode
 from dledger.store import StoreSettings
+from tests.waiting import until as _until
 
 SECRET = b"correct horse battery staple"
 OTHER = b"incorrect horse"
 AUTH_MS = 300  # short, so that stalls and silent peers fail fast
 STORE = StoreSettings(data_file_size=1 << 20, index_file_size=32 * 1024)
 HUGE_TERM = 10**6  # within CoreSettings.max_term_jump, so the control shows it moving
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, f"not in {timeout_s} s: {what or cond}"
-        await asyncio.sleep(0.01)
 
 
 def _settings(secret: bytes | None, **kw: int) -> TransportSettings:

@@ -23,10 +23,10 @@ import pytest
 from dledger.codes import DLedgerCode
 from dledger.store import FileStore, StoreError, StoreFailedError
 from dledger.store import mmapfile as mmapfile_module
+from tests.waiting import wait_until
 
 from ..conftest import TINY
 from ..smallfs import Ballast, MiB, small_fs
-from .test_file_store import wait_until
 
 
 def _bodies(n: int, size: int, tag: int) -> list[bytes]:

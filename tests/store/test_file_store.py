@@ -27,20 +27,13 @@ from dledger.store import (
     encode_entry,
 )
 from dledger.store.entry import MAGIC_BLANK, decode_header, peek_magic_size
+from tests.waiting import wait_until
 
 from ..conftest import TINY
 
 
 def bodies(n: int, size: int = 100, tag: int = 0) -> list[bytes]:
     return [bytes([(tag + i) % 251]) * size for i in range(n)]
-
-
-def wait_until(cond: object, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
 
 
 # ---- leader append -----------------------------------------------------------------------
