@@ -45,7 +45,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import os
 import struct
 import time
 from collections.abc import Callable
@@ -56,6 +55,7 @@ import orjson
 
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex, tags_hash
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, FileStore, write_atomic
+from dledger.store.meta import fsync_dir
 
 from .message import (
     PROP_BATCH_INDEX,
@@ -161,7 +161,7 @@ class Dispatcher:
             # The old checkpoint goes first, durably: the rebuilt files are not synced,
             # and a later restart must not take them for what it recorded.
             self.checkpoint_path.unlink(missing_ok=True)
-            _fsync_dir(self.checkpoint_path.parent)
+            fsync_dir(self.checkpoint_path.parent)
             self.cq.delete_all()
             self.keys.clear()
             self._start_queues_at_head()
@@ -446,7 +446,7 @@ class Dispatcher:
         """``install``'s file work, in a thread while ``installing`` holds everyone off.
         The old checkpoint goes first, durably: it describes queues about to change."""
         self.checkpoint_path.unlink(missing_ok=True)
-        _fsync_dir(self.checkpoint_path.parent)
+        fsync_dir(self.checkpoint_path.parent)
         for q in list(self.cq):
             if (q.topic, q.queue_id) not in table:
                 self.cq.delete_queue(q.topic, q.queue_id)
@@ -811,11 +811,3 @@ def _parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
             raise ValueError(f"bad queue table entry {key!r}: {offset!r}")
         out[topic, int(queue_id)] = offset
     return out
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
