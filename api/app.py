@@ -231,7 +231,7 @@ def create_app(
                 **fields,
             )
         headers = {"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None
-        if e.http_status in (429, 503):
+        if e.http_status in (429, 503, 507):
             retry_ms = e.fields.get("retry_after_ms", DEFAULT_RETRY_AFTER_S * 1000)
             headers = {"Retry-After": str(max(1, math.ceil(retry_ms / 1000)))}
         return error_response(e.http_status, e.code, e.message, headers=headers, **fields)
@@ -258,9 +258,15 @@ def create_app(
 
     # ---- probes and metrics ------------------------------------------------------------
 
-    @app.get("/healthz", tags=["cluster"], summary="the process is up")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get(
+        "/healthz",
+        tags=["cluster"],
+        summary="the process is up and working (503 once it failed: it is exiting)",
+    )
+    async def healthz() -> Response:
+        if broker.failed is not None:
+            return JSONBytes({"status": "failed", "reason": repr(broker.failed)}, status_code=503)
+        return JSONBytes({"status": "ok"})
 
     @app.get(
         "/readyz",
@@ -272,7 +278,11 @@ def create_app(
     async def readyz() -> Response:
         st = broker.status()
         reason = None
-        if st["leader_id"] is None:
+        if st["failed"] is not None:
+            reason = f"node failed: {st['failed']}"
+        elif st["dispatch_stall"] is not None:
+            reason = f"dispatch stalled: {st['dispatch_stall']}"
+        elif st["leader_id"] is None:
             reason = "no master known"
         elif st["dispatched_index"] < st["committed_index"]:
             reason = f"dispatch at {st['dispatched_index']} of {st['committed_index']}"

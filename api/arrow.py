@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from starlette.responses import Response
 
+from broker import errors
 from broker.broker import Broker
 from broker.message import (
     BODY_LENGTH_POS,
@@ -56,6 +57,7 @@ from broker.message import (
     TOTAL_SIZE_POS,
 )
 from broker.pages import RawPage, RecordChunk
+from dledger.codes import DLedgerError
 
 from . import media
 from .arrow_schema import SCHEMA, TIMESTAMP
@@ -364,6 +366,18 @@ def _write_stream(sink: Any, batches: list[pa.RecordBatch]) -> None:
             writer.write_batch(batch)
 
 
+def encode_pulled(page: RawPage, *, topic: str, group: str) -> tuple[list[pa.RecordBatch], int]:
+    """``encode_page`` of a page just pulled. If the log moved under the page between its
+    units and their records (retention or a snapshot install took the head), the pull
+    is answered BUSY: the client retries, from a fresh page."""
+    try:
+        return encode_page(page, topic=topic, group=group)
+    except DLedgerError as e:
+        raise errors.BusyError(
+            f"the log changed under the page ({e.message}); retry", retry_after_ms=100
+        ) from None
+
+
 def ipc_stream(batches: list[pa.RecordBatch]) -> memoryview:
     """An Arrow IPC stream of ``SCHEMA`` holding ``batches`` (none: the schema alone),
     written once into a buffer of its exact size (measured by a first pass that copies
@@ -402,7 +416,7 @@ async def pull_arrow(
     r = await broker.pull_page(
         topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
     )
-    batches, body_bytes = encode_page(r.page, topic=topic, group=broker.settings.group)
+    batches, body_bytes = encode_pulled(r.page, topic=topic, group=broker.settings.group)
     return ArrowPull(
         ipc_stream(batches),
         r.status,

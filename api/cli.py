@@ -20,12 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-from broker.demo import run_demo
 from dledger.runtime.peer_auth import load_peer_secret
 from dledger.store.demo import run_demo as run_store_demo
 
 from .cli_client import add_client_commands, run_client_command
 from .cliutil import add_option
+from .demo import add_demo_options, run_demo
 from .node import add_broker_options, run_broker
 
 SERVER_COMMANDS = ("broker", "cluster", "demo", "store-demo")
@@ -48,11 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_option(up, "--flush", choices=("sync", "async"), default="sync")
     add_option(up, "--peer-secret", default=None, help="for every node (API.md §6)")
     add_option(up, "--peer-secret-file", type=Path, default=None)
-    demo = sub.add_parser("demo", help="run the 3-broker failover demonstration and exit")
-    demo.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
-    demo.add_argument("--messages", type=int, default=20_000, help="per produce phase")
-    demo.add_argument("--body-bytes", type=int, default=1024)
-    demo.add_argument("--batch", type=int, default=100)
+    add_demo_options(
+        sub.add_parser(
+            "demo",
+            help="the 3-broker failover demonstration: kill -9 the master under load, "
+            "then the accounting (--brokers: against a running cluster)",
+        )
+    )
     sdemo = sub.add_parser("store-demo", help="run the log store demonstration and exit")
     sdemo.add_argument("--data-dir", type=Path, default=None)
     sdemo.add_argument("--entries", type=int, default=200_000)
@@ -114,8 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cluster":
             return cluster_up(args)
         if args.command == "demo":
-            run_demo(args.data_dir, args.messages, args.batch, args.body_bytes)
-        elif args.command == "store-demo":
+            return run_demo(args)
+        if args.command == "store-demo":
             run_store_demo(args.data_dir, args.entries, args.body_bytes, args.batch)
     except (OSError, ValueError, TimeoutError, RuntimeError, AssertionError) as e:
         print(f"ledgermq {args.command}: {e}", file=sys.stderr)

@@ -81,6 +81,7 @@ __all__ = [
     "ClusterNode",
     "ClusterStatus",
     "Consumer",
+    "DiskFullError",
     "ForbiddenError",
     "GroupNotFoundError",
     "GroupOffset",
@@ -90,6 +91,7 @@ __all__ = [
     "MessageLike",
     "MessageNotFoundError",
     "NoMasterError",
+    "NodeFailedError",
     "NodeView",
     "NotMasterError",
     "PayloadTooLargeError",
@@ -185,6 +187,19 @@ class BusyError(LedgerMQError):
     CODE = "BUSY"
 
 
+class DiskFullError(LedgerMQError):
+    """The master's disk is full: it refuses writes until space returns (by itself); the
+    client retries within its deadline, as the answer's ``Retry-After`` says."""
+
+    CODE = "DISK_FULL"
+
+
+class NodeFailedError(LedgerMQError):
+    """The node stopped working and is exiting; another takes over (retried)."""
+
+    CODE = "NODE_FAILED"
+
+
 class UnauthenticatedError(LedgerMQError):
     """No token, or one the broker does not know."""
 
@@ -217,6 +232,8 @@ _ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         GroupNotFoundError,
         SequenceTooOldError,
         BusyError,
+        DiskFullError,
+        NodeFailedError,
         UnauthenticatedError,
         ForbiddenError,
         BrokerUnavailableError,
@@ -638,7 +655,9 @@ def redirect_target(reply: Reply, error: LedgerMQError) -> str | None:
     return None
 
 
-RETRIED = {"NO_MASTER", "UNKNOWN_OUTCOME", "BUSY"}
+RETRIED = {"NO_MASTER", "UNKNOWN_OUTCOME", "BUSY", "DISK_FULL", "NODE_FAILED"}
+# Retried against the same master: it is the master, it is only busy or out of disk.
+_SAME_MASTER = {"BUSY", "DISK_FULL"}
 
 
 def _unavailable(message: str) -> BrokerUnavailableError:
@@ -757,7 +776,7 @@ class Exchange:
                         continue
                     self.master = None
                 elif err.code in RETRIED:
-                    if err.code != "BUSY":
+                    if err.code not in _SAME_MASTER:
                         self.master = None  # leadership may have moved: rediscover
                     wait_s = retry_after_s(outcome, err)
                 else:

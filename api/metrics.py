@@ -97,6 +97,25 @@ class _StateCollector(Collector):
                 "inbound Raft connections refused by the peer-secret handshake",
                 value=b.server.transport.auth_failures,
             )
+        refused = CounterMetricFamily(
+            "ledgermq_raft_refused",
+            "inbound Raft frames refused: undecodable, not from a member, client requests"
+            " this node does not serve",
+            labels=["reason"],
+        )
+        for reason in ("bad_frames", "stranger_frames", "client_requests", "limited"):
+            refused.add_metric([reason], st["refused"].get(reason, 0))
+        yield refused
+        yield gauge(
+            "ledgermq_dispatch_stalled",
+            "1 while dispatch is stalled on a disk error (writes are refused meanwhile)",
+            0.0 if st["dispatch_stall"] is None else 1.0,
+        )
+        yield gauge(
+            "ledgermq_node_failed",
+            "1 once the node stopped working (crash-only: it is exiting)",
+            0.0 if st["failed"] is None else 1.0,
+        )
         yield gauge("ledgermq_ledger_begin_index", "first log index kept", st["ledger_begin_index"])
         yield gauge("ledgermq_ledger_end_index", "last log index", st["ledger_end_index"])
         yield gauge("ledgermq_committed_index", "quorum-committed index", st["committed_index"])
@@ -119,6 +138,8 @@ class _StateCollector(Collector):
             "ledgermq_queue_max_offset", "next offset to write", labels=["topic", "queue_id"]
         )
         bounds: dict[tuple[str, int], int] = {}
+        if b.dispatcher.installing:  # the queues are being replaced: no per-queue series
+            return
         for t in b.list_topics():
             for qid in range(t.queues):
                 lo, hi = b.queue_bounds(t.name, qid)

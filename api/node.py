@@ -38,6 +38,14 @@ from .cliutil import add_option, fail
 
 log = logging.getLogger("ledgermq.node")
 
+EXIT_NODE_FAILED = 70  # EX_SOFTWARE: the node stopped working (crash-only); restart it
+
+
+class NodeFailedError(RuntimeError):
+    """The node stopped working while serving (a dead task, a failed fsync): the process
+    exits non-zero so a supervisor restarts it and recovery runs."""
+
+
 MiB = 1 << 20
 # Limits.* exposed as --max-... options (API.md §3's defaults).
 LIMIT_OPTIONS = (
@@ -121,11 +129,17 @@ async def _watch_parent(server: uvicorn.Server, parent: int) -> None:
 
 
 async def serve(
-    settings: BrokerSettings, http: HttpSettings, *, exit_with_parent: bool = False
+    settings: BrokerSettings,
+    http: HttpSettings,
+    *,
+    exit_with_parent: bool = False,
+    broker: Broker | None = None,
 ) -> None:
-    """Start the broker, serve HTTP until SIGINT/SIGTERM (or, with ``exit_with_parent``,
-    until the parent process is gone), then stop both cleanly."""
-    broker = Broker(settings)
+    """Start the broker (``broker``, or one made from ``settings``), serve HTTP until
+    SIGINT/SIGTERM (or, with ``exit_with_parent``, until the parent process is gone),
+    then stop both cleanly. Raises ``NodeFailedError`` when it stopped because the node
+    failed (crash-only: the process exits non-zero)."""
+    broker = broker or Broker(settings)
     started = time.monotonic()
     await broker.start()
     app = create_app(
@@ -152,6 +166,16 @@ async def serve(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _request_exit, server)
+
+    def on_failure(e: BaseException) -> None:
+        log.critical(
+            "node %s failed (%r): stopping, exit %d", settings.node_id, e, EXIT_NODE_FAILED
+        )
+        server.should_exit = server.force_exit = True  # no grace for long polls
+
+    broker.server.add_failure_handler(on_failure)
+    if broker.failed is not None:
+        on_failure(broker.failed)
     log.info(
         "node %s of group %s: HTTP on %s:%d, Raft on %s, data in %s (started in %.0f ms)",
         settings.node_id,
@@ -175,6 +199,8 @@ async def serve(
         log.info("node %s: stopping", settings.node_id)
         await broker.stop()
         log.info("node %s: stopped", settings.node_id)
+    if broker.failed is not None:
+        raise NodeFailedError(repr(broker.failed))
 
 
 class _Server(uvicorn.Server):
@@ -240,6 +266,28 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     add_option(p, "--heartbeat-ms", type=int, default=None, help="overrides the profile")
     add_option(p, "--data-file-mb", type=int, default=1024, help="commitlog segment size")
     add_option(p, "--file-reserved-hours", type=float, default=72.0, help="retention by age")
+    add_option(
+        p,
+        "--disk-full-ratio",
+        type=float,
+        default=StoreSettings().disk_full_ratio,
+        help="appends are refused (507 DISK_FULL) above this share of the disk in use",
+    )
+    add_option(
+        p,
+        "--disk-reserve-mb",
+        type=int,
+        default=None,
+        help="writes are refused while less is free (default: one key-index file and four"
+        " consume-queue segments, ~66 MiB)",
+    )
+    add_option(
+        p,
+        "--peer-address-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a member's Raft frames must come from its configured host (off behind NAT)",
+    )
     limits = Limits()
     for name in LIMIT_OPTIONS:
         add_option(
@@ -300,6 +348,8 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         data_file_size=args.data_file_mb * MiB,
         index_file_size=max(1, args.data_file_mb // 32) * MiB,
         file_reserved_hours=args.file_reserved_hours,
+        disk_full_ratio=args.disk_full_ratio,
+        disk_clean_ratio=min(StoreSettings().disk_clean_ratio, args.disk_full_ratio),
     )
     limits = Limits(**{name: getattr(args, name) for name in LIMIT_OPTIONS})
     settings = BrokerSettings(
@@ -316,8 +366,10 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         core=core,
         store=store,
         transport=TransportSettings(
-            peer_secret=load_peer_secret(args.peer_secret, args.peer_secret_file)
+            peer_secret=load_peer_secret(args.peer_secret, args.peer_secret_file),
+            check_peer_address=args.peer_address_check,
         ),
+        disk_reserve_bytes=None if args.disk_reserve_mb is None else args.disk_reserve_mb * MiB,
     )
     http = HttpSettings(
         host=host,
@@ -354,6 +406,9 @@ def run_broker(args: argparse.Namespace) -> int:
         runner = asyncio.run
     try:
         runner(serve(settings, http, exit_with_parent=args.exit_with_parent))
+    except NodeFailedError as e:
+        log.critical("node %s exits: %s", settings.node_id, e)
+        return EXIT_NODE_FAILED
     except OSError as e:
         log.error("node %s: %s", settings.node_id, e)
         return 1

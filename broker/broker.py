@@ -18,8 +18,8 @@ settle, as long as this master's term lasts (see ``_join_inflight``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +35,7 @@ from dledger.runtime.server import DLedgerServer, NotLeaderError
 from dledger.runtime.server import UnknownOutcomeError as RaftUnknownOutcome
 from dledger.store import FileStore
 
-from . import errors
+from . import errors, sessions
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .dispatcher import Dispatcher
 from .message import (
@@ -68,6 +68,7 @@ from .metadata import (
     op_delete_topic,
 )
 from .pages import RawPage, RawPullResult
+from .promotion import own_term_committed, queue_table_from
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
 
@@ -149,13 +150,12 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@dataclass(slots=True)
-class _InflightBatch:
-    """A session batch this master appended (or is appending) in ``term``."""
-
-    term: int
-    answer: asyncio.Future[list[ProduceResult]]  # the attempt's own answer
-    settle_index: int = -1  # once it ended: its entries are at or below this index
+def _error_text(e: BaseException | None) -> str | None:
+    if e is None:
+        return None
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror} ({e.filename})" if e.filename else e.strerror
+    return str(e) or type(e).__name__
 
 
 class Broker:
@@ -171,16 +171,18 @@ class Broker:
         self.dispatcher: Dispatcher = None  # type: ignore[assignment]  # set in start()
         self.role = BrokerRole.SLAVE
         self.role_term = -1
-        self.role_handler = RoleChangeHandler(self)
+        self.role_handler = RoleChangeHandler(self, settings.master_catch_up_timeout_ms)
         self.server.add_role_change_handler(self.role_handler)
         self.server.set_snapshot_installer(self._install_snapshot)
         self._recovered = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        # (producer id, sequence) → the attempt at it on this master; kept after the attempt
-        # ended until its entries are committed and dispatched or the term is over
-        # (bounded by max_producer_sessions: beyond, produce is refused as busy).
-        self._inflight_sessions: dict[tuple[str, int], _InflightBatch] = {}
+        # This master's attempts at session batches (the rule: broker/sessions.py), and
+        # the answer each running one will give to the requests that join it.
+        self.sessions = sessions.ProducerSessions(settings.max_producer_sessions)
+        self._attempt_answers: dict[sessions.Attempt, asyncio.Future[list[sessions.Result]]] = {}
         self._store_host = ("127.0.0.1", 0)
+        self._disk_checked_at = -1e18
+        self._disk_free_bytes = 1 << 62
         self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0}
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -212,19 +214,31 @@ class Broker:
         await asyncio.to_thread(self.dispatcher.recover)
         self._recovered.set()
         self.dispatcher.offer_snapshot()
-        self._tasks.append(
-            asyncio.create_task(
-                self.dispatcher.run(self.server.wait_committed), name="broker-dispatch"
-            )
+        task = asyncio.create_task(
+            self.dispatcher.run(self.server.wait_committed), name="broker-dispatch"
         )
+        # The dispatcher ends only on a broken invariant: without it nothing committed
+        # becomes readable, so the node must fail loudly, not go on half alive.
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        e = task.exception() or RuntimeError("returned")
+        self.server.fail(f"task {task.get_name()} ended", e)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the node stopped working (it is exiting), or None."""
+        return self.server.failed
 
     async def stop(self) -> None:
         await self.role_handler.close()
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        # A task that died already was reported (it failed the node); stop goes on.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         if self.dispatcher is not None:
             await self.dispatcher.close()
@@ -281,8 +295,37 @@ class Broker:
             )
         self.role, self.role_term = role, term
 
+    # RoleHost (broker/role.py): what the promotion to MASTER reads and waits for.
+
+    def leading(self, term: int) -> bool:
+        core = self.server.core
+        return core is not None and core.ms.role is Role.LEADER and core.ms.curr_term == term
+
+    def own_term_committed(self, term: int) -> bool:
+        return own_term_committed(self.store, term)
+
+    @property
+    def committed_index(self) -> int:
+        return self.store.committed_index
+
+    @property
+    def dispatched_index(self) -> int:
+        return self.dispatcher.dispatched_index
+
+    async def wait_committed(self, index: int, timeout_s: float) -> bool:
+        return await self.server.wait_committed(index, timeout_s)
+
+    async def wait_dispatched(self, index: int, timeout_s: float) -> bool:
+        return await self.dispatcher.wait_dispatched(index, timeout_s)
+
+    def rebuild_queue_table(self) -> int:
+        table = queue_table_from(self.meta, self.cq)
+        self.commitlog.reset_queue_table(table)
+        return len(table)
+
     def _require_master(self) -> None:
         if self.role is BrokerRole.MASTER:
+            self._require_writable()
             return
         core = self.server.core
         leader = core.ms.leader_id if core is not None else None
@@ -295,6 +338,46 @@ class Broker:
             leader_addr=self.settings.peer_map.get(leader),
             leader_url=self.settings.peer_urls.get(leader),
         )
+
+    def _require_derived(self) -> None:
+        """Reads of the consume queues and the key index wait out a snapshot install
+        (its thread is replacing the files): 429 BUSY with a short Retry-After."""
+        if self.dispatcher is not None and self.dispatcher.installing:
+            raise errors.BusyError(
+                "installing a snapshot from the leader; retry shortly", retry_after_ms=200
+            )
+
+    def _require_writable(self) -> None:
+        """Refuse a write the node could not make readable: while dispatch is stalled on
+        a disk error nothing new reaches the consume queues (it resumes by itself)."""
+        if self.server.failed is not None:
+            raise errors.NodeFailedError(f"node failed: {self.server.failed!r}")
+        free = self._disk_free()
+        if free < self.settings.disk_reserve:
+            raise errors.DiskFullError(
+                f"writes refused: {free >> 20} MiB free in {self.settings.data_dir}, under the"
+                f" reserve of {self.settings.disk_reserve >> 20} MiB kept for the consume"
+                " queues and the key index; reads go on, writes resume when space returns",
+                retry_after_ms=1000,
+            )
+        stall = self.dispatcher.stall if self.dispatcher is not None else None
+        if stall is not None:
+            raise errors.DiskFullError(
+                f"writes refused: dispatch is stalled on a disk error ({stall.strerror or stall});"
+                " reads go on, writes resume when it moves again",
+                retry_after_ms=1000,
+            )
+
+    def _disk_free(self) -> int:
+        """Free bytes where the data lives, looked up at most once per interval."""
+        now = time.monotonic()
+        if now - self._disk_checked_at >= self.settings.disk_check_interval_ms / 1000:
+            self._disk_checked_at = now
+            try:
+                self._disk_free_bytes = shutil.disk_usage(self.settings.data_dir).free
+            except OSError as e:  # the directory went away: say so, refuse nothing more
+                log.warning("cannot read the free space of %s: %s", self.settings.data_dir, e)
+        return self._disk_free_bytes
 
     # ---- appends -----------------------------------------------------------------------
 
@@ -311,7 +394,9 @@ class Broker:
                 return err
         if e.code is DLedgerCode.LEADER_PENDING_FULL:
             return errors.BusyError("too many appends waiting for a quorum", retry_after_ms=100)
-        if e.code in (DLedgerCode.DISK_FULL, DLedgerCode.UNEXPECTED_ARGUMENT):
+        if e.code is DLedgerCode.DISK_FULL:
+            return errors.DiskFullError(e.message, retry_after_ms=1000)
+        if e.code in (DLedgerCode.DISK_ERROR, DLedgerCode.UNEXPECTED_ARGUMENT):
             return errors.StorageError(e.message)
         return errors.NoMasterError(f"append refused: {e.code.name}", retry_after_ms=200)
 
@@ -350,6 +435,7 @@ class Broker:
             raise errors.InvalidArgumentError(
                 f"queues must be 1..{self.settings.limits.max_queues_per_topic}, not {n}"
             )
+        self._require_master()  # a write, even when it turns out to exist: the master says
         existing = self.meta.topics.get(name)
         if existing is None:
             await self._append_meta(op_create_topic(name, n))
@@ -387,10 +473,13 @@ class Broker:
         }
 
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        self._require_derived()
         q = self.cq.find(topic, queue_id)
         return (0, 0) if q is None else (q.min_offset, q.max_offset)
 
     async def delete_topic(self, name: str) -> None:
+        # A write: redirect first. A slave may not know a topic the master just made.
+        self._require_master()
         self.topic(name)
         await self._append_meta(op_delete_topic(name))
 
@@ -490,120 +579,99 @@ class Broker:
                 )
             topic, _ = await self.create_topic(topic_name, None)
         if producer_id is None or sequence is None:
-            return await self._put(topic, messages, None, 0)
-        key = (producer_id, sequence)
-        earlier = await self._join_inflight(key)
-        if earlier is not None:
-            self.stats["deduplicated"] += len(messages)
-            return earlier
-        self._make_room_for_inflight()
-        marker = _InflightBatch(self.role_term, asyncio.get_running_loop().create_future())
-        self._inflight_sessions[key] = marker  # no await since _join_inflight found none
+            return self._results(await self._put(topic, messages, None, 0))
+        return await self._produce_in_session(topic, messages, producer_id, sequence)
+
+    async def _produce_in_session(
+        self, topic: TopicMeta, messages: Sequence[ProduceMessage], pid: str, seq: int
+    ) -> list[ProduceResult]:
+        """Drive ``ProducerSessions`` (``broker/sessions.py``: the rule, shared with the
+        simulation) for one request: answer, join, settle first, or append."""
+        key = (pid, seq)
+        for _ in range(3):  # each round ends an attempt or answers; more is a busy batch
+            d = self.sessions.begin(
+                key,
+                len(messages),
+                term=self.role_term,
+                table=self.meta.sessions,
+                settled=self._settled,
+            )
+            if isinstance(d, sessions.Answer):
+                self.stats["deduplicated"] += len(d.results)
+                return self._results(d.results)
+            if isinstance(d, sessions.Refuse):
+                raise d.error
+            if isinstance(d, sessions.Join):
+                return self._results(await asyncio.shield(self._attempt_answers[d.attempt]))
+            if isinstance(d, sessions.SettleFirst):
+                if not await self._settle(d.attempt.term, d.index):
+                    raise errors.UnknownOutcomeError(
+                        f"producer {pid} sequence {seq}: an earlier attempt is not settled"
+                        " yet; retry with the same sequence"
+                    )
+                continue
+            return self._results(await self._attempt(topic, messages, d))
+        raise errors.UnknownOutcomeError(
+            f"producer {pid} sequence {seq}: attempts keep overlapping; retry"
+        )
+
+    async def _attempt(
+        self, topic: TopicMeta, messages: Sequence[ProduceMessage], d: sessions.Append
+    ) -> list[sessions.Result]:
+        """Append the batch's missing tail as ``d.attempt``; its answer goes to every
+        request that joined it, and ``ProducerSessions.end`` hears how it ended."""
+        a, done = d.attempt, d.done
+        pid, seq = a.key
+        answer_fut: asyncio.Future[list[sessions.Result]] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._attempt_answers[a] = answer_fut
+        self.stats["deduplicated"] += len(done)
+        answer: list[sessions.Result] | None = None
+        appended = True
         try:
-            results = await self._produce_session(topic, messages, producer_id, sequence)
+            try:
+                placed = await self._put(
+                    topic, messages[len(done) :], (pid, seq, len(messages)), len(done)
+                )
+            except errors.UnknownOutcomeError:
+                # Still master in the same term: the entries are in our log and commit or
+                # vanish with our leadership. Wait for all appended so far; if the batch
+                # made it, the session table has the answer, else the client retries.
+                if await self._settle(a.term):
+                    answer = self.sessions.answer_from_table(a, len(messages), self.meta.sessions)
+                if answer is None:
+                    raise
+            else:
+                answer = done + placed
         except BaseException as e:
+            # A refusal before the append (not master, busy, disk full) appended nothing;
+            # an unknown outcome or a cancel mid-append may have.
             appended = not isinstance(e, errors.BrokerError) or isinstance(
                 e, errors.UnknownOutcomeError
             )
-            if not isinstance(e, errors.BrokerError):  # cancelled mid-append, say
-                e = errors.UnknownOutcomeError(f"produce interrupted ({type(e).__name__})")
-            marker.answer.set_exception(e)
-            marker.answer.exception()  # retrieved: waiters, if any, get it too
-            self._end_attempt(key, marker, appended)
+            told = e if isinstance(e, errors.BrokerError) else None
+            answer_fut.set_exception(
+                told or errors.UnknownOutcomeError(f"produce interrupted ({type(e).__name__})")
+            )
+            answer_fut.exception()  # retrieved: joiners, if any, get it too
             raise
-        marker.answer.set_result(results)
-        self._end_attempt(key, marker, appended=True)
-        return results
-
-    async def _join_inflight(self, key: tuple[str, int]) -> list[ProduceResult] | None:
-        """The answer of an earlier attempt at the same batch on this master, or None when
-        this request is to append it (or its missing tail) itself.
-
-        An attempt's marker stays until its entries are known committed and dispatched,
-        or its term is over: only then does the session table tell the whole truth about
-        the batch, and appending it again before could commit it twice (a settle that
-        timed out leaves the first copy in the log, still able to commit)."""
-        for _ in range(3):  # each round ends a marker or returns; more is a busy batch
-            marker = self._inflight_sessions.get(key)
-            if marker is None:
-                return None
-            if marker.term != self.role_term:
-                # An earlier term's: becoming MASTER since waited for dispatch to reach
-                # the own-term NOOP, so the session table holds whatever of it survived.
-                del self._inflight_sessions[key]
-                return None
-            if not marker.answer.done() or marker.answer.exception() is None:
-                return await asyncio.shield(marker.answer)  # running, or answered
-            # It ended with an unknown outcome: wait for what it appended to settle.
-            if not await self._settle(marker.term, marker.settle_index):
-                raise errors.UnknownOutcomeError(
-                    f"producer {key[0]} sequence {key[1]}: an earlier attempt is not settled"
-                    " yet; retry with the same sequence"
-                )
-            if self._inflight_sessions.get(key) is marker:
-                del self._inflight_sessions[key]
-        raise errors.UnknownOutcomeError(
-            f"producer {key[0]} sequence {key[1]}: attempts keep overlapping; retry"
-        )
-
-    def _end_attempt(self, key: tuple[str, int], marker: _InflightBatch, appended: bool) -> None:
-        """Drop the attempt's marker unless entries of it may still be unsettled in this
-        master's term (``_join_inflight`` says why). That includes a success whose wait
-        for dispatch timed out: a retry gets the same answer, not a second append."""
-        end = self.store.ledger_end_index
-        if appended and self.is_master and self.role_term == marker.term and not self._settled(end):
-            marker.settle_index = end  # all it appended is at or below
-        elif self._inflight_sessions.get(key) is marker:
-            del self._inflight_sessions[key]
+        else:
+            answer_fut.set_result(answer)
+            return answer
+        finally:
+            self.sessions.end(
+                a,
+                answer=answer,
+                appended=appended,
+                master_term=self.role_term if self.is_master else None,
+                ledger_end=self.store.ledger_end_index,
+                settled=self._settled,
+            )
+            self._attempt_answers.pop(a, None)
 
     def _settled(self, index: int) -> bool:
         return self.store.committed_index >= index and self.dispatcher.dispatched_index >= index
-
-    def _make_room_for_inflight(self) -> None:
-        """Bound the markers: at the limit, drop the ones that are settled or of an
-        earlier term; if that is not enough, the producer is told to back off."""
-        limit = self.settings.max_producer_sessions
-        if len(self._inflight_sessions) < limit:
-            return
-        for key, m in list(self._inflight_sessions.items()):
-            if m.term != self.role_term or (m.answer.done() and self._settled(m.settle_index)):
-                del self._inflight_sessions[key]
-        if len(self._inflight_sessions) >= limit:
-            raise errors.BusyError(
-                f"{limit} producer batches are in flight or settling", retry_after_ms=200
-            )
-
-    async def _produce_session(
-        self, topic: TopicMeta, messages: Sequence[ProduceMessage], pid: str, seq: int
-    ) -> list[ProduceResult]:
-        s = self.meta.sessions.get(pid)
-        done: list[ProduceResult] = []
-        if s is not None:
-            if seq < s.seq:
-                raise errors.SequenceTooOldError(
-                    f"producer {pid}: sequence {seq} is below the last one, {s.seq}",
-                    last_sequence=s.seq,
-                )
-            if seq == s.seq:
-                done = [self._result(q, o, c) for q, o, c in s.results[: len(messages)]]
-                self.stats["deduplicated"] += len(done)
-                if len(done) >= len(messages):
-                    return done
-        term = self.role_term
-        try:
-            rest = await self._put(
-                topic, messages[len(done) :], (pid, seq, len(messages)), len(done)
-            )
-        except errors.UnknownOutcomeError:
-            # Still master in the same term: the entries are in our log and will commit
-            # or vanish with our leadership. Wait for everything appended so far; if the
-            # batch made it, answer from the session table, else let the client retry.
-            settled = await self._settle(term)
-            s = self.meta.sessions.get(pid)
-            if settled and s is not None and s.seq == seq and s.complete:
-                return [self._result(q, o, c) for q, o, c in s.results[: len(messages)]]
-            raise
-        return done + rest
 
     async def _settle(self, term: int, target: int | None = None) -> bool:
         """Wait (bounded) until all that this master appended, up to ``target`` when
@@ -616,6 +684,9 @@ class Broker:
         if not await self.server.wait_committed(target, timeout_s):
             return False
         return await self.dispatcher.wait_dispatched(target, timeout_s)
+
+    def _results(self, results: Sequence[sessions.Result]) -> list[ProduceResult]:
+        return [self._result(q, o, c) for q, o, c in results]
 
     def _result(self, queue_id: int, queue_offset: int, commitlog_offset: int) -> ProduceResult:
         return ProduceResult(
@@ -631,7 +702,7 @@ class Broker:
         messages: Sequence[ProduceMessage],
         session: tuple[str, int, int] | None,
         first_in_batch: int,
-    ) -> list[ProduceResult]:
+    ) -> list[sessions.Result]:
         now = _now_ms()
         batch = [
             self._encode(topic, m, first_in_batch + i, session, now) for i, m in enumerate(messages)
@@ -647,7 +718,7 @@ class Broker:
             placed[-1].index, self.settings.append_timeout_ms / 1000
         )
         self.stats["produced"] += len(placed)
-        return [self._result(p.queue_id, p.queue_offset, p.commitlog_offset) for p in placed]
+        return [(p.queue_id, p.queue_offset, p.commitlog_offset) for p in placed]
 
     # ---- reads -------------------------------------------------------------------------
 
@@ -754,6 +825,7 @@ class Broker:
         if hashes is not None and tags:
             wanted = {t.strip() for t in tags.split("||") if t.strip()}
         deadline = time.monotonic() + wait_ms / 1000
+        scanned = 0  # units a tag filter passed over: bounded per pull
         while True:
             lo, hi = self.queue_bounds(topic, queue_id)
             if offset < lo or offset > hi:
@@ -765,8 +837,17 @@ class Broker:
                 if count:
                     self.stats["pulled"] += count
                     return "FOUND", found, next_offset, lo, hi
+                scanned += next_offset - offset
                 offset = next_offset
                 status = "NO_MATCHED_MSG"
+                if scanned >= self.settings.limits.max_filter_scan_units:
+                    # A filter that matches nothing in a long backlog: answer where the
+                    # scan got to (the client goes on from there) instead of holding
+                    # the loop through all of it.
+                    return status, None, offset, lo, hi
+                if offset < hi:
+                    await asyncio.sleep(0)  # more backlog to scan: let the loop run first
+                    continue
             else:
                 status = "NO_NEW_MSG"
             left = deadline - time.monotonic()
@@ -785,6 +866,7 @@ class Broker:
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
     ) -> tuple[list[PulledMessage], int, int]:
+        self._require_derived()
         q = self.cq.find(topic, queue_id)
         if q is None:
             return [], 0, offset
@@ -816,6 +898,7 @@ class Broker:
     ) -> tuple[RawPage, int, int]:
         """``_scan`` for ``pull_page``: without a tag filter the units are taken as they
         are, one slice, with no object per message; with one, unit by unit as ``_scan``."""
+        self._require_derived()
         q = self.cq.find(topic, queue_id)
         if q is None:
             return RawPage(b""), 0, offset
@@ -847,6 +930,7 @@ class Broker:
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose store time is at or after ``timestamp_ms``."""
         self._check_queue(topic, queue_id)
+        self._require_derived()
         q = self.cq.find(topic, queue_id)
         if q is None:
             return 0
@@ -896,6 +980,7 @@ class Broker:
         if t.created_index >= store.ledger_begin_index:
             floor = store.get_meta(t.created_index).pos
         out = []
+        self._require_derived()
         for commitlog_offset in self.keys.query(key, max_results * 2):
             if commitlog_offset <= floor:
                 continue
@@ -944,6 +1029,7 @@ class Broker:
         return out
 
     async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        self._require_master()  # a write: redirect before looking at the topic (see above)
         self._check_group(group)
         t = self.topic(topic)
         clean: dict[int, int] = {}
@@ -1065,6 +1151,11 @@ class Broker:
             "snapshots_installed": self.server.stats.get("snapshot_installs", 0),
             "peers": st.get("peers", {}),
             "stats": {**self.stats, **(self.dispatcher.stats if self.dispatcher else {})},
+            # Why dispatch cannot move (a disk error it retries) and why the node stopped
+            # working (it exits); None while all is well.
+            "dispatch_stall": _error_text(self.dispatcher.stall if self.dispatcher else None),
+            "failed": _error_text(self.server.failed),
+            "refused": st.get("refused", {}),
         }
 
     @property

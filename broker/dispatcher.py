@@ -11,6 +11,13 @@ entries in index order and, for each:
   the keys of every message into the key index;
 - wakes long-polling readers of the queues it touched.
 
+A disk error while dispatching (a full disk failing a consume-queue or key-index roll)
+stalls dispatch instead of ending it: the entry is not counted as dispatched, every step
+of it is idempotent (metadata by ``applied_index``, queue units and keys by offset), and
+it is retried with backoff until space returns (``stall`` says why meanwhile; the broker
+refuses writes while it is set). A broken invariant (``ConsumeQueueError``) still ends
+the task, and with it the node: it is not a thing to retry.
+
 Everything it builds is derived state, and a replay must build it byte for byte as live
 dispatch did. Two facts make that possible:
 
@@ -36,8 +43,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
-import os
 import struct
 import time
 from collections.abc import Callable
@@ -48,6 +55,7 @@ import orjson
 
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex, tags_hash
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, FileStore, write_atomic
+from dledger.store.meta import fsync_dir
 
 from .message import (
     PROP_BATCH_INDEX,
@@ -65,6 +73,8 @@ from .metadata import SYS_TOPIC, MetadataState, SnapshotFiles
 log = logging.getLogger(__name__)
 
 _ENTRY_HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos (DESIGN §4)
+STALL_RETRY_MAX_S = 1.0  # backoff cap while a disk error stalls dispatch
+STALL_LOG_INTERVAL_S = 10.0  # a stall, or failing checkpoints, are logged this often
 _SESSION_MARK = PROP_PRODUCER_ID.encode() + b"\x01"
 
 
@@ -109,7 +119,20 @@ class Dispatcher:
         self.derived_index = -1
         self.rebuild_until = -1  # entries up to here are a rebuild (see _put_unit)
         self._keys_restored = True
-        self.stats = {"entries": 0, "messages": 0, "skipped": 0, "rebuilds": 0}
+        self.stats = {
+            "entries": 0,
+            "messages": 0,
+            "skipped": 0,
+            "rebuilds": 0,
+            "stalls": 0,
+            "persist_failures": 0,
+        }
+        # Why dispatch cannot move now (a disk error it retries), None while it can.
+        self.stall: OSError | None = None
+        # A leader's snapshot is being installed: the consume queues and the key index
+        # change in a thread, and nobody on the loop may touch them (``install``).
+        self.installing = False
+        self._stall_logged_at = self._persist_logged_at = -1e18
         self._progress = asyncio.Event()
         self._persist_lock = asyncio.Lock()
         self._queue_events: dict[tuple[str, int], asyncio.Event] = {}
@@ -138,7 +161,7 @@ class Dispatcher:
             # The old checkpoint goes first, durably: the rebuilt files are not synced,
             # and a later restart must not take them for what it recorded.
             self.checkpoint_path.unlink(missing_ok=True)
-            _fsync_dir(self.checkpoint_path.parent)
+            fsync_dir(self.checkpoint_path.parent)
             self.cq.delete_all()
             self.keys.clear()
             self._start_queues_at_head()
@@ -387,18 +410,15 @@ class Dispatcher:
         # restart can use.
         await asyncio.to_thread(self.snapshots.save, last_index, data, prune=False)
         async with self._persist_lock:  # no checkpoint or snapshot meanwhile
-            # From here on synchronous, so no dispatch step or read sees a half-installed
-            # state. The old checkpoint goes first, durably: it describes queues that
-            # are about to change.
-            self.checkpoint_path.unlink(missing_ok=True)
-            _fsync_dir(self.checkpoint_path.parent)
-            for q in list(self.cq):
-                if (q.topic, q.queue_id) not in table:
-                    self.cq.delete_queue(q.topic, q.queue_id)
-            for (topic, queue_id), next_offset in table.items():
-                if next_offset or self.cq.find(topic, queue_id) is not None:
-                    self.cq.queue(topic, queue_id).reset(next_offset)
-            self.keys.clear()
+            # The files change in a thread (deletes, resets and their fsyncs would stall
+            # the loop for as long as there are queues); meanwhile ``installing`` keeps
+            # dispatch and every read of the queues and the key index away, so none sees
+            # a half-installed state. Raft handles no Ready until this returns.
+            self.installing = True
+            try:
+                await asyncio.to_thread(self._install_files, table, last_index)
+            finally:
+                self.installing = False
             gone = [
                 name
                 for name, t in self.meta.topics.items()
@@ -410,9 +430,6 @@ class Dispatcher:
             self._unserved = None
             self.rebuild_until = -1
             self._begin_pos_seen = -1  # the log's begin moves next: correct min offsets
-            self.cq.flush()
-            self.keys.flush()
-            write_atomic(self.checkpoint_path, self._checkpoint_data(last_index))
             self.checkpoint_index = last_index
         for name in gone:
             if self.on_topic_deleted is not None:
@@ -425,102 +442,175 @@ class Dispatcher:
         self._queue_events.clear()
         log.info("installed the snapshot of entry %d (%d queues)", last_index, len(table))
 
+    def _install_files(self, table: dict[tuple[str, int], int], last_index: int) -> None:
+        """``install``'s file work, in a thread while ``installing`` holds everyone off.
+        The old checkpoint goes first, durably: it describes queues about to change."""
+        self.checkpoint_path.unlink(missing_ok=True)
+        fsync_dir(self.checkpoint_path.parent)
+        for q in list(self.cq):
+            if (q.topic, q.queue_id) not in table:
+                self.cq.delete_queue(q.topic, q.queue_id)
+        for (topic, queue_id), next_offset in table.items():
+            if next_offset or self.cq.find(topic, queue_id) is not None:
+                self.cq.queue(topic, queue_id).reset(next_offset)
+        self.keys.clear()
+        self.cq.flush()
+        self.keys.flush()
+        write_atomic(self.checkpoint_path, self._checkpoint_data(last_index))
+
     # ---- the loop ----------------------------------------------------------------------
 
     async def run(self, wait_committed: Callable[[int, float], Any]) -> None:
         """Dispatch forever: committed entries as they come, checkpoints and snapshots
-        on their intervals. ``wait_committed(index, timeout_s)`` is the server's."""
+        on their intervals. ``wait_committed(index, timeout_s)`` is the server's. A disk
+        error stalls and retries (module docstring); anything else ends the task."""
+        delay_s = 0.0
         while True:
-            n = self.dispatch_some(self.batch_entries)
-            await self._maybe_persist()
+            try:
+                n = self.dispatch_some(self.batch_entries)
+            except OSError as e:
+                self._stalled(e)
+                delay_s = min(max(2 * delay_s, 0.05), STALL_RETRY_MAX_S)
+                await asyncio.sleep(delay_s)
+                continue
+            if self.stall is not None:
+                log.warning(
+                    "dispatch resumed at entry %d after a stall (%s)",
+                    self.dispatched_index,
+                    self.stall.strerror or self.stall,
+                )
+                self.stall, delay_s = None, 0.0
+            try:
+                await self._maybe_persist()
+            except OSError as e:  # the old checkpoint and snapshot stay valid: retry later
+                self.stats["persist_failures"] += 1
+                now = time.monotonic()
+                if now - self._persist_logged_at >= STALL_LOG_INTERVAL_S:
+                    self._persist_logged_at = now
+                    log.warning("dispatch checkpoint or snapshot failed, retrying: %s", e)
             if n >= self.batch_entries:
                 await asyncio.sleep(0)  # a long catch-up must not starve the loop
                 continue
             await wait_committed(self.dispatched_index + 1, 0.2)
 
+    def _stalled(self, e: OSError) -> None:
+        if self.stall is None:
+            self.stats["stalls"] += 1
+        self.stall = e
+        now = time.monotonic()
+        if now - self._stall_logged_at >= STALL_LOG_INTERVAL_S:
+            self._stall_logged_at = now
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            log.warning(
+                "dispatch stalled before entry %d: %s%s; retrying (writes are refused until"
+                " it moves again)",
+                self.dispatched_index + 1,
+                e,
+                " (the disk is full: free space to go on)" if full else "",
+            )
+
     def dispatch_some(self, max_entries: int) -> int:
-        """Dispatch up to ``max_entries`` committed entries; returns how many."""
+        """Dispatch up to ``max_entries`` committed entries; returns how many. On a disk
+        error (raised) the entries before the failing one stay dispatched, and their
+        readers are woken."""
+        if self.installing:
+            return 0  # the files are being replaced in a thread (``install``)
         store = self.store
-        done = 0
+        start = self.dispatched_index
         touched: set[tuple[str, int]] = set()
-        while done < max_entries:
-            first = self.dispatched_index + 1
-            last = min(store.committed_index, first + max_entries - done - 1)
-            if last < first:
-                break
-            raw, count, _ = store.read_batch(first, 4 << 20, last - first + 1)
-            if count == 0:
-                break
-            self._dispatch_raw(raw, count, touched)
-            done += count
-        if done:
-            self.stats["entries"] += done
-            ev, self._progress = self._progress, asyncio.Event()
-            ev.set()
-            for key in touched:
-                qev = self._queue_events.pop(key, None)
-                if qev is not None:
-                    qev.set()
+        try:
+            while self.dispatched_index - start < max_entries:
+                first = self.dispatched_index + 1
+                last = min(store.committed_index, start + max_entries)
+                if last < first:
+                    break
+                raw, count, _ = store.read_batch(first, 4 << 20, last - first + 1)
+                if count == 0:
+                    break
+                self._dispatch_raw(raw, count, touched)
+        finally:
+            done = self.dispatched_index - start
+            if done:
+                self.stats["entries"] += done
+                ev, self._progress = self._progress, asyncio.Event()
+                ev.set()
+                for key in touched:
+                    qev = self._queue_events.pop(key, None)
+                    if qev is not None:
+                        qev.set()
         return done
 
     def _dispatch_raw(self, raw: bytes, count: int, touched: set[tuple[str, int]]) -> None:
-        meta, keys = self.meta, self.keys
         off = 0
         unpack_head = _ENTRY_HEAD.unpack_from
         for _ in range(count):
-            magic, size, index, _term, pos = unpack_head(raw, off)
-            body_at = off + BODY_OFFSET
-            off += size
-            self.dispatched_index = index
-            meta_fresh = index > meta.applied_index
+            head = unpack_head(raw, off)
+            # An OSError leaves this entry undispatched; its retry repeats only the
+            # steps that did not happen (each is idempotent: see the module docstring).
+            self._dispatch_entry(raw, off, head, touched)
+            self.dispatched_index = head[2]
+            off += head[1]
+
+    def _dispatch_entry(
+        self,
+        raw: bytes,
+        off: int,
+        head: tuple[int, int, int, int, int],
+        touched: set[tuple[str, int]],
+    ) -> None:
+        """One committed entry at ``raw[off:]`` whose header is ``head`` (magic, size,
+        index, term, pos)."""
+        magic, size, index, _term, pos = head
+        meta, keys = self.meta, self.keys
+        body_at = off + BODY_OFFSET
+        meta_fresh = index > meta.applied_index
+        if meta_fresh:
+            meta.applied_index = index
+        if magic == MAGIC_NOOP:
+            return
+        try:
+            if magic != MAGIC_NORMAL:
+                raise MessageFormatError(f"entry magic {magic}")
+            info = peek_dispatch(raw, body_at)
+            if info.physical_offset != pos + BODY_OFFSET:
+                raise MessageFormatError(
+                    f"PHYSICALOFFSET {info.physical_offset} is not pos + 48 = {pos + BODY_OFFSET}"
+                )
+        except MessageFormatError as e:
+            self.stats["skipped"] += 1
+            log.warning("entry %d at pos %d is not a message, skipped: %s", index, pos, e)
+            return
+        if info.topic == SYS_TOPIC:
             if meta_fresh:
-                meta.applied_index = index
-            if magic == MAGIC_NOOP:
-                continue
-            try:
-                if magic != MAGIC_NORMAL:
-                    raise MessageFormatError(f"entry magic {magic}")
-                info = peek_dispatch(raw, body_at)
-                if info.physical_offset != pos + BODY_OFFSET:
-                    raise MessageFormatError(
-                        f"PHYSICALOFFSET {info.physical_offset} is not pos + 48 = "
-                        f"{pos + BODY_OFFSET}"
-                    )
-            except MessageFormatError as e:
-                self.stats["skipped"] += 1
-                log.warning("entry %d at pos %d is not a message, skipped: %s", index, pos, e)
-                continue
-            if info.topic == SYS_TOPIC:
-                if meta_fresh:
-                    deleted = meta.apply_op(index, self._body(raw, body_at))
-                    if deleted is not None and index > self.derived_index:
-                        self._drop_topic(deleted)
-                continue
-            props = info.properties_raw
-            if meta_fresh and _SESSION_MARK in props:
-                self._record_session(info, props)
-            tags, msg_keys = tags_and_keys(props)
-            commitlog_offset = pos + BODY_OFFSET
-            if msg_keys:
-                # Every message's keys, whatever becomes of its topic: the key index is a
-                # function of the log alone, so every replica and every replay builds the
-                # same files. (A query reads each candidate and checks its topic.)
-                keys.put(msg_keys, commitlog_offset, info.store_timestamp)
-            if index <= self.derived_index:
-                continue  # recovery's replay: the queues hold this entry already
-            if not self._queued(info.topic, info.queue_id, index):
-                continue  # an incarnation deleted by now (``recover`` dropped its queues)
-            key = (info.topic, info.queue_id)
-            self._put_unit(
-                key,
-                queue_offset=info.queue_offset,
-                commitlog_offset=commitlog_offset,
-                size=size - BODY_OFFSET,
-                thash=tags_hash(tags),
-                index=index,
-            )
-            touched.add(key)
-            self.stats["messages"] += 1
+                deleted = meta.apply_op(index, self._body(raw, body_at))
+                if deleted is not None and index > self.derived_index:
+                    self._drop_topic(deleted)
+            return
+        props = info.properties_raw
+        if meta_fresh and _SESSION_MARK in props:
+            self._record_session(info, props)
+        tags, msg_keys = tags_and_keys(props)
+        commitlog_offset = pos + BODY_OFFSET
+        if msg_keys:
+            # Every message's keys, whatever becomes of its topic: the key index is a
+            # function of the log alone, so every replica and every replay builds the
+            # same files. (A query reads each candidate and checks its topic.)
+            keys.put(msg_keys, commitlog_offset, info.store_timestamp)
+        if index <= self.derived_index:
+            return  # recovery's replay: the queues hold this entry already
+        if not self._queued(info.topic, info.queue_id, index):
+            return  # an incarnation deleted by now (``recover`` dropped its queues)
+        key = (info.topic, info.queue_id)
+        self._put_unit(
+            key,
+            queue_offset=info.queue_offset,
+            commitlog_offset=commitlog_offset,
+            size=size - BODY_OFFSET,
+            thash=tags_hash(tags),
+            index=index,
+        )
+        touched.add(key)
+        self.stats["messages"] += 1
 
     @staticmethod
     def _body(raw: bytes, body_at: int) -> bytes:
@@ -721,11 +811,3 @@ def _parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
             raise ValueError(f"bad queue table entry {key!r}: {offset!r}")
         out[topic, int(queue_id)] = offset
     return out
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -135,3 +135,18 @@ class StorageError(BrokerError):
 
     code = "STORAGE_ERROR"
     http_status = 507
+
+
+class DiskFullError(StorageError):
+    """The node's disk is full (or dispatch is stalled on it): writes are refused until
+    space returns, reads go on; ``retry_after_ms`` says when to try again."""
+
+    code = "DISK_FULL"
+
+
+class NodeFailedError(BrokerError):
+    """The node stopped working (crash-only: a failed fsync, a dead task) and is exiting;
+    another node serves."""
+
+    code = "NODE_FAILED"
+    http_status = 503

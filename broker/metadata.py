@@ -176,12 +176,31 @@ class MetadataState:
 
     @classmethod
     def from_snapshot(cls, raw: bytes, max_sessions: int) -> tuple[MetadataState, dict[str, Any]]:
-        d = orjson.loads(raw)
+        """Parse a snapshot; any malformed input (not JSON, not an object, a field of the
+        wrong shape or type) is a ``ValueError`` naming what is wrong, never another
+        exception: the bytes come from a file or from the leader."""
+        try:
+            d = orjson.loads(raw)
+        except orjson.JSONDecodeError as e:
+            raise ValueError(f"metadata snapshot is not JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ValueError(f"metadata snapshot is a JSON {type(d).__name__}, not an object")
         if d.get("version") != SNAPSHOT_VERSION:
             raise ValueError(f"unsupported snapshot version {d.get('version')!r}")
+        try:
+            return cls._from_fields(d, max_sessions)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"malformed metadata snapshot: {type(e).__name__}: {e}") from None
+
+    @classmethod
+    def _from_fields(
+        cls, d: dict[str, Any], max_sessions: int
+    ) -> tuple[MetadataState, dict[str, Any]]:
         st = cls(max_sessions)
         st.applied_index = int(d["applied_index"])
         for name, queues, created in d["topics"]:
+            if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name) or int(queues) < 1:
+                raise ValueError(f"bad topic {name!r} with {queues!r} queues")
             st.topics[name] = TopicMeta(name, int(queues), int(created))
         for g, ts in d["offsets"].items():
             st.offsets[g] = {t: {int(q): int(o) for q, o in qs.items()} for t, qs in ts.items()}
@@ -189,7 +208,10 @@ class MetadataState:
             st.sessions[pid] = ProducerSession(
                 int(seq), int(size), [(int(a), int(b), int(c)) for a, b, c in results]
             )
-        return st, dict(d.get("extra") or {})
+        extra = d.get("extra") or {}
+        if not isinstance(extra, dict):
+            raise ValueError(f"extra is a {type(extra).__name__}, not an object")
+        return st, dict(extra)
 
 
 class SnapshotFiles:

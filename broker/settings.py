@@ -35,6 +35,9 @@ class Limits:
     max_key_query_results: int = 1024
     max_queues_per_topic: int = 1024
     max_keys_per_message: int = 32
+    # Units a pull with a tag filter passes over before it answers NO_MATCHED_MSG with
+    # where it got to (RocketMQ's maxFilterMessageCount is 16,000).
+    max_filter_scan_units: int = 16_384
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,12 @@ class BrokerSettings:
     master_catch_up_timeout_ms: int = 30_000  # a new leader's wait for NOOP + dispatch
     append_timeout_ms: int = 10_000  # produce waits this long for commit + dispatch
     retention_check_interval_ms: int = 1000
+    # Writes are refused (507 DISK_FULL) while the data directory's file system has less
+    # free space than this, so the derived files of what was acknowledged (a key-index
+    # file, consume-queue segments, all allocated in full when created) always fit.
+    # None: one key-index file and four consume-queue segments (~66 MiB by default).
+    disk_reserve_bytes: int | None = None
+    disk_check_interval_ms: int = 1000
     consume_queue: ConsumeQueueSettings = field(default_factory=ConsumeQueueSettings)
     key_index: KeyIndexSettings = field(default_factory=KeyIndexSettings)
     core: CoreSettings = field(default_factory=CoreSettings)
@@ -79,6 +88,12 @@ class BrokerSettings:
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
 
     @property
+    def disk_reserve(self) -> int:
+        if self.disk_reserve_bytes is not None:
+            return self.disk_reserve_bytes
+        return self.key_index.file_bytes + 4 * self.consume_queue.segment_bytes
+
+    @property
     def peer_map(self) -> dict[str, str]:
         return parse_peers(self.peers)
 
@@ -92,4 +107,8 @@ class BrokerSettings:
             store=self.store,
             transport=self.transport,
             seed=self.seed,
+            # The broker's log is written only through the broker (its checks, its
+            # tokens): a raw append on the Raft port could put a record with a wrong
+            # queue offset into every replica, and a raw read bypasses the HTTP tokens.
+            client_requests=frozenset({"metadata"}),
         )

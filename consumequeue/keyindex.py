@@ -57,6 +57,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from dledger.store.meta import fsync_dir
 from dledger.store.mmapfile import NAME_DIGITS, segment_name
 
 from .errors import ConsumeQueueError
@@ -92,6 +93,11 @@ class KeyIndexSettings:
     max_keys_per_message: int = 64
     """Keys of one message beyond this are not indexed (a warning is logged): dispatch of
     a committed message must not fail, and the producer side should refuse such keys."""
+
+    @property
+    def file_bytes(self) -> int:
+        """The size of one index file (allocated in full when it is created)."""
+        return _IndexFile.size_for(self.slots_per_file, self.max_entries_per_file)
 
     def __post_init__(self) -> None:
         for name in ("slots_per_file", "max_query_results", "max_keys_per_message"):
@@ -190,7 +196,7 @@ class _IndexFile:
             # last one, and a power loss must not take it (or its header) away after.
             os.fsync(fd)
             os.replace(tmp, path)
-            _fsync_dir(directory)
+            fsync_dir(directory)
         except BaseException:
             os.close(fd)
             tmp.unlink(missing_ok=True)
@@ -414,7 +420,7 @@ class KeyIndex:
                 self.dropped = names[k:]
                 for newer in self.dropped:
                     (self.directory / newer).unlink(missing_ok=True)
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
                 break
             self._files.append(f)
         if self._files:
@@ -560,21 +566,13 @@ class KeyIndex:
                     f.fsync()
             if self._dir_dirty:
                 self._dir_dirty = False
-                _fsync_dir(self.directory)
+                fsync_dir(self.directory)
 
     def close(self) -> None:
         with self._lock:
             for f in self._files:
                 f.close()
             self._files.clear()
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _first_zero_entry(mm: mmap.mmap, lo: int, hi: int) -> int | None:

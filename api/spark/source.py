@@ -72,7 +72,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from . import transfer
 from .offsets import (
     QueueRange,
     offsets_from_json,
@@ -90,6 +89,15 @@ from .options import (
     redact,
 )
 from .produce import check_columns
+from .transfer import (
+    ReadSettings,
+    commit_group,
+    offsets_for_times,
+    plan_batch,
+    queue_bounds,
+    read_range,
+    write_batches,
+)
 
 log = logging.getLogger(__name__)
 
@@ -165,14 +173,14 @@ class LedgerMQDataSource(DataSource):
 def _read(opts: ReadOptions, partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, QueuePartition):  # Spark's stand-in for "no partitions"
         return
-    settings = transfer.ReadSettings(
+    settings = ReadSettings(
         pull_batch_size=opts.pull_batch_size,
         pull_format=opts.pull_format,
         fail_on_data_loss=opts.fail_on_data_loss,
         read_timeout_ms=opts.read_timeout_ms,
     )
     r = QueueRange(partition.queue_id, partition.start, partition.end)
-    yield from transfer.read_range(opts.connection, opts.topic, r, settings)
+    yield from read_range(opts.connection, opts.topic, r, settings)
 
 
 def _partitions(ranges: Sequence[QueueRange], min_partitions: int | None) -> list[QueuePartition]:
@@ -185,7 +193,7 @@ class LedgerMQBatchReader(DataSourceReader):
         self.opts = opts
 
     def partitions(self) -> list[QueuePartition]:
-        ranges = transfer.plan_batch(self.opts)
+        ranges = plan_batch(self.opts)
         log.info("ledgermq: reading %s as %s", self.opts.topic, ranges)
         return _partitions(ranges, self.opts.min_partitions)
 
@@ -201,15 +209,15 @@ class LedgerMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._committed: dict[int, int] | None = None  # the group's last commit from here
 
     def _latest(self) -> dict[int, int]:
-        bounds = transfer.queue_bounds(self.opts.connection, self.opts.topic, self.opts.queue_ids)
+        bounds = queue_bounds(self.opts.connection, self.opts.topic, self.opts.queue_ids)
         return {q: hi for q, (_lo, hi) in bounds.items()}
 
     def initialOffset(self) -> dict[str, int]:  # noqa: N802
         if self._initial is None:
             o = self.opts
-            bounds = transfer.queue_bounds(o.connection, o.topic, o.queue_ids)
+            bounds = queue_bounds(o.connection, o.topic, o.queue_ids)
             stamps = o.starting.timestamps_for(bounds)
-            by_time = transfer.offsets_for_times(o.connection, o.topic, stamps)
+            by_time = offsets_for_times(o.connection, o.topic, stamps)
             self._initial = offsets_to_json(resolve(o.starting, list(bounds), bounds, by_time))
         return dict(self._initial)
 
@@ -248,7 +256,7 @@ class LedgerMQStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group = self.opts.group_id
         if group is None or offsets == self._committed:
             return
-        if transfer.commit_group(self.opts.connection, group, self.opts.topic, offsets):
+        if commit_group(self.opts.connection, group, self.opts.topic, offsets):
             self._committed = offsets
 
 
@@ -268,7 +276,7 @@ def _write(
     opts: WriteOptions, producer_id: str, batches: Iterator[pa.RecordBatch]
 ) -> LedgerMQCommitMessage:
     ctx = TaskContext.get()
-    report = transfer.write_batches(
+    report = write_batches(
         opts.connection,
         opts.topic,
         producer_id,

@@ -30,9 +30,9 @@ import pyarrow as pa
 
 from api.client import Admin, LedgerMQError, Producer, SequenceTooOldError, TopicNotFoundError
 
-from . import pages
 from .offsets import QueueRange, data_lost, plan_ranges, resolve
 from .options import Connection, ReadOptions
+from .pages import from_received, from_stream
 from .produce import chunk_messages, messages_from_batch
 from .pull import Puller
 
@@ -172,10 +172,10 @@ def _pull(
 ) -> _Page:
     if fmt == "json":
         r = puller.pull(topic, q, offset, n=n, wait_ms=wait_ms)
-        batches = [pages.from_received(r.messages)] if r.messages else []
+        batches = [from_received(r.messages)] if r.messages else []
         return _Page(r.status, r.next_offset, r.min_offset, len(r.messages), batches)
     a = puller.pull_arrow(topic, q, offset, n=n, wait_ms=wait_ms)
-    batches = pages.from_stream(a.content) if a.count else []
+    batches = from_stream(a.content) if a.count else []
     if sum(b.num_rows for b in batches) != a.count:
         raise SourceError(f"queue {q}: a page said {a.count} messages but held another number")
     return _Page(a.status, a.next_offset, a.min_offset, a.count, batches)

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ..codes import DLedgerCode
 from .messages import (
+    MAX_TERM,
     HeartBeatRequest,
     HeartBeatResponse,
     ParseResult,
@@ -34,7 +35,11 @@ from .messages import (
 )
 
 if TYPE_CHECKING:
-    from .node import DLedgerCore
+    import random
+
+    from .host import ElectorHost
+    from .member_state import MemberState
+    from .settings import CoreSettings
 
 
 @dataclass(slots=True)
@@ -80,10 +85,19 @@ class HeartbeatRound:
 
 
 class LeaderElector:
-    def __init__(self, node: DLedgerCore) -> None:
-        self.node = node
-        self.ms = node.ms
-        self.settings = node.settings
+    """``DLedgerLeaderElector``: the state maintainer's election half, one per node."""
+
+    def __init__(
+        self,
+        ms: MemberState,
+        settings: CoreSettings,
+        rng: random.Random,
+        host: ElectorHost,
+    ) -> None:
+        self.ms = ms
+        self.settings = settings
+        self.rng = rng  # the node's seeded source, for the vote timers
+        self.host = host
         self.last_leader_heartbeat_ms = -1
         self.last_send_heartbeat_ms = -1
         self.last_succ_heartbeat_ms = -1
@@ -108,12 +122,12 @@ class LeaderElector:
             lo, hi = s.taking_leadership_vote_min_ms, s.taking_leadership_vote_max_ms
         else:
             lo, hi = s.min_vote_interval_ms, s.max_vote_interval_ms
-        return now_ms + self.node.rng.randint(lo, hi)
+        return now_ms + self.rng.randint(lo, hi)
 
     def maintain(self, now_ms: int) -> None:
         """``maintainState`` (LE-05), after closing any round whose deadline passed."""
         self._expire_rounds(now_ms)
-        if self.node.installing is not None and self.ms.role is not Role.LEADER:
+        if self.host.installing is not None and self.ms.role is not Role.LEADER:
             # Replacing the log with a snapshot: no election timeout, no (pre-)vote until
             # it is done (SOFAJRaft skips pre-vote while installing, JR-21).
             return
@@ -141,7 +155,7 @@ class LeaderElector:
         self.last_send_heartbeat_ms = -1  # heartbeat at once
         self.last_succ_heartbeat_ms = now_ms
         self.peer_heard_ms.clear()
-        self.node.role_changed(now_ms)
+        self.host.role_changed(now_ms)
 
     def change_role_to_candidate(self, term: int, now_ms: int) -> None:
         if term < self.ms.curr_term:
@@ -153,14 +167,21 @@ class LeaderElector:
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
             self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
         if was is not Role.CANDIDATE:
-            self.node.role_changed(now_ms)
+            self.host.role_changed(now_ms)
+
+    def raise_term_now(self, term: int, now_ms: int) -> None:
+        """Become CANDIDATE and adopt ``term`` at the next candidate beat, without
+        waiting a vote interval (``needIncreaseTermImmediately``, LE-07, LE-13): a peer
+        is at a higher term, or this node takes leadership over (LE-47)."""
+        self.change_role_to_candidate(term, now_ms)
+        self.need_increase_term_immediately = True
 
     def change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> None:
         self.last_parse_result = ParseResult.WAIT_TO_REVOTE
         self.vote_round = self.pre_vote_round = None
         self.ms.change_to_follower(term, leader_id)
         self.last_leader_heartbeat_ms = now_ms
-        self.node.role_changed(now_ms)
+        self.host.role_changed(now_ms)
 
     # ---- follower (LE-42) -----------------------------------------------------------------
 
@@ -188,6 +209,12 @@ class LeaderElector:
         if now_ms < self.next_time_to_request_vote_ms and not self.need_increase_term_immediately:
             return
         ms = self.ms
+        if ms.curr_term >= MAX_TERM and ms.known_max_term <= ms.curr_term:
+            # No term left to move to (see MAX_TERM; unreachable but by forgery).
+            self.host.log_event("term_space_exhausted", term=ms.curr_term)
+            self.need_increase_term_immediately = False
+            self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
+            return
         if self.last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT or (
             self.need_increase_term_immediately
         ):
@@ -208,8 +235,8 @@ class LeaderElector:
         self._start_vote(now_ms, ms.curr_term)
 
     def _start_vote(self, now_ms: int, term: int) -> None:
-        ms, node = self.ms, self.node
-        req_id = node.next_req_id()
+        ms, host = self.ms, self.host
+        req_id = host.next_req_id()
         r = VoteRound(
             term=term,
             req_id=req_id,
@@ -233,7 +260,7 @@ class LeaderElector:
                 result, resp_term = self.handle_vote(req, now_ms, self_vote=True)
                 self._tally(r, ms.self_id, result, resp_term, now_ms)
             else:
-                node.send(req)
+                host.send(req)
 
     def on_vote_response(self, resp: VoteResponse, now_ms: int) -> None:
         if resp.pre_vote:
@@ -305,7 +332,7 @@ class LeaderElector:
             result = ParseResult.WAIT_TO_VOTE_NEXT
             self.next_time_to_request_vote_ms = nxt
         self.last_parse_result = result
-        self.node.log_event(
+        self.host.log_event(
             "vote_round",
             term=r.term,
             result=result.value,
@@ -321,17 +348,17 @@ class LeaderElector:
     # ---- pre-vote (JR-05 .. JR-07) ----------------------------------------------------------
 
     def _start_pre_vote(self, now_ms: int, term: int) -> None:
-        ms, node = self.ms, self.node
+        ms, host = self.ms, self.host
         r = PreVoteRound(
             term=term,
-            req_id=node.next_req_id(),
+            req_id=host.next_req_id(),
             deadline_ms=now_ms + self.settings.vote_response_timeout_ms,
         )
         self.pre_vote_round = r
         r.granted.add(ms.self_id)
         r.answered.add(ms.self_id)
         for peer in ms.other_ids:
-            node.send(
+            host.send(
                 VoteRequest(
                     group=ms.group,
                     local_id=ms.self_id,
@@ -371,7 +398,7 @@ class LeaderElector:
         if r.max_term > ms.curr_term:
             ms.known_max_term = max(ms.known_max_term, r.max_term)
         granted = ms.is_quorum(len(r.granted))
-        self.node.log_event("pre_vote", term=r.term, granted=len(r.granted))
+        self.host.log_event("pre_vote", term=r.term, granted=len(r.granted))
         if not granted:
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
             self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
@@ -435,8 +462,7 @@ class LeaderElector:
                     return VoteResult.REJECT_ALREADY_HAS_LEADER, ms.curr_term
                 return VoteResult.REJECT_ALREADY_VOTED, ms.curr_term
         else:  # LE-26: a vote is only granted at equal terms
-            self.change_role_to_candidate(req.term, now_ms)
-            self.need_increase_term_immediately = True
+            self.raise_term_now(req.term, now_ms)
             return VoteResult.REJECT_TERM_NOT_READY, ms.curr_term
         if req.term < ms.ledger_end_term:
             return VoteResult.REJECT_TERM_SMALL_THAN_LEDGER, ms.ledger_end_term
@@ -481,7 +507,7 @@ class LeaderElector:
             quorum_heard_ms = answered[need - 1] if need else now_ms
             self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, quorum_heard_ms)
             if now_ms - self.last_succ_heartbeat_ms > s.election_timeout_ms:
-                self.node.log_event(
+                self.host.log_event(
                     "check_quorum_step_down",
                     quorum_silent_ms=now_ms - self.last_succ_heartbeat_ms,
                     election_timeout_ms=s.election_timeout_ms,
@@ -495,16 +521,16 @@ class LeaderElector:
             self._send_heartbeats(now_ms)
 
     def _send_heartbeats(self, now_ms: int) -> None:
-        ms, node = self.ms, self.node
+        ms, host = self.ms, self.host
         self.last_send_heartbeat_ms = now_ms
         r = HeartbeatRound(
             term=ms.curr_term,
-            req_id=node.next_req_id(),
+            req_id=host.next_req_id(),
             deadline_ms=now_ms + self.settings.heartbeat_interval_ms,
         )
         self.heartbeat_round = r
         for peer in ms.other_ids:
-            node.send(
+            host.send(
                 HeartBeatRequest(
                     group=ms.group,
                     local_id=ms.self_id,
@@ -585,10 +611,28 @@ class LeaderElector:
             if ms.leader_id == req.leader_id:
                 self.last_leader_heartbeat_ms = now_ms
                 return DLedgerCode.SUCCESS
-            self.node.log_event(
+            self.host.log_event(
                 "inconsistent_leader", term=req.term, theirs=req.leader_id, ours=ms.leader_id
             )
             return DLedgerCode.INCONSISTENT_LEADER
-        self.change_role_to_candidate(req.term, now_ms)
-        self.need_increase_term_immediately = True
+        self.raise_term_now(req.term, now_ms)
         return DLedgerCode.TERM_NOT_READY
+
+    def check_leader_request(self, term: int, leader_id: str, now_ms: int) -> DLedgerCode | None:
+        """``handlePush``'s checks: a push (or a snapshot) is taken only from this term's
+        leader. None: take it (this node is now its follower); else the refusal code."""
+        ms = self.ms
+        if term < ms.curr_term:
+            return DLedgerCode.EXPIRED_TERM
+        if term > ms.curr_term:
+            self.raise_term_now(term, now_ms)
+            return DLedgerCode.TERM_NOT_READY
+        if ms.role is Role.LEADER:
+            self.host.log_event("two_leaders", term=term, other=leader_id)
+            return DLedgerCode.INCONSISTENT_LEADER
+        if ms.leader_id is None:
+            self.change_role_to_follower(term, leader_id, now_ms)
+        elif ms.leader_id != leader_id:
+            return DLedgerCode.INCONSISTENT_LEADER
+        self.last_leader_heartbeat_ms = now_ms
+        return None

@@ -22,6 +22,15 @@ from typing import get_args
 
 from ..codes import DLedgerCode
 
+MAX_TERM = (1 << 62) - 1
+"""The highest term a node adopts or sends. The wire refuses a frame beyond it (and
+beyond ``MAX_INDEX``), so ``term + 1`` always fits the wire's i64 and a forged frame
+cannot push a group past what it can encode; ``CoreSettings.max_term_jump`` keeps
+strangers from walking it there one frame at a time."""
+
+MAX_INDEX = (1 << 62) - 1
+"""The highest entry index (or byte position) a frame may name."""
+
 
 class Role(Enum):
     """Raft roles (the broker maps them to MASTER/SLAVE in one place)."""

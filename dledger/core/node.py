@@ -34,9 +34,12 @@ from typing import TYPE_CHECKING, Any
 
 from ..codes import DLedgerCode, DLedgerError
 from ..store.entry import MAGIC_NOOP
+from .dispatcher import EntryDispatcher
 from .elector import LeaderElector
+from .handler import EntryHandler
 from .member_state import HardState, MemberState
 from .messages import (
+    MAX_TERM,
     HeartBeatRequest,
     HeartBeatResponse,
     InstallSnapshotRequest,
@@ -50,7 +53,7 @@ from .messages import (
     VoteRequest,
     VoteResponse,
 )
-from .pusher import EntryDispatcher, EntryHandler, QuorumAckChecker
+from .quorum import QuorumAckChecker
 from .settings import CoreSettings
 from .snapshot import Snapshot, snapshot_of
 
@@ -167,10 +170,15 @@ class DLedgerCore:
         self.synced_index = store.ledger_end_index  # what recovery found is on disk
         self._reported_commit = store.committed_index
         self._last_role: tuple[int, Role, str | None] = (self.ms.curr_term, self.ms.role, None)
-        self.elector = LeaderElector(self)
-        self.checker = QuorumAckChecker(self)
-        self.handler = EntryHandler(self)
-        self.dispatchers = {p: EntryDispatcher(self, p) for p in self.ms.other_ids}
+        # The collaborators get the member state, the store and the settings, and reach
+        # the rest of this node through the narrow hosts of ``host`` (DLedger hands its
+        # elector and pusher the MemberState and the RPC service, not the server).
+        self.elector = LeaderElector(self.ms, self.settings, rng, self)
+        self.checker = QuorumAckChecker(self.ms.self_id, self.ms.peer_ids)
+        self.handler = EntryHandler(self.ms, store, self.settings, self)
+        self.dispatchers = {
+            p: EntryDispatcher(p, self.ms, store, self.settings, self) for p in self.ms.other_ids
+        }
         self._proposals: deque[tuple[Proposal, int]] = deque()  # (proposal, deadline)
         self._proposal_seq = 0
         self._transfers: list[_Transfer] = []
@@ -178,9 +186,9 @@ class DLedgerCore:
         self._last_preferred_check_ms = now_ms
         self.snapshot: Snapshot | None = None  # the newest the application registered
         self.installing: Snapshot | None = None  # follower: handed out, not yet installed
-        self.snapshot_stats = {"sent": 0, "installed": 0}
+        self.snapshots_installed = 0
 
-    # ---- plumbing used by the collaborators ----------------------------------------------
+    # ---- the hosts of the collaborators (``host``) ----------------------------------------
 
     def next_req_id(self) -> int:
         self._req_seq += 1
@@ -218,6 +226,15 @@ class DLedgerCore:
         self.store.update_committed(index)
         self.log_event("commit", index=index)
 
+    def update_peer_watermark(self, term: int, peer_id: str, index: int) -> None:
+        self.checker.update_peer_watermark(term, peer_id, index)
+
+    @property
+    def snapshot_stats(self) -> dict[str, int]:
+        """Snapshots sent to followers (leader) and installed (follower), since start."""
+        sent = sum(d.snapshots_sent for d in self.dispatchers.values())
+        return {"sent": sent, "installed": self.snapshots_installed}
+
     # ---- inputs ----------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> None:
@@ -235,8 +252,22 @@ class DLedgerCore:
         """Take one message from a peer. Requests are answered into ``ready().messages``."""
         self.now_ms = now_ms
         ms = self.ms
-        if msg.group != ms.group or msg.remote_id != ms.self_id or msg.local_id not in ms.peers:
+        if (
+            msg.group != ms.group
+            or msg.remote_id != ms.self_id
+            or msg.local_id not in ms.peers
+            or msg.local_id == ms.self_id
+        ):
             self.log_event("dropped", kind=type(msg).__name__, sender=msg.local_id)
+            return
+        if msg.term > ms.curr_term + self.settings.max_term_jump or msg.term > MAX_TERM:
+            self.log_event(
+                "term_jump_refused",
+                kind=type(msg).__name__,
+                sender=msg.local_id,
+                term=msg.term,
+                ours=ms.curr_term,
+            )
             return
         if isinstance(msg, VoteRequest):
             self.send(self.elector.on_vote_request(msg, now_ms))
@@ -271,33 +302,23 @@ class DLedgerCore:
         if self.ms.role is Role.LEADER:
             for d in self.dispatchers.values():
                 d.maintain(now_ms, idle_commit=idle_commit)
-            self.checker.check()
+            self._check_quorum_ack()
         self._complete_proposals()
+
+    def _check_quorum_ack(self) -> None:
+        """Leader: commit what a majority holds in this term (RP-37, CV-20)."""
+        store = self.store
+        own = store.ledger_end_index
+        if self.settings.flush == "sync":
+            own = min(own, self.synced_index)  # count ourselves only for synced entries
+        index = self.checker.check(self.ms.curr_term, own, store.committed_index, store.term_at)
+        if index is not None:
+            self.commit_to(index)
 
     # ---- follower side of pushes ------------------------------------------------------------
 
-    def _check_leader_request(self, term: int, leader_id: str, now_ms: int) -> DLedgerCode | None:
-        """``handlePush``'s checks: a push (or a snapshot) is taken only from this term's
-        leader. None: take it (this node is now its follower); else the refusal code."""
-        ms = self.ms
-        if term < ms.curr_term:
-            return DLedgerCode.EXPIRED_TERM
-        if term > ms.curr_term:
-            self.elector.change_role_to_candidate(term, now_ms)
-            self.elector.need_increase_term_immediately = True
-            return DLedgerCode.TERM_NOT_READY
-        if ms.role is Role.LEADER:
-            self.log_event("two_leaders", term=term, other=leader_id)
-            return DLedgerCode.INCONSISTENT_LEADER
-        if ms.leader_id is None:
-            self.elector.change_role_to_follower(term, leader_id, now_ms)
-        elif ms.leader_id != leader_id:
-            return DLedgerCode.INCONSISTENT_LEADER
-        self.elector.last_leader_heartbeat_ms = now_ms
-        return None
-
     def _on_push(self, req: PushEntryRequest, now_ms: int) -> None:
-        code = self._check_leader_request(req.term, req.leader_id, now_ms)
+        code = self.elector.check_leader_request(req.term, req.leader_id, now_ms)
         if code is None and self.installing is not None:
             # The log is being replaced (SOFAJRaft answers EBUSY): the leader retries.
             code = DLedgerCode.NEWER_INSTALL_SNAPSHOT_REQUEST_EXIST
@@ -336,13 +357,13 @@ class DLedgerCore:
         assert self.store.ledger_begin_index > snap.last_index, "store.reset did not run"
         if self.installing is snap:
             self.installing = None
-        self.snapshot_stats["installed"] += 1
+        self.snapshots_installed += 1
         if self.snapshot is None or snap.last_index >= self.snapshot.last_index:
             self.snapshot = snap
         self._pump(self.now_ms, idle_commit=False)
 
     def _on_install_snapshot(self, req: InstallSnapshotRequest, now_ms: int) -> None:
-        code = self._check_leader_request(req.term, req.leader_id, now_ms)
+        code = self.elector.check_leader_request(req.term, req.leader_id, now_ms)
         if code is not None:
             self.handler.respond_install(req, code)
             return
@@ -516,8 +537,7 @@ class DLedgerCore:
         elif ms.ledger_end_index >= t.index:
             t.started = True
             ms.term_to_take_leadership = t.term + 1
-            self.elector.change_role_to_candidate(t.term + 1, now_ms)
-            self.elector.need_increase_term_immediately = True
+            self.elector.raise_term_now(t.term + 1, now_ms)
             # Adopt term + 1 now, not at the next tick: until then a heartbeat or push
             # of the old leader's term would find a candidate without a leader in that
             # term and make it a follower again, failing the transfer.

@@ -23,6 +23,10 @@ class CoreSettings:
     taking_leadership_vote_max_ms: int = 100
     pre_vote: bool = True  # SOFAJRaft pre-vote before raising the term (DESIGN §3)
     check_quorum: bool = True  # leader steps down without a live majority (DESIGN §3)
+    # A message whose term is more than this above ours is dropped (logged), as if lost:
+    # with pre-vote a live group moves one term per election, so only a forged frame
+    # jumps millions, and a group must never be walked to MAX_TERM (it could not elect).
+    max_term_jump: int = 1 << 24
     # replication (RP-20 .. RP-28)
     max_inflight_pushes: int = 64  # APPEND requests in flight per peer (DLedger: 1000)
     max_push_bytes: int = 1 << 20  # per APPEND frame
@@ -31,6 +35,9 @@ class CoreSettings:
     control_timeout_ms: int = 1000  # COMPARE / TRUNCATE answer wait (DLedger: 3 s)
     commit_push_interval_ms: int = 1000  # idle COMMIT push (RP-28)
     error_backoff_ms: int = 50  # dispatcher pause after a refused COMPARE/TRUNCATE
+    # dispatcher pause after a follower refused an append for its disk (full, failing):
+    # it recovers by itself when space returns; until then one retry per pause
+    storage_error_backoff_ms: int = 1000
     peer_push_quota_bytes_per_s: int = 0  # flow control for a lagging peer; 0 = off
     peer_push_throttle_entries: int = 1000  # quota applies when the peer lags this much
     # install snapshot (RP-42): one request carries the whole snapshot, one in flight

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import inspect
+import ipaddress
 import logging
 import random
 import time
@@ -50,12 +52,48 @@ from ..core.settings import CoreSettings
 from ..core.snapshot import Snapshot
 from ..store import AppendHook, Entry, FileStore, StoreSettings, node_dir
 from .ready import deliver_ready, persist_ready
-from .transport import Transport, TransportSettings
+from .transport import Transport, TransportSettings, parse_address
 from .wire import WireMessage
 
 log = logging.getLogger(__name__)
 
 TICK_MS = 10  # the state maintainer's beat (LE-04)
+EVENT_LOG_INTERVAL_S = 10.0  # a repeated warning event is logged at most this often
+PERSIST_RETRY_MAX_S = 1.0  # backoff cap while the term/vote file cannot be written
+
+CLIENT_REQUESTS_ALL = frozenset({"append", "get", "metadata"})
+"""The client protocol's requests (``python -m dledger client``): a plain log serves all
+three. An application that owns the log's contents, like the broker, serves only
+``metadata``: appends and reads then go through it (its checks, its tokens)."""
+
+_WARNING_EVENTS = frozenset(
+    {
+        "snapshot_unavailable",
+        "install_snapshot_refused",
+        "install_refused",
+        "dispatcher_error",
+        "persist_no_space",
+        "append_storage_error",
+        "peer_storage_refused",
+        "term_space_exhausted",
+        "client_request_refused",
+    }
+)
+_INFO_EVENTS = frozenset(
+    {
+        "role",
+        "vote_round",
+        "check_quorum_step_down",
+        "transfer",
+        "two_leaders",
+        "needs_snapshot",
+        "inconsistent_leader",
+        "install_snapshot",
+        "install_snapshot_sent",
+        "install_snapshot_done",
+        "peer_storage_recovered",
+    }
+)
 
 RoleChangeHandler = Callable[[RoleChange], None]
 SnapshotInstaller = Callable[[int, bytes], Awaitable[None] | None]
@@ -100,6 +138,14 @@ class ServerConfig:
     store: StoreSettings = field(default_factory=StoreSettings)
     transport: TransportSettings = field(default_factory=TransportSettings)
     seed: int | None = None  # the core's RNG; None: from the OS
+    # Which client requests the Raft port answers (CLIENT_REQUESTS_ALL); the others get
+    # UNSUPPORTED. The broker allows only "metadata": its log is written by the broker.
+    client_requests: frozenset[str] = CLIENT_REQUESTS_ALL
+
+    def __post_init__(self) -> None:
+        unknown = self.client_requests - CLIENT_REQUESTS_ALL
+        if unknown:
+            raise ValueError(f"unknown client requests {sorted(unknown)}")
 
     @property
     def store_dir(self) -> Path:
@@ -130,7 +176,16 @@ class DLedgerServer:
         self._stopping = False
         self._installer: SnapshotInstaller | None = None
         self.failed: BaseException | None = None  # the node stopped working: see the log
-        self.stats = {"readies": 0, "syncs": 0, "proposals": 0, "snapshot_installs": 0}
+        self._failure_handlers: list[Callable[[BaseException], None]] = []
+        self._event_logged_at: dict[str, float] = {}
+        self._events_unlogged: dict[str, int] = {}
+        self.stats = {
+            "readies": 0,
+            "syncs": 0,
+            "proposals": 0,
+            "snapshot_installs": 0,
+            "client_refused": 0,
+        }
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -156,6 +211,7 @@ class DLedgerServer:
         self.transport = Transport(
             cfg.self_id,
             cfg.peers,
+            group=cfg.group,
             on_peer_message=self._on_peer_message,
             on_client_request=self._on_client_request,
             is_peer_message=lambda m: isinstance(m, PEER_MESSAGE_TYPES),
@@ -166,6 +222,9 @@ class DLedgerServer:
             asyncio.create_task(self._tick_loop(), name="dledger-tick"),
             asyncio.create_task(self._ready_loop(), name="dledger-ready"),
         ]
+        for t in self._tasks:
+            t.add_done_callback(self._task_done)
+        self._warn_if_exposed()
         log.info(
             "node %s of %s listening on %s, data in %s",
             cfg.self_id,
@@ -178,9 +237,8 @@ class DLedgerServer:
         self._stopping = True
         for t in self._tasks:
             t.cancel()
-        for t in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
+        # A task that died already was reported (it failed the node); stop goes on.
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.transport is not None:
             await self.transport.close()
         for pfut in self._proposal_futs.values():  # proposed: they may yet commit elsewhere
@@ -201,29 +259,69 @@ class DLedgerServer:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
+    def _warn_if_exposed(self) -> None:
+        """API.md §6: without a peer secret, whoever reaches the Raft port can pose as a
+        member. Fine on loopback (tests, one host); say so loudly anywhere else."""
+        cfg = self.config
+        if cfg.transport.peer_secret is not None:
+            return
+        host, _ = parse_address(cfg.peers[cfg.self_id])
+        try:
+            loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
+        except ValueError:
+            loopback = host == "localhost"
+        if not loopback:
+            log.warning(
+                "the Raft port %s listens beyond loopback without a peer secret: anyone who"
+                " reaches it can pose as a member of %s (forge votes, pushes, snapshots)."
+                " Set --peer-secret (or LEDGERMQ_PEER_SECRET_FILE) on every node.",
+                cfg.peers[cfg.self_id],
+                cfg.group,
+            )
+
     def _event(self, name: str, fields: dict[str, Any]) -> None:
-        if name in (
-            "role",
-            "vote_round",
-            "check_quorum_step_down",
-            "transfer",
-            "two_leaders",
-            "needs_snapshot",
-            "inconsistent_leader",
-            "install_snapshot",
-            "install_snapshot_sent",
-            "install_snapshot_done",
-        ):
+        if name in _INFO_EVENTS:
             log.info("%s %s", name, fields)
-        elif name in (
-            "snapshot_unavailable",
-            "install_snapshot_refused",
-            "install_refused",
-            "dispatcher_error",
-        ):
-            log.warning("%s %s", name, fields)
+        elif name in _WARNING_EVENTS:
+            # A fault that lasts (a full disk, a peer that keeps refusing) must not
+            # flood the log: one line per event name per interval, with the count.
+            now = time.monotonic()
+            if now - self._event_logged_at.get(name, -1e18) < EVENT_LOG_INTERVAL_S:
+                self._events_unlogged[name] = self._events_unlogged.get(name, 0) + 1
+                return
+            self._event_logged_at[name] = now
+            more = self._events_unlogged.pop(name, 0)
+            log.warning("%s %s%s", name, fields, f" (and {more} more like it)" if more else "")
         else:
             log.debug("%s %s", name, fields)
+
+    # ---- failure: crash-only -------------------------------------------------------------
+
+    def add_failure_handler(self, handler: Callable[[BaseException], None]) -> None:
+        """``handler(error)`` runs once if the node stops working (a task died, the store
+        failed, a snapshot install failed). The process should then exit: the node's
+        state is not to be trusted until recovery has run again."""
+        self._failure_handlers.append(handler)
+
+    def fail(self, what: str, e: BaseException) -> None:
+        """Stop working (crash-only): the node or its application found it cannot go on
+        (``what`` failed with ``e``). Runs the failure handlers once."""
+        if self.failed is not None:
+            return
+        self.failed = e
+        self._stopping = True  # no more input into a core that may be half-updated
+        log.critical("node %s stops working: %s: %r", self.config.self_id, what, e, exc_info=e)
+        for handler in self._failure_handlers:
+            try:
+                handler(e)
+            except Exception:
+                log.exception("failure handler %r failed", handler)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled() or self._stopping:
+            return
+        e = task.exception()
+        self.fail(f"task {task.get_name()} ended", e or RuntimeError("returned"))
 
     # ---- the node loop ---------------------------------------------------------------------
 
@@ -266,19 +364,29 @@ class DLedgerServer:
                     except Exception as e:
                         # The log and the application may now disagree; answering the
                         # leader would claim an install that did not happen. Stop here.
-                        self.failed = e
-                        log.critical(
-                            "installing snapshot %s failed; node %s stops (restart it)",
-                            snap,
-                            self.config.self_id,
-                            exc_info=True,
-                        )
+                        self.fail(f"installing snapshot {snap}", e)
                         return
                     self.stats["snapshot_installs"] += 1
                 elif ready.hard_state is not None or (ready.must_sync and sync_log):
                     self.stats["syncs"] += 1
-                    synced = await asyncio.to_thread(persist_ready, store, ready, sync_log=sync_log)
+                    synced = await self._persist(store, ready, sync_log)
                 deliver_ready(core, ready, synced, send=self._send, on_ready=self._on_ready)
+
+    async def _persist(self, store: FileStore, ready: Ready, sync_log: bool) -> int | None:
+        """``persist_ready`` in a thread. The term/vote file is a new file each time, so a
+        full disk can refuse it: then nothing of the Ready has happened (it is written
+        first) and nothing may leave before it is durable, so wait and retry; the node
+        is silent meanwhile, as if partitioned. Any other error ends the node."""
+        delay_s = 0.05
+        while True:
+            try:
+                return await asyncio.to_thread(persist_ready, store, ready, sync_log=sync_log)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or ready.hard_state is None:
+                    raise
+                self._event("persist_no_space", {"dir": str(store.dir), "error": e.strerror})
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, PERSIST_RETRY_MAX_S)
 
     def _install(self, loop: asyncio.AbstractEventLoop, snap: Snapshot) -> None:
         """Run the application's installer (in the persist thread): a coroutine is run on
@@ -334,7 +442,13 @@ class DLedgerServer:
         core = self.core
         if core is None or self._stopping:
             return
-        core.step(m, _now_ms())  # type: ignore[arg-type]
+        try:
+            core.step(m, _now_ms())  # type: ignore[arg-type]
+        except Exception as e:
+            # Not a protocol refusal (those are answers): a bug or a failed store, and
+            # the core may be half-updated. Crash-only: stop taking input.
+            self.fail(f"handling {type(m).__name__} from {m.local_id}", e)
+            return
         self._kick.set()
 
     # ---- public surface --------------------------------------------------------------------
@@ -403,6 +517,8 @@ class DLedgerServer:
         the future fails only with ``UnknownOutcomeError``. The broker relies on that
         split to roll back queue offsets it assigned for a refused batch."""
         core = self._live_core()
+        if self.failed is not None:
+            raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"node failed: {self.failed!r}")
         try:
             p = core.propose(bodies, _now_ms())
         except DLedgerError as e:
@@ -500,6 +616,9 @@ class DLedgerServer:
             st["refused"] = {
                 "bad_frames": self.transport.bad_frames,
                 "auth_failures": self.transport.auth_failures,
+                "stranger_frames": self.transport.stranger_frames,
+                "limited": self.transport.limited,
+                "client_requests": self.stats["client_refused"],
             }
         st["stats"] = dict(self.stats)
         if self.failed is not None:
@@ -517,15 +636,32 @@ class DLedgerServer:
             "term": self.core.ms.curr_term if self.core else -1,
             "req_id": m.req_id,
         }
+        allowed = cfg.client_requests
         if isinstance(m, AppendRequest):
+            if "append" not in allowed:
+                return self._client_refused(m, AppendResponse(**base, code=DLedgerCode.UNSUPPORTED))
             return await self._client_append(m, base)
         if isinstance(m, GetRequest):
+            if "get" not in allowed:
+                return self._client_refused(m, GetResponse(**base, code=DLedgerCode.UNSUPPORTED))
             return self._client_get(m, base)
         if isinstance(m, MetadataRequest):
+            if "metadata" not in allowed:
+                return self._client_refused(
+                    m, MetadataResponse(**base, code=DLedgerCode.UNSUPPORTED)
+                )
             return MetadataResponse(
                 **base, code=DLedgerCode.SUCCESS, status_json=orjson.dumps(self.status())
             )
         return None
+
+    def _client_refused(self, m: WireMessage, resp: WireMessage) -> WireMessage:
+        self.stats["client_refused"] += 1
+        self._event(
+            "client_request_refused",
+            {"request": type(m).__name__, "from": m.local_id, "why": "not served on this node"},
+        )
+        return resp
 
     async def _client_append(self, m: AppendRequest, base: dict[str, Any]) -> AppendResponse:
         leader = (self.core.ms.leader_id if self.core else None) or ""

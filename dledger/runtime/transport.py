@@ -14,13 +14,22 @@
   it before reading a single frame byte, so nothing an unauthenticated process sends
   reaches the decoder or the core. Without a secret there is no handshake and the bytes
   on the wire are exactly what they were before the option existed.
+- A peer frame (vote, heartbeat, push, snapshot, transfer) is taken only from a member:
+  of our group, addressed to us, from a configured peer other than ourselves, and every
+  frame of one connection from the same peer, whose first one came from an address of
+  that peer's configured host (``check_peer_address``; loopback counts for loopback).
+  Anything else closes the connection before the frame reaches the core. Without a
+  peer secret this stops strangers who do not forge a member's identity and address;
+  the secret stops the rest.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -61,12 +70,42 @@ class TransportSettings:
     # socket and a read buffer until its timeout, so a flood must not hold unbounded
     # memory; peers retry with backoff.
     max_handshakes_in_flight: int = 128
+    # A member's frames must come from an address its configured host resolves to (or
+    # any loopback address when it is loopback). Off for networks that rewrite source
+    # addresses (NAT between members); the peer secret is the real authentication.
+    check_peer_address: bool = True
+    # How long a resolved member host is trusted before it is looked up again.
+    peer_address_ttl_ms: int = 30_000
+    # Inbound connections (peers, clients and anybody else) at once. At the limit a new
+    # one takes the place of the longest-idle connection that is not a member's (so
+    # strangers holding sockets cannot lock peers out), or is closed if all are members'.
+    max_inbound_connections: int = 64
+    # Bytes all inbound connections may hold in partial frames together: a connection
+    # whose read would pass it is closed (a flood of 64 MiB half-frames otherwise holds
+    # 64 MiB each). Room for a snapshot frame (max_snapshot_bytes) and pushes.
+    max_inbound_buffer_bytes: int = 256 << 20
+    # A frame that has begun must be complete within this (a slow-loris holding a
+    # buffer), whoever sends it: a 32 MiB snapshot at 10 Mbit/s takes about 27 s.
+    partial_frame_timeout_ms: int = 60_000
+    # A connection that sends client requests is closed after this long without one.
+    client_idle_timeout_ms: int = 300_000
+    # A client that does not read its answers: the answer's write waits this long.
+    client_write_timeout_ms: int = 10_000
 
     def __post_init__(self) -> None:
         if self.peer_secret is not None and not self.peer_secret:
             raise ValueError("peer_secret must not be empty (None disables it)")
-        if self.auth_timeout_ms <= 0 or self.max_handshakes_in_flight <= 0:
-            raise ValueError("auth_timeout_ms and max_handshakes_in_flight must be positive")
+        for name in (
+            "auth_timeout_ms",
+            "max_handshakes_in_flight",
+            "max_inbound_connections",
+            "max_inbound_buffer_bytes",
+            "partial_frame_timeout_ms",
+            "client_idle_timeout_ms",
+            "client_write_timeout_ms",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
 
 
 def _address(peername: object) -> str:
@@ -279,6 +318,28 @@ PeerHandler = Callable[[WireMessage], None]
 ClientHandler = Callable[[WireMessage], Awaitable[WireMessage | None]]
 
 
+_IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+def _ip(text: str) -> _IPAddress | None:
+    try:
+        a = ipaddress.ip_address(text.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(a, ipaddress.IPv6Address) and a.ipv4_mapped is not None:
+        return a.ipv4_mapped
+    return a
+
+
+@dataclass(slots=True)
+class _Inbound:
+    """One inbound connection, as the limits see it."""
+
+    writer: asyncio.StreamWriter
+    last_active: float  # monotonic time of its last complete frame (or its accept)
+    member: bool = False  # it sent a member's frame
+
+
 class Transport:
     """Listens on the node's address; owns one ``PeerLink`` per other peer."""
 
@@ -287,6 +348,7 @@ class Transport:
         self_id: str,
         peers: dict[str, str],
         *,
+        group: str | None = None,
         on_peer_message: PeerHandler,
         on_client_request: ClientHandler,
         is_peer_message: Callable[[WireMessage], bool],
@@ -294,6 +356,8 @@ class Transport:
         listen: str | None = None,
     ) -> None:
         self.self_id = self_id
+        self.group = group  # None: frames of any group reach the core (which checks)
+        self.peers = dict(peers)
         self.settings = settings or TransportSettings()
         self.listen = listen or peers[self_id]
         self.links = {
@@ -303,8 +367,12 @@ class Transport:
         self._on_client = on_client_request
         self._is_peer = is_peer_message
         self._server: asyncio.Server | None = None
-        self._conns: dict[asyncio.Task[None], asyncio.StreamWriter] = {}
+        self._conns: dict[asyncio.Task[None], _Inbound] = {}
         self.bad_frames = 0
+        self.stranger_frames = 0  # peer frames refused: not from a member (see module doc)
+        self.limited = 0  # inbound connections closed by a limit (count, bytes, time)
+        self._buffered: dict[asyncio.Task[None], int] = {}  # partial-frame bytes held
+        self._resolved: dict[str, tuple[float, frozenset[_IPAddress]]] = {}
         self.auth_failures = 0  # inbound connections refused by the handshake
         self._handshakes = 0  # inbound connections in the handshake now
         self._auth_logged_at = -AUTH_LOG_INTERVAL_S
@@ -321,8 +389,8 @@ class Transport:
             self._server.close()
         for link in self.links.values():
             await link.close()
-        for w in list(self._conns.values()):
-            w.close()  # the serving task sees EOF and returns
+        for c in list(self._conns.values()):
+            c.writer.close()  # the serving task sees EOF and returns
         if self._conns:
             await asyncio.wait(list(self._conns), timeout=2.0)
         if self._server is not None:
@@ -337,9 +405,13 @@ class Transport:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._conns[task] = writer
-        pending: set[asyncio.Task[None]] = set()
         peer = writer.get_extra_info("peername")
+        if len(self._conns) >= self.settings.max_inbound_connections and not self._evict_one():
+            self._limit(peer, f"{len(self._conns)} members' connections already")
+            writer.close()
+            return
+        conn = self._conns[task] = _Inbound(writer, time.monotonic())
+        pending: set[asyncio.Task[None]] = set()
         try:
             # Authenticate before the decoder exists: an unauthenticated peer's bytes
             # are never parsed, so no frame of theirs (a vote with a huge term, a bogus
@@ -349,10 +421,30 @@ class Transport:
                 reader, writer, peer
             ):
                 return
-            decoder = FrameDecoder(self.settings.max_frame_bytes)
+            s = self.settings
+            decoder = FrameDecoder(s.max_frame_bytes)
+            member: str | None = None  # the peer this connection speaks for, once known
+            client = False  # it sent client requests
             while True:
-                data = await reader.read(READ_CHUNK)
+                if decoder.buffered:
+                    timeout_s: float | None = s.partial_frame_timeout_ms / 1000
+                elif client:
+                    timeout_s = s.client_idle_timeout_ms / 1000
+                else:
+                    timeout_s = None  # a link may idle between terms (eviction bounds it)
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        data = await reader.read(READ_CHUNK)
+                except TimeoutError:
+                    self._limit(
+                        peer, "a frame begun and not finished" if decoder.buffered else "idle"
+                    )
+                    return
                 if not data:
+                    return
+                held = sum(self._buffered.values()) - self._buffered.get(task, 0)
+                if held + decoder.buffered + len(data) > s.max_inbound_buffer_bytes:
+                    self._limit(peer, f"partial frames would pass {s.max_inbound_buffer_bytes} B")
                     return
                 try:
                     msgs = decoder.feed(data)
@@ -360,20 +452,35 @@ class Transport:
                     self.bad_frames += 1
                     log.warning("closing connection from %s: %s", peer, e)
                     return
+                self._buffered[task] = decoder.buffered
+                if msgs:
+                    conn.last_active = time.monotonic()
                 for m in msgs:
                     if self._is_peer(m):
+                        why = await self._stranger(m, member, peer)
+                        if why is not None:
+                            self.stranger_frames += 1
+                            self._refused(peer, why, counted=True)
+                            return
+                        member = m.local_id
+                        conn.member = True
                         self._on_peer(m)
-                    elif len(pending) >= self.settings.max_client_requests_per_connection:
+                    elif len(pending) >= s.max_client_requests_per_connection:
                         log.warning("client %s exceeds its in-flight limit; closing", peer)
                         return
                     else:
+                        client = True
                         t = asyncio.create_task(self._answer(m, writer))
                         pending.add(t)
                         t.add_done_callback(pending.discard)
         except (ConnectionError, OSError):
             return
+        except Exception:  # a bug: this connection ends, the node and its core go on
+            log.exception("serving the connection from %s failed", _address(peer))
+            return
         finally:
             self._conns.pop(task, None)
+            self._buffered.pop(task, None)
             for t in pending:
                 t.cancel()
             writer.close()
@@ -402,14 +509,89 @@ class Transport:
             self._handshakes -= 1
         return True
 
-    def _refused(self, peer: object, reason: str) -> None:
-        """Count a refused connection; log it, at most one line a second (a scanner or a
-        misconfigured peer retrying must not flood the log), with what was not logged."""
-        self.auth_failures += 1
+    async def _stranger(self, m: WireMessage, member: str | None, peer: object) -> str | None:
+        """Why peer frame ``m`` on a connection bound to ``member`` (None: its first)
+        does not come from a member of this group (see the module docstring); None when
+        it does."""
+        if self.group is not None and m.group != self.group:
+            return f"a {type(m).__name__} of group {m.group!r}, not {self.group!r}"
+        if m.local_id not in self.peers or m.local_id == self.self_id:
+            return f"a {type(m).__name__} from {m.local_id!r}, not a member"
+        if m.remote_id != self.self_id:
+            return f"a {type(m).__name__} addressed to {m.remote_id!r}, not {self.self_id!r}"
+        if member is not None:
+            if m.local_id != member:
+                return f"a {type(m).__name__} as {m.local_id!r} on the connection of {member!r}"
+            return None
+        if self.settings.check_peer_address and not await self._from_host_of(m.local_id, peer):
+            return (
+                f"a {type(m).__name__} as {m.local_id!r} from {_address(peer)}, not an"
+                f" address of {self.peers[m.local_id]}"
+            )
+        return None
+
+    async def _from_host_of(self, member: str, peer: object) -> bool:
+        """Does the connection's source address belong to ``member``'s configured host?"""
+        src = _ip(str(peer[0])) if isinstance(peer, tuple) and peer else None
+        if src is None:
+            return False  # a unix socket or an unknown family: not a configured member
+        host, _ = parse_address(self.peers[member])
+        addrs = await self._addresses_of(member, host, fresh=False)
+        if src not in addrs and not (src.is_loopback and any(a.is_loopback for a in addrs)):
+            # The host may have moved (a container restarted with a new address).
+            addrs = await self._addresses_of(member, host, fresh=True)
+        return src in addrs or (src.is_loopback and any(a.is_loopback for a in addrs))
+
+    async def _addresses_of(self, member: str, host: str, *, fresh: bool) -> frozenset[_IPAddress]:
+        literal = _ip(host)
+        if literal is not None:
+            return frozenset({literal})
         now = time.monotonic()
+        cached = self._resolved.get(member)
+        ttl_s = self.settings.peer_address_ttl_ms / 1000
+        if cached is not None and now - cached[0] < (1.0 if fresh else ttl_s):
+            return cached[1]
+        try:
+            async with asyncio.timeout(2.0):
+                infos = await asyncio.get_running_loop().getaddrinfo(
+                    host, None, type=socket.SOCK_STREAM
+                )
+        except (OSError, TimeoutError) as e:
+            log.warning("cannot resolve %s (member %s): %s", host, member, e)
+            return cached[1] if cached is not None else frozenset()
+        addrs = frozenset(a for info in infos if (a := _ip(str(info[4][0]))) is not None)
+        self._resolved[member] = (now, addrs)
+        return addrs
+
+    def _evict_one(self) -> bool:
+        """Close the longest-idle inbound connection that is not a member's; False if
+        there is none."""
+        idle = [(c.last_active, t) for t, c in self._conns.items() if not c.member]
+        if not idle:
+            return False
+        _, victim = min(idle, key=lambda x: x[0])
+        c = self._conns.pop(victim)
+        self._buffered.pop(victim, None)
+        self._limit(c.writer.get_extra_info("peername"), "evicted for a new connection")
+        c.writer.close()
+        return True
+
+    def _limit(self, peer: object, reason: str) -> None:
+        """A connection closed by one of the inbound limits: counted, logged rarely."""
+        self.limited += 1
+        self._refused(peer, f"a limit: {reason}", counted=True)
+
+    def _refused(self, peer: object, reason: str, *, counted: bool = False) -> None:
+        """Count a refused connection (unless ``counted``); log it, at most one line a
+        second (a scanner or a misconfigured peer retrying must not flood the log), with
+        what was not logged."""
+        if not counted:
+            self.auth_failures += 1
+        now = time.monotonic()
+        refusals = self.auth_failures + self.stranger_frames + self.limited
         if now - self._auth_logged_at < AUTH_LOG_INTERVAL_S:
             return
-        unlogged = self.auth_failures - self._auth_failures_logged - 1
+        unlogged = refusals - self._auth_failures_logged - 1
         log.warning(
             "refused Raft connection from %s: %s%s",
             _address(peer),
@@ -417,7 +599,7 @@ class Transport:
             f" (and {unlogged} more since the last report)" if unlogged else "",
         )
         self._auth_logged_at = now
-        self._auth_failures_logged = self.auth_failures
+        self._auth_failures_logged = refusals
 
     async def _answer(self, m: WireMessage, writer: asyncio.StreamWriter) -> None:
         try:
@@ -427,3 +609,11 @@ class Transport:
             return
         if resp is not None and not writer.is_closing():
             writer.writelines(encode_parts(resp))
+            try:  # a client that does not read must not grow our buffer without end
+                async with asyncio.timeout(self.settings.client_write_timeout_ms / 1000):
+                    await writer.drain()
+            except TimeoutError:
+                self._limit(writer.get_extra_info("peername"), "a client that does not read")
+                writer.close()
+            except (ConnectionError, OSError):
+                writer.close()

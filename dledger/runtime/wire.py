@@ -60,8 +60,14 @@ Invariants:
   ``encode_parts`` hands the caller's ``entries`` object back untouched (for
   ``writelines``), ``encode`` joins once; decoding copies each payload out of the receive
   buffer once.
+- Terms, indexes and positions are bounded on decode: a field named ``term`` or
+  ``*_term`` must be in ``[-1, MAX_TERM]``, one named ``*index`` or ``next_pos`` (and
+  every AppendResponse position) in ``[-1, MAX_INDEX]``, a ``count`` in
+  ``[0, 2**31)``; a frame outside is a ``FrameError``. So no peer can hand the core a
+  term whose successor does not encode (2**63 - 1 did: every node's ready loop died).
 - ``decode(encode(m)) == m`` for every message whose fields fit their struct codes and
-  whose strings are at most 65535 UTF-8 bytes; ``encode`` raises ``ValueError`` otherwise.
+  bounds and whose strings are at most 65535 UTF-8 bytes; ``encode`` raises
+  ``ValueError`` for a field over its struct code or a string over 65535 bytes.
 
 This module does no I/O: the transport feeds received bytes to a ``FrameDecoder`` and
 writes what ``encode``/``encode_parts`` return.
@@ -78,6 +84,8 @@ from typing import Any, Final, TypeAlias
 
 from ..codes import DLedgerCode
 from ..core.messages import (
+    MAX_INDEX,
+    MAX_TERM,
     REQUEST_CODE_OF,
     AppendRequest,
     AppendResponse,
@@ -176,6 +184,8 @@ class _Spec:
     fixed: struct.Struct  # the int fields alone (for decoding)
     # (index in int_names, name, fn, byte offset in the fixed struct)
     converters: tuple[tuple[int, str, _Converter, int], ...]
+    # (index in int_names, name, lowest, highest, byte offset): the bounded fields
+    bounds: tuple[tuple[int, str, int, int, int], ...]
     str_names: tuple[str, ...]
     tail: _Tail
     tail_name: str
@@ -185,6 +195,17 @@ class _Spec:
 
 _COMMON_INTS: Final = (("term", "q", None), ("req_id", "q", None))
 _COMMON_STRS: Final = ("group", "local_id", "remote_id")
+
+
+def _bounds_of(name: str) -> tuple[int, int] | None:
+    """The range a field's value must be in on decode (module docstring), if bounded."""
+    if name == "term" or name.endswith("_term"):
+        return -1, MAX_TERM
+    if name.endswith("index") or name == "next_pos":
+        return -1, MAX_INDEX
+    if name in ("count", "max_count"):
+        return 0, (1 << 31) - 1
+    return None
 
 
 def _spec(
@@ -205,6 +226,11 @@ def _spec(
         for i, (name, _, conv) in enumerate(all_ints)
         if conv is not None
     )
+    bounds = tuple(
+        (i, name, *limits, struct.calcsize(">" + fmt[:i]))
+        for i, (name, _, _) in enumerate(all_ints)
+        if (limits := _bounds_of(name)) is not None
+    )
     return _Spec(
         cls=cls,
         code=int(REQUEST_CODE_OF[cls]),
@@ -213,6 +239,7 @@ def _spec(
         head=struct.Struct(_PREFIX + fmt),
         fixed=struct.Struct(">" + fmt),
         converters=converters,
+        bounds=bounds,
         str_names=all_strs,
         tail=tail,
         tail_name=tail_name,
@@ -431,6 +458,12 @@ def _decode_from(buf: Buffer, start: int, end: int) -> WireMessage:
             raise FrameError(
                 f"invalid {spec.cls.__name__}.{name} {raw} at body byte {at}"
             ) from None
+    for i, name, lo, hi, field_off in spec.bounds:
+        if not lo <= values[i] <= hi:
+            at = off - start + field_off
+            raise FrameError(
+                f"{spec.cls.__name__}.{name} {values[i]} at body byte {at} is outside [{lo}, {hi}]"
+            )
     off += fixed.size
     kwargs: dict[str, object] = dict(zip(spec.int_names, values, strict=True))
     with memoryview(buf) as view:
@@ -483,7 +516,13 @@ def _decode_from(buf: Buffer, start: int, end: int) -> WireMessage:
                         f"count {n} of {what!r} at body byte {off - start - 4} cannot fit"
                         f" in the {end - off} bytes left"
                     )
-                kwargs[what] = struct.unpack_from(f">{n}q", buf, off)
+                positions = struct.unpack_from(f">{n}q", buf, off)
+                if positions and not (min(positions) >= -1 and max(positions) <= MAX_INDEX):
+                    raise FrameError(
+                        f"a position of {what!r} at body byte {off - start} is outside"
+                        f" [-1, {MAX_INDEX}]"
+                    )
+                kwargs[what] = positions
                 off += n * 8
     if off != end:
         raise FrameError(

@@ -8,6 +8,7 @@ from .base import (
     LogStore,
     StoreCorruptionError,
     StoreError,
+    StoreFailedError,
     StoreSettings,
     place_entry,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "MemoryStore",
     "StoreCorruptionError",
     "StoreError",
+    "StoreFailedError",
     "StoreSettings",
     "TermVote",
     "crc32",

@@ -38,6 +38,14 @@ class StoreCorruptionError(RuntimeError):
     This stops the node: an operator has to look at the named file and position."""
 
 
+class StoreFailedError(RuntimeError):
+    """The store can no longer vouch for what is on disk: an fsync failed (the kernel may
+    have dropped the dirty pages, so a later "successful" sync proves nothing: the
+    PostgreSQL fsyncgate lesson), or undoing a failed write failed. Every later call
+    raises it too. Crash-only: the node stops, and recovery on restart re-verifies the
+    log from its last durable checkpoint."""
+
+
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
     """Every limit of the store. Defaults follow DLedger (CHECKLIST §8) where it has one."""

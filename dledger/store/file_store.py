@@ -14,63 +14,62 @@ Invariants (checked by tests/store):
 - leader and follower fed the same entries end with byte-identical data and index files.
 
 Threads: callers serialise through ``self._lock`` (one writer, as DLedger's
-``synchronized(memberState)``); a background thread syncs dirty segments every
-``flush_interval_ms`` (async mode), writes the checkpoint and applies retention.
+``synchronized(memberState)``); a background thread (``flush_service``) syncs dirty
+segments every ``flush_interval_ms`` (async mode), writes the checkpoint and applies
+retention.
+
+The store owns the ledger state and its lock; the jobs that can be read alone live beside
+it: ``runs`` lays out a batch for writing (leader encoding, follower checking),
+``recovery`` scans and repairs the files on open, ``retention`` decides which head
+segments go, ``mmapfile`` holds the segments.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
-import shutil
-import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from ..codes import DLedgerCode
 from .base import (
     AppendHook,
     StoreCorruptionError,
     StoreError,
+    StoreFailedError,
     StoreSettings,
     check_leader_bodies,
-    place_entry,
 )
 from .entry import (
     BODY_OFFSET,
-    CHAIN_CRC_OFFSET,
     ENTRY_MAGICS,
-    HEADER,
     INDEX_UNIT,
     INDEX_UNIT_SIZE,
-    MAGIC_BLANK,
     MAGIC_NORMAL,
-    MIN_BLANK_LEN,
-    UNKNOWN_CHAIN,
     CodecError,
     Entry,
     EntryHeader,
     EntryMeta,
-    EntryMetas,
-    EntryRejectedError,
     IndexUnit,
-    check_next_entry,
     decode_entry,
     decode_header,
     decode_index_unit,
     first_index_of_term,
 )
+from .flush_service import FlushService
 from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
-from .mmapfile import MmapFile, MmapFileList, StoreFileError
+from .mmapfile import MmapFileList, StoreFileError
+from .recovery import log_begin_pos, recover_log
+from .retention import LogHead, delete_head_segments, disk_usage_ratio, retention_floor_pos
+from .runs import Run, encode_leader_runs, split_follower_runs
 
 log = logging.getLogger(__name__)
-
-_U32 = struct.Struct(">I")
 
 
 def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
@@ -88,14 +87,6 @@ def _lock_directory(directory: Path) -> int:
         os.close(fd)
         raise StoreFileError(f"{directory} is in use by another process") from None
     return fd
-
-
-_CRCS = struct.Struct(">II")  # chain crc, body crc: adjacent header fields
-
-
-def disk_usage_ratio(path: Path) -> float:
-    u = shutil.disk_usage(path)
-    return (u.total - u.free) / u.total if u.total else 0.0
 
 
 class FileStore:
@@ -138,6 +129,7 @@ class FileStore:
         self._disk_ratio = 0.0
         self._disk_checked_at = -1e18
         self._closed = False
+        self._failed: StoreFailedError | None = None
 
         self.recovery_stats: dict[str, float] = {}
         try:
@@ -147,13 +139,17 @@ class FileStore:
             self._index.close()
             os.close(self._lock_fd)
             raise
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._flusher: FlushService | None = None
         if background:  # off for deterministic simulations, which call sync() themselves
-            self._thread = threading.Thread(
-                target=self._background, name=f"dledger-flush-{self.dir.name}", daemon=True
+            self._flusher = FlushService(
+                self.dir,
+                s,
+                sync=self._sync_now,
+                write_checkpoint=self._write_checkpoint,
+                clean=self.clean,
+                failed=lambda: self._failed is not None,
             )
-            self._thread.start()
+            self._flusher.start()
 
     # ---- ledger state ------------------------------------------------------------------
 
@@ -187,7 +183,7 @@ class FileStore:
 
     @property
     def ledger_begin_pos(self) -> int:
-        return max(self._data.begin, self._begin_pos) if self._data.files else self._begin_pos
+        return log_begin_pos(self._data, self._begin_pos)
 
     @property
     def ledger_end_pos(self) -> int:
@@ -249,80 +245,54 @@ class FileStore:
                     DLedgerCode.INCONSISTENT_TERM,
                     f"leader term {term} is below the ledger end term {self._end_term}",
                 )
-            runs, metas, units, chain = self._encode_leader_runs(term, bodies, magic)
+            runs, metas, units, chain = encode_leader_runs(
+                bodies,
+                term=term,
+                magic=magic,
+                first_index=self._end_index + 1,
+                end_pos=self._data.end,
+                prev_chain=self._end_chain,
+                segment_size=self.settings.data_file_size,
+                hooks=self._hooks,
+            )
             self._write_runs(runs, metas, units, chain)
         if self.settings.flush == "sync":
             self._sync_data()  # durable before we return; readers are not blocked meanwhile
         return metas
 
-    def _encode_leader_runs(
-        self, term: int, bodies: Sequence[bytes | bytearray | memoryview], magic: int
-    ) -> tuple[list[tuple[int, bytearray]], EntryMetas, bytearray, int]:
-        """Encode ``bodies`` into runs of consecutive entries (one run per segment) and
-        their index units, in one pass: this loop is the leader's hot path, so it does
-        the per-entry minimum (pack header, copy body, hooks, two CRCs, pack unit)."""
-        seg_size = self.settings.data_file_size
-        hooks = self._hooks
-        pack_header = HEADER.pack_into
-        pack_crcs = _CRCS.pack_into
-        pack_unit = INDEX_UNIT.pack_into
-        crc32 = zlib.crc32
-        n = len(bodies)
-        sizes = [BODY_OFFSET + len(b) for b in bodies]
-        units = bytearray(INDEX_UNIT_SIZE * n)
-        positions: list[int] = []
-        runs: list[tuple[int, bytearray]] = []
-        end_pos = self._data.end
-        first_index = index = self._end_index + 1
-        chain = self._end_chain
-        i = uoff = 0
-        while i < n:
-            run_pos = place_entry(end_pos, seg_size, sizes[i])
-            room = run_pos - run_pos % seg_size + seg_size - MIN_BLANK_LEN - run_pos
-            total, k = 0, i
-            while k < n and total + sizes[k] <= room:
-                total += sizes[k]
-                k += 1
-            buf = bytearray(total)
-            view = memoryview(buf)
-            off = 0
-            for j in range(i, k):
-                body = bodies[j]
-                size = sizes[j]
-                pos = run_pos + off
-                pack_header(buf, off, magic, size, index, term, pos, 0, 0, 0, size - BODY_OFFSET)
-                buf[off + BODY_OFFSET : off + size] = body
-                if hooks:
-                    meta = EntryMeta(index, term, pos, size, magic)
-                    for hook in hooks:
-                        hook(meta, view[off : off + size], BODY_OFFSET)
-                    body_crc = crc32(view[off + BODY_OFFSET : off + size])
-                else:
-                    body_crc = crc32(body)
-                chain = crc32(view[off : off + CHAIN_CRC_OFFSET], chain ^ body_crc)
-                pack_crcs(buf, off + CHAIN_CRC_OFFSET, chain, body_crc)
-                pack_unit(units, uoff, magic, pos, size, index, term)
-                positions.append(pos)
-                index += 1
-                off += size
-                uoff += INDEX_UNIT_SIZE
-            view.release()
-            runs.append((run_pos, buf))
-            end_pos = run_pos + total
-            i = k
-        return runs, EntryMetas(first_index, term, magic, positions, sizes), units, chain
-
     def _write_runs(
         self,
-        runs: Sequence[tuple[int, bytes | bytearray | memoryview]],
+        runs: Sequence[Run],
         metas: Sequence[EntryMeta],
         units: bytes | bytearray,
         end_chain: int,
     ) -> None:
-        """Write pre-placed runs of entries and their index units; update ledger end."""
-        for pos, data in runs:
-            self._data_write(pos, data)
-        self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
+        """Write pre-placed runs of entries and their index units; update ledger end.
+
+        All or nothing: a write that fails part-way (``ENOSPC`` when blocks are
+        reserved, ``EIO`` anywhere) is undone (segments created since deleted, bytes
+        after the old end zeroed) and raises ``StoreError`` with the ledger end as it
+        was, so no orphan bytes shift the next entry's pos and recovery adopts nothing.
+        If the undo fails too, the store fails (``StoreFailedError``)."""
+        data_end, data_files = self._data.end, len(self._data.files)
+        index_end, index_files = self._index.end, len(self._index.files)
+        try:
+            for pos, data in runs:
+                self._data_write(pos, data)
+            self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
+        except OSError as e:
+            try:
+                self._data.undo_append(data_end, data_files)
+                self._index.undo_append(index_end, index_files)
+            except OSError as again:
+                # Part of the batch may now be in the log: the outcome is unknown.
+                self._fail(f"undoing a failed write at pos {data_end} ({e})", again)
+            full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+            raise StoreError(
+                DLedgerCode.DISK_FULL if full else DLedgerCode.DISK_ERROR,
+                f"writing entries {metas[0].index}..{metas[-1].index} at pos {data_end} failed"
+                f" ({e.strerror or e}); nothing was written",
+            ) from e
         self._end_index = metas[-1].index
         self._end_term = metas[-1].term
         self._end_chain = end_chain
@@ -343,14 +313,7 @@ class FileStore:
 
     def _index_write(self, index_pos: int, units: bytes | bytearray) -> None:
         assert index_pos == self._index.end, (index_pos, self._index.end)
-        view = memoryview(units)
-        while view:
-            files = self._index.files
-            if not files or files[-1].free == 0:
-                self._index.new_segment()
-            n = min(len(view), self._index.files[-1].free)
-            self._index.write_at_end(view[:n])
-            view = view[n:]
+        self._index.append_rolling(units)
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]:
         """Write the leader's raw entry bytes exactly where the leader wrote them.
@@ -362,44 +325,15 @@ class FileStore:
         with self._lock:
             self._check_open()
             self._check_disk()
-            seg_size = self.settings.data_file_size
-            end_pos = self._data.end
-            index = self._end_index + 1
-            term = self._end_term
-            chain = self._end_chain
-            metas: list[EntryMeta] = []
-            units = bytearray()
-            runs: list[tuple[int, memoryview]] = []
-            run_start, run_pos = 0, -1
-            off = 0
-            max_entry = self.settings.max_entry_bytes
-            while off < len(view):
-                try:
-                    h = check_next_entry(
-                        view,
-                        off,
-                        min(len(view) - off, max_entry),
-                        end_pos=end_pos,
-                        segment_size=seg_size,
-                        index=index,
-                        term=term,
-                        chain=chain,
-                    )
-                except EntryRejectedError as e:
-                    raise StoreError(e.code, str(e)) from e
-                pos, chain = h.pos, h.chain_crc
-                if pos != end_pos or run_pos < 0:
-                    if run_pos >= 0:
-                        runs.append((run_pos, view[run_start:off]))
-                    run_start, run_pos = off, pos
-                metas.append(EntryMeta(h.index, h.term, pos, h.size, h.magic))
-                units += INDEX_UNIT.pack(h.magic, pos, h.size, h.index, h.term)
-                end_pos = pos + h.size
-                index += 1
-                term = h.term
-                off += h.size
-            if run_pos >= 0:
-                runs.append((run_pos, view[run_start:off]))
+            runs, metas, units, chain = split_follower_runs(
+                view,
+                end_pos=self._data.end,
+                next_index=self._end_index + 1,
+                prev_term=self._end_term,
+                prev_chain=self._end_chain,
+                segment_size=self.settings.data_file_size,
+                max_entry_bytes=self.settings.max_entry_bytes,
+            )
             if metas:
                 self._write_runs(runs, metas, units, chain)
         if metas and self.settings.flush == "sync":
@@ -631,17 +565,25 @@ class FileStore:
         replication path are not blocked). The index is synced by the background thread;
         recovery rebuilds any index units past the checkpoint from the data."""
         with self._lock:
+            self._check_open()
             todo = self._data.unflushed()
-        self._data.sync(todo)
+        try:
+            self._data.sync(todo)
+        except OSError as e:
+            self._fail("fsync of the data segments", e)
 
     def _sync_now(self) -> None:
         with self._lock:
+            self._check_open()
             todo_d = self._data.unflushed()
             todo_i = self._index.unflushed()
             end_index = self._end_index
             generation = self._generation
-        self._data.sync(todo_d)
-        self._index.sync(todo_i)
+        try:
+            self._data.sync(todo_d)
+            self._index.sync(todo_i)
+        except OSError as e:
+            self._fail("fsync of the log", e)
         with self._lock:
             if self._generation == generation:
                 self._durable_index = max(self._durable_index, end_index)
@@ -657,7 +599,7 @@ class FileStore:
 
     def _write_checkpoint(self) -> None:
         with self._lock:
-            if self._closed:
+            if self._closed or self._failed is not None:
                 return
             committed = min(self._committed_index, self._durable_index)
             committed_pos = self._committed_pos
@@ -677,29 +619,6 @@ class FileStore:
             )
             self._checkpoint.save(cp)
 
-    def _background(self) -> None:
-        s = self.settings
-        tick = s.flush_interval_ms / 1000
-        last_cp = last_clean = time.monotonic()
-        while not self._stop.wait(tick):
-            try:
-                # Async mode: this is the flush. Sync mode: the data is synced already;
-                # this syncs the index and lets the checkpoint move.
-                t0 = time.monotonic()
-                self._sync_now()
-                took = time.monotonic() - t0
-                if took > 0.5:
-                    log.warning("flush of %s took %.0f ms", self.dir, took * 1000)
-                now = time.monotonic()
-                if now - last_cp >= s.checkpoint_interval_ms / 1000:
-                    self._write_checkpoint()
-                    last_cp = now
-                if now - last_clean >= s.clean_interval_ms / 1000:
-                    self.clean()
-                    last_clean = now
-            except Exception:  # keep flushing; the error is logged and retried next tick
-                log.exception("background flush of %s failed", self.dir)
-
     # ---- retention ---------------------------------------------------------------------
 
     def set_retention_floor(self, pos: int | None) -> None:
@@ -711,174 +630,67 @@ class FileStore:
         """Delete expired head segments; returns how many. A segment goes when it is
         older than ``file_reserved_hours``, or (oldest first) while disk usage is above
         ``disk_clean_ratio`` or ``force`` is set; never the active segment, never data at
-        or above the committed position or the retention floor."""
-        s = self.settings
-        deleted = 0
+        or above the committed position or the retention floor (``retention``)."""
         with self._lock:
             if self._closed:
                 return 0
-            floor = self._committed_pos
-            if self._retention_floor is not None:
-                floor = min(floor, self._retention_floor)
-            now = self._clock()
-            while deleted < s.max_files_deleted_per_clean and len(self._data.files) > 1:
-                head = self._data.files[0]
-                if head.limit > floor:
-                    break
-                expired = now - head.path.stat().st_mtime > s.file_reserved_hours * 3600
-                pressured = force or self._disk_usage() > s.disk_clean_ratio
-                if not (expired or pressured):
-                    break
-                self._drop_head_segment(head)
-                deleted += 1
+            deleted = delete_head_segments(
+                self._data,
+                self._index,
+                LogHead(
+                    self._begin_index,
+                    self._begin_pos,
+                    self._before_begin_term,
+                    self._before_begin_chain,
+                ),
+                end_index=self._end_index,
+                floor_pos=retention_floor_pos(self._committed_pos, self._retention_floor),
+                now_s=self._clock(),
+                settings=self.settings,
+                disk_usage=self._disk_usage,
+                force=force,
+                header_at=self._header,
+                adopt=self._adopt_head,
+            )
         if deleted:
             self._write_checkpoint()
             log.info("retention deleted %d head segment(s) of %s", deleted, self.dir / "data")
         return deleted
 
-    def _drop_head_segment(self, head: MmapFile) -> None:
-        nxt = self._data.files[1]
-        new_begin_pos = nxt.start
-        if new_begin_pos >= self._data.end:
-            new_begin = self._end_index + 1
-        else:
-            new_begin = decode_header(nxt.mm, 0).index
-        if new_begin > self._begin_index:
-            before = self._header(new_begin - 1)
-            term, chain = before.term, before.chain_crc
-        else:  # the head held no entry, only padding after a reset (an installed snapshot)
-            term, chain = self._before_begin_term, self._before_begin_chain
-        self._data.delete_head(new_begin_pos, 1)
-        self._index.delete_head(new_begin * INDEX_UNIT_SIZE, len(self._index.files))
-        self._begin_index = new_begin
-        self._begin_pos = new_begin_pos
-        self._before_begin_term = term
-        self._before_begin_chain = chain
+    def _adopt_head(self, head: LogHead) -> None:
+        self._begin_index, self._begin_pos = head.begin_index, head.begin_pos
+        self._before_begin_term = head.before_begin_term
+        self._before_begin_chain = head.before_begin_chain
 
-    # ---- recovery ----------------------------------------------------------------------
+    # ---- recovery (the scan itself is ``recovery.recover_log``) ---------------------------
 
     def _recover(self) -> None:
-        """Rebuild ledger state from the files (ST-26, DESIGN §4).
-
-        Scans entries from the checkpoint's committed entry (or the log begin) forward,
-        verifying header, placement, index contiguity, term order and body CRC; stops at
-        the first invalid record, truncates the torn tail there, zeroes garbage after it
-        and rewrites index units that disagree with the data. Damage at or below the
-        checkpoint's committed index raises :class:`StoreCorruptionError`."""
+        """Rebuild ledger state from the files on open (ST-26, DESIGN §4): load the
+        segments and the checkpoint, scan and repair (:func:`recover_log`), adopt what
+        it found. Damage in the committed prefix raises :class:`StoreCorruptionError`."""
         t0 = time.monotonic()
         cp = self._checkpoint.load()
         self._data.load()
         self._index.load()
-
-        before_chain = cp.before_begin_chain if cp is not None else 0
-        if cp is not None:
-            begin_index, begin_pos, before_term = cp.begin_index, cp.begin_pos, cp.before_begin_term
-            # Head segments wholly below the begin were due for deletion (retention or a
-            # reset that crashed before finishing).
-            self._data.delete_head(begin_pos, len(self._data.files))
-        elif self._data.files:
-            begin_pos = self._data.files[0].start
-            begin_index, before_term, before_chain = self._infer_begin()
-        else:
-            begin_index, begin_pos, before_term = 0, 0, -1
-        if self._data.files and self._data.files[0].start > begin_pos:
-            raise StoreCorruptionError(
-                f"{self._data.dir}: the log should begin at pos {begin_pos} but the first"
-                f" segment starts at {self._data.files[0].start}"
-            )
-        self._begin_index, self._begin_pos = begin_index, begin_pos
-        self._before_begin_term, self._before_begin_chain = before_term, before_chain
-        committed = cp.committed_index if cp else -1
-
-        # Where to start the scan.
-        pos, index, term, chain = begin_pos, begin_index, before_term, before_chain
-        if committed >= begin_index and self.settings.recovery_verify == "checkpoint":
-            start = self._checkpoint_start(committed)
-            if start is not None:
-                pos, index, term, chain = start
-
-        scanned = 0
-        rebuild_from: int | None = None
-        entries_end = pos  # the log ends where its last valid entry ends (not after a blank)
-        while True:
-            f = self._data.segment_for(pos)
-            if f is None:
-                break
-            rel = pos - f.start
-            problem = None
-            if f.size - rel < MIN_BLANK_LEN:
-                problem = "no room for a record header"
-            else:
-                magic = int.from_bytes(f.mm[rel : rel + 4], "big", signed=True)
-                if magic == MAGIC_BLANK:
-                    size = int.from_bytes(f.mm[rel + 4 : rel + 8], "big", signed=True)
-                    rest = f.size - rel - MIN_BLANK_LEN
-                    if size == f.size - rel and f.mm[rel + 8 : f.size].count(0) == rest:
-                        pos = f.limit
-                        continue
-                    problem = "damaged blank record"
-                elif magic == 0 and f.mm[rel : rel + BODY_OFFSET].count(0) == BODY_OFFSET:
-                    break  # clean end of the log
-                else:
-                    problem = self._check_entry_at(f, rel, pos, index, term, chain)
-            if problem is not None:
-                if index <= committed:
-                    raise StoreCorruptionError(
-                        f"{f.path} at byte {rel} (pos {pos}): committed entry {index} is"
-                        f" damaged ({problem}); the checkpoint says entries up to {committed}"
-                        " are committed. Refusing to start: restore this replica from a peer."
-                    )
-                log.warning(
-                    "recovery: torn tail in %s at byte %d (entry %d: %s); truncating",
-                    f.path,
-                    rel,
-                    index,
-                    problem,
-                )
-                break
-            h = EntryHeader._make(HEADER.unpack_from(f.mm, rel))
-            if rebuild_from is None and not self._index_unit_matches(h):
-                rebuild_from = index
-                self._index_reset_to(index)
-            if rebuild_from is not None:
-                self._index_write(
-                    index * INDEX_UNIT_SIZE,
-                    INDEX_UNIT.pack(h.magic, pos, h.size, index, h.term),
-                )
-            term, chain = h.term, h.chain_crc
-            index += 1
-            pos += h.size
-            entries_end = pos
-            scanned += 1
-
-        end_index = index - 1
-        pos = entries_end
-        if end_index < committed:
-            raise StoreCorruptionError(
-                f"{self._data.dir}: the log ends at entry {end_index} (pos {pos}) but the"
-                f" checkpoint says entries up to {committed} are committed. Refusing to start."
-            )
-        # Cut the torn tail and everything after it, in both lists.
-        self._data.set_end(pos)
-        if rebuild_from is None:
-            self._index_reset_to(end_index + 1)
-        self._end_index = self._durable_index = end_index
-        self._end_term, self._end_chain = term, chain
-        if self._before_begin_chain == UNKNOWN_CHAIN:
-            self._before_begin_chain = 0
-            if self._end_chain == UNKNOWN_CHAIN:
-                self._end_chain = 0
-        if cp is not None and committed >= begin_index:
-            self._committed_index = committed
-            u = self._unit(committed)
-            self._committed_pos = u.pos + u.size
-        else:
-            self._committed_index = begin_index - 1
-            self._committed_pos = self.ledger_begin_pos
+        r = recover_log(
+            self._data,
+            self._index,
+            cp,
+            segment_size=self.settings.data_file_size,
+            verify=self.settings.recovery_verify,
+        )
+        self._begin_index, self._begin_pos = r.begin_index, r.begin_pos
+        self._before_begin_term, self._before_begin_chain = (
+            r.before_begin_term,
+            r.before_begin_chain,
+        )
+        self._end_index = self._durable_index = r.end_index
+        self._end_term, self._end_chain = r.end_term, r.end_chain
+        self._committed_index, self._committed_pos = r.committed_index, r.committed_pos
         self.recovery_stats = {
             "seconds": time.monotonic() - t0,
-            "scanned_entries": scanned,
-            "rebuilt_index_from": -1 if rebuild_from is None else rebuild_from,
+            "scanned_entries": r.scanned_entries,
+            "rebuilt_index_from": r.rebuilt_index_from,
         }
         log.info(
             "recovered %s: entries [%d, %d], committed %d, scanned %d in %.3f s",
@@ -886,114 +698,48 @@ class FileStore:
             self._begin_index,
             self._end_index,
             self._committed_index,
-            scanned,
+            r.scanned_entries,
             self.recovery_stats["seconds"],
         )
-
-    def _infer_begin(self) -> tuple[int, int, int]:
-        """Begin index, before-begin term and chain without a checkpoint (it was lost):
-        the first segment's first entry says where the log begins. Its chain seed is
-        unknown, so it is taken from that entry (the chain is then checked from there)."""
-        try:
-            h = decode_header(self._data.files[0].mm, 0)
-        except CodecError:
-            return 0, -1, 0
-        if h.index == 0:
-            return 0, -1, 0
-        before = self._raw_unit(h.index - 1)
-        log.warning("no checkpoint in %s: the log is taken to begin at entry %d", self.dir, h.index)
-        return h.index, h.term if before is None else before.term, UNKNOWN_CHAIN
-
-    def _checkpoint_start(self, committed: int) -> tuple[int, int, int, int] | None:
-        """(pos, index, prev term, prev chain) to scan from: the committed entry, when its
-        index unit and data header agree. ``None`` means scan from the begin."""
-        u = self._raw_unit(committed)
-        h = self._raw_header(u.pos) if u is not None else None
-        if u is None or h is None or u.index != committed or u.magic not in ENTRY_MAGICS:
-            return None
-        if (h.index, h.term, h.pos, h.size) != (u.index, u.term, u.pos, u.size):
-            return None
-        if committed == self._begin_index:
-            return u.pos, committed, self._before_begin_term, self._before_begin_chain
-        p = self._raw_unit(committed - 1)
-        prev = self._raw_header(p.pos) if p is not None else None
-        if prev is None:
-            return None
-        return u.pos, committed, prev.term, prev.chain_crc
-
-    def _raw_unit(self, index: int) -> IndexUnit | None:
-        """Recovery: the index unit stored for ``index``, unchecked; None if absent."""
-        try:
-            return decode_index_unit(self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
-        except (IndexError, CodecError):
-            return None
-
-    def _raw_header(self, pos: int) -> EntryHeader | None:
-        """Recovery: the entry header stored at ``pos``; None if absent or malformed."""
-        f = self._data.segment_for(pos)
-        if f is None:
-            return None
-        try:
-            return decode_header(f.mm, pos - f.start)
-        except CodecError:
-            return None
-
-    def _check_entry_at(  # noqa: PLR0917
-        self, f: MmapFile, rel: int, pos: int, index: int, term: int, chain: int
-    ) -> str | None:
-        """Why the record at ``pos`` is not the valid entry ``index``; None if it is.
-        An entry must leave room for a blank record after it in its segment."""
-        try:
-            check_next_entry(
-                f.mm,
-                rel,
-                f.size - rel - MIN_BLANK_LEN,
-                end_pos=pos,
-                segment_size=self.settings.data_file_size,
-                index=index,
-                term=term,
-                chain=chain,
-            )
-        except EntryRejectedError as e:
-            return str(e)
-        return None
-
-    def _index_unit_matches(self, h: EntryHeader) -> bool:
-        ipos = h.index * INDEX_UNIT_SIZE
-        f = self._index.segment_for(ipos)
-        if f is None or ipos + INDEX_UNIT_SIZE > f.end:
-            return False
-        u = decode_index_unit(f.mm, ipos - f.start)
-        return (u.magic, u.pos, u.size, u.index, u.term) == (
-            h.magic,
-            h.pos,
-            h.size,
-            h.index,
-            h.term,
-        )
-
-    def _index_reset_to(self, index: int) -> None:
-        """Make the index list end at unit ``index`` (cut within it, else restart there)."""
-        ipos = index * INDEX_UNIT_SIZE
-        if self._index.files and self._index.begin <= ipos <= self._index.files[-1].limit:
-            self._index.set_end(ipos)
-        else:
-            self._index.reset(ipos)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     def _check_open(self) -> None:
+        if self._failed is not None:
+            raise self._failed
         if self._closed:
             raise StoreError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"store {self.dir} is closed")
+
+    @property
+    def failed(self) -> StoreFailedError | None:
+        """Why the store stopped vouching for its files (``StoreFailedError``), if it did."""
+        return self._failed
+
+    def _fail(self, what: str, e: OSError) -> NoReturn:
+        """Crash-only: remember the failure, so every later call raises it, and raise it."""
+        if self._failed is None:
+            self._failed = StoreFailedError(
+                f"store {self.dir}: {what} failed: {e.strerror or e}; restart the node"
+                " (recovery re-verifies the log from the last durable checkpoint)"
+            )
+            log.critical("%s", self._failed)
+        raise self._failed from e
 
     def close(self) -> None:
         """Stop the flusher, sync everything, write the checkpoint, unmap the files."""
         if self._closed:
             return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.flush()
+        if self._failed is not None:
+            self.abandon()  # nothing synced now could be trusted
+            return
+        if self._flusher is not None:
+            self._flusher.stop()
+        self._sync_now()
+        try:
+            self._write_checkpoint()
+        except OSError as e:  # a full disk: the older checkpoint stays valid (recovery
+            # scans further from it), so the close goes on
+            log.warning("closing %s without a new checkpoint: %s", self.dir, e)
         with self._lock:
             self._closed = True
             self._data.close()
@@ -1005,9 +751,8 @@ class FileStore:
         the simulator use it to model a crash (they then drop the unsynced bytes)."""
         if self._closed:
             return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        if self._flusher is not None:
+            self._flusher.stop()
         with self._lock:
             self._closed = True
             self._data.close()

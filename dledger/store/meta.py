@@ -23,23 +23,33 @@ class MetaFileError(ValueError):
 
 
 def write_atomic(path: Path, content: str | bytes) -> None:
-    """Replace ``path`` atomically and durably: temp file, fsync, rename, directory fsync."""
+    """Replace ``path`` atomically and durably: temp file, fsync, rename, directory fsync.
+    On failure (a full disk, say) ``path`` is as it was and no temp file is left."""
     tmp = path.with_name(path.name + ".tmp")
     data = content.encode() if isinstance(content, str) else content
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory, so that names created, renamed or deleted in it are durable."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 def read_properties(path: Path) -> dict[str, str] | None:

@@ -10,7 +10,10 @@ Invariants:
 - bytes at and after the last segment's ``wrote`` are zero (truncation zeroes what it
   drops, recovery zeroes torn garbage), so a reader never mistakes stale bytes for data;
 - a record never straddles two segments: the writer pads the rest of a segment with a
-  blank record (``pad_to_limit``) and rolls to the next one (``new_segment``).
+  blank record (``pad_to_limit``) and rolls to the next one (``new_segment``);
+- a segment is a sparse file, but every byte is written only into disk blocks allocated
+  beforehand (``MmapFile.reserve``, posix_fallocate, ``RESERVE_AHEAD`` at a time): a full
+  disk fails the reservation, before anything of the write changed, never half of it.
 
 Thread safety: the owning store serialises all calls; ``flush`` may run on another thread
 and only touches file descriptors, under ``flush_lock`` which closers also take.
@@ -27,11 +30,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from .entry import BLANK, MAGIC_BLANK, MIN_BLANK_LEN
+from .meta import fsync_dir
 
 log = logging.getLogger(__name__)
 
 NAME_DIGITS = 20
 ZERO_CHUNK = 1 << 16
+RESERVE_AHEAD = 4 << 20  # disk blocks allocated ahead of the write position, at least
 
 
 class StoreFileError(OSError):
@@ -45,7 +50,7 @@ def segment_name(start: int) -> str:
 class MmapFile:
     """One fixed-size segment, mapped read/write."""
 
-    __slots__ = ("_fd", "_mm", "flushed", "path", "size", "start", "wrote")
+    __slots__ = ("_fd", "_mm", "flushed", "path", "reserved", "size", "start", "wrote")
 
     def __init__(self, path: Path, start: int, size: int, create: bool) -> None:
         self.path = path
@@ -70,6 +75,7 @@ class MmapFile:
             raise
         self.wrote = 0
         self.flushed = 0
+        self.reserved = 0  # [0, reserved) has disk blocks; unknown (0) for a loaded file
 
     @property
     def end(self) -> int:
@@ -97,6 +103,17 @@ class MmapFile:
         written = os.pwrite(self._fd, data, rel)
         while written < n:  # short writes are legal; finish the job
             written += os.pwrite(self._fd, memoryview(data)[written:], rel + written)
+
+    def reserve(self, end_rel: int, ahead: int = RESERVE_AHEAD) -> None:
+        """Make sure ``[wrote, end_rel)`` has disk blocks, allocating up to ``ahead``
+        bytes beyond it at once. Raises ``OSError`` (``ENOSPC`` on a full disk) having
+        changed nothing a reader can see: allocated blocks read as zeros."""
+        if end_rel <= self.reserved:
+            return
+        start = max(self.reserved, min(self.wrote, end_rel))
+        stop = min(self.size, max(end_rel, start + ahead))
+        os.posix_fallocate(self._fd, start, stop - start)
+        self.reserved = stop
 
     def read(self, rel: int, n: int) -> bytes:
         assert rel >= 0 and rel + n <= self.size, (rel, n, self.size)
@@ -140,11 +157,12 @@ class MmapFile:
 class MmapFileList:
     """A logical byte log over consecutive segments in one directory."""
 
-    def __init__(self, directory: Path, file_size: int) -> None:
+    def __init__(self, directory: Path, file_size: int, reserve_ahead: int = RESERVE_AHEAD) -> None:
         if file_size < MIN_BLANK_LEN * 2:
             raise ValueError(f"segment size {file_size} too small")
         self.dir = directory
         self.file_size = file_size
+        self.reserve_ahead = reserve_ahead
         self.files: list[MmapFile] = []
         self.flush_lock = threading.Lock()
         self._next_start = 0  # where a new segment starts when there is none
@@ -222,15 +240,29 @@ class MmapFileList:
         last = self.files[-1]
         if last.free:
             # Only the header: the rest of a segment is zero already (see invariants).
-            last.write(last.wrote, BLANK.pack(MAGIC_BLANK, last.free))
+            header = BLANK.pack(MAGIC_BLANK, last.free)
+            last.reserve(last.wrote + len(header), 0)
+            last.write(last.wrote, header)
             last.wrote = last.size
 
     def write_at_end(self, data: bytes | bytearray | memoryview) -> None:
         """Write bytes at the end of the last segment (the caller placed them)."""
         last = self.files[-1]
         assert last.wrote + len(data) <= last.size
+        last.reserve(last.wrote + len(data), self.reserve_ahead)
         last.write(last.wrote, data)
         last.wrote += len(data)
+
+    def append_rolling(self, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` at the end, rolling to new segments as each fills: for records
+        of a size that divides the segment size (index units), which never straddle."""
+        view = memoryview(data)
+        while view:
+            if not self.files or self.files[-1].free == 0:
+                self.new_segment()
+            n = min(len(view), self.files[-1].free)
+            self.write_at_end(view[:n])
+            view = view[n:]
 
     # ---- reading -----------------------------------------------------------------------
 
@@ -260,6 +292,15 @@ class MmapFileList:
             last.zero_garbage_from(max(rel, last.wrote))
             last.wrote = rel
             last.flushed = min(last.flushed, rel)
+
+    def undo_append(self, pos: int, file_count: int) -> None:
+        """Undo a failed append that began at end ``pos`` when the list held
+        ``file_count`` segments: segments created since are deleted, and the bytes after
+        ``pos`` are zeroed (a pad header included). Raises ``OSError`` if that fails."""
+        with self.flush_lock:
+            while len(self.files) > file_count:
+                self.files.pop().destroy()
+        self.truncate(pos)
 
     def set_end(self, pos: int) -> None:
         """Recovery: the log ends at ``pos``. Later segments are deleted; garbage after
@@ -323,11 +364,7 @@ class MmapFileList:
         return self.end
 
     def fsync_dir(self) -> None:
-        fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.dir)
 
     def close(self) -> None:
         with self.flush_lock:

@@ -26,7 +26,7 @@ from broker.settings import BrokerSettings, Limits
 from consumequeue import ConsumeQueueSettings
 from dledger.runtime.local_cluster import free_ports
 from dledger.store import StoreSettings
-from tests.broker.harness import until
+from tests.waiting import until
 
 # Small segments, so the test data rolls files; production sizes otherwise.
 CLUSTER_ARGS = ("--data-file-mb", "8", "--log-level", "INFO")

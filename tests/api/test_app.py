@@ -16,8 +16,9 @@ import pytest
 from api.app import create_app
 from api.auth import TokenTable
 from api.client import AsyncProducer, ForbiddenError, UnauthenticatedError
+from consumequeue import ConsumeQueueError
 from tests.api.conftest import TEST_LIMITS, Node
-from tests.broker.harness import until
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -56,8 +57,40 @@ async def test_healthz_readyz_and_metrics(node: Node) -> None:
         "ledgermq_committed_index",
         "ledgermq_dispatch_lag_entries 0.0",
         'ledgermq_queue_max_offset{queue_id="0",topic="m"}',
+        "ledgermq_dispatch_stalled 0.0",
+        "ledgermq_node_failed 0.0",
+        'ledgermq_raft_refused_total{reason="stranger_frames"} 0.0',
     ):
         assert series in text, series
+
+
+async def test_a_failed_node_fails_its_probes_and_refuses_writes(node: Node) -> None:
+    """Crash-only (issue 17): once the node stopped working (a dead task, a failed
+    fsync) it says so on /healthz and /readyz and takes no write while it exits."""
+    await produce(node, "f", {"body": "before"})
+    node.broker.server.fail("a test's own failure", RuntimeError("boom"))
+    r = await node.http.get("/healthz")
+    assert r.status_code == 503 and r.json()["status"] == "failed"
+    r = await node.http.get("/readyz")
+    assert r.status_code == 503 and "failed" in r.json()["reason"]
+    r = await node.http.post("/v1/topics/f/messages", json={"messages": [{"body": "after"}]})
+    assert r.status_code == 503 and error_of(r)["code"] in ("NODE_FAILED", "NO_MASTER")
+    assert "ledgermq_node_failed 1.0" in (await node.http.get("/metrics")).text
+
+
+async def test_a_dispatcher_that_dies_fails_the_node(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: the dispatcher task died silently (a consume-queue invariant) and the node
+    went on acknowledging produces that never became readable, /healthz ok."""
+
+    def broken(_max: int) -> int:
+        raise ConsumeQueueError("a unit that disagrees with the log")
+
+    monkeypatch.setattr(node.broker.dispatcher, "dispatch_some", broken)
+    await until(lambda: node.broker.failed is not None, what="the node fails")
+    assert isinstance(node.broker.failed, ConsumeQueueError)
+    assert (await node.http.get("/healthz")).status_code == 503
 
 
 async def test_unknown_route_and_method_have_error_bodies(node: Node) -> None:

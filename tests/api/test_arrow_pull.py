@@ -4,6 +4,7 @@ the tag filter, content negotiation, metrics and the OpenAPI document."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import random
 from typing import Any
@@ -13,7 +14,8 @@ import pyarrow as pa
 import pytest
 
 from api import client, media
-from api.arrow import SCHEMA
+from api.arrow import SCHEMA, encode_pulled
+from broker import errors
 from tests.api.conftest import Node
 from tests.api.test_app import produce
 
@@ -197,3 +199,17 @@ async def test_the_python_client_pulls_arrow(node: Node) -> None:
         assert (empty.status, empty.count) == ("NO_NEW_MSG", 0)
         with pytest.raises(client.TopicNotFoundError):
             await admin.pull_arrow("nope", 0, 0)
+
+
+async def test_a_page_whose_records_retention_took_is_answered_busy(node: Node) -> None:
+    """Units read, then the log's head deleted before the records are: BUSY, retried."""
+    await node.http.post("/v1/topics", json={"name": "gone", "queues": 1})
+    for _ in range(30):
+        await produce(node, "gone", *[{"body": "x" * 1000} for _ in range(100)])
+    page = (await node.broker.pull_page("gone", 0, 0, max_messages=50)).page
+    assert page.count == 50
+    await node.broker.dispatcher.snapshot()
+    await node.broker.dispatcher.checkpoint()
+    assert await asyncio.to_thread(node.broker.store.clean, True) >= 1
+    with pytest.raises(errors.BusyError, match="the log changed under the page"):
+        encode_pulled(page, topic="gone", group="g0")

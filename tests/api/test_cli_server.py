@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.api.test_cluster_contract import wait_until
+from tests.waiting import wait_until
 
 LEDGERMQ = str(Path(sys.executable).with_name("ledgermq"))
 

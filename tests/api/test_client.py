@@ -31,6 +31,7 @@ from api.client import (
 )
 from api.cluster import LocalBrokerCluster
 from broker.metadata import PRODUCER_ID
+from tests.waiting import wait_until
 
 # ---- the sans-I/O core, driven by hand ------------------------------------------------------
 
@@ -271,6 +272,30 @@ def test_unknown_outcome_is_retried_with_the_same_session_and_busy_too() -> None
     assert ops.sequence == 42  # the next batch
 
 
+def test_a_full_disk_is_retried_on_the_same_master_until_space_returns() -> None:
+    """507 DISK_FULL (issue 17): the master recovers by itself, so a producer waits as
+    Retry-After says, at the same master, within its deadline; then gives up typed."""
+    clock = FakeClock()
+    ex = exchange(A, clock)
+    ex.master = A
+    ops = mq.ProducerOps(ex, "p-1", 7)
+    answers = iter(
+        [
+            error(507, "DISK_FULL", retry_after_ms=1000),
+            error(507, "DISK_FULL", retry_after_ms=1000),
+            reply(200, {"results": [{"msg_id": "x", "queue_id": 0, "queue_offset": 1}]}),
+        ]
+    )
+    result, actions = drive(ops.send("t", ["hello"]), lambda _r: next(answers), clock)
+    assert result == [mq.SendResult("x", 0, 1)]
+    assert not any(isinstance(a, mq.Request) and a.method == "GET" for a in actions)
+    sleeps = [a.seconds for a in actions if isinstance(a, mq.Sleep)]
+    assert len(sleeps) == 2 and min(sleeps) >= 1.0  # as Retry-After said
+    full = error(507, "DISK_FULL", retry_after_ms=1000)
+    err, _ = drive_raises(ops.send("t", ["again"]), lambda _r: full, clock)
+    assert isinstance(err, mq.DiskFullError)
+
+
 def test_an_unreachable_broker_is_skipped_and_none_answering_is_unavailable() -> None:
     clock = FakeClock()
     ex = exchange(f"{A},{B}", clock, deadline_s=5.0)
@@ -427,13 +452,6 @@ def test_async_driver_sleeps_between_retries_and_quotes_names() -> None:
 
 
 # ---- against a real cluster -----------------------------------------------------------------
-
-
-def wait_until(cond: Callable[[], object], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, f"not reached within {timeout_s} s"
-        time.sleep(0.02)
 
 
 def read_all(admin: Admin, topic: str) -> dict[int, list[ReceivedMessage]]:

@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
 from api.cluster import LocalBrokerCluster
-
-
-def wait_until(cond: Callable[[], Any], timeout_s: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout_s} s"
-        time.sleep(0.02)
+from tests.waiting import wait_until
 
 
 def roles(c: LocalBrokerCluster) -> tuple[str, list[str]]:

@@ -10,7 +10,8 @@ from typing import Any
 import httpx
 
 from api.cluster import LocalBrokerCluster
-from tests.api.test_cluster_contract import caught_up, wait_until
+from tests.api.test_cluster_contract import caught_up
+from tests.waiting import wait_until
 
 
 def produce_until_ok(http: httpx.Client, c: LocalBrokerCluster, body: dict[str, Any]) -> Any:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,19 +12,13 @@ from broker.settings import BrokerSettings
 from consumequeue import ConsumeQueueSettings, KeyIndexSettings
 from dledger.runtime.local_cluster import free_ports
 from dledger.store import StoreSettings
+from tests.waiting import until
+
+__all__ = ["SMALL_STORE", "BrokerCluster", "broker_settings", "until"]
 
 SMALL_STORE = StoreSettings(
     data_file_size=1 << 20, index_file_size=32 * 1024, clean_interval_ms=3_600_000
 )
-
-
-async def until(cond: Callable[[], Any], timeout_s: float = 15.0, what: str = "condition") -> None:
-    """Wait for ``cond()`` with a bounded timeout (no fixed sleeps)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, f"{what} not met within {timeout_s} s"
-        await asyncio.sleep(0.01)
 
 
 def broker_settings(

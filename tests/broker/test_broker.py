@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from broker import errors
 from broker.broker import Broker, ProduceMessage
-from tests.broker.harness import BrokerCluster, until
+from broker.settings import Limits
+from tests.broker.harness import BrokerCluster
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -292,5 +295,42 @@ async def test_retention_moves_min_offsets_never_past_dispatch(tmp_path: Path) -
             [ProduceMessage(b"after")],
         )
         assert res.queue_offset == b.queue_bounds("t", res.queue_id)[1] - 1
+    finally:
+        await c.close()
+
+
+async def test_a_tag_filter_that_matches_nothing_scans_a_bounded_backlog(
+    tmp_path: Path,
+) -> None:
+    """Before: the pull scanned the whole backlog (and again up to wait_ms) without
+    yielding, long enough for the node to miss its heartbeats. Now at most
+    max_filter_scan_units per pull, in chunks between which the loop runs."""
+    c, b = await _single(tmp_path, limits=replace(Limits(), max_filter_scan_units=3000))
+    try:
+        await b.create_topic("t", 1)
+        for _batch in range(10):
+            await b.produce("t", [ProduceMessage(b"m", tags="A") for _ in range(1000)])
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        t = asyncio.create_task(ticker())
+        try:
+            r = await b.pull("t", 0, 0, max_messages=32, wait_ms=2000, tags="B")
+        finally:
+            t.cancel()
+        assert r.status == "NO_MATCHED_MSG" and r.messages == []
+        assert 3000 <= r.next_offset < 10_000  # stopped at the bound, not at the end
+        assert ticks >= 2  # the loop ran between the chunks
+        r2 = await b.pull("t", 0, r.next_offset, max_messages=32, tags="B")
+        assert r2.next_offset > r.next_offset  # the client goes on from there
+        b.dispatcher.installing = True  # a snapshot install in progress: reads wait
+        with pytest.raises(errors.BusyError, match="installing a snapshot"):
+            await b.pull("t", 0, 0)
+        b.dispatcher.installing = False
     finally:
         await c.close()

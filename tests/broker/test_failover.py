@@ -14,7 +14,8 @@ from broker import errors
 from broker.broker import Broker, ProduceMessage
 from dledger.core.messages import PushEntryRequest
 from dledger.core.settings import CoreSettings
-from tests.broker.harness import BrokerCluster, until
+from tests.broker.harness import BrokerCluster
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -49,6 +50,17 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(tmp_pat
                     await b.produce("t", [ProduceMessage(b"x")])
                 assert ei.value.leader_id == m.settings.node_id
                 assert ei.value.leader_addr == m.settings.peer_map[m.settings.node_id]
+                # Every write redirects before it looks at its topic: a slave may not know
+                # a topic the master just made (it answered 404, not 307), and creating
+                # one that exists is a write too.
+                for write in (
+                    b.create_topic("t", 2),
+                    b.delete_topic("not-here-yet"),
+                    b.commit_offsets("grp", "not-here-yet", {0: 1}),
+                    b.reset_offsets("grp", "not-here-yet", "earliest"),
+                ):
+                    with pytest.raises(errors.NotMasterError):
+                        await write
         old = m.settings.node_id
         await c.stop(old)
         m2 = await c.master(timeout_s=30)

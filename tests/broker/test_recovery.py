@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from broker.broker import Broker, ProduceMessage
-from tests.broker.harness import BrokerCluster, until
+from tests.broker.harness import BrokerCluster
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 
@@ -88,5 +89,40 @@ async def test_restart_after_delete_and_recreate_rebuilds_the_same_files(
         assert [m.body for m in b.query_by_key("t", "k3")][:2] == [b"new24", b"new24"]
         [res] = await b.produce("t", [ProduceMessage(b"next")], producer_id="p", sequence=0)
         assert res.queue_offset == 20
+    finally:
+        await c.close()
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"[]", b"{}", b'"x"', b"null", b"\xff\xfe", b'{"version": 1, "topics": 5}'],
+    ids=["list", "empty-object", "string", "null", "not-utf8", "wrong-shape"],
+)
+async def test_a_damaged_metadata_snapshot_never_stops_a_restart(
+    tmp_path: Path, garbage: bytes
+) -> None:
+    """The newest snapshot file holds garbage (``[]`` crashed startup): it is skipped
+    with a warning, an older one or the log rebuilds the metadata, nothing is lost."""
+    c = BrokerCluster(tmp_path, n=1)
+    b = await c.start("n0")
+    try:
+        await until(lambda: b.is_master, what="master")
+        await b.create_topic("t", 2)
+        await b.produce("t", [ProduceMessage(b"a%d" % i) for i in range(10)])
+        await b.commit_offsets("g", "t", {0: 3})
+        await b.dispatcher.snapshot()
+    finally:
+        await c.stop("n0")
+    snaps = sorted((c.settings("n0").data_dir / "metadata" / "g0").iterdir())
+    assert snaps
+    snaps[-1].write_bytes(garbage)
+    b = await c.start("n0")
+    try:
+        await until(lambda: b.is_master, what="master again")
+        assert b.meta.topics["t"].queues == 2
+        assert b.meta.committed_offset("g", "t", 0) == 3
+        r = await b.pull("t", 0, 0, max_messages=100)
+        r1 = await b.pull("t", 1, 0, max_messages=100)
+        assert len(r.messages) + len(r1.messages) == 10
     finally:
         await c.close()

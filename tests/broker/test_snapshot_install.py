@@ -20,7 +20,8 @@ from broker.broker import Broker, ProduceMessage
 from broker.metadata import MetadataState
 from dledger.store import FileStore
 from dledger.store.meta import CheckpointFile
-from tests.broker.harness import SMALL_STORE, BrokerCluster, until
+from tests.broker.harness import SMALL_STORE, BrokerCluster
+from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
 

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 import pytest
 
 from dledger.codes import DLedgerCode, DLedgerError
+from dledger.core.dispatcher import DispatcherState
 from dledger.core.messages import (
     InstallSnapshotRequest,
     InstallSnapshotResponse,
@@ -20,7 +21,6 @@ from dledger.core.messages import (
     Role,
 )
 from dledger.core.node import Ready
-from dledger.core.pusher import DispatcherState
 from dledger.core.settings import CoreSettings
 from dledger.core.snapshot import Snapshot, snapshot_of
 from dledger.runtime.ready import deliver_ready, persist_ready
@@ -384,7 +384,7 @@ def test_raft7_success_moves_the_match_index_and_resumes_append() -> None:
     assert c.tick_until(lambda: bool(c.installed[f]), 5000) is not None
     d = c.cores[lead].dispatchers[f]
     assert (d.state, d.match_index, d.write_index) == (DispatcherState.APPEND, last, last + 1)
-    assert c.cores[lead].checker.watermark(f) == last
+    assert c.cores[lead].checker.watermark(f, c.term(lead)) == last
     since = len(c.sent)
     c.propose([b"more"])
     (append,) = c.sent_of(PushEntryRequest, since=since, remote_id=f, type=PushType.APPEND)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import pytest
 
 from dledger.codes import DLedgerCode
+from dledger.core.dispatcher import DispatcherState, PendingPush
 from dledger.core.messages import (
     Message,
     PushEntryRequest,
@@ -19,7 +20,6 @@ from dledger.core.messages import (
     VoteResponse,
     VoteResult,
 )
-from dledger.core.pusher import DispatcherState, PendingPush
 from dledger.core.settings import CoreSettings
 from dledger.store import MAGIC_NOOP, MemoryStore
 
@@ -353,7 +353,7 @@ def test_cv_39_an_ack_drops_the_pending_batches_at_or_below_its_watermark() -> N
     c.inject(ack)
     assert sorted(d.pending) == [last]
     assert d.match_index == b + 1
-    assert c.cores[lead].checker.watermark(f) == b + 1
+    assert c.cores[lead].checker.watermark(f, c.term(lead)) == b + 1
 
 
 # ---- CV-32: votes read the ledger end after a truncate ----------------------------------------

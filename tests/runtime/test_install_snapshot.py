@@ -6,7 +6,6 @@ begin position on are byte-identical to the leader's (RP-42, DESIGN §4, §5).""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from dledger.core.messages import Role
 from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.store import StoreSettings
+from tests.waiting import until as _until
 
 pytestmark = pytest.mark.asyncio
 
@@ -29,14 +29,6 @@ def _configs(tmp_path: Path) -> dict[str, ServerConfig]:
         n: ServerConfig(group="g0", self_id=n, peers=peers, data_dir=tmp_path, store=STORE, seed=i)
         for i, n in enumerate(peers)
     }
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 def _leader(servers: dict[str, DLedgerServer]) -> DLedgerServer | None:

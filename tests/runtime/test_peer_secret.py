@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -40,20 +40,13 @@ from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.runtime.transport import PeerLink, TransportSettings, authenticate_to
 from dledger.runtime.wire import encode
 from dledger.store import StoreSettings
+from tests.waiting import until as _until
 
 SECRET = b"correct horse battery staple"
 OTHER = b"incorrect horse"
 AUTH_MS = 300  # short, so that stalls and silent peers fail fast
 STORE = StoreSettings(data_file_size=1 << 20, index_file_size=32 * 1024)
-HUGE_TERM = 10**9
-
-
-async def _until(cond: Callable[[], bool], timeout_s: float = 20.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():
-        assert loop.time() < deadline, f"not in {timeout_s} s: {what or cond}"
-        await asyncio.sleep(0.01)
+HUGE_TERM = 10**6  # within CoreSettings.max_term_jump, so the control shows it moving
 
 
 def _settings(secret: bytes | None, **kw: int) -> TransportSettings:
@@ -239,7 +232,13 @@ async def test_a_group_with_one_secret_elects_a_leader_and_commits(tmp_path: Pat
             assert s.transport is not None
             assert s.transport.auth_failures == 0
             assert all(link.auth_failures == 0 for link in s.transport.links.values())
-            assert s.status()["refused"] == {"bad_frames": 0, "auth_failures": 0}
+            assert s.status()["refused"] == {
+                "bad_frames": 0,
+                "auth_failures": 0,
+                "stranger_frames": 0,
+                "client_requests": 0,
+                "limited": 0,
+            }
 
 
 @pytest.mark.asyncio

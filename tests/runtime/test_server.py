@@ -16,6 +16,7 @@ from dledger.runtime.client import DLedgerClient
 from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.server import DLedgerServer, NotLeaderError, ServerConfig
 from dledger.store import BODY_OFFSET, EntryMeta, StoreSettings
+from tests.waiting import until as _until
 
 pytestmark = pytest.mark.asyncio
 
@@ -30,14 +31,6 @@ def _config(tmp_path: Path) -> ServerConfig:
         store=StoreSettings(data_file_size=1 << 20, index_file_size=32 * 1024),
         seed=1,
     )
-
-
-async def _until(cond: object, timeout_s: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not cond():  # type: ignore[operator]
-        assert loop.time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_single_node_server_appends_reads_and_notifies(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import struct
 from typing import Any
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 
 from dledger.codes import DLedgerCode
 from dledger.core.messages import (
+    MAX_INDEX,
+    MAX_TERM,
     REQUEST_CODE_OF,
     AppendRequest,
     AppendResponse,
@@ -48,13 +51,17 @@ from dledger.runtime.wire import (
 
 i64 = st.integers(-(2**63), 2**63 - 1)
 i32 = st.integers(-(2**31), 2**31 - 1)
+# What decode accepts for bounded fields (wire.py's docstring): terms, indexes, counts.
+terms = st.integers(-1, MAX_TERM)
+indexes = st.integers(-1, MAX_INDEX)
+counts = st.integers(0, 2**31 - 1)
 u32 = st.integers(0, 2**32 - 1)
 ids = st.text(max_size=12)
 payload = st.binary(max_size=300)
 
 
 def _common() -> dict[str, Any]:
-    return {"group": ids, "local_id": ids, "remote_id": ids, "term": i64, "req_id": i64}
+    return {"group": ids, "local_id": ids, "remote_id": ids, "term": terms, "req_id": i64}
 
 
 STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
@@ -62,8 +69,8 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         VoteRequest,
         **_common(),
         leader_id=ids,
-        ledger_end_index=i64,
-        ledger_end_term=i64,
+        ledger_end_index=indexes,
+        ledger_end_term=terms,
         pre_vote=st.booleans(),
     ),
     VoteResponse: st.builds(
@@ -79,11 +86,11 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         **_common(),
         leader_id=ids,
         type=st.sampled_from(PushType),
-        commit_index=i64,
-        pre_log_index=i64,
-        pre_log_term=i64,
-        first_index=i64,
-        count=i32,
+        commit_index=indexes,
+        pre_log_index=indexes,
+        pre_log_term=terms,
+        first_index=indexes,
+        count=counts,
         entries=payload,
     ),
     PushEntryResponse: st.builds(
@@ -91,19 +98,19 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         **_common(),
         code=st.sampled_from(DLedgerCode),
         type=st.sampled_from(PushType),
-        index=i64,
-        count=i32,
-        begin_index=i64,
-        end_index=i64,
-        x_term=i64,
-        x_index=i64,
+        index=indexes,
+        count=counts,
+        begin_index=indexes,
+        end_index=indexes,
+        x_term=terms,
+        x_index=indexes,
     ),
     LeadershipTransferRequest: st.builds(
         LeadershipTransferRequest,
         **_common(),
         transfer_id=ids,
         transferee_id=ids,
-        take_leadership_ledger_index=i64,
+        take_leadership_ledger_index=indexes,
     ),
     LeadershipTransferResponse: st.builds(
         LeadershipTransferResponse, **_common(), code=st.sampled_from(DLedgerCode)
@@ -112,20 +119,20 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         InstallSnapshotRequest,
         **_common(),
         leader_id=ids,
-        last_included_index=i64,
-        last_included_term=i64,
+        last_included_index=indexes,
+        last_included_term=terms,
         before_begin_chain=u32,
-        next_pos=i64,
-        commit_index=i64,
+        next_pos=indexes,
+        commit_index=indexes,
         data=payload,
     ),
     InstallSnapshotResponse: st.builds(
         InstallSnapshotResponse,
         **_common(),
         code=st.sampled_from(DLedgerCode),
-        last_included_index=i64,
-        begin_index=i64,
-        end_index=i64,
+        last_included_index=indexes,
+        begin_index=indexes,
+        end_index=indexes,
     ),
     AppendRequest: st.builds(
         AppendRequest,
@@ -137,10 +144,10 @@ STRATEGIES: dict[type, st.SearchStrategy[Any]] = {
         **_common(),
         code=st.sampled_from(DLedgerCode),
         leader_id=ids,
-        first_index=i64,
-        positions=st.lists(i64, max_size=8).map(tuple),
+        first_index=indexes,
+        positions=st.lists(indexes, max_size=8).map(tuple),
     ),
-    GetRequest: st.builds(GetRequest, **_common(), index=i64, max_count=i32),
+    GetRequest: st.builds(GetRequest, **_common(), index=indexes, max_count=counts),
     GetResponse: st.builds(
         GetResponse,
         **_common(),
@@ -319,6 +326,44 @@ def test_encode_rejects_out_of_range_int() -> None:
         encode(
             AppendResponse(**_ids(), term=1, req_id=1, code=DLedgerCode.SUCCESS, positions=(2**64,))
         )
+
+
+_BOUNDED = [
+    (cls, f.name)
+    for cls in STRATEGIES
+    for f in dataclasses.fields(cls)
+    if f.name == "term"
+    or f.name.endswith(("_term", "index"))
+    or f.name in ("next_pos", "count", "max_count")
+]
+
+
+@pytest.mark.parametrize(("cls", "name"), _BOUNDED, ids=[f"{c.__name__}.{n}" for c, n in _BOUNDED])
+@given(data=st.data())
+@settings(max_examples=20)
+def test_a_term_index_or_count_outside_its_bounds_is_refused(
+    cls: type, name: str, data: st.DataObject
+) -> None:
+    """One frame with term 2**63 - 1 used to move every node there, where term + 1 did
+    not encode and the ready loop died (issue 17): bounded fields are checked on decode,
+    whatever else the frame holds."""
+    msg = data.draw(STRATEGIES[cls])
+    lo = 0 if name in ("count", "max_count") else -1
+    hi = 2**31 - 1 if name in ("count", "max_count") else MAX_TERM
+    if name in ("count", "max_count"):
+        bad = data.draw(st.integers(-(2**31), lo - 1))
+    else:
+        bad = data.draw(st.integers(-(2**63), lo - 1) | st.integers(hi + 1, 2**63 - 1))
+    frame = encode(dataclasses.replace(msg, **{name: bad}))
+    assert f"{cls.__name__}.{name} {bad}" in _feed_error(frame)
+
+
+def test_an_append_response_position_outside_its_bounds_is_refused() -> None:
+    for bad in (-2, MAX_INDEX + 1, 2**63 - 1):
+        resp = AppendResponse(
+            **_ids(), term=1, req_id=1, code=DLedgerCode.SUCCESS, positions=(0, bad)
+        )
+        assert "a position of 'positions'" in _feed_error(encode(resp))
 
 
 def test_encode_rejects_string_over_65535_bytes() -> None:

@@ -115,6 +115,7 @@ import orjson
 
 from broker.commitlog import DLedgerCommitLog, OutgoingMessage
 from broker.dispatcher import Dispatcher
+from broker.errors import SequenceTooOldError
 from broker.message import (
     PROP_BATCH_INDEX,
     PROP_BATCH_SIZE,
@@ -136,7 +137,17 @@ from broker.metadata import (
     op_create_topic,
     op_delete_topic,
 )
-from broker.role import BrokerRole, own_term_committed, queue_table_from
+from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
+from broker.role import BrokerRole
+from broker.sessions import (
+    Answer,
+    Attempt,
+    AttemptState,
+    Join,
+    ProducerSessions,
+    Refuse,
+    SettleFirst,
+)
 from consumequeue import (
     UNIT_SIZE,
     ConsumeQueue,
@@ -175,6 +186,7 @@ FAULT_MS = 3_000  # the fault phase (the Raft simulation's default is 8 s)
 SECTOR = 512  # the unit a power loss tears derived files at
 MAX_CLIENT_ATTEMPTS = 10_000  # a bound on one batch's retries (liveness fails long before)
 NEVER = 1 << 62  # a dispatcher interval that never elapses
+MAX_ATTEMPTS = 100_000  # ProducerSessions bound, as BrokerSettings.max_producer_sessions
 
 Result = tuple[int, int, int]  # (queue_id, queue_offset, commitlog_offset)
 Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
@@ -476,9 +488,6 @@ class OpState(Enum):
     PROPOSED = "proposed"
     COMMITTED = "committed"  # waiting for dispatch, as Broker._put does
     SETTLING = "settling"  # unknown outcome while master: Broker._settle
-    # Its request gave up (settle timeout) while entries of it may still commit in this
-    # term: the marker stays, so a retry settles on it instead of appending again.
-    ORPHANED = "orphaned"
 
 
 @dataclass(eq=False)
@@ -491,6 +500,7 @@ class Op:
     placed: list[tuple[int, int]] = field(default_factory=list)
     done: list[Result] = field(default_factory=list)  # answered from the session table
     session: tuple[str, int, int] | None = None  # (producer id, sequence, batch size)
+    attempt: Attempt | None = None  # the ProducerSessions attempt this op is
     first_index: int = -1
     last_index: int = -1
     positions: tuple[int, ...] = ()
@@ -501,9 +511,11 @@ class Op:
 
 @dataclass(eq=False, slots=True)
 class OrphanWait:
-    """A retry that found its batch ORPHANED: ``Broker._join_inflight`` settling."""
+    """A retry told ``SettleFirst`` by ``ProducerSessions``: it waits until ``index`` is
+    committed and dispatched (or the attempt's term is over), then begins again."""
 
-    marker: Op
+    attempt: Attempt
+    index: int
     again: Callable[[], None]  # handle the request again once settled
     reply: Reply
 
@@ -559,12 +571,13 @@ class BrokerNode:
         self.keys.clear = cleared  # type: ignore[method-assign]
         self.role = BrokerRole.SLAVE
         self.role_term = -1
-        self.pending_term: int | None = None  # LEADER, not yet MASTER
-        self.catch_up_target: int | None = None
+        self.promotion: Promotion | None = None  # LEADER, not yet MASTER: the real rule
         self.ops: dict[int, Op] = {}  # proposal id -> op
         self.waiting: list[Op] = []  # COMMITTED or SETTLING
-        self.inflight: dict[tuple[str, int], Op] = {}  # Broker._inflight_sessions
-        self.orphan_waits: list[OrphanWait] = []  # retries settling on an ORPHANED marker
+        # The real producer-session rule (broker/sessions.py), as Broker drives it.
+        self.sessions = ProducerSessions(MAX_ATTEMPTS)
+        self.op_of: dict[Attempt, Op] = {}  # a running attempt's op (its replies)
+        self.orphan_waits: list[OrphanWait] = []  # retries told to settle first
         self.held: list[tuple[Callable[[], None], Reply]] = []  # requests while paused
         self.dispatch_scheduled = False
         self.verified: dict[tuple[str, int, int], int] = {}  # units checked per queue
@@ -1351,29 +1364,29 @@ class BrokerSimulation(Simulation):
 
     def _role_change(self, n: SimNode, bn: BrokerNode, rc: RoleChange) -> None:
         # RoleChangeHandler: anything but LEADER is SLAVE at once; LEADER is SLAVE until
-        # caught up (see _maybe_promote).
+        # the real Promotion says READY (see _maybe_promote).
         bn.set_role(BrokerRole.SLAVE, rc.term)
-        bn.pending_term = rc.term if rc.role is Role.LEADER else None
-        bn.catch_up_target = None
+        bn.promotion = Promotion(rc.term) if rc.role is Role.LEADER else None
 
     def _maybe_promote(self, n: SimNode, bn: BrokerNode) -> None:
-        term = bn.pending_term
-        core = n.core
-        if term is None or core is None:
+        """RoleChangeHandler._become_master's driving of ``Promotion``, on events."""
+        p, core = bn.promotion, n.core
+        if p is None or core is None:
             return
-        if core.ms.role is not Role.LEADER or core.ms.curr_term != term:
-            bn.pending_term = None
+        step = p.advance(
+            leading=core.ms.role is Role.LEADER and core.ms.curr_term == p.term,
+            own_term_committed=own_term_committed(bn.store, p.term),
+            committed_index=bn.store.committed_index,
+            dispatched=bn.dispatcher.dispatched_index,
+        )
+        if step is Step.GIVE_UP:
+            bn.promotion = None
+        if step is not Step.READY:
             return
-        if bn.catch_up_target is None:
-            if not own_term_committed(bn.store, term):
-                return  # step 1: the own-term NOOP
-            bn.catch_up_target = bn.store.committed_index
-        if bn.dispatcher.dispatched_index < bn.catch_up_target:
-            return  # step 2: dispatch reaches what was committed then
         table = queue_table_from(bn.meta, bn.cq)  # step 3
         bn.commitlog.reset_queue_table(table)
-        bn.role, bn.role_term, bn.pending_term = BrokerRole.MASTER, term, None
-        self.trace(f"master {n.node_id} term={term} table={sorted(table.items())}")
+        bn.role, bn.role_term, bn.promotion = BrokerRole.MASTER, p.term, None
+        self.trace(f"master {n.node_id} term={p.term} table={sorted(table.items())}")
 
     def _proposal_done(self, n: SimNode, bn: BrokerNode, done: ProposalDone) -> None:
         op = bn.ops.pop(done.proposal.proposal_id, None)
@@ -1420,42 +1433,43 @@ class BrokerSimulation(Simulation):
                 and bn.store.committed_index >= op.target
                 and dispatched >= op.target
             ):
-                assert op.session is not None
-                pid, seq, size = op.session
-                s = bn.meta.sessions.get(pid)
-                if s is not None and s.seq == seq and s.complete:
+                assert op.session is not None and op.attempt is not None
+                answer = ProducerSessions.answer_from_table(
+                    op.attempt, op.session[2], bn.meta.sessions
+                )
+                if answer is not None:
                     self.stats["settled"] += 1
-                    self._finish(bn, op, "ok", list(s.results[:size]))
+                    self._finish(bn, op, "ok", answer)
                 else:
                     self._finish(bn, op, "unknown", "settled without the batch")
         for w in list(bn.orphan_waits):
-            m = w.marker
-            assert m.session is not None
-            if bn.inflight.get(m.session[:2]) is not m or _settled(bn, m.target):
+            a = w.attempt
+            if bn.sessions.attempts.get(a.key) is not a or _settled(bn, w.index):
                 bn.orphan_waits.remove(w)
                 w.again()
-            elif bn.role is not BrokerRole.MASTER or bn.role_term != m.term:
+            elif bn.role is not BrokerRole.MASTER or bn.role_term != a.term:
                 bn.orphan_waits.remove(w)
                 w.reply("unknown", "term over while settling")
         self._maybe_promote(n, bn)
 
     def _finish(self, bn: BrokerNode, op: Op, kind: str, payload: Any) -> None:
-        """Answer ``op``; then ``Broker._end_attempt`` for its session marker."""
+        """Answer ``op`` and everyone who joined it; a session attempt's end goes to the
+        real ``ProducerSessions.end``, as ``Broker._attempt`` reports it."""
         if op in bn.waiting:
             bn.waiting.remove(op)
         replies, op.replies = op.replies, []
-        if op.session is not None and bn.inflight.get(op.session[:2]) is op:
-            end = bn.store.ledger_end_index
-            if (
-                kind == "unknown"
-                and bn.role is BrokerRole.MASTER
-                and bn.role_term == op.term
-                and not _settled(bn, end)
-            ):
-                op.state, op.target = OpState.ORPHANED, end
-                self.stats["orphaned"] += 1
-            else:
-                del bn.inflight[op.session[:2]]
+        a = op.attempt
+        if a is not None and bn.op_of.pop(a, None) is op:
+            bn.sessions.end(
+                a,
+                answer=payload if kind == "ok" else None,
+                appended=True,
+                master_term=bn.role_term if bn.role is BrokerRole.MASTER else None,
+                ledger_end=bn.store.ledger_end_index,
+                settled=functools.partial(_settled, bn),
+            )
+            if bn.sessions.attempts.get(a.key) is a:
+                self.stats["orphaned" if a.state is AttemptState.ORPHANED else "kept"] += 1
         for reply in replies:
             reply(kind, payload)
 
@@ -1553,14 +1567,13 @@ class BrokerSimulation(Simulation):
 
     def _append(self, n: SimNode, bn: BrokerNode, op: Op, records: list[bytearray]) -> bool:
         """Propose ``records``; False when the log refused them (nothing appended)."""
-        key = op.session[:2] if op.session is not None else None
 
         def act(core: DLedgerCore) -> None:
             p = core.propose(records, self.now_ms)
             op.first_index, op.positions = p.first_index, p.positions
             bn.ops[p.proposal_id] = op
-            if key is not None:
-                bn.inflight[key] = op
+            if op.attempt is not None:
+                bn.op_of[op.attempt] = op
             self.trace(f"append {n.node_id} {op.kind} {p.first_index}+{len(records)}")
 
         try:
@@ -1571,7 +1584,7 @@ class BrokerSimulation(Simulation):
         return True
 
     def _handle_produce(self, n: SimNode, bn: BrokerNode, b: Batch, reply: Reply) -> None:
-        """Broker.produce + _produce_session + _put, for one session batch."""
+        """Broker.produce + _produce_in_session + _attempt, for one session batch."""
         if bn.role is not BrokerRole.MASTER:
             reply("refused", "not master")
             return
@@ -1579,52 +1592,56 @@ class BrokerSimulation(Simulation):
         if topic is None:
             reply("refused", "no such topic")
             return
-        key = (b.pid, b.seq)
-        pending = bn.inflight.get(key)
-        if pending is not None and pending.term != bn.role_term:
-            # Appended in an earlier term: becoming MASTER again waited for dispatch to
-            # reach the own-term NOOP, so the session table knows what of it survived.
-            del bn.inflight[key]
-            pending = None
-        if pending is not None and pending.state is OpState.ORPHANED:
-            if not _settled(bn, pending.target):
-                w = OrphanWait(pending, lambda: self._handle_produce(n, bn, b, reply), reply)
-                bn.orphan_waits.append(w)
-                self.stats["orphan waits"] += 1
-                self.at(
-                    self.now_ms + self.bknobs.append_timeout_ms,
-                    "orphan settle timeout",
-                    lambda: self._orphan_wait_timeout(bn, w),
-                )
-                return
-            del bn.inflight[key]  # all of it is committed and dispatched: the table knows
-            pending = None
-        if pending is not None:  # the same batch is in flight here: wait for it
-            pending.replies.append(reply)
+        size = len(b.messages)
+        d = bn.sessions.begin(
+            (b.pid, b.seq),
+            size,
+            term=bn.role_term,
+            table=bn.meta.sessions,
+            settled=functools.partial(_settled, bn),
+        )
+        if isinstance(d, Answer):
+            self.stats["deduplicated"] += 1
+            reply("ok", d.results)
+            return
+        if isinstance(d, Refuse):
+            if isinstance(d.error, SequenceTooOldError):  # no simulated producer goes back
+                self.checker.fail(f"{n.node_id}: {d.error.message}")
+            reply("refused", d.error.message)
+            return
+        if isinstance(d, Join):  # the same batch is in flight here: wait for it
+            bn.op_of[d.attempt].replies.append(reply)
             self.stats["waited"] += 1
             return
-        size = len(b.messages)
-        done: list[Result] = []
-        s = bn.meta.sessions.get(b.pid)
-        if s is not None:
-            if b.seq < s.seq:
-                self.checker.fail(f"{n.node_id}: producer {b.pid} seq {b.seq} below {s.seq}")
-            if b.seq == s.seq:
-                done = list(s.results[:size])
-                if len(done) >= size:
-                    self.stats["deduplicated"] += 1
-                    reply("ok", done)
-                    return
-                if done:
-                    self.stats["tails"] += 1
+        if isinstance(d, SettleFirst):
+            w = OrphanWait(d.attempt, d.index, lambda: self._handle_produce(n, bn, b, reply), reply)
+            bn.orphan_waits.append(w)
+            self.stats["orphan waits"] += 1
+            self.at(
+                self.now_ms + self.bknobs.append_timeout_ms,
+                "orphan settle timeout",
+                lambda: self._orphan_wait_timeout(bn, w),
+            )
+            return
+        done = d.done
+        if done:
+            self.stats["tails"] += 1
         now = EPOCH_MS + self.now_ms
         out = [
             self._encode(n, b, m, len(done) + i, now) for i, m in enumerate(b.messages[len(done) :])
         ]
         placed, undo = bn.commitlog.assign_queue_offsets(topic, out)
-        op = Op("produce", bn.role_term, [reply], placed, done, (b.pid, b.seq, size))
+        op = Op("produce", bn.role_term, [reply], placed, done, (b.pid, b.seq, size), d.attempt)
         if not self._append(n, bn, op, [m.record for m in out]):
             undo()
+            bn.sessions.end(
+                d.attempt,
+                answer=None,
+                appended=False,
+                master_term=bn.role_term,
+                ledger_end=bn.store.ledger_end_index,
+                settled=functools.partial(_settled, bn),
+            )
             reply("refused", "log refused")
 
     def _encode(self, n: SimNode, b: Batch, m: ClientMessage, k: int, now: int) -> OutgoingMessage:

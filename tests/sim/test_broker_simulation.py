@@ -17,11 +17,15 @@ after exercising what once failed.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
+from broker.promotion import Promotion, Step
+from broker.sessions import Attempt, ProducerSessions
+
 from .broker_sim import KNOWN_BUGS, BrokerKnobs, run_broker_seed
-from .sim import Knobs
+from .sim import InvariantViolationError, Knobs
 
 SEEDS = range(80)
 
@@ -161,3 +165,35 @@ def test_fixed_broker_bug_seed_passes(
     assert sim.acked, "no produce was ever acknowledged"
     if exercised is not None:
         assert sim.stats[exercised] > 0, f"seed {seed} no longer exercises {bug} (said: {said})"
+
+
+# ---- the simulation checks the code that runs ---------------------------------------------
+# The broker's producer-session and promotion rules are plain objects (broker/sessions.py,
+# broker/promotion.py) that Broker and this simulation both drive: a bug put into either
+# must fail a seed. Each test breaks the real rule the way an earlier bug or an easy
+# mistake would, and runs a seed that catches it.
+
+
+def test_a_bug_in_the_real_session_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forget an attempt as soon as it ends, even with its entries unsettled in its term
+    (the bug seed 15 found, fixed since): a retry appends the batch again."""
+
+    def end_forgetting(self: ProducerSessions, attempt: Attempt, **_kw: object) -> None:
+        self.attempts.pop(attempt.key, None)
+
+    monkeypatch.setattr(ProducerSessions, "end", end_forgetting)
+    with pytest.raises(InvariantViolationError, match="duplicated: message"):
+        run_broker_seed(15, fault_ms=3000)
+
+
+def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Become MASTER without waiting for dispatch (step 2): the queue table misses
+    committed messages and a new master hands out taken queue offsets."""
+    real = Promotion.advance
+
+    def skip_dispatch(self: Promotion, **kw: Any) -> Step:
+        return real(self, **(kw | {"dispatched": 1 << 62}))
+
+    monkeypatch.setattr(Promotion, "advance", skip_dispatch)
+    with pytest.raises(InvariantViolationError, match="inconsistent-offsets"):
+        run_broker_seed(5)

@@ -28,20 +28,13 @@ from dledger.store import (
     encode_entry,
 )
 from dledger.store.entry import MAGIC_BLANK, decode_header, peek_magic_size
+from tests.waiting import wait_until
 
 from ..conftest import TINY
 
 
 def bodies(n: int, size: int = 100, tag: int = 0) -> list[bytes]:
     return [bytes([(tag + i) % 251]) * size for i in range(n)]
-
-
-def wait_until(cond: object, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        time.sleep(0.005)
 
 
 # ---- leader append -----------------------------------------------------------------------
@@ -558,8 +551,9 @@ def test_background_retention_runs_on_its_own(tmp_path: Path) -> None:
     s.append_as_leader(1, bodies(100, size=300))
     _age_all(s, 2)
     s.update_committed(99)
-    wait_until(lambda: len(s.data_files()) == 1)
-    assert s.ledger_begin_index > 0
+    # The thread deletes a segment, then moves the log head: wait for both, not for the
+    # first alone (reading the head right after the file count dropped raced with it).
+    wait_until(lambda: len(s.data_files()) == 1 and s.ledger_begin_index > 0)
     s.close()
 
 

@@ -1,0 +1,315 @@
+"""``EntryHandler``: the follower's half of replication (DLedger's ``EntryHandler`` inside
+``DLedgerEntryPusher``, CHECKLIST RP-29 .. RP-35, RP-42). The leader's half is
+``EntryDispatcher`` (``dispatcher``).
+
+The node checks term, leader and role of every push first (``LeaderElector
+.check_leader_request``); the handler then applies APPENDs strictly in index order
+(holding out-of-order ones, at most ``max_follower_pending_pushes``) and answers COMPARE,
+TRUNCATE, COMMIT and INSTALL_SNAPSHOT.
+
+Invariants and the seed bugs not copied:
+- COMPARE/TRUNCATE answer every APPEND they drop (the CV-37 bug lets them time out); a
+  fast-forward answer removes the request it answers (CV-40).
+- Nothing at or below the committed index is ever truncated: a correct leader never asks,
+  so such a TRUNCATE (or a snapshot that disagrees with a committed entry) is refused and
+  logged, never obeyed.
+- A TRUNCATE older than a push already taken from this leader is ignored: it crossed a
+  reconnect, and its compare is long answered.
+- An append is all or nothing (the store's rule); a disk refusal is answered as such
+  (DISK_FULL, DISK_ERROR) so the leader backs off instead of comparing again.
+- INSTALL_SNAPSHOT: the follower installs unless it already holds ``last_included_index``
+  with that term (then it keeps its log, Raft §7); the reset of its log waits until the
+  application has the snapshot (``Ready.install_snapshot``), and nothing is answered
+  before both.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..codes import DLedgerCode, DLedgerError
+from .messages import (
+    InstallSnapshotRequest,
+    InstallSnapshotResponse,
+    PushEntryRequest,
+    PushEntryResponse,
+    PushType,
+    Role,
+)
+from .snapshot import Snapshot
+
+if TYPE_CHECKING:
+    from ..store.base import LogStore
+    from .host import HandlerHost
+    from .member_state import MemberState
+    from .settings import CoreSettings
+
+
+class EntryHandler:
+    """Follower: apply pushes strictly in index order; answer COMPARE/TRUNCATE/COMMIT."""
+
+    def __init__(
+        self, ms: MemberState, store: LogStore, settings: CoreSettings, host: HandlerHost
+    ) -> None:
+        self.ms = ms
+        self.store = store
+        self.settings = settings
+        self.host = host
+        # first_index -> (APPEND, when it arrived)
+        self.write_requests: dict[int, tuple[PushEntryRequest, int]] = {}
+        self.last_check_fast_forward_ms = -1
+        self.newest: tuple[int, str, int] = (-1, "", -1)  # (term, leader, max req_id seen)
+
+    def respond(self, req: PushEntryRequest, code: DLedgerCode, **kw: int) -> None:
+        ms, store = self.ms, self.store
+        self.host.send(
+            PushEntryResponse(
+                group=ms.group,
+                local_id=ms.self_id,
+                remote_id=req.local_id,
+                term=ms.curr_term,
+                req_id=req.req_id,
+                code=code,
+                type=req.type,
+                index=req.first_index if req.type is PushType.APPEND else -1,
+                count=req.count if req.type is PushType.APPEND else 0,
+                begin_index=store.ledger_begin_index,
+                end_index=store.ledger_end_index,
+                **kw,
+            )
+        )
+
+    def clear(self, code: DLedgerCode = DLedgerCode.INCONSISTENT_STATE) -> None:
+        """Drop every held APPEND, answering each (the CV-37 fix)."""
+        held = sorted(self.write_requests.items())
+        self.write_requests.clear()
+        for _, (req, _arrived) in held:
+            self.respond(req, code)
+
+    def handle_push(self, req: PushEntryRequest, now_ms: int) -> None:
+        """``handlePush`` (RP-30); the node has checked term, leader and role.
+
+        A TRUNCATE older than a push already taken from this leader is stale (it crossed
+        a reconnect or a slow link): its compare is long answered and acting on it could
+        drop entries committed since, so it is ignored."""
+        term, leader, newest = self.newest
+        if (term, leader) != (req.term, req.leader_id):
+            newest = -1
+        if req.type is PushType.TRUNCATE and req.req_id < newest:
+            self.host.log_event("stale_truncate", req_id=req.req_id, newest=newest)
+            return
+        self.newest = (req.term, req.leader_id, max(newest, req.req_id))
+        if req.type is PushType.APPEND:
+            self._hold_append(req, now_ms)
+        elif req.type is PushType.COMMIT:
+            self._update_commit(req.commit_index)
+            self.respond(req, DLedgerCode.SUCCESS)
+        elif req.type is PushType.COMPARE:
+            self.clear()
+            self._handle_compare(req)
+        elif req.type is PushType.TRUNCATE:
+            self.clear()
+            self._handle_truncate(req)
+        else:
+            self.respond(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+
+    def handle_install(self, req: InstallSnapshotRequest) -> None:
+        """The follower's half of INSTALL_SNAPSHOT (Raft §7); the node has checked term,
+        leader and role. Answers SUCCESS when, once this node's Ready is handled, it holds
+        everything up to ``last_included_index``:
+
+        - it holds a newer state already (its log begins after the snapshot): no change;
+        - it holds the snapshot's last entry with the same term: it keeps its log, whose
+          entries up to there are committed (§7: "retain log entries following it");
+        - otherwise the application gets the snapshot (``Ready.install_snapshot``) and the
+          log restarts right after it, at the leader's position; the answer leaves after
+          both are durable (the Ready order)."""
+        host, store = self.host, self.store
+        term, leader, newest = self.newest
+        if (term, leader) != (req.term, req.leader_id):
+            newest = -1
+        self.newest = (req.term, req.leader_id, max(newest, req.req_id))
+        self.clear()
+        last = req.last_included_index
+        if last < 0 or req.next_pos < 0 or req.last_included_term < 0:
+            self.respond_install(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+            return
+        inst = host.installing
+        if inst is not None:
+            if last <= inst.last_index:  # true once the install in progress is durable
+                self.respond_install(req, DLedgerCode.SUCCESS, inst)
+                return
+        elif last < store.ledger_begin_index - 1:
+            self.respond_install(req, DLedgerCode.SUCCESS)
+            return
+        elif last <= store.ledger_end_index and store.term_at(last) == req.last_included_term:
+            if last > store.committed_index:
+                host.commit_to(last)
+            self.respond_install(req, DLedgerCode.SUCCESS)
+            return
+        elif last <= store.committed_index:
+            # Our committed entry there has another term: a correct leader never sends
+            # this (§5.4); refuse (and log) rather than drop committed entries.
+            host.log_event("install_refused", index=last, committed=store.committed_index)
+            self.respond_install(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        snap = Snapshot(
+            last, req.last_included_term, req.before_begin_chain, req.next_pos, req.data
+        )
+        host.begin_install(snap)
+        self.respond_install(req, DLedgerCode.SUCCESS, snap)
+
+    def respond_install(
+        self, req: InstallSnapshotRequest, code: DLedgerCode, after: Snapshot | None = None
+    ) -> None:
+        """Answer ``req``; ``after``: the snapshot being installed, whose log range is
+        what the answer reports (it is true when the answer leaves)."""
+        ms, store = self.ms, self.store
+        if after is not None:
+            begin, end = after.last_index + 1, after.last_index
+        else:
+            begin, end = store.ledger_begin_index, store.ledger_end_index
+        self.host.send(
+            InstallSnapshotResponse(
+                group=ms.group,
+                local_id=ms.self_id,
+                remote_id=req.local_id,
+                term=ms.curr_term,
+                req_id=req.req_id,
+                code=code,
+                last_included_index=req.last_included_index,
+                begin_index=begin,
+                end_index=end,
+            )
+        )
+
+    def _hold_append(self, req: PushEntryRequest, now_ms: int) -> None:
+        if req.count <= 0 or not req.entries:
+            self.respond(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+            return
+        if req.first_index in self.write_requests:
+            self.respond(req, DLedgerCode.REPEATED_PUSH)
+            return
+        if len(self.write_requests) >= self.settings.max_follower_pending_pushes:
+            self.respond(req, DLedgerCode.PUSH_REQUEST_IS_FULL)
+            return
+        self.write_requests[req.first_index] = (req, now_ms)
+        self.drain(now_ms)
+
+    def drain(self, now_ms: int) -> None:
+        """Append every held request that is next in line; answer duplicates at once."""
+        store = self.store
+        while True:
+            end = store.ledger_end_index
+            held = self.write_requests.pop(end + 1, None)
+            if held is not None:
+                self._handle_append(held[0])
+                continue
+            behind = [f for f in self.write_requests if f <= end]
+            if not behind:
+                break
+            for first in sorted(behind):
+                self._handle_fall_behind(self.write_requests.pop(first)[0])
+        self._check_abnormal_future(now_ms)
+
+    def _handle_append(self, req: PushEntryRequest) -> None:
+        """``handleDoAppend`` (RP-32): one write of the leader's bytes, then commit."""
+        try:
+            metas = self.store.append_as_follower(req.entries)
+        except DLedgerError as e:
+            storage = e.code in (DLedgerCode.DISK_FULL, DLedgerCode.DISK_ERROR)
+            self.host.log_event(
+                "append_storage_error" if storage else "append_refused",
+                first=req.first_index,
+                code=e.code.name,
+                reason=e.message,
+            )
+            # A disk problem is said as such (the leader backs off); anything else means
+            # the leader's view of this log is wrong, so it compares again.
+            self.respond(req, e.code if storage else DLedgerCode.INCONSISTENT_STATE)
+            return
+        self.host.wrote_entries()
+        if len(metas) != req.count:
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        self.respond(req, DLedgerCode.SUCCESS)
+        self._update_commit(req.commit_index)
+
+    def _handle_fall_behind(self, req: PushEntryRequest) -> None:
+        """A resend of entries we hold (the ack was lost, RP-35): SUCCESS if identical."""
+        store = self.store
+        last = req.first_index + req.count - 1
+        if last > store.ledger_end_index or req.first_index < store.ledger_begin_index:
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        raw, count, _ = store.read_batch(req.first_index, len(req.entries), req.count)
+        same = count == req.count and raw == req.entries
+        self.respond(req, DLedgerCode.SUCCESS if same else DLedgerCode.INCONSISTENT_STATE)
+
+    def _check_abnormal_future(self, now_ms: int) -> None:
+        """``checkAbnormalFuture`` (RP-34): a request far ahead of our log that has waited
+        too long means the leader's view of us is wrong: answer the lowest one with
+        INCONSISTENT_STATE so the leader compares again (CV-05)."""
+        if not self.write_requests:
+            return
+        period = self.settings.fast_forward_check_ms
+        if now_ms - self.last_check_fast_forward_ms < period:
+            return
+        self.last_check_fast_forward_ms = now_ms
+        first = min(self.write_requests)
+        req, arrived_ms = self.write_requests[first]
+        if now_ms - arrived_ms >= period:
+            del self.write_requests[first]
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+
+    def _handle_compare(self, req: PushEntryRequest) -> None:
+        """``handleDoCompare``, newer (RP-15), with binary-searched ``x_index``."""
+        store = self.store
+        pre_index, pre_term = req.pre_log_index, req.pre_log_term
+        if pre_index == -1 and pre_term == -1:
+            self.respond(req, DLedgerCode.SUCCESS)
+            return
+        if store.ledger_end_index < pre_index:
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        if pre_index < store.ledger_begin_index - 1:
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        local_term = store.term_at(pre_index)
+        if local_term == pre_term:
+            self.respond(req, DLedgerCode.SUCCESS)
+            return
+        first = store.first_index_of_term(local_term, pre_index)
+        if first < 0:  # the before-begin term: nothing of it left to point at
+            first = store.ledger_begin_index
+        self.respond(req, DLedgerCode.INCONSISTENT_STATE, x_term=local_term, x_index=first)
+
+    def _handle_truncate(self, req: PushEntryRequest) -> None:
+        """``handleDoTruncate`` (RP-18). Never at or below the committed index: a leader
+        truncates only past a proven match and a committed entry always matches (§5.4),
+        so such a request is refused (and logged), never obeyed."""
+        store = self.store
+        from_index = req.pre_log_index
+        if from_index <= store.committed_index:  # a correct leader never sends this
+            self.host.log_event(
+                "truncate_refused", from_index=from_index, committed=store.committed_index
+            )
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        if from_index <= store.ledger_end_index:
+            store.truncate(from_index)
+            self.host.wrote_entries()
+        if store.ledger_end_index != from_index - 1:
+            self.respond(req, DLedgerCode.INCONSISTENT_STATE)
+            return
+        self.respond(req, DLedgerCode.SUCCESS)
+        self._update_commit(req.commit_index)
+
+    def _update_commit(self, leader_commit: int) -> None:
+        """Follower commit = min(leader's, our end) (CV-18: safe because COMPARE and
+        TRUNCATE aligned our whole log with this leader's in this term)."""
+        if self.ms.role is not Role.FOLLOWER:
+            return
+        committed = min(leader_commit, self.store.ledger_end_index)
+        if committed > self.store.committed_index:
+            self.host.commit_to(committed)

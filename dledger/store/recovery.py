@@ -1,0 +1,323 @@
+"""Recovery of the file store on open: one forward scan that finds where the log really
+ends, and repairs what a crash can leave (CHECKLIST ST-20, ST-26; DESIGN §4).
+
+``recover_log`` takes the loaded data and index segment lists and the checkpoint, and
+returns the ledger state as a :class:`RecoveredLog`. The scan starts at the checkpoint's
+committed entry (``recovery_verify="checkpoint"``: the prefix below it was verified when
+it was written and synced) or at the log begin (``"all"``, or no usable checkpoint), and
+checks every entry's header, placement, index contiguity, term order, chain CRC and body
+CRC until the first invalid record.
+
+What it repairs, and what it refuses:
+- a torn tail (a record cut by a crash, garbage after the last entry): cut there, and the
+  bytes after it zeroed, so no stale byte can later pass for an entry;
+- index units that disagree with the data (the index is synced after the data): rebuilt
+  from the first disagreement, from the data;
+- head segments wholly below the checkpoint's begin (retention or a reset that crashed
+  part-way): deleted;
+- damage at or below the checkpoint's committed index, or a log that ends before it:
+  :class:`StoreCorruptionError` naming the file and byte, and nothing is changed for it.
+  Committed entries may be on other replicas only; a node must never start without them.
+
+Without a checkpoint (it was lost) the first segment's first entry says where the log
+begins; the chain seed before it is unknown (``UNKNOWN_CHAIN``), so the chain is checked
+from that entry on, and the store then restarts the chain at 0.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, NamedTuple
+
+from .base import StoreCorruptionError
+from .entry import (
+    BODY_OFFSET,
+    ENTRY_MAGICS,
+    HEADER,
+    INDEX_UNIT,
+    INDEX_UNIT_SIZE,
+    MAGIC_BLANK,
+    MIN_BLANK_LEN,
+    UNKNOWN_CHAIN,
+    CodecError,
+    EntryHeader,
+    EntryRejectedError,
+    IndexUnit,
+    check_next_entry,
+    decode_header,
+    decode_index_unit,
+)
+from .meta import Checkpoint
+from .mmapfile import MmapFile, MmapFileList
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredLog:
+    """The ledger state the files hold after recovery."""
+
+    begin_index: int
+    begin_pos: int
+    before_begin_term: int
+    before_begin_chain: int
+    end_index: int  # every entry up to here was found valid (and is on disk)
+    end_term: int
+    end_chain: int
+    committed_index: int
+    committed_pos: int
+    scanned_entries: int
+    rebuilt_index_from: int  # -1: every index unit agreed with the data
+
+
+class _Cursor(NamedTuple):
+    """Where the scan stands: the next entry's pos and index, the previous entry's
+    term and chain CRC (what the next entry is checked against)."""
+
+    next_pos: int
+    next_index: int
+    prev_term: int
+    prev_chain: int
+
+
+def log_begin_pos(data: MmapFileList, begin_pos: int) -> int:
+    """Where the log's bytes begin: ``begin_pos``, or the first segment's start when
+    retention deleted the segment it was in."""
+    return max(data.begin, begin_pos) if data.files else begin_pos
+
+
+def recover_log(
+    data: MmapFileList,
+    index: MmapFileList,
+    cp: Checkpoint | None,
+    *,
+    segment_size: int,
+    verify: Literal["checkpoint", "all"],
+) -> RecoveredLog:
+    """Scan the loaded segment lists from ``cp`` on, repair the tail, return the state.
+
+    ``data`` and ``index`` are changed in place: the torn tail cut and zeroed, index units
+    rebuilt. Raises :class:`StoreCorruptionError` when a committed entry is damaged or
+    missing (see the module docstring)."""
+    begin = _log_begin(data, index, cp)
+    committed = cp.committed_index if cp is not None else -1
+    start = begin
+    if committed >= begin.next_index and verify == "checkpoint":
+        start = _checkpoint_start(data, index, committed, begin) or begin
+    end, scanned, rebuilt_from = _scan(data, index, start, committed, segment_size)
+    end_index = end.next_index - 1
+    if end_index < committed:
+        raise StoreCorruptionError(
+            f"{data.dir}: the log ends at entry {end_index} (pos {end.next_pos}) but the"
+            f" checkpoint says entries up to {committed} are committed. Refusing to start."
+        )
+    # Cut the torn tail and everything after it, in both lists.
+    data.set_end(end.next_pos)
+    if rebuilt_from is None:
+        _index_end_at(index, end_index + 1)
+    before_chain, end_chain = begin.prev_chain, end.prev_chain
+    if before_chain == UNKNOWN_CHAIN:  # no checkpoint: the chain restarts at 0
+        before_chain = 0
+        if end_chain == UNKNOWN_CHAIN:
+            end_chain = 0
+    if cp is not None and committed >= begin.next_index:
+        u = _raw_unit(index, committed)
+        assert u is not None, committed  # the scan rebuilt every unit it passed
+        committed_pos = u.pos + u.size
+    else:
+        committed = begin.next_index - 1
+        committed_pos = log_begin_pos(data, begin.next_pos)
+    return RecoveredLog(
+        begin_index=begin.next_index,
+        begin_pos=begin.next_pos,
+        before_begin_term=begin.prev_term,
+        before_begin_chain=before_chain,
+        end_index=end_index,
+        end_term=end.prev_term,
+        end_chain=end_chain,
+        committed_index=committed,
+        committed_pos=committed_pos,
+        scanned_entries=scanned,
+        rebuilt_index_from=-1 if rebuilt_from is None else rebuilt_from,
+    )
+
+
+def _log_begin(data: MmapFileList, index: MmapFileList, cp: Checkpoint | None) -> _Cursor:
+    """The log's first entry (pos, index) and the term and chain before it: from the
+    checkpoint (deleting head segments wholly below it), else from the first entry."""
+    if cp is not None:
+        begin = _Cursor(cp.begin_pos, cp.begin_index, cp.before_begin_term, cp.before_begin_chain)
+        # Head segments wholly below the begin were due for deletion (retention or a
+        # reset that crashed before finishing).
+        data.delete_head(begin.next_pos, len(data.files))
+    elif data.files:
+        begin = _infer_begin(data, index)
+    else:
+        begin = _Cursor(0, 0, -1, 0)
+    if data.files and data.files[0].start > begin.next_pos:
+        raise StoreCorruptionError(
+            f"{data.dir}: the log should begin at pos {begin.next_pos} but the first"
+            f" segment starts at {data.files[0].start}"
+        )
+    return begin
+
+
+def _infer_begin(data: MmapFileList, index: MmapFileList) -> _Cursor:
+    """The begin without a checkpoint (it was lost): the first segment's first entry
+    says where the log begins. Its chain seed is unknown, so it is taken from that entry
+    (the chain is then checked from there)."""
+    start = data.files[0].start
+    try:
+        h = decode_header(data.files[0].mm, 0)
+    except CodecError:
+        return _Cursor(start, 0, -1, 0)
+    if h.index == 0:
+        return _Cursor(start, 0, -1, 0)
+    before = _raw_unit(index, h.index - 1)
+    log.warning(
+        "no checkpoint in %s: the log is taken to begin at entry %d", data.dir.parent, h.index
+    )
+    return _Cursor(start, h.index, h.term if before is None else before.term, UNKNOWN_CHAIN)
+
+
+def _checkpoint_start(
+    data: MmapFileList, index: MmapFileList, committed: int, begin: _Cursor
+) -> _Cursor | None:
+    """Where to scan from: the committed entry, when its index unit and data header
+    agree. ``None`` means scan from the begin."""
+    u = _raw_unit(index, committed)
+    h = _raw_header(data, u.pos) if u is not None else None
+    if u is None or h is None or u.index != committed or u.magic not in ENTRY_MAGICS:
+        return None
+    if (h.index, h.term, h.pos, h.size) != (u.index, u.term, u.pos, u.size):
+        return None
+    if committed == begin.next_index:
+        return _Cursor(u.pos, committed, begin.prev_term, begin.prev_chain)
+    p = _raw_unit(index, committed - 1)
+    prev = _raw_header(data, p.pos) if p is not None else None
+    if prev is None:
+        return None
+    return _Cursor(u.pos, committed, prev.term, prev.chain_crc)
+
+
+def _scan(
+    data: MmapFileList, index: MmapFileList, at: _Cursor, committed: int, segment_size: int
+) -> tuple[_Cursor, int, int | None]:
+    """Walk valid entries from ``at``; returns (the cursor after the last valid entry,
+    entries scanned, the index from which units were rewritten or None).
+
+    Blank padding is skipped, a zero header is the clean end, anything else invalid is the
+    torn tail (an error at or below ``committed``). Bounded by the data: every step moves
+    ``pos`` forward, at least to the next segment."""
+    pos, idx, term, chain = at
+    scanned = 0
+    rebuild_from: int | None = None
+    entries_end = pos  # the log ends where its last valid entry ends (not after a blank)
+    while (f := data.segment_for(pos)) is not None:
+        rel = pos - f.start
+        problem = None
+        if f.size - rel < MIN_BLANK_LEN:
+            problem = "no room for a record header"
+        else:
+            magic = int.from_bytes(f.mm[rel : rel + 4], "big", signed=True)
+            if magic == MAGIC_BLANK:
+                if _is_blank_to_limit(f, rel):
+                    pos = f.limit
+                    continue
+                problem = "damaged blank record"
+            elif magic == 0 and f.mm[rel : rel + BODY_OFFSET].count(0) == BODY_OFFSET:
+                break  # clean end of the log
+            else:
+                problem = _check_entry_at(f, rel, _Cursor(pos, idx, term, chain), segment_size)
+        if problem is not None:
+            if idx <= committed:
+                raise StoreCorruptionError(
+                    f"{f.path} at byte {rel} (pos {pos}): committed entry {idx} is"
+                    f" damaged ({problem}); the checkpoint says entries up to {committed}"
+                    " are committed. Refusing to start: restore this replica from a peer."
+                )
+            log.warning(
+                "recovery: torn tail in %s at byte %d (entry %d: %s); truncating",
+                f.path,
+                rel,
+                idx,
+                problem,
+            )
+            break
+        h = EntryHeader._make(HEADER.unpack_from(f.mm, rel))
+        if rebuild_from is None and not _index_unit_matches(index, h):
+            rebuild_from = idx
+            _index_end_at(index, idx)
+        if rebuild_from is not None:
+            assert idx * INDEX_UNIT_SIZE == index.end, (idx, index.end)
+            index.append_rolling(INDEX_UNIT.pack(h.magic, pos, h.size, idx, h.term))
+        term, chain = h.term, h.chain_crc
+        idx += 1
+        pos += h.size
+        entries_end = pos
+        scanned += 1
+    return _Cursor(entries_end, idx, term, chain), scanned, rebuild_from
+
+
+def _is_blank_to_limit(f: MmapFile, rel: int) -> bool:
+    """A blank record at ``rel`` that pads its segment to the end, all zero after it."""
+    size = int.from_bytes(f.mm[rel + 4 : rel + 8], "big", signed=True)
+    rest = f.size - rel - MIN_BLANK_LEN
+    return size == f.size - rel and f.mm[rel + 8 : f.size].count(0) == rest
+
+
+def _check_entry_at(f: MmapFile, rel: int, at: _Cursor, segment_size: int) -> str | None:
+    """Why the record at ``at.next_pos`` is not the valid entry ``at.next_index``; None if it is.
+    An entry must leave room for a blank record after it in its segment."""
+    try:
+        check_next_entry(
+            f.mm,
+            rel,
+            f.size - rel - MIN_BLANK_LEN,
+            end_pos=at.next_pos,
+            segment_size=segment_size,
+            index=at.next_index,
+            term=at.prev_term,
+            chain=at.prev_chain,
+        )
+    except EntryRejectedError as e:
+        return str(e)
+    return None
+
+
+def _raw_unit(index: MmapFileList, i: int) -> IndexUnit | None:
+    """The index unit stored for entry ``i``, unchecked; None if absent."""
+    try:
+        return decode_index_unit(index.read(i * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
+    except (IndexError, CodecError):
+        return None
+
+
+def _raw_header(data: MmapFileList, pos: int) -> EntryHeader | None:
+    """The entry header stored at ``pos``; None if absent or malformed."""
+    f = data.segment_for(pos)
+    if f is None:
+        return None
+    try:
+        return decode_header(f.mm, pos - f.start)
+    except CodecError:
+        return None
+
+
+def _index_unit_matches(index: MmapFileList, h: EntryHeader) -> bool:
+    ipos = h.index * INDEX_UNIT_SIZE
+    f = index.segment_for(ipos)
+    if f is None or ipos + INDEX_UNIT_SIZE > f.end:
+        return False
+    u = decode_index_unit(f.mm, ipos - f.start)
+    return (u.magic, u.pos, u.size, u.index, u.term) == (h.magic, h.pos, h.size, h.index, h.term)
+
+
+def _index_end_at(index: MmapFileList, i: int) -> None:
+    """Make the index list end at unit ``i`` (cut within it, else restart there)."""
+    ipos = i * INDEX_UNIT_SIZE
+    if index.files and index.begin <= ipos <= index.files[-1].limit:
+        index.set_end(ipos)
+    else:
+        index.reset(ipos)
