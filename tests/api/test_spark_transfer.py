@@ -228,3 +228,50 @@ def test_the_prefetch_helper_keeps_order_raises_errors_and_stops_early() -> None
     assert [next(it), next(it)] == [0, 1]
     it.close()  # the consumer stops: the helper stops too, and closes its source
     assert closed.wait(10) and len(produced) <= 4
+
+
+def test_the_stream_reader_without_spark(served: Served) -> None:
+    """The stream reader's offset logic against a real node, driven the way Spark's
+    streaming-source runner drives it (no JVM needed): a memoised initial offset, the
+    read limit, Trigger.AvailableNow's target, and group commits from ``latestOffset``."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: PLC0415
+
+    from api.spark.source import LedgerMQStreamReader, QueuePartition  # noqa: PLC0415
+
+    produce(served, "s", 40)  # 20 per queue
+    base = {"brokers": served.url, "topic": "s", "authToken": TOKEN, "groupId": "g"}
+    reader = LedgerMQStreamReader(parse_read_options(base, streaming=True))  # from latest
+    start = reader.initialOffset()
+    assert start == {"0": 20, "1": 20}
+    produce(served, "s", 10)
+    # Spark asks twice; a latest start resolved again now would skip the 10 new messages.
+    assert reader.initialOffset() == start
+    assert isinstance(reader.getDefaultReadLimit(), ReadAllAvailable)
+    end = reader.latestOffset(start, ReadAllAvailable())
+    assert end == {"0": 25, "1": 25}
+    assert [(p.queue_id, p.start, p.end) for p in reader.partitions(start, end)] == [
+        (0, 20, 25),
+        (1, 20, 25),
+    ]
+    (batch,) = list(reader.read(QueuePartition(0, 20, 25)))
+    assert batch.num_rows == 5 and batch.column("queue_offset").to_pylist() == [20, 21, 22, 23, 24]
+    # latestOffset(start) commits `start` for the group: the end of a finished batch.
+    with Admin(served.url, auth_token=TOKEN) as admin:
+        assert {o.queue_id: o.committed_offset for o in admin.group_offsets("g", "s")} == {
+            0: 20,
+            1: 20,
+        }
+
+    limited = LedgerMQStreamReader(
+        parse_read_options(
+            {**base, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "7"}, streaming=True
+        )
+    )
+    first = limited.initialOffset()
+    assert first == {"0": 0, "1": 0}
+    assert limited.getDefaultReadLimit() == ReadMaxRows(7)
+    assert limited.latestOffset(first, ReadMaxRows(7)) == {"0": 3, "1": 3}
+    limited.prepareForTriggerAvailableNow()  # the target: what is there now
+    produce(served, "s", 10)
+    assert limited.latestOffset({"0": 0, "1": 0}, ReadAllAvailable()) == {"0": 25, "1": 25}
+    assert limited.latestOffset({"0": 25, "1": 25}, ReadAllAvailable()) == {"0": 25, "1": 25}
