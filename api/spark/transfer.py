@@ -28,7 +28,14 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from api.client import Admin, LedgerMQError, Producer, SequenceTooOldError, TopicNotFoundError
+from api.client import (
+    Admin,
+    InvalidArgumentError,
+    LedgerMQError,
+    Producer,
+    SequenceTooOldError,
+    TopicNotFoundError,
+)
 
 from .offsets import QueueRange, data_lost, plan_ranges, resolve
 from .options import Connection, ReadOptions
@@ -168,6 +175,19 @@ class _Page:
 
 
 def _pull(
+    puller: Puller, topic: str, q: int, offset: int, *, n: int, wait_ms: int, fmt: str
+) -> _Page:
+    try:
+        return _pull_page(puller, topic, q, offset, n=n, wait_ms=wait_ms, fmt=fmt)
+    except InvalidArgumentError as e:
+        if "max_messages" not in str(e):
+            raise
+        raise SourceError(
+            f"a broker refused pages of {n} messages ({e}): set pullBatchSize to its limit"
+        ) from None
+
+
+def _pull_page(
     puller: Puller, topic: str, q: int, offset: int, *, n: int, wait_ms: int, fmt: str
 ) -> _Page:
     if fmt == "json":

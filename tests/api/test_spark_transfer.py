@@ -124,6 +124,9 @@ def test_a_range_reads_the_same_over_both_formats_and_past_a_dead_broker(
             got = values(transfer.read_range(conn, "t", r, settings))
             assert len(got) == 637 and got[:100] == want, (fmt, page)
     assert transfer.queue_bounds(conn, "t", None) == {0: (0, 650), 1: (0, 650)}
+    too_big = transfer.ReadSettings(pull_batch_size=501)  # the node allows 500
+    with pytest.raises(transfer.SourceError, match="set pullBatchSize to its limit"):
+        list(transfer.read_range(conn, "t", r, too_big))
     with pytest.raises(transfer.SourceError, match=r"not \[5\]"):
         transfer.queue_bounds(conn, "t", [0, 5])
 
