@@ -104,9 +104,31 @@ def produce(
     return results
 
 
+def settled(cluster: LocalBrokerCluster, topic: str) -> dict[int, tuple[int, int]]:
+    """Wait (bounded) until every running node holds the same queues of ``topic``: a
+    follower may not have dispatched what the master acknowledged yet. Returns queue →
+    (min offset, max offset)."""
+
+    def views() -> list[dict[int, tuple[int, int]]]:
+        out = []
+        for node, url in cluster.urls.items():
+            if cluster.alive(node):
+                with Admin(url) as admin:
+                    d = admin.describe_topic(topic)
+                out.append({q.queue_id: (q.min_offset, q.max_offset) for q in d.queues})
+        return out
+
+    same = wait_until(
+        lambda: (v := views()) and all(x == v[0] for x in v) and v, 60, f"{topic} settled"
+    )
+    return dict(same[0])
+
+
 def expected_rows(cluster: LocalBrokerCluster, topic: str) -> dict[tuple[int, int], dict[str, Any]]:
     """Every message of ``topic`` as the JSON pull shows it, keyed by (queue, offset), in
-    the DataFrame's terms: an independent path to compare the Arrow read against."""
+    the DataFrame's terms: an independent path to compare the Arrow read against. Waits
+    until every node holds the same (``settled``), so any node may answer."""
+    settled(cluster, topic)
     out: dict[tuple[int, int], dict[str, Any]] = {}
     with Admin(cluster.brokers) as admin:
         for q in admin.describe_topic(topic).queues:
