@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http clean
+.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http bench-spark clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ bench-broker: setup
 
 bench-http: setup
 	$(PY) bench/http_bench.py
+
+bench-spark: setup
+	$(PY) bench/spark_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

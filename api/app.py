@@ -38,9 +38,14 @@ from broker.broker import ProduceMessage as BrokerMessage
 from broker.role import BrokerRole
 from broker.settings import BrokerSettings
 
-from . import models
+from . import media, models
 from .auth import Grant, TokenTable
 from .metrics import NodeMetrics
+
+try:  # the Arrow pull needs the optional `arrow` extra (pyarrow, numpy)
+    from . import arrow as arrow_pull
+except ImportError:  # pragma: no cover - the test environment installs it
+    arrow_pull = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +165,7 @@ def create_app(
     without a known one, 403 when its scopes do not cover the request. ``/healthz`` and
     ``/readyz`` stay open, ``/metrics`` too unless ``metrics_need_auth``."""
     limits = settings.limits
+    max_pull_any = max(limits.max_pull_messages, limits.max_arrow_pull_messages)
     bearer = HTTPBearer(auto_error=False, description="a token of the node's --auth-token(s)")
     tokens: TokenTable | None = None
     if auth_token is not None or auth_tokens is not None:
@@ -512,8 +518,9 @@ def create_app(
         "/v1/topics/{topic}/queues/{queue_id}/messages",
         tags=["consume"],
         summary="pull from one queue (long polling with wait_ms)",
+        description=media.ARROW_PULL_DOC,
         response_model=models.PullResponse,
-        responses=_error_docs(404),
+        responses={200: media.ARROW_PULL_RESPONSE, **_error_docs(404, 406)},
     )
     async def pull(
         *,
@@ -521,12 +528,28 @@ def create_app(
         topic: TopicPath,
         queue_id: Annotated[int, Path(ge=0, le=65_535)],
         offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
-        max_messages: Annotated[int, Query(ge=1, le=limits.max_pull_messages)] = 32,
+        # The JSON pull takes at most max_pull_messages (the broker checks), an Arrow one
+        # max_arrow_pull_messages.
+        max_messages: Annotated[int, Query(ge=1, le=max_pull_any)] = 32,
         wait_ms: Annotated[int, Query(ge=0, le=limits.max_wait_ms)] = 0,
         tags: Annotated[str | None, Query(max_length=4096, examples=["TagA||TagB"])] = None,
         encoding: EncodingQuery = "utf-8",
     ) -> Response:
         need(request, "consume", topic)
+        if media.wants_arrow(request.headers.get("accept")):
+            if arrow_pull is None:
+                raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
+            with metrics.long_polls.track_inprogress():
+                return await arrow_pull.pull_response(
+                    broker,
+                    metrics,
+                    topic,
+                    queue_id,
+                    offset,
+                    max_messages=max_messages,
+                    wait_ms=wait_ms,
+                    tags=tags,
+                )
         with metrics.long_polls.track_inprogress():
             r = await broker.pull(
                 topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags

@@ -70,6 +70,7 @@ import orjson
 
 __all__ = [
     "Admin",
+    "ArrowPage",
     "AsyncAdmin",
     "AsyncConsumer",
     "AsyncProducer",
@@ -107,6 +108,8 @@ __all__ = [
     "UnauthenticatedError",
     "UnknownOutcomeError",
 ]
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"  # api.media's; a test keeps them equal
 
 # The broker's PRODUCER_ID (broker/metadata.py); a test keeps the two equal.
 PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
@@ -446,6 +449,18 @@ class PullResult:
 
 
 @dataclass(frozen=True, slots=True)
+class ArrowPage:
+    """A pull answered as an Arrow IPC stream: ``content`` holds ``count`` messages."""
+
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    count: int
+    content: bytes | memoryview
+
+
+@dataclass(frozen=True, slots=True)
 class TopicInfo:
     name: str
     queues: int
@@ -561,6 +576,7 @@ class Request:
     params: Mapping[str, str | int] | None
     content: bytes | None
     timeout_s: float
+    accept: str | None = None  # the client's default (JSON) unless set
 
 
 @dataclass(frozen=True, slots=True)
@@ -574,6 +590,7 @@ class Reply:
     headers: Mapping[str, str]  # lower-case names
     body: Any  # parsed JSON, or None when the body is empty or not JSON
     text: str = ""
+    content: bytes | memoryview = b""  # the raw body of a non-JSON answer (an Arrow stream)
 
 
 @dataclass(frozen=True, slots=True)
@@ -600,6 +617,7 @@ class Call:
     write: bool = False  # needs the master
     wait_ms: int = 0  # the server may hold it this long (long polling)
     url: str | None = None  # this node only: no routing, no retries
+    accept: str | None = None  # another representation than JSON (errors stay JSON)
 
 
 def error_from_reply(reply: Reply) -> LedgerMQError:
@@ -691,7 +709,7 @@ class Exchange:
     def _request(self, url: str, call: Call, content: bytes | None, deadline: float) -> Request:
         left = max(0.001, deadline - self.clock())
         timeout = min(self.settings.timeout_s, left) + call.wait_ms / 1000
-        return Request(call.method, url + call.path, call.params, content, timeout)
+        return Request(call.method, url + call.path, call.params, content, timeout, call.accept)
 
     @staticmethod
     def _send(request: Request) -> Gen[Outcome]:
@@ -960,6 +978,34 @@ class AdminOps:
             min_offset=int(d["min_offset"]),
             max_offset=int(d["max_offset"]),
         )
+
+    def pull_arrow(
+        self, topic: str, queue_id: int, offset: int, *, max_messages: int = 32, wait_ms: int = 0
+    ) -> Gen[ArrowPage]:
+        """``pull`` answered as an Arrow IPC stream (API.md §5): the stream's bytes, as
+        they came, with the status and offsets (decode them with ``pyarrow.ipc``)."""
+        params: dict[str, str | int] = {
+            "offset": offset,
+            "max_messages": max_messages,
+            "wait_ms": wait_ms,
+        }
+        path = _path("topics", topic, "queues", queue_id, "messages")
+        call = Call("GET", path, params, wait_ms=wait_ms, accept=ARROW_STREAM)
+        reply = yield from self.ex.exchange(call)
+        h = reply.headers
+        try:
+            return ArrowPage(
+                status=h["ledgermq-pull-status"],
+                next_offset=int(h["ledgermq-next-offset"]),
+                min_offset=int(h["ledgermq-min-offset"]),
+                max_offset=int(h["ledgermq-max-offset"]),
+                count=int(h["ledgermq-message-count"]),
+                content=reply.content,
+            )
+        except (KeyError, ValueError):
+            raise LedgerMQError(
+                "NOT_ARROW", f"{path}: the answer is not an Arrow pull ({h.get('content-type')})"
+            ) from None
 
 
 def new_producer_id() -> str:
@@ -1269,7 +1315,9 @@ P = ParamSpec("P")
 
 
 def _request_args(req: Request, settings: ClientSettings) -> dict[str, Any]:
-    headers = {"content-type": "application/json"} if req.content is not None else None
+    headers = {"content-type": "application/json"} if req.content is not None else {}
+    if req.accept is not None:
+        headers["accept"] = req.accept
     return {
         "method": req.method,
         "url": req.url,
@@ -1285,12 +1333,15 @@ def _request_args(req: Request, settings: ClientSettings) -> dict[str, Any]:
 def _reply(resp: httpx.Response) -> Reply:
     body: Any = None
     text = ""
+    headers = {k.lower(): v for k, v in resp.headers.items()}
+    if resp.is_success and headers.get("content-type") == ARROW_STREAM:
+        return Reply(resp.status_code, headers, None, "", resp.content)
     if resp.content:
         try:
             body = orjson.loads(resp.content)
         except orjson.JSONDecodeError:
             text = resp.text
-    return Reply(resp.status_code, {k.lower(): v for k, v in resp.headers.items()}, body, text)
+    return Reply(resp.status_code, headers, body, text)
 
 
 def _client_args(s: ClientSettings) -> dict[str, Any]:
@@ -1497,6 +1548,7 @@ class Admin(_SyncDriver[AdminOps], _AdminFront):
     query_by_key = _blocking(AdminOps.query_by_key)
     offset_for_timestamp = _blocking(AdminOps.offset_for_timestamp)
     pull = _blocking(AdminOps.pull)
+    pull_arrow = _blocking(AdminOps.pull_arrow)
 
 
 class AsyncAdmin(_AsyncDriver[AdminOps], _AdminFront):
@@ -1517,6 +1569,7 @@ class AsyncAdmin(_AsyncDriver[AdminOps], _AdminFront):
     query_by_key = _awaiting(AdminOps.query_by_key)
     offset_for_timestamp = _awaiting(AdminOps.offset_for_timestamp)
     pull = _awaiting(AdminOps.pull)
+    pull_arrow = _awaiting(AdminOps.pull_arrow)
 
 
 class _ProducerFront(_Front):

@@ -54,6 +54,7 @@ LIMIT_OPTIONS = (
     "max_messages_per_request",
     "max_request_bytes",
     "max_pull_messages",
+    "max_arrow_pull_messages",
     "max_wait_ms",
 )
 

@@ -23,11 +23,12 @@ import shutil
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import orjson
 
-from consumequeue import ConsumeQueueStore, KeyIndex, parse_tag_expression
+from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expression
+from consumequeue.queue import UNIT as PAGE_UNIT
 from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import Role
 from dledger.runtime.server import DLedgerServer, NotLeaderError
@@ -66,6 +67,7 @@ from .metadata import (
     op_create_topic,
     op_delete_topic,
 )
+from .pages import RawPage, RawPullResult
 from .promotion import own_term_committed, queue_table_from
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
@@ -117,6 +119,25 @@ class PullResult:
     next_offset: int
     min_offset: int
     max_offset: int
+
+
+_Found = TypeVar("_Found")
+_Found_co = TypeVar("_Found_co", covariant=True)
+
+
+class _Scan(Protocol[_Found_co]):
+    """One look at a queue: (what was found, how many messages, the next offset)."""
+
+    def __call__(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[_Found_co, int, int]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -726,10 +747,11 @@ class Broker:
             raise errors.InvalidArgumentError(f"queue_id {queue_id} is not in 0..{t.queues - 1}")
         return t
 
-    def _check_pull_args(self, max_messages: int, wait_ms: int) -> None:
+    def _check_pull_args(self, max_messages: int, wait_ms: int, limit: int | None = None) -> None:
         lim = self.settings.limits
-        if not 1 <= max_messages <= lim.max_pull_messages:
-            raise errors.InvalidArgumentError(f"max_messages must be 1..{lim.max_pull_messages}")
+        most = lim.max_pull_messages if limit is None else limit
+        if not 1 <= max_messages <= most:
+            raise errors.InvalidArgumentError(f"max_messages must be 1..{most}")
         if not 0 <= wait_ms <= lim.max_wait_ms:
             raise errors.InvalidArgumentError(f"wait_ms must be 0..{lim.max_wait_ms}")
 
@@ -744,11 +766,60 @@ class Broker:
         tags: str | None = None,
     ) -> PullResult:
         """Messages of one queue from ``offset`` (RocketMQ's PullStatus vocabulary)."""
+        status, found, next_offset, lo, hi = await self._pull_loop(
+            self._scan,
+            topic,
+            queue_id,
+            offset,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            tags=tags,
+        )
+        return PullResult(status, found or [], next_offset, lo, hi)
+
+    async def pull_page(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        tags: str | None = None,
+    ) -> RawPullResult:
+        """``pull``, with the messages as stored (``broker.pages``) for columnar encoders."""
+        status, page, next_offset, lo, hi = await self._pull_loop(
+            self._scan_page,
+            topic,
+            queue_id,
+            offset,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            tags=tags,
+            limit=self.settings.limits.max_arrow_pull_messages,
+        )
+        return RawPullResult(status, page or RawPage(b""), next_offset, lo, hi)
+
+    async def _pull_loop(
+        self,
+        scan: _Scan[_Found],
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        wait_ms: int,
+        tags: str | None,
+        limit: int | None = None,
+    ) -> tuple[str, _Found | None, int, int, int]:
+        """The pull protocol, whatever form the messages take: (status, what ``scan``
+        found or None, next offset, min offset, max offset). ``limit`` bounds
+        ``max_messages`` (default: the JSON pull's ``max_pull_messages``)."""
         # Yield once per pull: a caller pulling back to back in-process would otherwise
         # hold the event loop (and the Raft node on it) for as long as data is there.
         await asyncio.sleep(0)
         self._check_queue(topic, queue_id)
-        self._check_pull_args(max_messages, wait_ms)
+        self._check_pull_args(max_messages, wait_ms, limit)
         hashes = parse_tag_expression(tags)
         wanted = None
         if hashes is not None and tags:
@@ -758,14 +829,14 @@ class Broker:
         while True:
             lo, hi = self.queue_bounds(topic, queue_id)
             if offset < lo or offset > hi:
-                return PullResult("OFFSET_ILLEGAL", [], lo if offset < lo else hi, lo, hi)
+                return "OFFSET_ILLEGAL", None, lo if offset < lo else hi, lo, hi
             if offset < hi:
-                found, next_offset = self._scan(
+                found, count, next_offset = scan(
                     topic, queue_id, offset, max_messages=max_messages, hashes=hashes, wanted=wanted
                 )
-                if found:
-                    self.stats["pulled"] += len(found)
-                    return PullResult("FOUND", found, next_offset, lo, hi)
+                if count:
+                    self.stats["pulled"] += count
+                    return "FOUND", found, next_offset, lo, hi
                 scanned += next_offset - offset
                 offset = next_offset
                 status = "NO_MATCHED_MSG"
@@ -773,7 +844,7 @@ class Broker:
                     # A filter that matches nothing in a long backlog: answer where the
                     # scan got to (the client goes on from there) instead of holding
                     # the loop through all of it.
-                    return PullResult(status, [], offset, lo, hi)
+                    return status, None, offset, lo, hi
                 if offset < hi:
                     await asyncio.sleep(0)  # more backlog to scan: let the loop run first
                     continue
@@ -782,7 +853,7 @@ class Broker:
             left = deadline - time.monotonic()
             if left <= 0:
                 lo, hi = self.queue_bounds(topic, queue_id)
-                return PullResult(status, [], offset, lo, hi)
+                return status, None, offset, lo, hi
             await self.dispatcher.wait_queue(topic, queue_id, offset, left)
 
     def _scan(
@@ -794,11 +865,11 @@ class Broker:
         max_messages: int,
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
-    ) -> tuple[list[PulledMessage], int]:
+    ) -> tuple[list[PulledMessage], int, int]:
         self._require_derived()
         q = self.cq.find(topic, queue_id)
         if q is None:
-            return [], offset
+            return [], 0, offset
         scan_limit = max_messages if hashes is None else max(max_messages * 4, 1024)
         units = q.read(offset, scan_limit)
         out: list[PulledMessage] = []
@@ -813,7 +884,48 @@ class Broker:
             out.append(self._pulled(m))
             if len(out) >= max_messages:
                 break
-        return out, next_offset
+        return out, len(out), next_offset
+
+    def _scan_page(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        *,
+        max_messages: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[RawPage, int, int]:
+        """``_scan`` for ``pull_page``: without a tag filter the units are taken as they
+        are, one slice, with no object per message; with one, unit by unit as ``_scan``."""
+        self._require_derived()
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return RawPage(b""), 0, offset
+        if hashes is None:
+            first, units = q.read_raw(offset, max_messages)
+            count = len(units) // UNIT_SIZE
+            next_offset = first + count if count else offset
+        else:
+            kept: list[bytes] = []
+            next_offset = offset
+            for queue_offset, commitlog_offset, size, thash in q.read(
+                offset, max(max_messages * 4, 1024)
+            ):
+                next_offset = queue_offset + 1
+                if thash not in hashes:
+                    continue
+                exact = wanted is None or self._read_message(commitlog_offset, size).tags in wanted
+                if not exact:
+                    continue  # a tags-hash collision: the exact tags decide
+                kept.append(PAGE_UNIT.pack(commitlog_offset, size, thash))
+                if len(kept) >= max_messages:
+                    break
+            units, count = b"".join(kept), len(kept)
+        if not count:
+            return RawPage(b""), 0, next_offset
+        page = RawPage(units, self.commitlog.view, self.settings.store.data_file_size)
+        return page, count, next_offset
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose store time is at or after ``timestamp_ms``."""

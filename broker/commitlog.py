@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 from dledger.runtime.server import DLedgerServer
@@ -141,6 +142,11 @@ class DLedgerCommitLog:
     def get_message(self, commitlog_offset: int, size: int) -> bytes:
         """The record at a commitlog offset: straight from the DLedger data files."""
         return self.server.read(commitlog_offset, size)
+
+    def view(self, commitlog_offset: int, size: int) -> AbstractContextManager[memoryview]:
+        """A zero-copy view of committed log bytes, for decoding in place: the log's lock
+        is held while it is open (see ``FileStore.view``)."""
+        return self.server.view(commitlog_offset, size)
 
     def reset_queue_table(self, table: dict[tuple[str, int], int]) -> None:
         self.queue_table = dict(table)

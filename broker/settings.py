@@ -28,6 +28,9 @@ class Limits:
     max_messages_per_request: int = 1000
     max_request_bytes: int = 16 * MiB
     max_pull_messages: int = 1000
+    # An Arrow pull page (``Broker.pull_page``) is columnar bytes with no object per
+    # message, so it may hold more: fewer, larger requests for bulk readers (Spark).
+    max_arrow_pull_messages: int = 10_000
     max_wait_ms: int = 30_000
     max_key_query_results: int = 1024
     max_queues_per_topic: int = 1024

@@ -553,6 +553,11 @@ class DLedgerServer:
             )
         return store.read(pos, size)
 
+    def view(self, pos: int, size: int) -> contextlib.AbstractContextManager[memoryview]:
+        """A zero-copy view of committed bytes (``FileStore.view``: keep it open briefly)."""
+        store = self._store()
+        return store.view(pos, size, limit_pos=store.committed_pos)
+
     def _store(self) -> FileStore:
         if self.store is None:
             raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "server not started")

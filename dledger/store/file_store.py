@@ -26,6 +26,7 @@ segments go, ``mmapfile`` holds the segments.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -390,6 +391,30 @@ class FileStore:
                 return self._data.read(pos, size)
             except IndexError as e:
                 raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, str(e)) from e
+
+    @contextlib.contextmanager
+    def view(self, pos: int, size: int, limit_pos: int | None = None) -> Iterator[memoryview]:
+        """A zero-copy view of ``[pos, pos + size)`` within the written data of one segment
+        (and below ``limit_pos``), for a reader that decodes in place and copies only what
+        it keeps. The store's lock is held while the view is open, so nothing can unmap
+        the segment under it (RocketMQ holds a reference on its MappedFile for the same
+        reason); keep it open briefly. The view is released on exit: a reader that kept
+        a buffer made from it gets the ``BufferError`` of the release."""
+        with self._lock:
+            end = self._data.end if limit_pos is None else min(self._data.end, limit_pos)
+            f = self._data.segment_for(pos)
+            if size < 0 or pos < self.ledger_begin_pos or pos + size > end or f is None:
+                raise StoreError(
+                    DLedgerCode.INDEX_OUT_OF_RANGE,
+                    f"view [{pos}, {pos + size}) outside [{self.ledger_begin_pos}, {end})",
+                )
+            if pos + size > f.end:
+                raise StoreError(
+                    DLedgerCode.INDEX_OUT_OF_RANGE,
+                    f"view [{pos}, {pos + size}) crosses the end of a segment ({f.end})",
+                )
+            with memoryview(f.mm) as whole, whole[pos - f.start : pos - f.start + size] as part:
+                yield part
 
     def read_entries(self, from_index: int, max_bytes: int, max_entries: int) -> bytes:
         """Raw bytes of consecutive entries from ``from_index`` (at least one when it

@@ -63,6 +63,18 @@ def test_read_is_bounded_by_the_setting(tmp_path: Path) -> None:
     q.close()
 
 
+def test_read_raw_is_read_as_bytes(tmp_path: Path) -> None:
+    q = filled(tmp_path, 10, ConsumeQueueSettings(segment_units=4, max_read_units=5))
+    for start, n in ((0, 100), (3, 4), (2, 5), (9, 3), (10, 2), (4, 0)):
+        first, raw = q.read_raw(start, n)
+        units = q.read(start, n)
+        assert raw == b"".join(UNIT.pack(*u[1:]) for u in units), (start, n)
+        assert first == start and len(raw) == UNIT_SIZE * len(units)
+    q.correct_min_offset(unit(6)[0])
+    assert q.read_raw(0, 2) == (6, UNIT.pack(*unit(6)) + UNIT.pack(*unit(7)))
+    q.close()
+
+
 def test_unit_bytes_are_the_design_format(tmp_path: Path) -> None:
     q = filled(tmp_path, 2)
     q.flush()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import pickle
 import struct
 import subprocess
 import sys
@@ -200,6 +201,31 @@ def test_read_by_pos_and_size_and_out_of_range(store: FileStore) -> None:
     assert e.value.code == DLedgerCode.INDEX_OUT_OF_RANGE
     with pytest.raises(StoreError):
         store.get(1)
+
+
+def test_a_view_is_the_bytes_in_place_and_holds_the_segment(store: FileStore) -> None:
+    metas = store.append_as_leader(1, bodies(10, size=200))
+    pos = metas[2].pos
+    with store.view(pos, 3 * metas[2].size) as v:
+        assert bytes(v) == store.read(pos, 3 * metas[2].size)
+        kept = bytes(v[:10])
+    assert kept == store.read(pos, 10)
+    with pytest.raises(ValueError, match="released"):
+        v.tobytes()
+    last = metas[-1].pos
+    for bad in ((pos, -1), (last, metas[-1].size + 1), (0, TINY.data_file_size + 1)):
+        with pytest.raises(StoreError) as e, store.view(*bad):
+            pass
+        assert e.value.code == DLedgerCode.INDEX_OUT_OF_RANGE
+    with pytest.raises(StoreError), store.view(last, 100, limit_pos=last + 50):
+        pass
+    # A buffer made from the view (as numpy and pyarrow make them) and kept past it
+    # makes the release fail, loudly.
+    with pytest.raises(BufferError), store.view(pos, 10) as v:
+        leaked = pickle.PickleBuffer(v)
+    leaked.release()
+    v.release()
+    store.close()  # nothing is left mapped out
 
 
 def test_read_entries_respects_bytes_count_and_segment_end(store: FileStore) -> None:
