@@ -83,12 +83,12 @@ class _StateCollector(Collector):
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, value=value)
 
-        yield gauge("ledgermq_raft_term", "current Raft term", st["term"])
+        yield gauge("ledgermq_raft_term", "current Raft term", st.term)
         role = GaugeMetricFamily(
             "ledgermq_raft_role", "1 for this node's Raft role", labels=["role"]
         )
         for name in RAFT_ROLES:
-            role.add_metric([name], 1.0 if st["raft_role"] == name else 0.0)
+            role.add_metric([name], 1.0 if st.raft_role == name else 0.0)
         yield role
         yield gauge("ledgermq_broker_master", "1 when MASTER", 1.0 if b.is_master else 0.0)
         if b.server.transport is not None:
@@ -104,32 +104,32 @@ class _StateCollector(Collector):
             labels=["reason"],
         )
         for reason in ("bad_frames", "stranger_frames", "client_requests", "limited"):
-            refused.add_metric([reason], st["refused"].get(reason, 0))
+            refused.add_metric([reason], st.refused.get(reason, 0))
         yield refused
         yield gauge(
             "ledgermq_dispatch_stalled",
             "1 while dispatch is stalled on a disk error (writes are refused meanwhile)",
-            0.0 if st["dispatch_stall"] is None else 1.0,
+            0.0 if st.dispatch_stall is None else 1.0,
         )
         yield gauge(
             "ledgermq_node_failed",
             "1 once the node stopped working (crash-only: it is exiting)",
-            0.0 if st["failed"] is None else 1.0,
+            0.0 if st.failed is None else 1.0,
         )
-        yield gauge("ledgermq_ledger_begin_index", "first log index kept", st["ledger_begin_index"])
-        yield gauge("ledgermq_ledger_end_index", "last log index", st["ledger_end_index"])
-        yield gauge("ledgermq_committed_index", "quorum-committed index", st["committed_index"])
-        yield gauge("ledgermq_dispatched_index", "dispatched index", st["dispatched_index"])
+        yield gauge("ledgermq_ledger_begin_index", "first log index kept", st.ledger_begin_index)
+        yield gauge("ledgermq_ledger_end_index", "last log index", st.ledger_end_index)
+        yield gauge("ledgermq_committed_index", "quorum-committed index", st.committed_index)
+        yield gauge("ledgermq_dispatched_index", "dispatched index", st.dispatched_index)
         yield gauge(
             "ledgermq_dispatch_lag_entries",
             "committed entries not yet in the consume queues",
-            max(0, st["committed_index"] - st["dispatched_index"]),
+            max(0, st.committed_index - st.dispatched_index),
         )
         match = GaugeMetricFamily(
             "ledgermq_peer_match_index", "leader's view of each peer's log", labels=["peer"]
         )
-        for peer, info in sorted(st["peers"].items()):
-            match.add_metric([peer], info["match_index"])
+        for peer, info in sorted(st.peers.items()):
+            match.add_metric([peer], info.match_index)
         yield match
         lo_g = GaugeMetricFamily(
             "ledgermq_queue_min_offset", "first retained offset", labels=["topic", "queue_id"]

@@ -122,7 +122,7 @@ class Node:
             self.emit({"id": rid, "ok": False, "error": f"{type(e).__name__}: {e}"})
 
     async def cmd_status(self, req: dict[str, Any]) -> dict[str, Any]:
-        st = self.b.status()
+        st = self.b.status().to_dict()
         st.pop("peers", None)
         s = self.b.store
         return {

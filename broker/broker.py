@@ -71,6 +71,7 @@ from .pages import RawPage, RawPullResult
 from .promotion import own_term_committed, queue_table_from
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
+from .status import BrokerStatus, PeerStatus
 
 log = logging.getLogger(__name__)
 
@@ -1129,34 +1130,35 @@ class Broker:
         if code is not DLedgerCode.SUCCESS:
             raise errors.NoMasterError(f"leadership transfer to {to} failed: {code.name}")
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> BrokerStatus:
         core = self.server.core
         store = self.store
         leader = core.ms.leader_id if core is not None else None
         st = self.server.status()
-        return {
-            "group": self.settings.group,
-            "node_id": self.settings.node_id,
-            "raft_role": core.ms.role.value.upper() if core is not None else "FOLLOWER",
-            "broker_role": self.role.value,
-            "term": core.ms.curr_term if core is not None else -1,
-            "leader_id": leader,
-            "leader_url": self.settings.peer_urls.get(leader) if leader else None,
-            "ledger_begin_index": store.ledger_begin_index,
-            "ledger_end_index": store.ledger_end_index,
-            "committed_index": store.committed_index,
-            "dispatched_index": self.dispatcher.dispatched_index if self.dispatcher else -1,
-            # The newest metadata snapshot (what a follower behind the log head installs).
-            "snapshot_index": self.dispatcher.snapshot_index if self.dispatcher else -1,
-            "snapshots_installed": self.server.stats.get("snapshot_installs", 0),
-            "peers": st.get("peers", {}),
-            "stats": {**self.stats, **(self.dispatcher.stats if self.dispatcher else {})},
-            # Why dispatch cannot move (a disk error it retries) and why the node stopped
-            # working (it exits); None while all is well.
-            "dispatch_stall": _error_text(self.dispatcher.stall if self.dispatcher else None),
-            "failed": _error_text(self.server.failed),
-            "refused": st.get("refused", {}),
-        }
+        d = self.dispatcher
+        return BrokerStatus(
+            group=self.settings.group,
+            node_id=self.settings.node_id,
+            raft_role=core.ms.role.value.upper() if core is not None else "FOLLOWER",
+            broker_role=self.role.value,
+            term=core.ms.curr_term if core is not None else -1,
+            leader_id=leader,
+            leader_url=self.settings.peer_urls.get(leader) if leader else None,
+            ledger_begin_index=store.ledger_begin_index,
+            ledger_end_index=store.ledger_end_index,
+            committed_index=store.committed_index,
+            dispatched_index=d.dispatched_index if d else -1,
+            snapshot_index=d.snapshot_index if d else -1,
+            snapshots_installed=self.server.stats.get("snapshot_installs", 0),
+            peers={
+                p: PeerStatus(v["state"], v["match_index"], v["in_flight"], v["snapshots_sent"])
+                for p, v in st.get("peers", {}).items()
+            },
+            stats={**self.stats, **(d.stats if d else {})},
+            dispatch_stall=_error_text(d.stall if d else None),
+            failed=_error_text(self.server.failed),
+            refused=dict(st.get("refused", {})),
+        )
 
     @property
     def is_master(self) -> bool:

@@ -79,7 +79,7 @@ async def test_dispatch_stalls_on_a_full_disk_and_resumes_when_space_returns(fs:
         results = await b.produce("t", second)
         assert [r.queue_offset for r in results] == list(range(10, 110))
         await until(lambda: b.dispatcher.stall is not None, what="dispatch stalled")
-        assert b.status()["dispatch_stall"] is not None
+        assert b.status().dispatch_stall is not None
         with pytest.raises(errors.DiskFullError, match="dispatch is stalled"):
             await b.produce("t", _msgs(1, "c"))
         readable = await _all_bodies(b, "t")  # reads go on, up to where dispatch is

@@ -107,7 +107,7 @@ async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Pa
         await c.converged()
         assert f.store.ledger_begin_index == snap_index + 1
         st = f.status()
-        assert st["snapshots_installed"] == 1 and st["snapshot_index"] >= snap_index
+        assert st.snapshots_installed == 1 and st.snapshot_index >= snap_index
         ms = m.store
         head = (
             ms.get_meta(snap_index + 1).pos

@@ -1,0 +1,149 @@
+"""What every route file shares: the JSON response class, error bodies (API.md §2), the
+path and query types, and the dependencies through which a route reaches the node's
+``Broker``, its settings, its metrics and the request's token (FastAPI's ``Depends``).
+
+``create_app`` puts the broker, settings, metrics and token table on ``app.state``; the
+dependencies read them from there, so a route file holds no node of its own and one test
+process can serve several apps.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads these annotations at runtime.
+from collections.abc import Mapping
+from typing import Annotated, Any
+
+import orjson
+from fastapi import Depends, Path, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from broker import errors
+from broker.broker import Broker
+from broker.settings import BrokerSettings
+
+from .. import models
+from ..auth import Grant, TokenTable
+from ..metrics import NodeMetrics
+
+NDJSON = "application/x-ndjson"
+DEFAULT_RETRY_AFTER_S = 1
+
+
+class JSONBytes(Response):
+    """A JSON response rendered by orjson (FastAPI's ORJSONResponse is deprecated)."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        return orjson.dumps(content)
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    **fields: Any,
+) -> JSONBytes:
+    return JSONBytes(
+        {"error": {"code": code, "message": message, **fields}}, status_code=status, headers=headers
+    )
+
+
+def error_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI: these statuses answer the API.md §2 error body."""
+    return {s: {"model": models.ErrorBody} for s in statuses}
+
+
+def validation_message(e: ValidationError | RequestValidationError) -> str:
+    """The first few validation errors, as one line ("messages.0.body: ...")."""
+    parts = []
+    for err in e.errors()[:5]:
+        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        parts.append(f"{where or 'body'}: {err.get('msg', 'invalid')}")
+    more = len(e.errors()) - 5
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+TopicPath = Annotated[str, Path(pattern=models.TOPIC_PATTERN, examples=["orders"])]
+GroupPath = Annotated[str, Path(pattern=models.GROUP_PATTERN, examples=["billing"])]
+QueuePath = Annotated[int, Path(ge=0, le=65_535)]
+EncodingQuery = Annotated[models.Encoding, Query()]
+
+
+# ---- dependencies -------------------------------------------------------------------------
+
+
+def _broker(request: Request) -> Broker:
+    broker: Broker = request.app.state.broker
+    return broker
+
+
+def _settings(request: Request) -> BrokerSettings:
+    settings: BrokerSettings = request.app.state.settings
+    return settings
+
+
+def _metrics(request: Request) -> NodeMetrics:
+    metrics: NodeMetrics = request.app.state.metrics
+    return metrics
+
+
+BrokerDep = Annotated[Broker, Depends(_broker)]
+SettingsDep = Annotated[BrokerSettings, Depends(_settings)]
+MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]
+
+bearer = HTTPBearer(auto_error=False, description="a token of the node's --auth-token(s)")
+
+
+async def check_token(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """401 without a token the node knows (when it has any); the grant goes on the
+    request for ``Access``."""
+    tokens: TokenTable | None = request.app.state.tokens
+    if tokens is None:
+        return
+    grant = tokens.lookup(credentials.credentials) if credentials is not None else None
+    if grant is None:
+        raise errors.UnauthenticatedError("a valid bearer token is required")
+    request.state.grant = grant
+
+
+class Access:
+    """What the request's token may do (API.md §6); everything on a node without auth."""
+
+    def __init__(self, grant: Grant | None) -> None:
+        self.grant = grant
+
+    def need(self, action: str, topic: str | None = None) -> None:
+        """403 unless the token may ``action`` (admin / produce / consume) ``topic``."""
+        grant = self.grant
+        if grant is None:
+            return
+        if grant.admin if action == "admin" else grant.allows(action, topic):
+            return
+        what = f"{action} {topic}" if topic else action
+        raise errors.ForbiddenError(f"this token may not {what}", needs=action)
+
+    def need_any(self, actions: tuple[str, ...], topic: str) -> None:
+        """403 unless the token may do one of ``actions`` on ``topic``."""
+        grant = self.grant
+        if grant is None or grant.admin or any(grant.allows(a, topic) for a in actions):
+            return
+        raise errors.ForbiddenError(
+            f"this token may not {' or '.join(actions)} {topic}", needs=actions[0]
+        )
+
+    def may(self, action: str, topic: str) -> bool:
+        grant = self.grant
+        return grant is None or grant.admin or grant.allows(action, topic)
+
+
+def _access(request: Request) -> Access:
+    return Access(getattr(request.state, "grant", None))
+
+
+AccessDep = Annotated[Access, Depends(_access)]

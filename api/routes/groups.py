@@ -1,0 +1,105 @@
+"""Consumer groups (API.md §3): offsets (replicated, they survive failover exactly),
+resets and group pulls."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from starlette.responses import Response
+
+from broker import errors
+
+from .. import models
+from .common import AccessDep, BrokerDep, GroupPath, JSONBytes, MetricsDep, error_docs
+from .messages import messages_out
+
+
+def queue_ids(offsets: dict[str, int]) -> dict[int, int]:
+    """A body's ``{"0": 12}`` as ``{0: 12}``; a key that is not a queue id is refused."""
+    out = {}
+    for k, v in offsets.items():
+        if not k.isdigit() or len(k) > 5:
+            raise errors.InvalidArgumentError(f"offsets: {k!r} is not a queue id")
+        out[int(k)] = v
+    return out
+
+
+def build() -> APIRouter:
+    router = APIRouter(tags=["groups"])
+
+    @router.get("/v1/groups", response_model=models.GroupList)
+    async def list_groups(broker: BrokerDep, access: AccessDep) -> Response:
+        access.need("consume")
+        return JSONBytes({"groups": broker.list_groups()})
+
+    @router.get(
+        "/v1/groups/{group}/offsets",
+        response_model=models.GroupOffsets,
+        responses=error_docs(404),
+    )
+    async def group_offsets(
+        group: GroupPath,
+        broker: BrokerDep,
+        access: AccessDep,
+        topic: Annotated[str | None, Query(pattern=models.TOPIC_PATTERN)] = None,
+    ) -> Response:
+        access.need("consume", topic)
+        return JSONBytes({"offsets": broker.group_offsets(group, topic)})
+
+    @router.put(
+        "/v1/groups/{group}/offsets",
+        summary="commit a group's offsets (replicated)",
+        response_model=models.OffsetsAnswer,
+        responses=error_docs(307, 404, 503),
+    )
+    async def commit_offsets(
+        group: GroupPath, body: models.CommitOffsets, broker: BrokerDep, access: AccessDep
+    ) -> Response:
+        access.need("consume", body.topic)
+        offsets = queue_ids(body.offsets)
+        await broker.commit_offsets(group, body.topic, offsets)
+        return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
+
+    @router.post(
+        "/v1/groups/{group}/offsets/reset",
+        summary="move a group's offsets to earliest, latest or a store timestamp",
+        response_model=models.OffsetsAnswer,
+        responses=error_docs(307, 404, 503),
+    )
+    async def reset_offsets(
+        group: GroupPath, body: models.ResetOffsets, broker: BrokerDep, access: AccessDep
+    ) -> Response:
+        access.need("consume", body.topic)
+        offsets = await broker.reset_offsets(group, body.topic, body.to)
+        return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
+
+    @router.post(
+        "/v1/groups/{group}/pull",
+        summary="pull from the group's committed offsets (long polling with wait_ms)",
+        response_model=models.GroupPullResponse,
+        responses=error_docs(307, 404, 503),
+    )
+    async def group_pull(
+        group: GroupPath,
+        body: models.GroupPull,
+        broker: BrokerDep,
+        metrics: MetricsDep,
+        access: AccessDep,
+    ) -> Response:
+        access.need("consume", body.topic)
+        with metrics.long_polls.track_inprogress():
+            r = await broker.group_pull(
+                group,
+                body.topic,
+                max_messages=body.max_messages,
+                wait_ms=body.wait_ms,
+                queue_ids=body.queue_ids,
+                auto_commit=body.auto_commit,
+            )
+        return JSONBytes(
+            {
+                "messages": messages_out(metrics, body.topic, r.messages, body.encoding),
+                "next_offsets": {str(q): o for q, o in sorted(r.next_offsets.items())},
+            }
+        )
+
+    return router

@@ -1,0 +1,301 @@
+"""Produce to a topic and pull from one of its queues (API.md §3), JSON or NDJSON in, JSON
+or an Arrow IPC stream out (API.md §5)."""
+
+import base64
+import binascii
+import time
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import ValidationError
+from starlette.responses import Response
+
+from broker import errors
+from broker.broker import ProduceMessage as BrokerMessage
+from broker.broker import PulledMessage
+from broker.settings import Limits
+
+from .. import media, models
+from ..metrics import NodeMetrics
+from .common import (
+    NDJSON,
+    AccessDep,
+    BrokerDep,
+    EncodingQuery,
+    JSONBytes,
+    MetricsDep,
+    QueuePath,
+    TopicPath,
+    error_docs,
+    validation_message,
+)
+
+try:  # the Arrow pull needs the optional `arrow` extra (pyarrow, numpy)
+    from .. import arrow as arrow_pull
+except ImportError:  # pragma: no cover - the test environment installs it
+    arrow_pull = None  # type: ignore[assignment]
+
+
+def message_out(m: PulledMessage, encoding: str) -> dict[str, Any]:
+    """A message as API.md §3 shows it; ``utf-8`` falls back to base64 per message."""
+    body: str | None = None
+    enc = "utf-8"
+    if encoding == "utf-8":
+        try:
+            body = m.body.decode("utf-8")
+        except UnicodeDecodeError:
+            body = None
+    if body is None:
+        body, enc = base64.b64encode(m.body).decode("ascii"), "base64"
+    return {
+        "topic": m.topic,
+        "queue_id": m.queue_id,
+        "queue_offset": m.queue_offset,
+        "msg_id": m.msg_id,
+        "commitlog_offset": m.commitlog_offset,
+        "body": body,
+        "encoding": enc,
+        "key": m.keys[0] if m.keys else None,
+        "keys": m.keys,
+        "tags": m.tags,
+        "properties": m.properties,
+        "born_timestamp": m.born_timestamp,
+        "store_timestamp": m.store_timestamp,
+    }
+
+
+def messages_out(
+    metrics: NodeMetrics, topic: str, found: Sequence[PulledMessage], encoding: str
+) -> list[Any]:
+    if found:
+        metrics.pulled_messages.labels(topic).inc(len(found))
+        metrics.pulled_bytes.labels(topic).inc(sum(len(m.body) for m in found))
+    return [message_out(m, encoding) for m in found]
+
+
+def to_broker_message(i: int, m: models.ProduceMessage) -> BrokerMessage:
+    if m.encoding == "base64":
+        try:
+            body = base64.b64decode(m.body, validate=True)
+        except (binascii.Error, ValueError):
+            raise errors.InvalidArgumentError(f"messages[{i}].body is not valid base64") from None
+    else:
+        body = m.body.encode("utf-8", "surrogatepass")
+    keys: list[str] = []
+    if m.key is not None:
+        keys.append(m.key)
+    if m.keys:
+        keys.extend(k for k in m.keys if k not in keys)
+    return BrokerMessage(
+        body=body,
+        tags=m.tags,
+        keys=keys,
+        properties=m.properties or {},
+        queue_id=m.queue_id,
+        sharding_key=m.sharding_key,
+        born_timestamp=m.born_timestamp,
+    )
+
+
+async def read_body(request: Request, cap: int) -> bytes:
+    """The request body, refused (413) as soon as it passes ``cap`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > cap:
+        raise errors.PayloadTooLargeError(f"request body over {cap} bytes", limit=cap)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > cap:
+            raise errors.PayloadTooLargeError(f"request body over {cap} bytes", limit=cap)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def parse_produce(
+    raw: bytes, content_type: str, query: Any, limits: Limits
+) -> models.ProduceRequest:
+    """A produce body, JSON (``ProduceRequest``) or NDJSON (a message per line, the
+    session in the query)."""
+    if content_type.split(";", maxsplit=1)[0].strip().lower() == NDJSON:
+        lines = [ln for ln in raw.split(b"\n") if ln.strip()]
+        if len(lines) > limits.max_messages_per_request:
+            raise errors.PayloadTooLargeError(
+                f"{len(lines)} messages; at most {limits.max_messages_per_request}"
+            )
+        msgs = []
+        for n, line in enumerate(lines):
+            try:
+                msgs.append(models.ProduceMessage.model_validate_json(line))
+            except ValidationError as e:
+                raise errors.InvalidArgumentError(
+                    f"line {n + 1}: {validation_message(e)}"
+                ) from None
+        seq = query.get("sequence")
+        if seq is not None and not seq.isdigit():
+            raise errors.InvalidArgumentError("sequence must be a non-negative integer")
+        try:
+            return models.ProduceRequest(
+                messages=msgs,
+                producer_id=query.get("producer_id"),
+                sequence=int(seq) if seq is not None else None,
+            )
+        except ValidationError as e:
+            raise errors.InvalidArgumentError(validation_message(e)) from None
+    try:
+        return models.ProduceRequest.model_validate_json(raw)
+    except ValidationError as e:
+        raise errors.InvalidArgumentError(validation_message(e)) from None
+
+
+_PRODUCE_OPENAPI: dict[str, Any] = {
+    "parameters": [
+        {
+            "name": "producer_id",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "the producer session of an NDJSON body",
+        },
+        {
+            "name": "sequence",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 0},
+            "description": "the session sequence of an NDJSON body",
+        },
+    ],
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
+            NDJSON: {
+                "schema": {"$ref": "#/components/schemas/ProduceMessage"},
+                "example": '{"body": "a"}\n{"body": "b", "tags": "TagA"}\n',
+            },
+        },
+    },
+}
+
+
+def build(limits: Limits) -> APIRouter:
+    """The routes, with this node's limits in their parameters (and OpenAPI)."""
+    router = APIRouter()
+    max_pull_any = max(limits.max_pull_messages, limits.max_arrow_pull_messages)
+
+    @router.post(
+        "/v1/topics/{topic}/messages",
+        tags=["produce"],
+        summary="produce a batch; answers after quorum commit",
+        response_model=models.ProduceResponse,
+        responses=error_docs(307, 404, 409, 413, 429, 503, 507),
+        openapi_extra=_PRODUCE_OPENAPI,
+    )
+    async def produce(
+        topic: TopicPath,
+        request: Request,
+        broker: BrokerDep,
+        metrics: MetricsDep,
+        access: AccessDep,
+    ) -> Response:
+        access.need("produce", topic)
+        started = time.monotonic()
+        raw = await read_body(request, limits.max_request_bytes)
+        req = parse_produce(
+            raw, request.headers.get("content-type", ""), request.query_params, limits
+        )
+        if len(req.messages) > limits.max_messages_per_request:
+            raise errors.PayloadTooLargeError(
+                f"{len(req.messages)} messages; at most {limits.max_messages_per_request}"
+            )
+        batch = [to_broker_message(i, m) for i, m in enumerate(req.messages)]
+        results = await broker.produce(topic, batch, req.producer_id, req.sequence)
+        metrics.produce_latency.observe(time.monotonic() - started)
+        metrics.produced_messages.labels(topic).inc(len(batch))
+        metrics.produced_bytes.labels(topic).inc(sum(len(m.body) for m in batch))
+        return JSONBytes(
+            {
+                "results": [
+                    {
+                        "msg_id": r.msg_id,
+                        "queue_id": r.queue_id,
+                        "queue_offset": r.queue_offset,
+                        "commitlog_offset": r.commitlog_offset,
+                    }
+                    for r in results
+                ]
+            }
+        )
+
+    @router.get(
+        "/v1/topics/{topic}/queues/{queue_id}/messages",
+        tags=["consume"],
+        summary="pull from one queue (long polling with wait_ms)",
+        description=media.ARROW_PULL_DOC,
+        response_model=models.PullResponse,
+        responses={200: media.ARROW_PULL_RESPONSE, **error_docs(404, 406)},
+    )
+    async def pull(
+        *,
+        request: Request,
+        broker: BrokerDep,
+        metrics: MetricsDep,
+        access: AccessDep,
+        topic: TopicPath,
+        queue_id: QueuePath,
+        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+        # The JSON pull takes at most max_pull_messages (the broker checks), an Arrow one
+        # max_arrow_pull_messages.
+        max_messages: Annotated[int, Query(ge=1, le=max_pull_any)] = 32,
+        wait_ms: Annotated[int, Query(ge=0, le=limits.max_wait_ms)] = 0,
+        tags: Annotated[str | None, Query(max_length=4096, examples=["TagA||TagB"])] = None,
+        encoding: EncodingQuery = "utf-8",
+    ) -> Response:
+        access.need("consume", topic)
+        if media.wants_arrow(request.headers.get("accept")):
+            if arrow_pull is None:
+                raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
+            with metrics.long_polls.track_inprogress():
+                return await arrow_pull.pull_response(
+                    broker,
+                    metrics,
+                    topic,
+                    queue_id,
+                    offset,
+                    max_messages=max_messages,
+                    wait_ms=wait_ms,
+                    tags=tags,
+                )
+        with metrics.long_polls.track_inprogress():
+            r = await broker.pull(
+                topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
+            )
+        return JSONBytes(
+            {
+                "status": r.status,
+                "messages": messages_out(metrics, topic, r.messages, encoding),
+                "next_offset": r.next_offset,
+                "min_offset": r.min_offset,
+                "max_offset": r.max_offset,
+            }
+        )
+
+    @router.get(
+        "/v1/topics/{topic}/queues/{queue_id}/offset",
+        tags=["consume"],
+        summary="the first offset whose store time is at or after a timestamp",
+        response_model=models.OffsetAnswer,
+        responses=error_docs(404),
+    )
+    async def offset_for_time(
+        topic: TopicPath,
+        queue_id: Annotated[int, Path(ge=0, le=65_535)],
+        timestamp: Annotated[int, Query(ge=0, le=2**62)],
+        broker: BrokerDep,
+        access: AccessDep,
+    ) -> Response:
+        access.need("consume", topic)
+        return JSONBytes({"offset": broker.offset_for_time(topic, queue_id, timestamp)})
+
+    return router
