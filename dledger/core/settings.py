@@ -46,6 +46,11 @@ class CoreSettings:
     # below the transport's max frame (64 MiB by default)
     # follower (RP-29 .. RP-35)
     max_follower_pending_pushes: int = 256  # out-of-order APPENDs held per follower
+    # ... and the bytes of their entries: a leader at the defaults has at most
+    # max_inflight_pushes x max_push_bytes (64 MiB) in flight, so this holds all of it;
+    # a frame may carry up to the transport's max frame (64 MiB), so the count alone
+    # would let 256 of them hold 16 GiB
+    max_follower_pending_bytes: int = 64 << 20
     fast_forward_check_ms: int = 1000  # checkAbnormalFuture period
     # clients (AP-02, RP-37)
     max_pending_proposals: int = 10000  # LEADER_PENDING_FULL above this (AP-02)

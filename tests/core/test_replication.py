@@ -330,6 +330,57 @@ def test_cv_40_the_fast_forward_answer_removes_the_request_it_answers() -> None:
     assert c.cores["n0"].handler.write_requests == {}
 
 
+# ---- held APPENDs: bounded in number and in bytes (issue 17) -----------------------------------
+
+BIG = MemoryStore()
+BIG.append_as_leader(1, [bytes([i]) * 1000 for i in range(6)])
+BIG_ENTRY_BYTES = 1048
+
+
+def follower_with(settings: CoreSettings) -> Cluster:
+    c = Cluster(3, settings=settings, stores={"n0": make_store((), term=2)})
+    c.inject(heartbeat("n1", "n0", 2))
+    assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n1")
+    return c
+
+
+def append_answers(c: Cluster, *firsts: int) -> list[tuple[int, DLedgerCode]]:
+    out = []
+    for first in firsts:
+        out += c.inject(append_req("n1", "n0", 2, BIG, first, 1, req_id=10 + first))
+    return [(m.index, m.code) for m in out if isinstance(m, PushEntryResponse)]
+
+
+def test_out_of_order_appends_are_held_within_a_byte_budget() -> None:
+    """Before: only their count was bounded (256 frames of up to 64 MiB each)."""
+    c = follower_with(CoreSettings(max_follower_pending_bytes=2 * BIG_ENTRY_BYTES))
+    handler = c.cores["n0"].handler
+    assert append_answers(c, 2, 3) == []  # held: ahead of the log
+    assert handler.held_bytes == 2 * BIG_ENTRY_BYTES
+    assert append_answers(c, 4) == [(4, DLedgerCode.PUSH_REQUEST_IS_FULL)]
+    assert sorted(handler.write_requests) == [2, 3]
+    # the next in line is taken whatever is held, and frees what waited for it
+    assert append_answers(c, 0, 1) == [(i, DLedgerCode.SUCCESS) for i in range(4)]
+    assert c.stores["n0"].ledger_end_index == 3
+    assert (handler.write_requests, handler.held_bytes) == ({}, 0)
+
+
+def test_the_next_append_in_line_is_taken_when_the_held_count_is_full() -> None:
+    c = follower_with(CoreSettings(max_follower_pending_pushes=1))
+    assert append_answers(c, 2) == []
+    assert append_answers(c, 3) == [(3, DLedgerCode.PUSH_REQUEST_IS_FULL)]
+    assert append_answers(c, 0, 1) == [(i, DLedgerCode.SUCCESS) for i in range(3)]
+
+
+def test_dropped_held_appends_give_their_bytes_back() -> None:
+    c = follower_with(CoreSettings())
+    handler = c.cores["n0"].handler
+    append_answers(c, 2, 4)
+    assert handler.held_bytes == 2 * BIG_ENTRY_BYTES
+    c.inject(push("n1", "n0", 2, PushType.COMPARE, req_id=90, pre_log_index=-1, pre_log_term=-1))
+    assert (handler.write_requests, handler.held_bytes) == ({}, 0)
+
+
 # ---- CV-39: an ack covers every batch up to its watermark --------------------------------------
 
 
