@@ -32,7 +32,7 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import Role
 from dledger.runtime.server import DLedgerServer, NotLeaderError
 from dledger.runtime.server import UnknownOutcomeError as RaftUnknownOutcome
-from dledger.store import FileStore
+from dledger.store import CorruptEntryError, FileStore
 
 from . import errors, sessions
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
@@ -72,6 +72,7 @@ from .settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
+CORRUPT_LOG_INTERVAL_S = 10.0  # refused reads of damaged entries are logged this often
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
 
 
@@ -162,7 +163,8 @@ class Broker:
         self._store_host = ("127.0.0.1", 0)
         self._disk_checked_at = -1e18
         self._disk_free_bytes = 1 << 62
-        self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0}
+        self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0, "corrupt_reads": 0}
+        self._corrupt_logged_at = -1e18
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -701,8 +703,33 @@ class Broker:
 
     # ---- reads -------------------------------------------------------------------------
 
+    def _record(self, commitlog_offset: int, size: int | None = None) -> memoryview:
+        """A committed record, checked (``DLedgerCommitLog.read_record``: the entry CRC
+        covers the whole record, so the record's own BODYCRC adds nothing). A damaged
+        copy is counted, logged and refused with ``CORRUPT_ENTRY``: never served, and
+        another replica serves it."""
+        try:
+            return self.commitlog.read_record(commitlog_offset, size)
+        except CorruptEntryError as e:
+            self.stats["corrupt_reads"] += 1
+            now = time.monotonic()
+            if now - self._corrupt_logged_at >= CORRUPT_LOG_INTERVAL_S:
+                self._corrupt_logged_at = now
+                log.error(
+                    "refused to serve a damaged entry (%d such reads so far): %s",
+                    self.stats["corrupt_reads"],
+                    e.message,
+                )
+            raise errors.CorruptEntryError(
+                f"the message at commitlog offset {commitlog_offset} is damaged on node"
+                f" {self.settings.node_id} (entry {e.index}: its CRC does not hold); read it"
+                " from another replica",
+                node_id=self.settings.node_id,
+                commitlog_offset=commitlog_offset,
+            ) from None
+
     def _read_message(self, commitlog_offset: int, size: int) -> Message:
-        return decode_message(self.commitlog.get_message(commitlog_offset, size), verify_crc=False)
+        return decode_message(self._record(commitlog_offset, size), verify_crc=False)
 
     def _pulled(self, m: Message) -> PulledMessage:
         return PulledMessage(
@@ -823,8 +850,8 @@ class Broker:
         if q is None:
             return 0
 
-        def reached(commitlog_offset: int, _size: int) -> bool:
-            raw = self.commitlog.get_message(commitlog_offset + STORE_TIMESTAMP_POS, 8)
+        def reached(commitlog_offset: int, size: int) -> bool:
+            raw = self._record(commitlog_offset, size)[STORE_TIMESTAMP_POS:][:8]
             return int.from_bytes(raw, "big", signed=True) >= timestamp_ms
 
         return q.first_offset_at_or_after(reached)
@@ -848,9 +875,10 @@ class Broker:
         ):
             return None
         try:
-            size = int.from_bytes(self.commitlog.get_message(commitlog_offset, 4), "big")
-            m = decode_message(self.commitlog.get_message(commitlog_offset, size))
-        except (DLedgerError, MessageFormatError, ValueError):
+            # No size: the offset is a client's (a message id), so no entry there is
+            # "not found", and only an entry found there and damaged is CORRUPT_ENTRY.
+            m = decode_message(self._record(commitlog_offset), verify_crc=False)
+        except (DLedgerError, MessageFormatError):
             return None
         if m.commitlog_offset != commitlog_offset or m.topic == SYS_TOPIC:
             return None

@@ -241,8 +241,11 @@ class EntryHandler:
             metas = self.store.append_as_follower(req.entries)
         except DLedgerError as e:
             storage = e.code in (DLedgerCode.DISK_FULL, DLedgerCode.DISK_ERROR)
+            event = "append_storage_error" if storage else "append_refused"
+            if getattr(e, "damaged", False):  # a store's StoreError(damaged=True)
+                event = "append_refused_damaged"  # the leader's bytes fail their own CRC
             self.host.log_event(
-                "append_storage_error" if storage else "append_refused",
+                event,
                 first=req.first_index,
                 code=e.code.name,
                 reason=e.message,

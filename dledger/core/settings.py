@@ -35,6 +35,9 @@ class CoreSettings:
     control_timeout_ms: int = 1000  # COMPARE / TRUNCATE answer wait (DLedger: 3 s)
     commit_push_interval_ms: int = 1000  # idle COMMIT push (RP-28)
     error_backoff_ms: int = 50  # dispatcher pause after a refused COMPARE/TRUNCATE
+    # A follower that refuses the same entries again and again (a damaged copy here, or
+    # settings that place them elsewhere): the pause doubles from error_backoff_ms to this
+    max_refused_append_backoff_ms: int = 5000
     # dispatcher pause after a follower refused an append for its disk (full, failing):
     # it recovers by itself when space returns; until then one retry per pause
     storage_error_backoff_ms: int = 1000

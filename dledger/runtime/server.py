@@ -9,7 +9,8 @@ fsync, and everything that arrives meanwhile is batched into the next Ready: a g
 commit.
 
 Public surface (DESIGN §2): ``append(bodies)`` → [(index, pos)] after quorum commit;
-``get(index)``, ``read(pos, size)``; ``committed_index``/``committed_pos`` and
+``get(index)`` and ``read_entry(pos)`` (both checked: a damaged copy is refused),
+``read(pos, size)`` (raw bytes); ``committed_index``/``committed_pos`` and
 ``wait_committed``; ``add_append_hook``; ``add_role_change_handler``;
 ``transfer_leadership``; ``status()``.
 
@@ -74,6 +75,8 @@ _WARNING_EVENTS = frozenset(
         "dispatcher_error",
         "persist_no_space",
         "append_storage_error",
+        "append_refused_damaged",
+        "append_refused_again",
         "peer_storage_refused",
         "term_space_exhausted",
         "client_request_refused",
@@ -92,6 +95,7 @@ _INFO_EVENTS = frozenset(
         "install_snapshot_sent",
         "install_snapshot_done",
         "peer_storage_recovered",
+        "peer_append_recovered",
     }
 )
 
@@ -552,6 +556,12 @@ class DLedgerServer:
                 f"[{pos}, {pos + size}) is beyond committed pos {store.committed_pos}",
             )
         return store.read(pos, size)
+
+    def read_entry(self, pos: int, body_size: int | None = None) -> bytes:
+        """The committed entry at byte ``pos``, header and body, checked
+        (``FileStore.read_entry_at``): ``CorruptEntryError`` if this copy is damaged."""
+        store = self._store()
+        return store.read_entry_at(pos, body_size, max_end=store.committed_pos)
 
     def _store(self) -> FileStore:
         if self.store is None:

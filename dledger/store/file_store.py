@@ -39,7 +39,7 @@ from typing import NoReturn
 from ..codes import DLedgerCode
 from .base import (
     AppendHook,
-    StoreCorruptionError,
+    CorruptEntryError,
     StoreError,
     StoreFailedError,
     StoreSettings,
@@ -48,6 +48,7 @@ from .base import (
 from .entry import (
     BODY_OFFSET,
     ENTRY_MAGICS,
+    HEADER,
     INDEX_UNIT,
     INDEX_UNIT_SIZE,
     MAGIC_NORMAL,
@@ -56,6 +57,7 @@ from .entry import (
     EntryHeader,
     EntryMeta,
     IndexUnit,
+    crc32,
     decode_entry,
     decode_header,
     decode_index_unit,
@@ -355,17 +357,93 @@ class FileStore:
             return EntryMeta(u.index, u.term, u.pos, u.size, u.magic)
 
     def get(self, index: int) -> Entry:
-        """The entry at ``index``, body CRC verified."""
+        """The entry at ``index``, checked: its header agrees with its index unit and its
+        body with its CRC, else ``CorruptEntryError`` (this copy is damaged)."""
         with self._lock:
             u = self._unit(index)
-            raw = self._data.read(u.pos, u.size)
+            raw = self._unit_bytes(u)
         try:
             e = decode_entry(raw)
         except CodecError as err:
-            raise StoreCorruptionError(f"{self._where(u.pos)}: {err}") from err
-        if e.index != index or e.pos != u.pos:
-            raise StoreCorruptionError(f"{self._where(u.pos)}: index unit and entry disagree")
+            raise self._corrupt(index, u.pos, str(err)) from err
+        if (e.index, e.pos, e.term, e.magic) != (index, u.pos, u.term, u.magic):
+            raise self._corrupt(index, u.pos, "its header disagrees with its index unit")
         return e
+
+    def read_entry_at(
+        self, pos: int, body_size: int | None = None, max_end: int | None = None
+    ) -> bytes:
+        """The whole entry (header and body) that starts at byte ``pos``, checked like
+        ``get``: for readers that know where an entry is, not its index (a message's
+        commitlog offset). The body CRC is computed outside the store lock.
+
+        ``StoreError(INDEX_OUT_OF_RANGE)`` when ``pos`` is outside the log or the entry
+        ends past ``max_end``. A caller that gives ``body_size`` says an entry of that
+        size starts at ``pos`` (a consume-queue unit does): anything else there is
+        damage, ``CorruptEntryError``. Without it ``pos`` is only a guess (a message id
+        from a client): bytes that are not a header whose index unit names ``pos`` mean
+        "no entry there" (``INDEX_OUT_OF_RANGE``), and only an entry found there whose
+        bytes fail a check is ``CorruptEntryError``."""
+        with self._lock:
+            begin, limit, end_index = self.ledger_begin_pos, self._data.end, self._end_index
+            if max_end is not None:
+                limit = min(limit, max_end)
+            if pos < begin or pos + BODY_OFFSET > limit:
+                raise StoreError(
+                    DLedgerCode.INDEX_OUT_OF_RANGE,
+                    f"no entry at pos {pos}: outside [{begin}, {limit})",
+                )
+            try:
+                head = HEADER.unpack_from(self._data.read(pos, BODY_OFFSET))
+            except IndexError:  # a header there would cross its segment's end
+                head = None
+            unit = None
+            if head is not None and head[4] == pos and self._begin_index <= head[2] <= end_index:
+                unit = INDEX_UNIT.unpack_from(
+                    self._index.read(head[2] * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+                )
+            if head is None or unit is None or unit[1] != pos:
+                if body_size is None:
+                    raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"no entry starts at {pos}")
+                raise self._corrupt(-1, pos, "no intact entry header there")
+            magic, size, index, term, _pos, channel, _chain, body_crc, head_body_size = head
+            # The index unit was written from these very fields: any difference, or a
+            # header that breaks its own rules, is damage the body CRC does not cover.
+            if unit != (magic, pos, size, index, term) or (channel, size) != (
+                0,
+                BODY_OFFSET + head_body_size,
+            ):
+                raise self._corrupt(index, pos, "its header disagrees with its index unit")
+            if body_size is not None and size != BODY_OFFSET + body_size:
+                raise self._corrupt(
+                    index, pos, f"a body of {head_body_size} bytes where {body_size} are expected"
+                )
+            if pos + size > limit:
+                raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"entry {index} ends past {limit}")
+            try:
+                raw = self._data.read(pos, size)
+            except IndexError:
+                raise self._corrupt(index, pos, f"its size {size} crosses its segment") from None
+        if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
+            raise self._corrupt(index, pos, "body CRC mismatch")
+        return raw
+
+    def _unit_bytes(self, u: IndexUnit) -> bytes:
+        """The bytes an index unit points at; ``CorruptEntryError`` if they are not there."""
+        try:
+            return self._data.read(u.pos, u.size)
+        except IndexError:
+            raise self._corrupt(
+                u.index, u.pos, f"its index unit points outside the data (size {u.size})"
+            ) from None
+
+    def _corrupt(self, index: int, pos: int, problem: str) -> CorruptEntryError:
+        return CorruptEntryError(
+            index,
+            pos,
+            f"{self._where(pos)}: entry {index} is damaged ({problem}); this replica cannot"
+            " serve it (the other replicas can; restore this one from a peer to repair it)",
+        )
 
     def _header(self, index: int) -> EntryHeader:
         u = self._unit(index)

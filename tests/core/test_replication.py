@@ -381,6 +381,61 @@ def test_dropped_held_appends_give_their_bytes_back() -> None:
     assert (handler.write_requests, handler.held_bytes) == ({}, 0)
 
 
+# ---- a damaged entry on the leader: no tight loop (issue 17) ------------------------------------
+
+
+def test_a_damaged_entry_on_the_leader_is_pushed_with_a_growing_backoff_and_named() -> None:
+    """Before: the follower refused the batch (body CRC), the leader compared, truncated
+    and pushed it again at once, round after round, logging only DEBUG lines. Now from
+    the second refusal in a row it backs off (doubling) and names its damaged entry."""
+    c = Cluster(3, seed=4)
+    lead = c.wait_leader()
+    lag = next(i for i in c.ids if i != lead)
+    c.isolate(lag)
+    c.propose([b"x" * 100 for _ in range(3)])
+    store = c.stores[lead]
+    assert c.tick_until(lambda: store.committed_index == store.ledger_end_index) is not None
+    damaged = store.ledger_end_index - 1
+    k = damaged - store.ledger_begin_index
+    raw = bytearray(store._entries[k])
+    raw[-1] ^= 0xFF  # a flipped bit in the body, as a bad sector would
+    store._entries[k] = bytes(raw)
+    c.heal()
+    since = len(c.sent)
+    c.tick(3000)
+    carrying = [
+        m
+        for m in pushes(c, lag, PushType.APPEND, since)
+        if m.first_index <= damaged < m.first_index + m.count
+    ]
+    # refused, compared, truncated, refused: then 50, 100, 200, ... ms apart (cap 5 s)
+    assert 2 <= len(carrying) <= 10, len(carrying)
+    events = c.events_of("append_refused_again", lead)
+    assert events and {e["damaged_here"] for e in events} == {damaged}
+    assert [e["backoff_ms"] for e in events[:3]] == [50, 100, 200]
+    assert c.events_of("append_refused_damaged", lag)
+    assert c.stores[lag].ledger_end_index < damaged
+
+
+def test_a_refused_append_that_is_then_taken_resets_the_backoff() -> None:
+    c = Cluster(3, seed=4)
+    lead = c.wait_leader()
+    lag = next(i for i in c.ids if i != lead)
+    c.isolate(lag)
+    c.propose([b"y" * 100 for _ in range(3)])
+    store = c.stores[lead]
+    assert c.tick_until(lambda: store.committed_index == store.ledger_end_index) is not None
+    k = store.ledger_end_index - store.ledger_begin_index
+    good = store._entries[k]
+    store._entries[k] = good[:-1] + bytes([good[-1] ^ 1])
+    c.heal()
+    assert c.tick_until(lambda: bool(c.events_of("append_refused_again", lead)), 3000)
+    store._entries[k] = good  # repaired (an operator restored the copy)
+    assert c.tick_until(lambda: same_log(store, c.stores[lag]), 10_000) is not None
+    assert c.events_of("peer_append_recovered", lead)
+    assert c.cores[lead].dispatchers[lag].refusals == 0
+
+
 # ---- CV-39: an ack covers every batch up to its watermark --------------------------------------
 
 
