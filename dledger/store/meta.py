@@ -55,9 +55,13 @@ def fsync_dir(directory: Path) -> None:
 def read_properties(path: Path) -> dict[str, str] | None:
     """Parse a properties file; ``None`` when it does not exist."""
     try:
-        text = path.read_text()
+        raw_bytes = path.read_bytes()
     except FileNotFoundError:
         return None
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MetaFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     props: dict[str, str] = {}
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
