@@ -245,14 +245,7 @@ class DLedgerServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.transport is not None:
             await self.transport.close()
-        for pfut in self._proposal_futs.values():  # proposed: they may yet commit elsewhere
-            if not pfut.done():
-                pfut.set_exception(
-                    UnknownOutcomeError(DLedgerCode.ILLEGAL_MEMBER_STATE, "node stopped")
-                )
-        for tfut in self._transfer_futs.values():
-            if not tfut.done():
-                tfut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "stopped"))
+        self._answer_waiters("node stopped")
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 
@@ -315,11 +308,24 @@ class DLedgerServer:
         self.failed = e
         self._stopping = True  # no more input into a core that may be half-updated
         log.critical("node %s stops working: %s: %r", self.config.self_id, what, e, exc_info=e)
+        # No Ready may ever be handled again (the ready task may be what died): whoever
+        # waits for a commit or a transfer is answered now, not never.
+        self._answer_waiters(f"node failed: {what}")
         for handler in self._failure_handlers:
             try:
                 handler(e)
             except Exception:
                 log.exception("failure handler %r failed", handler)
+
+    def _answer_waiters(self, why: str) -> None:
+        """Fail every proposal and transfer still waiting (proposed entries may yet
+        commit elsewhere: an unknown outcome)."""
+        for pfut in self._proposal_futs.values():
+            if not pfut.done():
+                pfut.set_exception(UnknownOutcomeError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
+        for tfut in self._transfer_futs.values():
+            if not tfut.done():
+                tfut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self._stopping:
