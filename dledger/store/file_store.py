@@ -26,6 +26,7 @@ segments go, ``mmapfile`` holds the segments.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -40,6 +41,7 @@ from ..codes import DLedgerCode
 from .base import (
     AppendHook,
     CorruptEntryError,
+    StoreCorruptionError,
     StoreError,
     StoreFailedError,
     StoreSettings,
@@ -113,6 +115,9 @@ class FileStore:
         self._disk_usage = disk_usage or (lambda: disk_usage_ratio(self.dir))
         self._clock = clock
         self._lock = threading.RLock()
+        # Orders checkpoint writers (taken before ``_lock``, never after it): see
+        # ``_write_checkpoint``.
+        self._checkpoint_lock = threading.RLock()
         self._hooks: list[AppendHook] = []
 
         self._begin_index = 0
@@ -565,7 +570,7 @@ class FileStore:
         ``begin_index - 1`` counts as committed: the snapshot covers it."""
         if begin_index < 0 or begin_pos < 0:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "negative begin index or pos")
-        with self._lock:
+        with self._checkpoint_lock, self._lock:
             self._check_open()
             cp = Checkpoint(
                 begin_index=begin_index,
@@ -575,10 +580,18 @@ class FileStore:
                 committed_index=begin_index - 1,
                 committed_pos=begin_pos,
                 end_index=begin_index - 1,
+                pending_reset=True,
             )
-            self._checkpoint.save(cp)  # first: a crash below leaves the new begin in force
+            # First the intent: a crash from here on leaves the new begin in force, and
+            # recovery deletes whatever segments it still finds (it knows they are old).
+            # Then the segments go, durably, and the checkpoint says so: from then on a
+            # segment on disk is the new log's, and recovery keeps it.
+            self._checkpoint.save(cp)
             self._data.reset(begin_pos)
             self._index.reset(begin_index * INDEX_UNIT_SIZE)
+            self._data.fsync_dir()
+            self._index.fsync_dir()
+            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
             self._begin_index = begin_index
             self._begin_pos = begin_pos
             self._before_begin_term = before_begin_term
@@ -606,7 +619,32 @@ class FileStore:
     # ---- term and vote -----------------------------------------------------------------
 
     def load_term_vote(self) -> TermVote:
-        return self._term_vote.load()
+        """The durable term and vote (``currterm``). A new node gets term 0 and no vote,
+        and the file is made at once: from then on a missing one means a lost one.
+
+        A node with a past (entries, a log that begins past 0, a checkpoint) and no
+        ``currterm`` lost the file: it may have voted in any term up to the group's
+        current one, and starting again at term 0 with no vote it could vote a second
+        time in one of them (two leaders in a term). No rule of Raft derives that vote
+        back, so this refuses (``StoreCorruptionError``, saying how to recover)."""
+        path = self._term_vote.path
+        if path.exists():
+            return self._term_vote.load()
+        if self._end_index >= 0 or self._begin_index > 0 or self._checkpoint.path.exists():
+            raise StoreCorruptionError(
+                f"{path} is missing, but this node has a past (its log holds entries up"
+                f" to {self._end_index}, of term {self._end_term}): it may have voted,"
+                " and starting at term 0 with no vote it could vote twice in a term."
+                " Refusing to start. To recover, stop this node and read currTerm in the"
+                " currterm file of every other node of the group (stopped ones too);"
+                f" write 'currTerm=<the highest of them + 1>' and 'voteLeader=' into {path}"
+                " (no candidate can have asked this node for a vote in a term no node has"
+                " reached). Or wipe this node's data directory: it rejoins empty and"
+                " catches up from the leader."
+            )
+        tv = TermVote()
+        self._term_vote.save(tv)
+        return tv
 
     def save_term_vote(self, tv: TermVote) -> None:
         self._term_vote.save(tv)
@@ -650,26 +688,45 @@ class FileStore:
         self._sync_now()
         self._write_checkpoint()
 
-    def _write_checkpoint(self) -> None:
-        with self._lock:
-            if self._closed or self._failed is not None:
-                return
-            committed = min(self._committed_index, self._durable_index)
-            committed_pos = self._committed_pos
-            if committed < self._begin_index:
-                committed_pos = self.ledger_begin_pos
-            elif committed != self._committed_index:
-                u = self._unit(committed)
-                committed_pos = u.pos + u.size
-            cp = Checkpoint(
-                begin_index=self._begin_index,
-                begin_pos=self.ledger_begin_pos,
-                before_begin_term=self._before_begin_term,
-                before_begin_chain=self._before_begin_chain,
-                committed_index=max(committed, self._begin_index - 1),
-                committed_pos=committed_pos,
-                end_index=self._durable_index,
+    def _checkpoint_state(self, head: LogHead | None = None) -> Checkpoint:
+        """The checkpoint the store may write now (the store lock held): it never claims
+        more committed than is durable. ``head``: the log's begin as it will be once
+        retention has deleted the first segment, which its checkpoint must say first."""
+        if head is None:
+            head = LogHead(
+                self._begin_index,
+                self.ledger_begin_pos,
+                self._before_begin_term,
+                self._before_begin_chain,
             )
+        committed = min(self._committed_index, self._durable_index)
+        committed_pos = self._committed_pos
+        if committed < head.begin_index:
+            committed_pos = head.begin_pos
+        elif committed != self._committed_index:
+            u = self._unit(committed)
+            committed_pos = u.pos + u.size
+        return Checkpoint(
+            begin_index=head.begin_index,
+            begin_pos=head.begin_pos,
+            before_begin_term=head.before_begin_term,
+            before_begin_chain=head.before_begin_chain,
+            committed_index=max(committed, head.begin_index - 1),
+            committed_pos=committed_pos,
+            end_index=self._durable_index,
+        )
+
+    def _write_checkpoint(self) -> None:
+        """Write the checkpoint: its state taken under the store lock, its write and two
+        fsyncs done outside it, so that a checkpoint (every ``checkpoint_interval_ms``,
+        on the flush thread) never stalls the appends and reads of the event loop.
+        ``_checkpoint_lock`` keeps checkpoint writers in order: an older state never
+        replaces a newer one (a reset's, retention's)."""
+        with self._checkpoint_lock:
+            with self._lock:
+                if self._closed or self._failed is not None:
+                    return
+                cp = self._checkpoint_state()
             self._checkpoint.save(cp)
 
     # ---- retention ---------------------------------------------------------------------
@@ -684,8 +741,8 @@ class FileStore:
         older than ``file_reserved_hours``, or (oldest first) while disk usage is above
         ``disk_clean_ratio`` or ``force`` is set; never the active segment, never data at
         or above the committed position or the retention floor (``retention``)."""
-        with self._lock:
-            if self._closed:
+        with self._checkpoint_lock, self._lock:
+            if self._closed or self._failed is not None:
                 return 0
             deleted = delete_head_segments(
                 self._data,
@@ -703,12 +760,18 @@ class FileStore:
                 disk_usage=self._disk_usage,
                 force=force,
                 header_at=self._header,
+                before_delete=self._save_head,
                 adopt=self._adopt_head,
             )
         if deleted:
-            self._write_checkpoint()
             log.info("retention deleted %d head segment(s) of %s", deleted, self.dir / "data")
         return deleted
+
+    def _save_head(self, head: LogHead) -> None:
+        """Retention's intent, durable before its segment goes: a crash in between leaves
+        a checkpoint whose begin recovery finds in the data (and deletes the segment
+        then). Under the store lock: at most once per deleted segment (1 GiB of log)."""
+        self._checkpoint.save(self._checkpoint_state(head))
 
     def _adopt_head(self, head: LogHead) -> None:
         self._begin_index, self._begin_pos = head.begin_index, head.begin_pos
@@ -732,6 +795,12 @@ class FileStore:
             segment_size=self.settings.data_file_size,
             verify=self.settings.recovery_verify,
         )
+        if cp is not None and cp.pending_reset:
+            # recover_log finished the reset: make that durable before anything is
+            # written, or a later recovery would take the new entries for old ones.
+            self._data.fsync_dir()
+            self._index.fsync_dir()
+            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
         self._begin_index, self._begin_pos = r.begin_index, r.begin_pos
         self._before_begin_term, self._before_begin_chain = (
             r.before_begin_term,
