@@ -384,10 +384,10 @@ def test_dropped_held_appends_give_their_bytes_back() -> None:
 # ---- a damaged entry on the leader: no tight loop (issue 17) ------------------------------------
 
 
-def test_a_damaged_entry_on_the_leader_is_pushed_with_a_growing_backoff_and_named() -> None:
-    """Before: the follower refused the batch (body CRC), the leader compared, truncated
-    and pushed it again at once, round after round, logging only DEBUG lines. Now from
-    the second refusal in a row it backs off (doubling) and names its damaged entry."""
+def damaged_leader() -> tuple[Cluster, str, str, int, bytes]:
+    """A follower cut off while the leader commits 3 entries, then the leader's copy of
+    the one before last damaged (a flipped bit in its body, as a bad sector would) and
+    the links healed: (cluster, leader, follower, damaged index, the intact copy)."""
     c = Cluster(3, seed=4)
     lead = c.wait_leader()
     lag = next(i for i in c.ids if i != lead)
@@ -397,10 +397,18 @@ def test_a_damaged_entry_on_the_leader_is_pushed_with_a_growing_backoff_and_name
     assert c.tick_until(lambda: store.committed_index == store.ledger_end_index) is not None
     damaged = store.ledger_end_index - 1
     k = damaged - store.ledger_begin_index
-    raw = bytearray(store._entries[k])
-    raw[-1] ^= 0xFF  # a flipped bit in the body, as a bad sector would
-    store._entries[k] = bytes(raw)
+    intact = store._entries[k]
+    store._entries[k] = intact[:-1] + bytes([intact[-1] ^ 0xFF])
     c.heal()
+    return c, lead, lag, damaged, intact
+
+
+def test_a_damaged_entry_on_the_leader_is_pushed_with_a_growing_backoff_and_named() -> None:
+    """Before: the follower refused the batch (body CRC), the leader compared, truncated
+    and pushed it again at once, round after round, logging only DEBUG lines (here: the
+    network never went quiet). Now from the second refusal in a row it backs off
+    (doubling) and names its damaged entry."""
+    c, lead, lag, damaged, _ = damaged_leader()
     since = len(c.sent)
     c.tick(3000)
     carrying = [
@@ -418,19 +426,10 @@ def test_a_damaged_entry_on_the_leader_is_pushed_with_a_growing_backoff_and_name
 
 
 def test_a_refused_append_that_is_then_taken_resets_the_backoff() -> None:
-    c = Cluster(3, seed=4)
-    lead = c.wait_leader()
-    lag = next(i for i in c.ids if i != lead)
-    c.isolate(lag)
-    c.propose([b"y" * 100 for _ in range(3)])
-    store = c.stores[lead]
-    assert c.tick_until(lambda: store.committed_index == store.ledger_end_index) is not None
-    k = store.ledger_end_index - store.ledger_begin_index
-    good = store._entries[k]
-    store._entries[k] = good[:-1] + bytes([good[-1] ^ 1])
-    c.heal()
+    c, lead, lag, damaged, intact = damaged_leader()
     assert c.tick_until(lambda: bool(c.events_of("append_refused_again", lead)), 3000)
-    store._entries[k] = good  # repaired (an operator restored the copy)
+    store = c.stores[lead]
+    store._entries[damaged - store.ledger_begin_index] = intact  # an operator restored it
     assert c.tick_until(lambda: same_log(store, c.stores[lag]), 10_000) is not None
     assert c.events_of("peer_append_recovered", lead)
     assert c.cores[lead].dispatchers[lag].refusals == 0

@@ -41,7 +41,7 @@ from dledger.store.entry import (
     decode_index_unit,
     encode_entry,
 )
-from dledger.store.meta import CheckpointFile, MetaFileError, TermVote, TermVoteFile
+from dledger.store.meta import CheckpointFile, MetaFileError, TermVoteFile
 from dledger.store.mmapfile import StoreFileError
 from dledger.store.runs import encode_leader_runs, split_follower_runs
 
@@ -247,6 +247,21 @@ def follower_entries(data: bytes) -> None:
 # ---- currterm and checkpoint --------------------------------------------------------------
 
 
+def _state_file(data: bytes, name: str, kind: type[TermVoteFile | CheckpointFile]) -> None:
+    """``data`` as the state file ``name``: a value or ``MetaFileError``; a value saves
+    and loads back equal."""
+    with scratch_dir() as d:
+        f = kind(d / name)
+        f.path.write_bytes(data)
+        try:
+            value = f.load()
+        except MetaFileError:
+            return
+        assert value is not None
+        f.save(value)  # type: ignore[arg-type]  # (the value its own kind loaded)
+        assert f.load() == value
+
+
 @target(
     "currterm_file",
     max_len=256,
@@ -255,16 +270,7 @@ def follower_entries(data: bytes) -> None:
 def currterm_file(data: bytes) -> None:
     """The ``currterm`` file: a term and vote, or ``MetaFileError``; what loads saves and
     loads back equal."""
-    with scratch_dir() as d:
-        f = TermVoteFile(d / "currterm")
-        f.path.write_bytes(data)
-        try:
-            tv = f.load()
-        except MetaFileError:
-            return
-        assert isinstance(tv, TermVote) and tv.term >= 0
-        f.save(tv)
-        assert f.load() == tv
+    _state_file(data, "currterm", TermVoteFile)
 
 
 _CHECKPOINT = (
@@ -273,20 +279,13 @@ _CHECKPOINT = (
 )
 
 
-@target("checkpoint_file", max_len=512, seeds=lambda: [_CHECKPOINT])
+@target(
+    "checkpoint_file", max_len=512, seeds=lambda: [_CHECKPOINT, _CHECKPOINT + b"pendingReset=1\n"]
+)
 def checkpoint_file(data: bytes) -> None:
     """The store's ``checkpoint`` file: a checkpoint, or ``MetaFileError``; what loads
     saves and loads back equal."""
-    with scratch_dir() as d:
-        f = CheckpointFile(d / "checkpoint")
-        f.path.write_bytes(data)
-        try:
-            cp = f.load()
-        except MetaFileError:
-            return
-        assert cp is not None
-        f.save(cp)
-        assert f.load() == cp
+    _state_file(data, "checkpoint", CheckpointFile)
 
 
 # ---- a whole log on disk ---------------------------------------------------------------------
