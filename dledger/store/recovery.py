@@ -165,20 +165,23 @@ def _log_begin(data: MmapFileList, index: MmapFileList, cp: Checkpoint | None) -
             index.reset(cp.begin_index * INDEX_UNIT_SIZE)
             return begin
         below = sum(1 for f in data.files if f.limit <= begin.next_pos)
-        if below:
-            # Retention's intent, written before its segment went (a crash in between):
-            # only when the data confirms the begin. Never delete on a checkpoint's word
-            # alone: a wrong but readable beginPos would take the log's head with it.
+        # Segments below the begin are retention's, whose intent was written before its
+        # segment went (a crash in between): deleted only when the data confirms the
+        # begin, never on the checkpoint's word alone (a wrong but readable beginPos
+        # would take the log's head with it). A begin with committed entries after it
+        # must be confirmed anyway: the scan starts at the committed entry, and a begin
+        # it never saw would stand wrong (reads refused below it, found by fuzzing).
+        if below or (data.files and cp.committed_index >= cp.begin_index):
             problem = _begin_problem(data, cp)
             if problem is not None:
+                kept = f", and deleting none of the {below} segment(s) below it" if below else ""
                 raise StoreCorruptionError(
                     f"{data.dir.parent / 'checkpoint'} says the log begins with entry"
                     f" {cp.begin_index} at pos {cp.begin_pos}, but {problem}. Refusing to"
-                    f" start, and deleting none of the {below} segment(s) of {data.dir}"
-                    " below that position. If the checkpoint is wrong, move it away: the"
-                    " node then finds where its log begins from the data and checks it"
-                    " all (compare the log with a peer's first: without a checkpoint,"
-                    " damage at the end of the log is cut as a torn tail)."
+                    f" start{kept}. If the checkpoint is wrong, move it away: the node then"
+                    " finds where its log begins from the data and checks it all (compare"
+                    " the log with a peer's first: without a checkpoint, damage at the end"
+                    " of the log is cut as a torn tail)."
                 )
             data.delete_head(begin.next_pos, below)
     elif data.files:

@@ -97,6 +97,21 @@ def test_a_begin_the_data_contradicts_deletes_nothing_and_refuses_to_start(
     _reopened_reads(tmp_path, [bytes([i]) * 100 for i in range(30)]).close()
 
 
+def test_a_begin_inside_the_first_segment_the_data_contradicts_is_refused(
+    tmp_path: Path,
+) -> None:
+    """Nothing to delete, but committed entries after the begin: found by fuzzing
+    (store_recovery), the store started with its begin inside entry 0, and refused to
+    read the entries it held."""
+    _log(tmp_path)
+    cpf = CheckpointFile(tmp_path / "checkpoint")
+    cp = cpf.load()
+    assert cp is not None
+    cpf.save(dataclasses.replace(cp, begin_pos=4))
+    with pytest.raises(StoreCorruptionError, match=r"no entry is there\. Refusing to start\. If"):
+        FileStore(tmp_path, SETTINGS, background=False)
+
+
 @pytest.mark.parametrize("crash_in", ["delete", "adopt"])
 def test_a_crash_in_the_middle_of_retention_restarts_at_the_new_head(
     tmp_path: Path, crash_in: str
