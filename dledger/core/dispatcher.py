@@ -383,7 +383,8 @@ class EntryDispatcher:
             return  # once may be a push that crossed a truncate: compare at once
         s = self.settings
         backoff_ms = min(
-            s.error_backoff_ms << min(self.refusals - 2, 30), s.max_refused_append_backoff_ms
+            max(1, s.error_backoff_ms) << min(self.refusals - 2, 30),
+            s.max_refused_append_backoff_ms,
         )
         self.backoff_until_ms = now_ms + backoff_ms
         self.host.log_event(
