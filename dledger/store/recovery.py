@@ -12,7 +12,8 @@ What it repairs, and what it refuses:
 - a torn tail (a record cut by a crash, garbage after the last entry): cut there, and the
   bytes after it zeroed, so no stale byte can later pass for an entry;
 - index units that disagree with the data (the index is synced after the data): rebuilt
-  from the first disagreement, from the data;
+  from the first disagreement, from the data; an index whose head segment is gone is
+  rebuilt whole (the scan then starts at the begin, not at the checkpoint);
 - head segments wholly below the checkpoint's begin: deleted once the data confirms that
   begin (retention writes its new begin before it deletes a segment, so a crash in
   between leaves exactly that); a begin the data contradicts is refused, and nothing is
@@ -109,7 +110,12 @@ def recover_log(
     begin = _log_begin(data, index, cp)
     committed = cp.committed_index if cp is not None else -1
     start = begin
-    if committed >= begin.next_index and verify == "checkpoint":
+    # From the committed entry only when the index holds every unit from the begin on:
+    # the units below the checkpoint are trusted as they are, and a lost index segment
+    # (found by fuzzing: reads then failed on the missing units) is rebuilt by a scan
+    # from the begin.
+    head_units = bool(index.files) and index.begin <= begin.next_index * INDEX_UNIT_SIZE
+    if committed >= begin.next_index and verify == "checkpoint" and head_units:
         start = _checkpoint_start(data, index, committed, begin) or begin
     end, scanned, rebuilt_from = _scan(data, index, start, committed, segment_size)
     end_index = end.next_index - 1
