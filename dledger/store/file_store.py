@@ -11,12 +11,17 @@ Invariants (checked by tests/store):
 - entries ``ledger_begin_index .. ledger_end_index`` are contiguous, each at the pos its
   index unit names, with non-decreasing terms;
 - ``committed_index <= ledger_end_index``; the checkpoint's committed index is durable;
-- leader and follower fed the same entries end with byte-identical data and index files.
+- leader and follower fed the same entries end with byte-identical data and index files;
+- every read that returns an entry checked it (header against index unit, body CRC): a
+  damaged copy raises ``CorruptEntryError``, it is never returned;
+- ``currterm`` exists from a node's first start on: a node with a past and no file lost
+  it, and is refused (``load_term_vote``).
 
 Threads: callers serialise through ``self._lock`` (one writer, as DLedger's
 ``synchronized(memberState)``); a background thread (``flush_service``) syncs dirty
 segments every ``flush_interval_ms`` (async mode), writes the checkpoint and applies
-retention.
+retention. Checkpoint writers also take ``self._checkpoint_lock`` (always before
+``self._lock``): the periodic checkpoint holds only that one across its fsyncs.
 
 The store owns the ledger state and its lock; the jobs that can be read alone live beside
 it: ``runs`` lays out a batch for writing (leader encoding, follower checking),
