@@ -74,7 +74,8 @@ def main(argv: list[str]) -> int:
         return 0
     if args.target is None:
         ap.error("name a target (--list shows them)")
-    atexit.register(registry.remove_scratch_root)
+    registry.remove_stale_scratch()
+    atexit.register(registry.remove_scratch_root)  # (only --replay and --list get here)
     # Damaged input is logged as a warning by design (a skipped metadata operation, a
     # dropped key index file): millions of inputs would print millions of lines.
     logging.disable(logging.WARNING)

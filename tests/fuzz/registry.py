@@ -55,16 +55,37 @@ def load() -> dict[str, Target]:
 
 
 _SCRATCH_ROOT: Path | None = None
+_SCRATCH_PREFIX = "ledgermq-fuzz-"
+
+
+def _scratch_base() -> Path:
+    """In memory when /dev/shm exists: a fuzz run writes millions of small files."""
+    return Path("/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir())
 
 
 def _scratch_root() -> Path:
-    """One directory per process, in memory when /dev/shm exists (a fuzz run writes
-    millions of small files); removed at exit by whoever made it (``scratch_session``)."""
+    """One directory per process, named by its pid (``remove_stale_scratch``)."""
     global _SCRATCH_ROOT  # noqa: PLW0603  # one per process, made lazily
     if _SCRATCH_ROOT is None:
-        base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-        _SCRATCH_ROOT = Path(tempfile.mkdtemp(prefix="ledgermq-fuzz-", dir=base))
+        prefix = f"{_SCRATCH_PREFIX}{os.getpid()}-"
+        _SCRATCH_ROOT = Path(tempfile.mkdtemp(prefix=prefix, dir=_scratch_base()))
     return _SCRATCH_ROOT
+
+
+def remove_stale_scratch() -> None:
+    """Remove the scratch directories of fuzzing processes that are gone: libFuzzer ends
+    a process with C's ``exit``, which runs no Python ``atexit`` handler, so a fuzz run
+    cannot remove its own (the inputs' directories inside are removed as it goes)."""
+    for d in _scratch_base().glob(f"{_SCRATCH_PREFIX}*-*"):
+        pid = d.name.removeprefix(_SCRATCH_PREFIX).split("-", 1)[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except PermissionError:
+            pass  # another user's live process
 
 
 @contextlib.contextmanager

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,14 @@ SHORT_RUNS = {
     "key_index_files": 3_000,
     "http_bodies": 5_000,
 }
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_scratch_left() -> Iterator[None]:
+    """The fuzz processes cannot remove their scratch directories (see the registry)."""
+    yield
+    registry.remove_stale_scratch()
+    registry.remove_scratch_root()
 
 
 def test_every_decoder_the_issue_names_has_a_target() -> None:
