@@ -14,7 +14,8 @@ broker and cached; a ``307 NOT_MASTER`` moves the cache to its ``leader_url`` (r
 are never followed by httpx, so the cache learns); ``503 NO_MASTER``, ``503
 UNKNOWN_OUTCOME`` and ``429 BUSY`` are retried with exponential backoff and jitter (at
 least ``Retry-After``); a broker that does not answer is skipped for the next one. Reads
-prefer the master and fall back to any broker. Every operation is bounded by
+prefer the master and fall back to any broker; one whose copy of a message is damaged
+(``503 CORRUPT_ENTRY``) is skipped for the next at once. Every operation is bounded by
 ``ClientSettings.deadline_s`` and ``max_attempts`` (requests, redirects included).
 
 Every write this client sends is safe to repeat: produce carries a producer session
@@ -200,6 +201,13 @@ class NodeFailedError(LedgerMQError):
     CODE = "NODE_FAILED"
 
 
+class CorruptEntryError(LedgerMQError):
+    """That broker's copy of the message is damaged (it refuses to serve it): a read
+    goes on to the next broker at once, and raises this only when none served it."""
+
+    CODE = "CORRUPT_ENTRY"
+
+
 class UnauthenticatedError(LedgerMQError):
     """No token, or one the broker does not know."""
 
@@ -234,6 +242,7 @@ _ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         BusyError,
         DiskFullError,
         NodeFailedError,
+        CorruptEntryError,
         UnauthenticatedError,
         ForbiddenError,
         BrokerUnavailableError,
@@ -775,6 +784,9 @@ class Exchange:
                     if self.master is not None and self.master not in r.skip:
                         continue
                     self.master = None
+                elif isinstance(err, CorruptEntryError) and not call.write:
+                    r.skip.add(url)  # another replica's copy is intact: ask the next one
+                    continue
                 elif err.code in RETRIED:
                     if err.code not in _SAME_MASTER:
                         self.master = None  # leadership may have moved: rediscover

@@ -106,6 +106,12 @@ class _StateCollector(Collector):
         for reason in ("bad_frames", "stranger_frames", "client_requests", "limited"):
             refused.add_metric([reason], st.refused.get(reason, 0))
         yield refused
+        yield CounterMetricFamily(
+            "ledgermq_corrupt_entry_reads",
+            "reads refused because this replica's copy of the entry is damaged"
+            " (CORRUPT_ENTRY: the client reads another replica)",
+            value=st.stats.get("corrupt_reads", 0),
+        )
         yield gauge(
             "ledgermq_dispatch_stalled",
             "1 while dispatch is stalled on a disk error (writes are refused meanwhile)",

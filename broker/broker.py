@@ -33,7 +33,7 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import Role
 from dledger.runtime.server import DLedgerServer, NotLeaderError
 from dledger.runtime.server import UnknownOutcomeError as RaftUnknownOutcome
-from dledger.store import FileStore
+from dledger.store import CorruptEntryError, FileStore
 
 from . import errors, sessions
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
@@ -67,7 +67,7 @@ from .metadata import (
     op_create_topic,
     op_delete_topic,
 )
-from .pages import RawPage, RawPullResult
+from .pages import RawPage, RawPullResult, damaged_record
 from .promotion import own_term_committed, queue_table_from
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
@@ -75,6 +75,7 @@ from .status import BrokerStatus, PeerStatus
 
 log = logging.getLogger(__name__)
 
+CORRUPT_LOG_INTERVAL_S = 10.0  # refused reads of damaged entries are logged this often
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
 
 
@@ -184,7 +185,8 @@ class Broker:
         self._store_host = ("127.0.0.1", 0)
         self._disk_checked_at = -1e18
         self._disk_free_bytes = 1 << 62
-        self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0}
+        self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0, "corrupt_reads": 0}
+        self._corrupt_logged_at = -1e18
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -723,8 +725,43 @@ class Broker:
 
     # ---- reads -------------------------------------------------------------------------
 
+    def _record(self, commitlog_offset: int, size: int | None = None) -> memoryview:
+        """A committed record, checked (``DLedgerCommitLog.read_record``: the entry CRC
+        covers the whole record, so the record's own BODYCRC adds nothing). A damaged
+        copy is counted, logged and refused with ``CORRUPT_ENTRY``: never served, and
+        another replica serves it."""
+        try:
+            return self.commitlog.read_record(commitlog_offset, size)
+        except CorruptEntryError as e:
+            raise self._damaged(commitlog_offset, e.index, e.message) from None
+
+    def _check_page(self, data: memoryview, units: bytes, base: int) -> None:
+        """The Arrow pull's check of a chunk of records (``RawPage.check``): the same
+        refusal as ``_record`` for the first damaged one."""
+        bad = damaged_record(data, units, base)
+        if bad is not None:
+            raise self._damaged(bad, -1, f"the entry holding commitlog offset {bad} fails its CRC")
+
+    def _damaged(self, commitlog_offset: int, index: int, why: str) -> errors.CorruptEntryError:
+        self.stats["corrupt_reads"] += 1
+        now = time.monotonic()
+        if now - self._corrupt_logged_at >= CORRUPT_LOG_INTERVAL_S:
+            self._corrupt_logged_at = now
+            log.error(
+                "refused to serve a damaged entry (%d such reads so far): %s",
+                self.stats["corrupt_reads"],
+                why,
+            )
+        return errors.CorruptEntryError(
+            f"the message at commitlog offset {commitlog_offset} is damaged on node"
+            f" {self.settings.node_id} (entry {index}: its CRC does not hold); read it"
+            " from another replica",
+            node_id=self.settings.node_id,
+            commitlog_offset=commitlog_offset,
+        )
+
     def _read_message(self, commitlog_offset: int, size: int) -> Message:
-        return decode_message(self.commitlog.get_message(commitlog_offset, size), verify_crc=False)
+        return decode_message(self._record(commitlog_offset, size), verify_crc=False)
 
     def _pulled(self, m: Message) -> PulledMessage:
         return PulledMessage(
@@ -925,7 +962,9 @@ class Broker:
             units, count = b"".join(kept), len(kept)
         if not count:
             return RawPage(b""), 0, next_offset
-        page = RawPage(units, self.commitlog.view, self.settings.store.data_file_size)
+        page = RawPage(
+            units, self.commitlog.view, self.settings.store.data_file_size, check=self._check_page
+        )
         return page, count, next_offset
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
@@ -936,8 +975,8 @@ class Broker:
         if q is None:
             return 0
 
-        def reached(commitlog_offset: int, _size: int) -> bool:
-            raw = self.commitlog.get_message(commitlog_offset + STORE_TIMESTAMP_POS, 8)
+        def reached(commitlog_offset: int, size: int) -> bool:
+            raw = self._record(commitlog_offset, size)[STORE_TIMESTAMP_POS:][:8]
             return int.from_bytes(raw, "big", signed=True) >= timestamp_ms
 
         return q.first_offset_at_or_after(reached)
@@ -961,9 +1000,10 @@ class Broker:
         ):
             return None
         try:
-            size = int.from_bytes(self.commitlog.get_message(commitlog_offset, 4), "big")
-            m = decode_message(self.commitlog.get_message(commitlog_offset, size))
-        except (DLedgerError, MessageFormatError, ValueError):
+            # No size: the offset is a client's (a message id), so no entry there is
+            # "not found", and only an entry found there and damaged is CORRUPT_ENTRY.
+            m = decode_message(self._record(commitlog_offset), verify_crc=False)
+        except (DLedgerError, MessageFormatError):
             return None
         if m.commitlog_offset != commitlog_offset or m.topic == SYS_TOPIC:
             return None

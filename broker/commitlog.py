@@ -139,9 +139,19 @@ class DLedgerCommitLog:
         [(index, pos)] = await self.server.append_nowait([record])
         return index, pos
 
-    def get_message(self, commitlog_offset: int, size: int) -> bytes:
-        """The record at a commitlog offset: straight from the DLedger data files."""
-        return self.server.read(commitlog_offset, size)
+    def read_record(self, commitlog_offset: int, size: int | None = None) -> memoryview:
+        """The committed record at a commitlog offset, straight from the DLedger data
+        files and checked: its entry's header agrees with its index unit and its body
+        (the whole record) with the entry's CRC. Every read of a message goes through
+        here, so no reader is served damaged bytes.
+
+        ``size``: the record's size as a consume-queue unit gives it (a claim that a
+        record starts there; without it the offset may be anyone's guess, a message id).
+        Raises ``CorruptEntryError`` when this replica's copy is damaged (another
+        replica's is not: read it there) and ``DLedgerError(INDEX_OUT_OF_RANGE)`` when no
+        committed entry starts there (see ``DLedgerServer.read_entry``)."""
+        raw = self.server.read_entry(commitlog_offset - BODY_OFFSET, size)
+        return memoryview(raw)[BODY_OFFSET:]
 
     def view(self, commitlog_offset: int, size: int) -> AbstractContextManager[memoryview]:
         """A zero-copy view of committed log bytes, for decoding in place: the log's lock

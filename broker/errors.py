@@ -144,6 +144,15 @@ class DiskFullError(StorageError):
     code = "DISK_FULL"
 
 
+class CorruptEntryError(BrokerError):
+    """This replica's copy of a committed entry is damaged (its CRC does not hold): the
+    read is refused, never served wrong, and another replica serves it (``node_id``
+    and ``commitlog_offset`` say which copy and where)."""
+
+    code = "CORRUPT_ENTRY"
+    http_status = 503
+
+
 class NodeFailedError(BrokerError):
     """The node stopped working (crash-only: a failed fsync, a dead task) and is exiting;
     another node serves."""

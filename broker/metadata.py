@@ -39,6 +39,19 @@ TOPIC_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 GROUP_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 SNAPSHOT_VERSION = 1
+MAX_QUEUES = 65_536  # per topic: the API's bound; more is not a table we made
+I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _int(value: Any, what: str) -> int:
+    """A JSON integer within i64 (a digit string too: map keys are strings). A float, a
+    bool or a larger number is malformed: it never came from this code, and the next
+    snapshot (orjson, 64-bit integers) could not hold it."""
+    if isinstance(value, str):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not I64_MIN <= value <= I64_MAX:
+        raise ValueError(f"{what}: {value!r} is not a 64-bit integer")
+    return value
 
 
 @dataclass(slots=True)
@@ -98,7 +111,7 @@ class MetadataState:
             op = orjson.loads(body)
             kind = op["op"]
             if kind == "create_topic":
-                self._create_topic(index, str(op["name"]), int(op["queues"]))
+                self._create_topic(index, str(op["name"]), _int(op["queues"], "queues"))
             elif kind == "delete_topic":
                 name = str(op["name"])
                 if self.topics.pop(name, None) is not None:
@@ -116,7 +129,7 @@ class MetadataState:
     def _create_topic(self, index: int, name: str, queues: int) -> None:
         if name in self.topics:
             return  # the first create wins; the master checked for a conflict before
-        if not TOPIC_NAME.fullmatch(name) or queues < 1:
+        if not TOPIC_NAME.fullmatch(name) or not 1 <= queues <= MAX_QUEUES:
             log.warning("entry %d: invalid topic %r/%d skipped", index, name, queues)
             return
         self.topics[name] = TopicMeta(name, queues, index)
@@ -127,7 +140,7 @@ class MetadataState:
             return  # deleted in between: nothing to commit to
         table = self.offsets.setdefault(group, {}).setdefault(topic, {})
         for q, o in offsets.items():
-            qid, off = int(q), int(o)
+            qid, off = _int(q, "queue id"), _int(o, "offset")
             if 0 <= qid < meta.queues and off >= 0:
                 table[qid] = off
 
@@ -197,16 +210,26 @@ class MetadataState:
         cls, d: dict[str, Any], max_sessions: int
     ) -> tuple[MetadataState, dict[str, Any]]:
         st = cls(max_sessions)
-        st.applied_index = int(d["applied_index"])
+        st.applied_index = _int(d["applied_index"], "applied_index")
         for name, queues, created in d["topics"]:
-            if not isinstance(name, str) or not TOPIC_NAME.fullmatch(name) or int(queues) < 1:
+            n = _int(queues, "queues")
+            if (
+                not isinstance(name, str)
+                or not TOPIC_NAME.fullmatch(name)
+                or not 1 <= n <= MAX_QUEUES
+            ):
                 raise ValueError(f"bad topic {name!r} with {queues!r} queues")
-            st.topics[name] = TopicMeta(name, int(queues), int(created))
+            st.topics[name] = TopicMeta(name, n, _int(created, "created_index"))
         for g, ts in d["offsets"].items():
-            st.offsets[g] = {t: {int(q): int(o) for q, o in qs.items()} for t, qs in ts.items()}
+            st.offsets[str(g)] = {
+                str(t): {_int(q, "queue id"): _int(o, "offset") for q, o in qs.items()}
+                for t, qs in ts.items()
+            }
         for pid, seq, size, results in d["sessions"]:
-            st.sessions[pid] = ProducerSession(
-                int(seq), int(size), [(int(a), int(b), int(c)) for a, b, c in results]
+            st.sessions[str(pid)] = ProducerSession(
+                _int(seq, "sequence"),
+                _int(size, "batch size"),
+                [(_int(a, "result"), _int(b, "result"), _int(c, "result")) for a, b, c in results],
             )
         extra = d.get("extra") or {}
         if not isinstance(extra, dict):

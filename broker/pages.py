@@ -18,22 +18,47 @@ Invariants:
 - a chunk lies within one commitlog segment (a view never crosses one) and spans at most
   ``max_span_bytes`` unless it holds a single record: the log's lock is held while a view
   is open, and this bounds how long;
-- a view is valid only during the encoder's call, which must copy what it keeps.
+- a view is valid only during the encoder's call, which must copy what it keeps;
+- with a ``check``, every record of a chunk is verified before the encoder sees it: the
+  view then starts at the first record's DLedger entry header (48 bytes before it; the
+  later records' headers lie between records anyway) and each record must match its
+  header's body CRC, so a damaged copy is never served (the JSON pull checks too).
 """
 
 from __future__ import annotations
 
+import struct
+import zlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TypeVar
 
 from consumequeue.queue import UNIT, UNIT_SIZE
+from dledger.store import BODY_OFFSET
 
 DEFAULT_MAX_SPAN_BYTES = 16 << 20
 
 View = Callable[[int, int], AbstractContextManager[memoryview]]
+Check = Callable[[memoryview, bytes, int], None]
+"""``check(data, units, base)``: raise if a record of the chunk is damaged."""
 R = TypeVar("R")
+
+_ENTRY_TAIL = struct.Struct(">II")  # body crc, body size: the entry header's last 8 bytes
+
+
+def damaged_record(data: memoryview, units: bytes, base: int) -> int | None:
+    """The commitlog offset of the first record in ``data`` (from commitlog offset
+    ``base`` on) whose entry header's body CRC or size does not hold, None if all hold.
+    Each record's header ends right before it (DESIGN §4: BODY_OFFSET = 48)."""
+    crc32, unpack_unit, unpack_tail = zlib.crc32, UNIT.unpack_from, _ENTRY_TAIL.unpack_from
+    for at in range(0, len(units), UNIT_SIZE):
+        offset, size, _ = unpack_unit(units, at)
+        rel = offset - base
+        body_crc, body_size = unpack_tail(data, rel - 8)
+        if body_size != size or crc32(data[rel : rel + size]) != body_crc:
+            return int(offset)
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +81,7 @@ class RawPage:
     view: View | None = None
     segment_bytes: int = 1
     max_span_bytes: int = DEFAULT_MAX_SPAN_BYTES
+    check: Check | None = None
 
     @property
     def count(self) -> int:
@@ -72,14 +98,19 @@ class RawPage:
             start, stop = _span(self.units, first, end)
             units = self.units[first * UNIT_SIZE : end * UNIT_SIZE]
             error: Exception | None = None
-            with self.view(start, stop - start) as data:
+            head = BODY_OFFSET if self.check is not None else 0
+            with self.view(start - head, stop - start + head) as data:
+                records = data[head:]
                 try:
-                    out.append(encode_chunk(RecordChunk(data, units, start)))
+                    if self.check is not None:
+                        self.check(data, units, start - head)
+                    out.append(encode_chunk(RecordChunk(records, units, start)))
                 except Exception as e:
                     # Raised after the view's release: the traceback's frames (and those
                     # of the errors it chains to) hold buffers made from the view, which
                     # would make the release fail.
                     error = _without_tracebacks(e)
+                records.release()
             if error is not None:
                 raise error
         return out

@@ -78,6 +78,7 @@ ENTRY = struct.Struct(">Iqii")
 ENTRY_SIZE = ENTRY.size
 ZERO_ENTRY = bytes(ENTRY_SIZE)
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+MAX_BASE_MS = 1 << 62  # a file's base store time is within +-this (a sanity bound)
 assert HEADER_SIZE == 64 and ENTRY_SIZE == 20
 assert STATS_POS + STATS.size == COUNT_POS and COUNT_POS + COUNT.size == HEADER_SIZE
 
@@ -143,6 +144,10 @@ class _IndexFile:
             raise _corrupt(path, f"size {len(mm)} does not match its header")
         if self.entry_count > self.max_entries:
             raise _corrupt(path, f"entry count {self.entry_count} > {self.max_entries}")
+        if not -MAX_BASE_MS <= self.base_ms <= MAX_BASE_MS:
+            # Store times are base_ms plus an i32 delta: far from the i64 ends, or the
+            # statistics recomputed from them would not fit their fields.
+            raise _corrupt(path, f"base time {self.base_ms} ms is not a store time")
 
     @staticmethod
     def size_for(slot_count: int, max_entries: int) -> int:

@@ -384,13 +384,13 @@ class ConsumeQueue:
     def _read_reset_offset(self) -> int:
         path = self.path / RESET_FILE
         try:
-            text = path.read_text()
+            raw = path.read_bytes()
         except FileNotFoundError:
             return 0
         try:
-            value = int(text.strip())
-        except ValueError:
-            raise ConsumeQueueError(f"{path}: not a queue offset: {text[:40]!r}") from None
+            value = int(raw.decode("ascii").strip())
+        except ValueError:  # UnicodeDecodeError included
+            raise ConsumeQueueError(f"{path}: not a queue offset: {raw[:40]!r}") from None
         if value < 0:
             raise ConsumeQueueError(f"{path}: negative queue offset {value}")
         return value

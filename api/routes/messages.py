@@ -234,7 +234,7 @@ def build(limits: Limits) -> APIRouter:
         summary="pull from one queue (long polling with wait_ms)",
         description=media.ARROW_PULL_DOC,
         response_model=models.PullResponse,
-        responses={200: media.ARROW_PULL_RESPONSE, **error_docs(404, 406)},
+        responses={200: media.ARROW_PULL_RESPONSE, **error_docs(404, 406, 429, 503)},
     )
     async def pull(
         *,
@@ -286,7 +286,7 @@ def build(limits: Limits) -> APIRouter:
         tags=["consume"],
         summary="the first offset whose store time is at or after a timestamp",
         response_model=models.OffsetAnswer,
-        responses=error_docs(404),
+        responses=error_docs(404, 429, 503),
     )
     async def offset_for_time(
         topic: TopicPath,

@@ -28,7 +28,7 @@ def build(limits: Limits) -> APIRouter:
         "/v1/topics/{topic}/messages",
         summary="messages carrying a key (or a UNIQ_KEY)",
         response_model=models.MessageList,
-        responses=error_docs(404),
+        responses=error_docs(404, 429, 503),
     )
     async def query_by_key(
         *,
@@ -47,7 +47,7 @@ def build(limits: Limits) -> APIRouter:
     @router.get(
         "/v1/messages/{msg_id}",
         response_model=models.MessageOut,
-        responses=error_docs(404),
+        responses=error_docs(404, 429, 503),
     )
     async def get_message(
         msg_id: Annotated[str, Path(max_length=256)],

@@ -20,6 +20,14 @@ Invariants and the seed bugs not copied:
   (the CV-35 bug sends every entry alone); at most ``max_inflight_pushes`` per peer.
 - A follower that refuses an append for its disk (DISK_FULL, DISK_ERROR) wrote nothing:
   the dispatcher pauses ``storage_error_backoff_ms``, then compares again.
+- A follower that holds everything before a batch and still refuses it (INCONSISTENT_STATE
+  at ``match_index + 1``) refuses those entries themselves: their bytes (this leader's
+  copy is damaged: its CRC fails there) or a setting that places them elsewhere. COMPARE
+  and TRUNCATE would match again and the same batch be refused again, round trip after
+  round trip: the first refusal compares at once (a push can cross a truncate), every
+  further one in a row backs off, ``error_backoff_ms`` doubling up to
+  ``max_refused_append_backoff_ms``, and is reported (``append_refused_again``) with the
+  first entry of the batch whose copy here is damaged, if one is.
 
 INSTALL_SNAPSHOT (RP-42, Raft §7; the seeds show only the triggers):
 
@@ -115,6 +123,9 @@ class EntryDispatcher:
         self.snapshot_wait: tuple[str, int] | None = None  # why we cannot send (logged once)
         self.snapshots_sent = 0
         self.peer_storage_refused = False  # its last append failed for its disk
+        # APPENDs refused in a row at the match point, and the first index they carried
+        self.refused_index = -1
+        self.refusals = 0
 
     def change_state(self, target: DispatcherState) -> None:
         if target is DispatcherState.COMPARE:  # from any state: the CV-36 fix
@@ -135,6 +146,7 @@ class EntryDispatcher:
             self.term = ms.curr_term
             self.match_index = -1
             self.backoff_until_ms = -1
+            self.refused_index, self.refusals = -1, 0
             self.change_state(DispatcherState.COMPARE)
         return True
 
@@ -335,6 +347,9 @@ class EntryDispatcher:
             if self.peer_storage_refused:
                 self.peer_storage_refused = False
                 self.host.log_event("peer_storage_recovered", peer=self.peer_id)
+            if self.refusals > 1:
+                self.host.log_event("peer_append_recovered", peer=self.peer_id, index=p.first_index)
+            self.refused_index, self.refusals = -1, 0
             del self.pending[resp.index]
             last = p.first_index + p.count - 1
             if last > self.match_index:
@@ -345,6 +360,8 @@ class EntryDispatcher:
                 del self.pending[first]
         elif resp.code is DLedgerCode.INCONSISTENT_STATE:
             self.change_state(DispatcherState.COMPARE)
+            if p.first_index == self.match_index + 1:
+                self._refused_at_match(p, now_ms)
         elif resp.code in (DLedgerCode.DISK_FULL, DLedgerCode.DISK_ERROR):
             # The follower wrote nothing (its store is all-or-nothing): pause, then
             # COMPARE finds where it stands. Logged once per streak, not once a second.
@@ -354,6 +371,42 @@ class EntryDispatcher:
             self.change_state(DispatcherState.COMPARE)
             self.backoff_until_ms = now_ms + self.settings.storage_error_backoff_ms
         # any other code: wait for the push timeout and resend (RP-22)
+
+    def _refused_at_match(self, p: PendingPush, now_ms: int) -> None:
+        """The follower holds every entry before ``p`` and refused ``p``'s entries (see
+        the module docstring): from the second time in a row, back off and say why."""
+        if p.first_index == self.refused_index:
+            self.refusals += 1
+        else:
+            self.refused_index, self.refusals = p.first_index, 1
+        if self.refusals < 2:
+            return  # once may be a push that crossed a truncate: compare at once
+        s = self.settings
+        backoff_ms = min(
+            max(1, s.error_backoff_ms) << min(self.refusals - 2, 30),
+            s.max_refused_append_backoff_ms,
+        )
+        self.backoff_until_ms = now_ms + backoff_ms
+        self.host.log_event(
+            "append_refused_again",
+            peer=self.peer_id,
+            index=p.first_index,
+            refusals=self.refusals,
+            backoff_ms=backoff_ms,
+            damaged_here=self._first_damaged(p.first_index, p.count),
+        )
+
+    def _first_damaged(self, first: int, count: int) -> int:
+        """The first of entries ``first .. first + count - 1`` whose copy in this log
+        fails its check (so no follower can take it from here), -1 if none does."""
+        for index in range(first, first + count):
+            try:
+                self.store.get(index)
+            except DLedgerError as e:
+                if getattr(e, "damaged", False):  # a store's CorruptEntryError
+                    return index
+                return -1  # gone (retention): nothing to say about its bytes
+        return -1
 
     # ---- INSTALL_SNAPSHOT (RP-42, Raft §7) -------------------------------------------------
 

@@ -4,8 +4,9 @@
 
 The node checks term, leader and role of every push first (``LeaderElector
 .check_leader_request``); the handler then applies APPENDs strictly in index order
-(holding out-of-order ones, at most ``max_follower_pending_pushes``) and answers COMPARE,
-TRUNCATE, COMMIT and INSTALL_SNAPSHOT.
+(holding out-of-order ones, at most ``max_follower_pending_pushes`` of them holding at
+most ``max_follower_pending_bytes`` of entries) and answers COMPARE, TRUNCATE, COMMIT and
+INSTALL_SNAPSHOT.
 
 Invariants and the seed bugs not copied:
 - COMPARE/TRUNCATE answer every APPEND they drop (the CV-37 bug lets them time out); a
@@ -17,6 +18,10 @@ Invariants and the seed bugs not copied:
   reconnect, and its compare is long answered.
 - An append is all or nothing (the store's rule); a disk refusal is answered as such
   (DISK_FULL, DISK_ERROR) so the leader backs off instead of comparing again.
+- Held APPENDs are bounded in number and in bytes (``held_bytes`` is the sum of their
+  entries, kept with every change of ``write_requests``); one over either bound is
+  refused with PUSH_REQUEST_IS_FULL, except the next one in line, which is applied at
+  once and never held (refusing it would leave the held ones waiting for it).
 - INSTALL_SNAPSHOT: the follower installs unless it already holds ``last_included_index``
   with that term (then it keeps its log, Raft §7); the reset of its log waits until the
   application has the snapshot (``Ready.install_snapshot``), and nothing is answered
@@ -55,8 +60,9 @@ class EntryHandler:
         self.store = store
         self.settings = settings
         self.host = host
-        # first_index -> (APPEND, when it arrived)
+        # first_index -> (APPEND, when it arrived); ``held_bytes``: their entries' bytes
         self.write_requests: dict[int, tuple[PushEntryRequest, int]] = {}
+        self.held_bytes = 0
         self.last_check_fast_forward_ms = -1
         self.newest: tuple[int, str, int] = (-1, "", -1)  # (term, leader, max req_id seen)
 
@@ -83,6 +89,7 @@ class EntryHandler:
         """Drop every held APPEND, answering each (the CV-37 fix)."""
         held = sorted(self.write_requests.items())
         self.write_requests.clear()
+        self.held_bytes = 0
         for _, (req, _arrived) in held:
             self.respond(req, code)
 
@@ -190,26 +197,42 @@ class EntryHandler:
         if req.first_index in self.write_requests:
             self.respond(req, DLedgerCode.REPEATED_PUSH)
             return
-        if len(self.write_requests) >= self.settings.max_follower_pending_pushes:
+        s = self.settings
+        next_in_line = req.first_index == self.store.ledger_end_index + 1
+        if not next_in_line and (
+            len(self.write_requests) >= s.max_follower_pending_pushes
+            or self.held_bytes + len(req.entries) > s.max_follower_pending_bytes
+        ):
             self.respond(req, DLedgerCode.PUSH_REQUEST_IS_FULL)
             return
         self.write_requests[req.first_index] = (req, now_ms)
+        self.held_bytes += len(req.entries)
         self.drain(now_ms)
+
+    def _take(self, first_index: int) -> PushEntryRequest | None:
+        """Remove the held APPEND at ``first_index`` (None if there is none)."""
+        held = self.write_requests.pop(first_index, None)
+        if held is None:
+            return None
+        self.held_bytes -= len(held[0].entries)
+        return held[0]
 
     def drain(self, now_ms: int) -> None:
         """Append every held request that is next in line; answer duplicates at once."""
         store = self.store
         while True:
             end = store.ledger_end_index
-            held = self.write_requests.pop(end + 1, None)
-            if held is not None:
-                self._handle_append(held[0])
+            nxt = self._take(end + 1)
+            if nxt is not None:
+                self._handle_append(nxt)
                 continue
             behind = [f for f in self.write_requests if f <= end]
             if not behind:
                 break
             for first in sorted(behind):
-                self._handle_fall_behind(self.write_requests.pop(first)[0])
+                req = self._take(first)
+                assert req is not None
+                self._handle_fall_behind(req)
         self._check_abnormal_future(now_ms)
 
     def _handle_append(self, req: PushEntryRequest) -> None:
@@ -218,8 +241,11 @@ class EntryHandler:
             metas = self.store.append_as_follower(req.entries)
         except DLedgerError as e:
             storage = e.code in (DLedgerCode.DISK_FULL, DLedgerCode.DISK_ERROR)
+            event = "append_storage_error" if storage else "append_refused"
+            if getattr(e, "damaged", False):  # a store's StoreError(damaged=True)
+                event = "append_refused_damaged"  # the leader's bytes fail their own CRC
             self.host.log_event(
-                "append_storage_error" if storage else "append_refused",
+                event,
                 first=req.first_index,
                 code=e.code.name,
                 reason=e.message,
@@ -259,7 +285,7 @@ class EntryHandler:
         first = min(self.write_requests)
         req, arrived_ms = self.write_requests[first]
         if now_ms - arrived_ms >= period:
-            del self.write_requests[first]
+            self._take(first)
             self.respond(req, DLedgerCode.INCONSISTENT_STATE)
 
     def _handle_compare(self, req: PushEntryRequest) -> None:

@@ -35,6 +35,9 @@ class CoreSettings:
     control_timeout_ms: int = 1000  # COMPARE / TRUNCATE answer wait (DLedger: 3 s)
     commit_push_interval_ms: int = 1000  # idle COMMIT push (RP-28)
     error_backoff_ms: int = 50  # dispatcher pause after a refused COMPARE/TRUNCATE
+    # A follower that refuses the same entries again and again (a damaged copy here, or
+    # settings that place them elsewhere): the pause doubles from error_backoff_ms to this
+    max_refused_append_backoff_ms: int = 5000
     # dispatcher pause after a follower refused an append for its disk (full, failing):
     # it recovers by itself when space returns; until then one retry per pause
     storage_error_backoff_ms: int = 1000
@@ -46,6 +49,11 @@ class CoreSettings:
     # below the transport's max frame (64 MiB by default)
     # follower (RP-29 .. RP-35)
     max_follower_pending_pushes: int = 256  # out-of-order APPENDs held per follower
+    # ... and the bytes of their entries: a leader at the defaults has at most
+    # max_inflight_pushes x max_push_bytes (64 MiB) in flight, so this holds all of it;
+    # a frame may carry up to the transport's max frame (64 MiB), so the count alone
+    # would let 256 of them hold 16 GiB
+    max_follower_pending_bytes: int = 64 << 20
     fast_forward_check_ms: int = 1000  # checkAbnormalFuture period
     # clients (AP-02, RP-37)
     max_pending_proposals: int = 10000  # LEADER_PENDING_FULL above this (AP-02)

@@ -9,7 +9,8 @@ fsync, and everything that arrives meanwhile is batched into the next Ready: a g
 commit.
 
 Public surface (DESIGN §2): ``append(bodies)`` → [(index, pos)] after quorum commit;
-``get(index)``, ``read(pos, size)``; ``committed_index``/``committed_pos`` and
+``get(index)`` and ``read_entry(pos)`` (both checked: a damaged copy is refused),
+``read(pos, size)`` (raw bytes); ``committed_index``/``committed_pos`` and
 ``wait_committed``; ``add_append_hook``; ``add_role_change_handler``;
 ``transfer_leadership``; ``status()``.
 
@@ -74,6 +75,8 @@ _WARNING_EVENTS = frozenset(
         "dispatcher_error",
         "persist_no_space",
         "append_storage_error",
+        "append_refused_damaged",
+        "append_refused_again",
         "peer_storage_refused",
         "term_space_exhausted",
         "client_request_refused",
@@ -92,6 +95,7 @@ _INFO_EVENTS = frozenset(
         "install_snapshot_sent",
         "install_snapshot_done",
         "peer_storage_recovered",
+        "peer_append_recovered",
     }
 )
 
@@ -241,14 +245,7 @@ class DLedgerServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.transport is not None:
             await self.transport.close()
-        for pfut in self._proposal_futs.values():  # proposed: they may yet commit elsewhere
-            if not pfut.done():
-                pfut.set_exception(
-                    UnknownOutcomeError(DLedgerCode.ILLEGAL_MEMBER_STATE, "node stopped")
-                )
-        for tfut in self._transfer_futs.values():
-            if not tfut.done():
-                tfut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "stopped"))
+        self._answer_waiters("node stopped")
         if self.store is not None:
             await asyncio.to_thread(self.store.close)
 
@@ -311,11 +308,24 @@ class DLedgerServer:
         self.failed = e
         self._stopping = True  # no more input into a core that may be half-updated
         log.critical("node %s stops working: %s: %r", self.config.self_id, what, e, exc_info=e)
+        # No Ready may ever be handled again (the ready task may be what died): whoever
+        # waits for a commit or a transfer is answered now, not never.
+        self._answer_waiters(f"node failed: {what}")
         for handler in self._failure_handlers:
             try:
                 handler(e)
             except Exception:
                 log.exception("failure handler %r failed", handler)
+
+    def _answer_waiters(self, why: str) -> None:
+        """Fail every proposal and transfer still waiting (proposed entries may yet
+        commit elsewhere: an unknown outcome)."""
+        for pfut in self._proposal_futs.values():
+            if not pfut.done():
+                pfut.set_exception(UnknownOutcomeError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
+        for tfut in self._transfer_futs.values():
+            if not tfut.done():
+                tfut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self._stopping:
@@ -557,6 +567,12 @@ class DLedgerServer:
         """A zero-copy view of committed bytes (``FileStore.view``: keep it open briefly)."""
         store = self._store()
         return store.view(pos, size, limit_pos=store.committed_pos)
+
+    def read_entry(self, pos: int, body_size: int | None = None) -> bytes:
+        """The committed entry at byte ``pos``, header and body, checked
+        (``FileStore.read_entry_at``): ``CorruptEntryError`` if this copy is damaged."""
+        store = self._store()
+        return store.read_entry_at(pos, body_size, max_end=store.committed_pos)
 
     def _store(self) -> FileStore:
         if self.store is None:

@@ -5,6 +5,7 @@ See DESIGN §4 for the bytes and :mod:`dledger.store.file_store` for the invaria
 
 from .base import (
     AppendHook,
+    CorruptEntryError,
     LogStore,
     StoreCorruptionError,
     StoreError,
@@ -38,6 +39,7 @@ __all__ = [
     "AppendHook",
     "Checkpoint",
     "CodecError",
+    "CorruptEntryError",
     "Entry",
     "EntryMeta",
     "FileStore",

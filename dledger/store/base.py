@@ -29,7 +29,27 @@ writable view of the whole encoded entry). The body CRC is computed after all ho
 
 
 class StoreError(DLedgerError):
-    """An append, read or truncate the store refused; nothing was changed."""
+    """An append, read or truncate the store refused; nothing was changed. ``damaged``:
+    the refused bytes themselves fail their check (a body CRC), whoever sent them."""
+
+    def __init__(self, code: DLedgerCode, message: str, *, damaged: bool = False) -> None:
+        super().__init__(code, message)
+        self.damaged = damaged
+
+
+class CorruptEntryError(StoreError):
+    """A read found this replica's copy of an entry damaged (its body fails its CRC, or
+    its header disagrees with its index unit): bit rot, a bad sector, a stray write.
+
+    Only that read is refused (``DISK_ERROR``): the rest of the log reads fine and the
+    other replicas hold good copies, so a reader goes to one of them. Recovery does not
+    see such damage below the checkpoint (it starts there); restoring the replica from
+    a peer repairs it. ``index`` and ``pos`` name the entry (``index`` -1 if unknown)."""
+
+    def __init__(self, index: int, pos: int, message: str) -> None:
+        super().__init__(DLedgerCode.DISK_ERROR, message, damaged=True)
+        self.index = index
+        self.pos = pos
 
 
 class StoreCorruptionError(RuntimeError):

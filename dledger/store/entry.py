@@ -85,11 +85,13 @@ class CodecError(ValueError):
 
 class EntryRejectedError(CodecError):
     """Bytes that are not the valid next entry of a log; ``code`` is the DLedger code a
-    follower answers with."""
+    follower answers with; ``damaged``: the entry's body fails its own CRC (its bytes were
+    damaged on their way, or on the disk they were read from)."""
 
-    def __init__(self, code: DLedgerCode, message: str) -> None:
+    def __init__(self, code: DLedgerCode, message: str, *, damaged: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.damaged = damaged
 
 
 UNKNOWN_CHAIN: Final = -1
@@ -336,7 +338,7 @@ def check_next_entry(
     body_crc = zlib.crc32(buf[offset + BODY_OFFSET : end])
     if body_crc != h.body_crc:
         raise EntryRejectedError(
-            DLedgerCode.INCONSISTENT_STATE, f"entry {h.index}: body CRC mismatch"
+            DLedgerCode.INCONSISTENT_STATE, f"entry {h.index}: body CRC mismatch", damaged=True
         )
     header = buf[offset : offset + CHAIN_CRC_OFFSET]
     if chain != UNKNOWN_CHAIN and zlib.crc32(header, chain ^ body_crc) != h.chain_crc:

@@ -11,12 +11,17 @@ Invariants (checked by tests/store):
 - entries ``ledger_begin_index .. ledger_end_index`` are contiguous, each at the pos its
   index unit names, with non-decreasing terms;
 - ``committed_index <= ledger_end_index``; the checkpoint's committed index is durable;
-- leader and follower fed the same entries end with byte-identical data and index files.
+- leader and follower fed the same entries end with byte-identical data and index files;
+- every read that returns an entry checked it (header against index unit, body CRC): a
+  damaged copy raises ``CorruptEntryError``, it is never returned;
+- ``currterm`` exists from a node's first start on: a node with a past and no file lost
+  it, and is refused (``load_term_vote``).
 
 Threads: callers serialise through ``self._lock`` (one writer, as DLedger's
 ``synchronized(memberState)``); a background thread (``flush_service``) syncs dirty
 segments every ``flush_interval_ms`` (async mode), writes the checkpoint and applies
-retention.
+retention. Checkpoint writers also take ``self._checkpoint_lock`` (always before
+``self._lock``): the periodic checkpoint holds only that one across its fsyncs.
 
 The store owns the ledger state and its lock; the jobs that can be read alone live beside
 it: ``runs`` lays out a batch for writing (leader encoding, follower checking),
@@ -27,6 +32,7 @@ segments go, ``mmapfile`` holds the segments.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import logging
@@ -40,6 +46,7 @@ from typing import NoReturn
 from ..codes import DLedgerCode
 from .base import (
     AppendHook,
+    CorruptEntryError,
     StoreCorruptionError,
     StoreError,
     StoreFailedError,
@@ -49,6 +56,7 @@ from .base import (
 from .entry import (
     BODY_OFFSET,
     ENTRY_MAGICS,
+    HEADER,
     INDEX_UNIT,
     INDEX_UNIT_SIZE,
     MAGIC_NORMAL,
@@ -57,6 +65,7 @@ from .entry import (
     EntryHeader,
     EntryMeta,
     IndexUnit,
+    crc32,
     decode_entry,
     decode_header,
     decode_index_unit,
@@ -112,6 +121,9 @@ class FileStore:
         self._disk_usage = disk_usage or (lambda: disk_usage_ratio(self.dir))
         self._clock = clock
         self._lock = threading.RLock()
+        # Orders checkpoint writers (taken before ``_lock``, never after it): see
+        # ``_write_checkpoint``.
+        self._checkpoint_lock = threading.RLock()
         self._hooks: list[AppendHook] = []
 
         self._begin_index = 0
@@ -356,17 +368,93 @@ class FileStore:
             return EntryMeta(u.index, u.term, u.pos, u.size, u.magic)
 
     def get(self, index: int) -> Entry:
-        """The entry at ``index``, body CRC verified."""
+        """The entry at ``index``, checked: its header agrees with its index unit and its
+        body with its CRC, else ``CorruptEntryError`` (this copy is damaged)."""
         with self._lock:
             u = self._unit(index)
-            raw = self._data.read(u.pos, u.size)
+            raw = self._unit_bytes(u)
         try:
             e = decode_entry(raw)
         except CodecError as err:
-            raise StoreCorruptionError(f"{self._where(u.pos)}: {err}") from err
-        if e.index != index or e.pos != u.pos:
-            raise StoreCorruptionError(f"{self._where(u.pos)}: index unit and entry disagree")
+            raise self._corrupt(index, u.pos, str(err)) from err
+        if (e.index, e.pos, e.term, e.magic) != (index, u.pos, u.term, u.magic):
+            raise self._corrupt(index, u.pos, "its header disagrees with its index unit")
         return e
+
+    def read_entry_at(
+        self, pos: int, body_size: int | None = None, max_end: int | None = None
+    ) -> bytes:
+        """The whole entry (header and body) that starts at byte ``pos``, checked like
+        ``get``: for readers that know where an entry is, not its index (a message's
+        commitlog offset). The body CRC is computed outside the store lock.
+
+        ``StoreError(INDEX_OUT_OF_RANGE)`` when ``pos`` is outside the log or the entry
+        ends past ``max_end``. A caller that gives ``body_size`` says an entry of that
+        size starts at ``pos`` (a consume-queue unit does): anything else there is
+        damage, ``CorruptEntryError``. Without it ``pos`` is only a guess (a message id
+        from a client): bytes that are not a header whose index unit names ``pos`` mean
+        "no entry there" (``INDEX_OUT_OF_RANGE``), and only an entry found there whose
+        bytes fail a check is ``CorruptEntryError``."""
+        with self._lock:
+            begin, limit, end_index = self.ledger_begin_pos, self._data.end, self._end_index
+            if max_end is not None:
+                limit = min(limit, max_end)
+            if pos < begin or pos + BODY_OFFSET > limit:
+                raise StoreError(
+                    DLedgerCode.INDEX_OUT_OF_RANGE,
+                    f"no entry at pos {pos}: outside [{begin}, {limit})",
+                )
+            try:
+                head = HEADER.unpack_from(self._data.read(pos, BODY_OFFSET))
+            except IndexError:  # a header there would cross its segment's end
+                head = None
+            unit = None
+            if head is not None and head[4] == pos and self._begin_index <= head[2] <= end_index:
+                unit = INDEX_UNIT.unpack_from(
+                    self._index.read(head[2] * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
+                )
+            if head is None or unit is None or unit[1] != pos:
+                if body_size is None:
+                    raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"no entry starts at {pos}")
+                raise self._corrupt(-1, pos, "no intact entry header there")
+            magic, size, index, term, _pos, channel, _chain, body_crc, head_body_size = head
+            # The index unit was written from these very fields: any difference, or a
+            # header that breaks its own rules, is damage the body CRC does not cover.
+            if unit != (magic, pos, size, index, term) or (channel, size) != (
+                0,
+                BODY_OFFSET + head_body_size,
+            ):
+                raise self._corrupt(index, pos, "its header disagrees with its index unit")
+            if body_size is not None and size != BODY_OFFSET + body_size:
+                raise self._corrupt(
+                    index, pos, f"a body of {head_body_size} bytes where {body_size} are expected"
+                )
+            if pos + size > limit:
+                raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"entry {index} ends past {limit}")
+            try:
+                raw = self._data.read(pos, size)
+            except IndexError:
+                raise self._corrupt(index, pos, f"its size {size} crosses its segment") from None
+        if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
+            raise self._corrupt(index, pos, "body CRC mismatch")
+        return raw
+
+    def _unit_bytes(self, u: IndexUnit) -> bytes:
+        """The bytes an index unit points at; ``CorruptEntryError`` if they are not there."""
+        try:
+            return self._data.read(u.pos, u.size)
+        except IndexError:
+            raise self._corrupt(
+                u.index, u.pos, f"its index unit points outside the data (size {u.size})"
+            ) from None
+
+    def _corrupt(self, index: int, pos: int, problem: str) -> CorruptEntryError:
+        return CorruptEntryError(
+            index,
+            pos,
+            f"{self._where(pos)}: entry {index} is damaged ({problem}); this replica cannot"
+            " serve it (the other replicas can; restore this one from a peer to repair it)",
+        )
 
     def _header(self, index: int) -> EntryHeader:
         u = self._unit(index)
@@ -512,7 +600,7 @@ class FileStore:
         ``begin_index - 1`` counts as committed: the snapshot covers it."""
         if begin_index < 0 or begin_pos < 0:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "negative begin index or pos")
-        with self._lock:
+        with self._checkpoint_lock, self._lock:
             self._check_open()
             cp = Checkpoint(
                 begin_index=begin_index,
@@ -522,10 +610,18 @@ class FileStore:
                 committed_index=begin_index - 1,
                 committed_pos=begin_pos,
                 end_index=begin_index - 1,
+                pending_reset=True,
             )
-            self._checkpoint.save(cp)  # first: a crash below leaves the new begin in force
+            # First the intent: a crash from here on leaves the new begin in force, and
+            # recovery deletes whatever segments it still finds (it knows they are old).
+            # Then the segments go, durably, and the checkpoint says so: from then on a
+            # segment on disk is the new log's, and recovery keeps it.
+            self._checkpoint.save(cp)
             self._data.reset(begin_pos)
             self._index.reset(begin_index * INDEX_UNIT_SIZE)
+            self._data.fsync_dir()
+            self._index.fsync_dir()
+            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
             self._begin_index = begin_index
             self._begin_pos = begin_pos
             self._before_begin_term = before_begin_term
@@ -553,7 +649,32 @@ class FileStore:
     # ---- term and vote -----------------------------------------------------------------
 
     def load_term_vote(self) -> TermVote:
-        return self._term_vote.load()
+        """The durable term and vote (``currterm``). A new node gets term 0 and no vote,
+        and the file is made at once: from then on a missing one means a lost one.
+
+        A node with a past (entries, a log that begins past 0, a checkpoint) and no
+        ``currterm`` lost the file: it may have voted in any term up to the group's
+        current one, and starting again at term 0 with no vote it could vote a second
+        time in one of them (two leaders in a term). No rule of Raft derives that vote
+        back, so this refuses (``StoreCorruptionError``, saying how to recover)."""
+        path = self._term_vote.path
+        if path.exists():
+            return self._term_vote.load()
+        if self._end_index >= 0 or self._begin_index > 0 or self._checkpoint.path.exists():
+            raise StoreCorruptionError(
+                f"{path} is missing, but this node has a past (its log holds entries up"
+                f" to {self._end_index}, of term {self._end_term}): it may have voted,"
+                " and starting at term 0 with no vote it could vote twice in a term."
+                " Refusing to start. To recover, stop this node and read currTerm in the"
+                " currterm file of every other node of the group (stopped ones too);"
+                f" write 'currTerm=<the highest of them + 1>' and 'voteLeader=' into {path}"
+                " (no candidate can have asked this node for a vote in a term no node has"
+                " reached). Or wipe this node's data directory: it rejoins empty and"
+                " catches up from the leader."
+            )
+        tv = TermVote()
+        self._term_vote.save(tv)
+        return tv
 
     def save_term_vote(self, tv: TermVote) -> None:
         self._term_vote.save(tv)
@@ -597,26 +718,45 @@ class FileStore:
         self._sync_now()
         self._write_checkpoint()
 
-    def _write_checkpoint(self) -> None:
-        with self._lock:
-            if self._closed or self._failed is not None:
-                return
-            committed = min(self._committed_index, self._durable_index)
-            committed_pos = self._committed_pos
-            if committed < self._begin_index:
-                committed_pos = self.ledger_begin_pos
-            elif committed != self._committed_index:
-                u = self._unit(committed)
-                committed_pos = u.pos + u.size
-            cp = Checkpoint(
-                begin_index=self._begin_index,
-                begin_pos=self.ledger_begin_pos,
-                before_begin_term=self._before_begin_term,
-                before_begin_chain=self._before_begin_chain,
-                committed_index=max(committed, self._begin_index - 1),
-                committed_pos=committed_pos,
-                end_index=self._durable_index,
+    def _checkpoint_state(self, head: LogHead | None = None) -> Checkpoint:
+        """The checkpoint the store may write now (the store lock held): it never claims
+        more committed than is durable. ``head``: the log's begin as it will be once
+        retention has deleted the first segment, which its checkpoint must say first."""
+        if head is None:
+            head = LogHead(
+                self._begin_index,
+                self.ledger_begin_pos,
+                self._before_begin_term,
+                self._before_begin_chain,
             )
+        committed = min(self._committed_index, self._durable_index)
+        committed_pos = self._committed_pos
+        if committed < head.begin_index:
+            committed_pos = head.begin_pos
+        elif committed != self._committed_index:
+            u = self._unit(committed)
+            committed_pos = u.pos + u.size
+        return Checkpoint(
+            begin_index=head.begin_index,
+            begin_pos=head.begin_pos,
+            before_begin_term=head.before_begin_term,
+            before_begin_chain=head.before_begin_chain,
+            committed_index=max(committed, head.begin_index - 1),
+            committed_pos=committed_pos,
+            end_index=self._durable_index,
+        )
+
+    def _write_checkpoint(self) -> None:
+        """Write the checkpoint: its state taken under the store lock, its write and two
+        fsyncs done outside it, so that a checkpoint (every ``checkpoint_interval_ms``,
+        on the flush thread) never stalls the appends and reads of the event loop.
+        ``_checkpoint_lock`` keeps checkpoint writers in order: an older state never
+        replaces a newer one (a reset's, retention's)."""
+        with self._checkpoint_lock:
+            with self._lock:
+                if self._closed or self._failed is not None:
+                    return
+                cp = self._checkpoint_state()
             self._checkpoint.save(cp)
 
     # ---- retention ---------------------------------------------------------------------
@@ -631,8 +771,8 @@ class FileStore:
         older than ``file_reserved_hours``, or (oldest first) while disk usage is above
         ``disk_clean_ratio`` or ``force`` is set; never the active segment, never data at
         or above the committed position or the retention floor (``retention``)."""
-        with self._lock:
-            if self._closed:
+        with self._checkpoint_lock, self._lock:
+            if self._closed or self._failed is not None:
                 return 0
             deleted = delete_head_segments(
                 self._data,
@@ -650,12 +790,18 @@ class FileStore:
                 disk_usage=self._disk_usage,
                 force=force,
                 header_at=self._header,
+                before_delete=self._save_head,
                 adopt=self._adopt_head,
             )
         if deleted:
-            self._write_checkpoint()
             log.info("retention deleted %d head segment(s) of %s", deleted, self.dir / "data")
         return deleted
+
+    def _save_head(self, head: LogHead) -> None:
+        """Retention's intent, durable before its segment goes: a crash in between leaves
+        a checkpoint whose begin recovery finds in the data (and deletes the segment
+        then). Under the store lock: at most once per deleted segment (1 GiB of log)."""
+        self._checkpoint.save(self._checkpoint_state(head))
 
     def _adopt_head(self, head: LogHead) -> None:
         self._begin_index, self._begin_pos = head.begin_index, head.begin_pos
@@ -679,6 +825,12 @@ class FileStore:
             segment_size=self.settings.data_file_size,
             verify=self.settings.recovery_verify,
         )
+        if cp is not None and cp.pending_reset:
+            # recover_log finished the reset: make that durable before anything is
+            # written, or a later recovery would take the new entries for old ones.
+            self._data.fsync_dir()
+            self._index.fsync_dir()
+            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
         self._begin_index, self._begin_pos = r.begin_index, r.begin_pos
         self._before_begin_term, self._before_begin_chain = (
             r.before_begin_term,

@@ -13,7 +13,14 @@ import zlib
 from collections.abc import Sequence
 
 from ..codes import DLedgerCode
-from .base import AppendHook, StoreError, StoreSettings, check_leader_bodies, place_entry
+from .base import (
+    AppendHook,
+    CorruptEntryError,
+    StoreError,
+    StoreSettings,
+    check_leader_bodies,
+    place_entry,
+)
 from .entry import (
     BODY_CRC_OFFSET,
     BODY_OFFSET,
@@ -21,6 +28,7 @@ from .entry import (
     ENTRY_MAGICS,
     HEADER,
     MAGIC_NORMAL,
+    CodecError,
     Entry,
     EntryMeta,
     EntryRejectedError,
@@ -156,7 +164,7 @@ class MemoryStore:
                     chain=chain,
                 )
             except EntryRejectedError as err:
-                raise StoreError(err.code, str(err)) from err
+                raise StoreError(err.code, str(err), damaged=err.damaged) from err
             meta = EntryMeta(h.index, h.term, h.pos, h.size, h.magic)
             staged.append((bytes(view[off : off + h.size]), meta))
             end_pos, index, term, chain = h.pos + h.size, index + 1, h.term, h.chain_crc
@@ -176,7 +184,11 @@ class MemoryStore:
         return index - self._begin_index
 
     def get(self, index: int) -> Entry:
-        return decode_entry(self._entries[self._slot(index)])
+        k = self._slot(index)
+        try:
+            return decode_entry(self._entries[k])
+        except CodecError as e:  # as the file store: a damaged copy is refused, typed
+            raise CorruptEntryError(index, self._pos[k], f"entry {index}: {e}") from e
 
     def get_meta(self, index: int) -> EntryMeta:
         k = self._slot(index)

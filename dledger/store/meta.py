@@ -55,9 +55,13 @@ def fsync_dir(directory: Path) -> None:
 def read_properties(path: Path) -> dict[str, str] | None:
     """Parse a properties file; ``None`` when it does not exist."""
     try:
-        text = path.read_text()
+        raw_bytes = path.read_bytes()
     except FileNotFoundError:
         return None
+    try:
+        text = raw_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MetaFileError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     props: dict[str, str] = {}
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
@@ -70,14 +74,24 @@ def read_properties(path: Path) -> dict[str, str] | None:
     return props
 
 
-def _int(props: dict[str, str], key: str, path: Path, default: int) -> int:
+MAX_VALUE = (1 << 62) - 1
+"""The largest term, index or position a state file may hold: the wire's ``MAX_TERM`` and
+``MAX_INDEX``, so nothing read from disk is beyond what the group can send."""
+
+
+def _int(
+    props: dict[str, str], key: str, path: Path, default: int, *, lo: int = -1, hi: int = MAX_VALUE
+) -> int:
     raw = props.get(key)
     if raw is None:
         return default
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise MetaFileError(f"{path}: {key}={raw!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise MetaFileError(f"{path}: {key}={value} is outside [{lo}, {hi}]")
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +110,7 @@ class TermVoteFile:
         props = read_properties(self.path)
         if props is None:
             return TermVote()
-        term = _int(props, "currTerm", self.path, 0)
-        if term < 0:
-            raise MetaFileError(f"{self.path}: negative currTerm {term}")
+        term = _int(props, "currTerm", self.path, 0, lo=0)
         vote = props.get("voteLeader") or None
         return TermVote(term, vote)
 
@@ -114,7 +126,9 @@ class Checkpoint:
     reset or head deletion); ``before_begin_term``: the term of entry ``begin_index - 1``
     (-1 when there is none) and ``before_begin_chain`` its chain CRC;
     ``committed_index``/``committed_pos``: the last entry known committed and durable, and
-    the position just past it.
+    the position just past it. ``pending_reset``: the log was reset to begin here and the
+    segments from before may still be on disk (a crash in the middle of ``reset``):
+    recovery deletes every segment it finds, and only then is the log known empty.
     """
 
     begin_index: int = 0
@@ -124,6 +138,7 @@ class Checkpoint:
     committed_index: int = -1
     committed_pos: int = 0
     end_index: int = -1
+    pending_reset: bool = False
 
 
 class CheckpointFile:
@@ -136,15 +151,16 @@ class CheckpointFile:
             return None
         p = self.path
         cp = Checkpoint(
-            begin_index=_int(props, "beginIndex", p, 0),
-            begin_pos=_int(props, "beginPos", p, 0),
+            begin_index=_int(props, "beginIndex", p, 0, lo=0),
+            begin_pos=_int(props, "beginPos", p, 0, lo=0),
             before_begin_term=_int(props, "beforeBeginTerm", p, -1),
-            before_begin_chain=_int(props, "beforeBeginChain", p, 0),
+            before_begin_chain=_int(props, "beforeBeginChain", p, 0, lo=0, hi=0xFFFFFFFF),
             committed_index=_int(props, "committedIndex", p, -1),
-            committed_pos=_int(props, "committedPos", p, 0),
+            committed_pos=_int(props, "committedPos", p, 0, lo=0),
             end_index=_int(props, "endIndex", p, -1),
+            pending_reset=bool(_int(props, "pendingReset", p, 0, lo=0, hi=1)),
         )
-        if cp.begin_index < 0 or cp.begin_pos < 0 or cp.committed_index < cp.begin_index - 1:
+        if cp.committed_index < cp.begin_index - 1:
             raise MetaFileError(f"{p}: inconsistent checkpoint {cp}")
         return cp
 
@@ -154,5 +170,6 @@ class CheckpointFile:
             f"beginIndex={cp.begin_index}\nbeginPos={cp.begin_pos}\n"
             f"beforeBeginTerm={cp.before_begin_term}\nbeforeBeginChain={cp.before_begin_chain}\n"
             f"committedIndex={cp.committed_index}\n"
-            f"committedPos={cp.committed_pos}\nendIndex={cp.end_index}\n",
+            f"committedPos={cp.committed_pos}\nendIndex={cp.end_index}\n"
+            + ("pendingReset=1\n" if cp.pending_reset else ""),
         )

@@ -13,7 +13,11 @@ Invariants:
   blank record (``pad_to_limit``) and rolls to the next one (``new_segment``);
 - a segment is a sparse file, but every byte is written only into disk blocks allocated
   beforehand (``MmapFile.reserve``, posix_fallocate, ``RESERVE_AHEAD`` at a time): a full
-  disk fails the reservation, before anything of the write changed, never half of it.
+  disk fails the reservation, before anything of the write changed, never half of it;
+- what truncation drops is zero the moment it returns, yet it costs no write of the
+  dropped bytes: their blocks are punched out of the file (``MmapFile.drop``; reads of a
+  hole are zeros, through the mapping too), so a truncate on the event loop is cheap
+  whatever it drops. Only a file system that cannot punch holes gets zeros written.
 
 Thread safety: the owning store serialises all calls; ``flush`` may run on another thread
 and only touches file descriptors, under ``flush_lock`` which closers also take.
@@ -21,13 +25,16 @@ and only touches file descriptors, under ``flush_lock`` which closers also take.
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import itertools
 import logging
 import mmap
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 from .entry import BLANK, MAGIC_BLANK, MIN_BLANK_LEN
 from .meta import fsync_dir
@@ -41,6 +48,42 @@ RESERVE_AHEAD = 4 << 20  # disk blocks allocated ahead of the write position, at
 
 class StoreFileError(OSError):
     """A segment file or directory is not what the store expects."""
+
+
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_UNSUPPORTED = (errno.EOPNOTSUPP, errno.ENOSYS)
+
+
+def _load_fallocate() -> Callable[[int, int, int, int], int] | None:
+    """Linux's ``fallocate(2)``, which ``os`` does not expose with its mode flags."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    fn = getattr(libc, "fallocate64", None) or getattr(libc, "fallocate", None)
+    if fn is None:
+        return None
+    fn.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+    fn.restype = ctypes.c_int
+    return cast(Callable[[int, int, int, int], int], fn)
+
+
+_fallocate = _load_fallocate()
+
+
+def punch_hole(fd: int, offset: int, length: int) -> bool:
+    """Deallocate ``[offset, offset + length)`` of the file, keeping its size: the range
+    reads as zeros at once (partial blocks at the edges are zeroed by the kernel). False
+    where the file system (or the platform) cannot; other errors raise ``OSError``."""
+    if _fallocate is None or length <= 0:
+        return length <= 0
+    if _fallocate(fd, _FALLOC_FL_PUNCH_HOLE | _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _UNSUPPORTED:
+        return False
+    raise OSError(err, os.strerror(err))
 
 
 def segment_name(start: int) -> str:
@@ -118,6 +161,15 @@ class MmapFile:
     def read(self, rel: int, n: int) -> bytes:
         assert rel >= 0 and rel + n <= self.size, (rel, n, self.size)
         return self._mm[rel : rel + n]
+
+    def drop(self, rel: int, end_rel: int) -> None:
+        """Zero ``[rel, end_rel)`` by punching its blocks out (no write of the bytes,
+        whatever the length), or by writing zeros where holes cannot be punched. The
+        punched blocks are no longer reserved: the next write allocates them again."""
+        if punch_hole(self._fd, rel, end_rel - rel):
+            self.reserved = min(self.reserved, rel)
+        else:
+            self.zero(rel, end_rel)
 
     def zero(self, rel: int, end_rel: int) -> None:
         """Zero ``[rel, end_rel)`` in bounded chunks."""
@@ -288,7 +340,7 @@ class MmapFileList:
             last = self.files[-1]
             rel = pos - last.start
             if rel < last.wrote:
-                last.zero(rel, last.wrote)
+                last.drop(rel, last.wrote)
             last.zero_garbage_from(max(rel, last.wrote))
             last.wrote = rel
             last.flushed = min(last.flushed, rel)

@@ -12,9 +12,14 @@ What it repairs, and what it refuses:
 - a torn tail (a record cut by a crash, garbage after the last entry): cut there, and the
   bytes after it zeroed, so no stale byte can later pass for an entry;
 - index units that disagree with the data (the index is synced after the data): rebuilt
-  from the first disagreement, from the data;
-- head segments wholly below the checkpoint's begin (retention or a reset that crashed
-  part-way): deleted;
+  from the first disagreement, from the data; an index whose head segment is gone is
+  rebuilt whole (the scan then starts at the begin, not at the checkpoint);
+- head segments wholly below the checkpoint's begin: deleted once the data confirms that
+  begin (retention writes its new begin before it deletes a segment, so a crash in
+  between leaves exactly that); a begin the data contradicts is refused, and nothing is
+  deleted for it;
+- a reset that crashed part-way (its checkpoint says ``pendingReset``): every segment is
+  from before it and goes;
 - damage at or below the checkpoint's committed index, or a log that ends before it:
   :class:`StoreCorruptionError` naming the file and byte, and nothing is changed for it.
   Committed entries may be on other replicas only; a node must never start without them.
@@ -52,6 +57,8 @@ from .meta import Checkpoint
 from .mmapfile import MmapFile, MmapFileList
 
 log = logging.getLogger(__name__)
+
+MAGIC_BLANK_BYTES = MAGIC_BLANK.to_bytes(4, "big", signed=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +110,12 @@ def recover_log(
     begin = _log_begin(data, index, cp)
     committed = cp.committed_index if cp is not None else -1
     start = begin
-    if committed >= begin.next_index and verify == "checkpoint":
+    # From the committed entry only when the index holds every unit from the begin on:
+    # the units below the checkpoint are trusted as they are, and a lost index segment
+    # (found by fuzzing: reads then failed on the missing units) is rebuilt by a scan
+    # from the begin.
+    head_units = bool(index.files) and index.begin <= begin.next_index * INDEX_UNIT_SIZE
+    if committed >= begin.next_index and verify == "checkpoint" and head_units:
         start = _checkpoint_start(data, index, committed, begin) or begin
     end, scanned, rebuilt_from = _scan(data, index, start, committed, segment_size)
     end_index = end.next_index - 1
@@ -145,12 +157,39 @@ def recover_log(
 
 def _log_begin(data: MmapFileList, index: MmapFileList, cp: Checkpoint | None) -> _Cursor:
     """The log's first entry (pos, index) and the term and chain before it: from the
-    checkpoint (deleting head segments wholly below it), else from the first entry."""
+    checkpoint (deleting head segments wholly below it, once the data confirms it), else
+    from the first entry."""
     if cp is not None:
         begin = _Cursor(cp.begin_pos, cp.begin_index, cp.before_begin_term, cp.before_begin_chain)
-        # Head segments wholly below the begin were due for deletion (retention or a
-        # reset that crashed before finishing).
-        data.delete_head(begin.next_pos, len(data.files))
+        if cp.pending_reset:
+            # A reset that crashed part-way: its checkpoint says every segment still on
+            # disk is from before it.
+            if data.files or index.files:
+                where = data.dir.parent
+                log.warning("finishing the reset of %s at entry %d", where, cp.begin_index)
+            data.reset(cp.begin_pos)
+            index.reset(cp.begin_index * INDEX_UNIT_SIZE)
+            return begin
+        below = sum(1 for f in data.files if f.limit <= begin.next_pos)
+        # Segments below the begin are retention's, whose intent was written before its
+        # segment went (a crash in between): deleted only when the data confirms the
+        # begin, never on the checkpoint's word alone (a wrong but readable beginPos
+        # would take the log's head with it). A begin with committed entries after it
+        # must be confirmed anyway: the scan starts at the committed entry, and a begin
+        # it never saw would stand wrong (reads refused below it, found by fuzzing).
+        if below or (data.files and cp.committed_index >= cp.begin_index):
+            problem = _begin_problem(data, cp)
+            if problem is not None:
+                kept = f", and deleting none of the {below} segment(s) below it" if below else ""
+                raise StoreCorruptionError(
+                    f"{data.dir.parent / 'checkpoint'} says the log begins with entry"
+                    f" {cp.begin_index} at pos {cp.begin_pos}, but {problem}. Refusing to"
+                    f" start{kept}. If the checkpoint is wrong, move it away: the node then"
+                    " finds where its log begins from the data and checks it all (compare"
+                    " the log with a peer's first: without a checkpoint, damage at the end"
+                    " of the log is cut as a torn tail)."
+                )
+            data.delete_head(begin.next_pos, below)
     elif data.files:
         begin = _infer_begin(data, index)
     else:
@@ -161,6 +200,33 @@ def _log_begin(data: MmapFileList, index: MmapFileList, cp: Checkpoint | None) -
             f" segment starts at {data.files[0].start}"
         )
     return begin
+
+
+def _begin_problem(data: MmapFileList, cp: Checkpoint) -> str | None:
+    """Why the data contradicts the checkpoint's begin (entry ``begin_index`` at
+    ``begin_pos``, or after blank padding at the next segment's start, or nothing yet
+    when nothing after the begin is committed); None if it does not."""
+    f = data.segment_for(cp.begin_pos)
+    if f is None:
+        return f"no segment holds that position (the data ends at {data.end})"
+    rel = cp.begin_pos - f.start
+    pos = cp.begin_pos
+    if f.size - rel >= MIN_BLANK_LEN and f.mm[rel : rel + 4] == MAGIC_BLANK_BYTES:
+        if not _is_blank_to_limit(f, rel):
+            return "a damaged blank record is there"
+        pos = f.limit  # padding: the first entry opens the next segment
+    h = _raw_header(data, pos)
+    if h is not None and (h.index, h.pos) == (cp.begin_index, pos):
+        return None
+    if h is not None:
+        return f"entry {h.index} is there"
+    g = data.segment_for(pos)
+    empty = g is None or g.mm[pos - g.start : pos - g.start + BODY_OFFSET].count(0) == (
+        min(BODY_OFFSET, g.size - (pos - g.start))
+    )
+    if empty and cp.committed_index < cp.begin_index:
+        return None  # nothing written since the log was reset there
+    return "no entry is there"
 
 
 def _infer_begin(data: MmapFileList, index: MmapFileList) -> _Cursor:

@@ -79,11 +79,15 @@ def delete_head_segments(
     disk_usage: Callable[[], float],
     force: bool,
     header_at: Callable[[int], EntryHeader],
+    before_delete: Callable[[LogHead], None],
     adopt: Callable[[LogHead], None],
 ) -> int:
     """Delete the head segments that are due; returns how many.
 
     ``header_at(i)``: the header of entry ``i`` (read before anything is deleted);
+    ``before_delete(head)``: the store makes the new head durable (its checkpoint)
+    before the segment goes, so that a crash in between leaves a begin that recovery
+    finds in the data, never a checkpoint naming a segment that is gone;
     ``adopt(head)``: the store takes the new head, right after each deletion, so that
     its begin never names a deleted segment for longer than that; ``disk_usage`` is
     asked again after each deletion, which frees space."""
@@ -101,6 +105,7 @@ def delete_head_segments(
         if not due:
             break
         head = _head_after_first_segment(data, head, end_index, header_at)
+        before_delete(head)
         data.delete_head(head.begin_pos, 1)
         index.delete_head(head.begin_index * INDEX_UNIT_SIZE, len(index.files))
         adopt(head)

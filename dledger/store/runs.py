@@ -138,7 +138,7 @@ def split_follower_runs(
                 chain=chain,
             )
         except EntryRejectedError as e:
-            raise StoreError(e.code, str(e)) from e
+            raise StoreError(e.code, str(e), damaged=e.damaged) from e
         pos, chain = h.pos, h.chain_crc
         if pos != end_pos or run_pos < 0:
             if run_pos >= 0:

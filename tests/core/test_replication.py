@@ -330,6 +330,111 @@ def test_cv_40_the_fast_forward_answer_removes_the_request_it_answers() -> None:
     assert c.cores["n0"].handler.write_requests == {}
 
 
+# ---- held APPENDs: bounded in number and in bytes (issue 17) -----------------------------------
+
+BIG = MemoryStore()
+BIG.append_as_leader(1, [bytes([i]) * 1000 for i in range(6)])
+BIG_ENTRY_BYTES = 1048
+
+
+def follower_with(settings: CoreSettings) -> Cluster:
+    c = Cluster(3, settings=settings, stores={"n0": make_store((), term=2)})
+    c.inject(heartbeat("n1", "n0", 2))
+    assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n1")
+    return c
+
+
+def append_answers(c: Cluster, *firsts: int) -> list[tuple[int, DLedgerCode]]:
+    out = []
+    for first in firsts:
+        out += c.inject(append_req("n1", "n0", 2, BIG, first, 1, req_id=10 + first))
+    return [(m.index, m.code) for m in out if isinstance(m, PushEntryResponse)]
+
+
+def test_out_of_order_appends_are_held_within_a_byte_budget() -> None:
+    """Before: only their count was bounded (256 frames of up to 64 MiB each)."""
+    c = follower_with(CoreSettings(max_follower_pending_bytes=2 * BIG_ENTRY_BYTES))
+    handler = c.cores["n0"].handler
+    assert append_answers(c, 2, 3) == []  # held: ahead of the log
+    assert handler.held_bytes == 2 * BIG_ENTRY_BYTES
+    assert append_answers(c, 4) == [(4, DLedgerCode.PUSH_REQUEST_IS_FULL)]
+    assert sorted(handler.write_requests) == [2, 3]
+    # the next in line is taken whatever is held, and frees what waited for it
+    assert append_answers(c, 0, 1) == [(i, DLedgerCode.SUCCESS) for i in range(4)]
+    assert c.stores["n0"].ledger_end_index == 3
+    assert (handler.write_requests, handler.held_bytes) == ({}, 0)
+
+
+def test_the_next_append_in_line_is_taken_when_the_held_count_is_full() -> None:
+    c = follower_with(CoreSettings(max_follower_pending_pushes=1))
+    assert append_answers(c, 2) == []
+    assert append_answers(c, 3) == [(3, DLedgerCode.PUSH_REQUEST_IS_FULL)]
+    assert append_answers(c, 0, 1) == [(i, DLedgerCode.SUCCESS) for i in range(3)]
+
+
+def test_dropped_held_appends_give_their_bytes_back() -> None:
+    c = follower_with(CoreSettings())
+    handler = c.cores["n0"].handler
+    append_answers(c, 2, 4)
+    assert handler.held_bytes == 2 * BIG_ENTRY_BYTES
+    c.inject(push("n1", "n0", 2, PushType.COMPARE, req_id=90, pre_log_index=-1, pre_log_term=-1))
+    assert (handler.write_requests, handler.held_bytes) == ({}, 0)
+
+
+# ---- a damaged entry on the leader: no tight loop (issue 17) ------------------------------------
+
+
+def damaged_leader() -> tuple[Cluster, str, str, int, bytes]:
+    """A follower cut off while the leader commits 3 entries, then the leader's copy of
+    the one before last damaged (a flipped bit in its body, as a bad sector would) and
+    the links healed: (cluster, leader, follower, damaged index, the intact copy)."""
+    c = Cluster(3, seed=4)
+    lead = c.wait_leader()
+    lag = next(i for i in c.ids if i != lead)
+    c.isolate(lag)
+    c.propose([b"x" * 100 for _ in range(3)])
+    store = c.stores[lead]
+    assert c.tick_until(lambda: store.committed_index == store.ledger_end_index) is not None
+    damaged = store.ledger_end_index - 1
+    k = damaged - store.ledger_begin_index
+    intact = store._entries[k]
+    store._entries[k] = intact[:-1] + bytes([intact[-1] ^ 0xFF])
+    c.heal()
+    return c, lead, lag, damaged, intact
+
+
+def test_a_damaged_entry_on_the_leader_is_pushed_with_a_growing_backoff_and_named() -> None:
+    """Before: the follower refused the batch (body CRC), the leader compared, truncated
+    and pushed it again at once, round after round, logging only DEBUG lines (here: the
+    network never went quiet). Now from the second refusal in a row it backs off
+    (doubling) and names its damaged entry."""
+    c, lead, lag, damaged, _ = damaged_leader()
+    since = len(c.sent)
+    c.tick(3000)
+    carrying = [
+        m
+        for m in pushes(c, lag, PushType.APPEND, since)
+        if m.first_index <= damaged < m.first_index + m.count
+    ]
+    # refused, compared, truncated, refused: then 50, 100, 200, ... ms apart (cap 5 s)
+    assert 2 <= len(carrying) <= 10, len(carrying)
+    events = c.events_of("append_refused_again", lead)
+    assert events and {e["damaged_here"] for e in events} == {damaged}
+    assert [e["backoff_ms"] for e in events[:3]] == [50, 100, 200]
+    assert c.events_of("append_refused_damaged", lag)
+    assert c.stores[lag].ledger_end_index < damaged
+
+
+def test_a_refused_append_that_is_then_taken_resets_the_backoff() -> None:
+    c, lead, lag, damaged, intact = damaged_leader()
+    assert c.tick_until(lambda: bool(c.events_of("append_refused_again", lead)), 3000)
+    store = c.stores[lead]
+    store._entries[damaged - store.ledger_begin_index] = intact  # an operator restored it
+    assert c.tick_until(lambda: same_log(store, c.stores[lag]), 10_000) is not None
+    assert c.events_of("peer_append_recovered", lead)
+    assert c.cores[lead].dispatchers[lag].refusals == 0
+
+
 # ---- CV-39: an ack covers every batch up to its watermark --------------------------------------
 
 

@@ -162,7 +162,12 @@ def test_a_failed_undo_fails_the_store_and_a_restart_recovers(
     store.append_as_leader(1, _bodies(3, 500, 1))
     store.update_committed(2)
     store.flush()
-    _failing_syscall(monkeypatch, "pwrite", after=1)  # the write fails, and so does the undo
+    _failing_syscall(monkeypatch, "pwrite", after=1)  # the write fails, and so does the undo:
+
+    def punch_fails(fd: int, offset: int, length: int) -> bool:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(mmapfile_module, "punch_hole", punch_fails)  # (its hole punching)
     with pytest.raises(StoreFailedError, match="undoing a failed write"):
         store.append_as_leader(1, _bodies(8, 1000, 2))
     monkeypatch.undo()

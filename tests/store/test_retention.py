@@ -107,6 +107,13 @@ def _delete(
         return decode_header(data.read(u.pos, BODY_OFFSET))
 
     heads = [LogHead(0, 0, -1, 0)]
+
+    def before_delete(head: LogHead) -> None:
+        # the store writes the new head's checkpoint here: the segment is still there
+        assert data.files[0].limit <= head.begin_pos and data.files[0].path.exists()
+        intents.append(head)
+
+    intents: list[LogHead] = []
     deleted = delete_head_segments(
         data,
         index,
@@ -118,9 +125,11 @@ def _delete(
         disk_usage=disk_usage,
         force=force,
         header_at=header_at,
+        before_delete=before_delete,
         adopt=heads.append,
     )
     assert len(heads) == deleted + 1  # the store is told of every new head
+    assert intents == heads[1:]  # each made durable before its segment went
     return deleted, heads[-1]
 
 

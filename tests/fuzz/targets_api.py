@@ -1,0 +1,267 @@
+"""Fuzz targets of ``api``: every request body. ``api_models`` gives the pydantic models
+of ``api/models.py`` bytes straight; ``http_bodies`` sends a body (JSON, or NDJSON for
+produce) and path parameters to each of the five endpoints that take one, through the
+real app (``create_app``), to a broker that runs every check and encodes every record
+but appends nothing: any answer but a 500 is fine, a 500 is an exception the API did not
+turn into its error body."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+from pydantic import BaseModel, ValidationError
+
+from api import models
+from api.app import create_app
+from api.routes.common import NDJSON
+from api.routes.messages import to_broker_message
+from broker import errors
+from broker.broker import Broker
+from broker.commitlog import OutgoingMessage, PutResult
+from broker.metadata import TopicMeta
+from broker.settings import BrokerSettings, Limits
+from broker.status import BrokerStatus
+
+from .reader import Reader, Writer
+from .registry import _scratch_root, target
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    models.ProduceRequest,
+    models.ProduceMessage,
+    models.TopicCreate,
+    models.CommitOffsets,
+    models.ResetOffsets,
+    models.GroupPull,
+    models.LeadershipRequest,
+)
+
+_PRODUCE = orjson.dumps(
+    {
+        "messages": [
+            {"body": "hello", "key": "k", "tags": "TagA", "properties": {"a": "b"}},
+            {"body": "aGk=", "encoding": "base64", "queue_id": 1, "keys": ["x", "y"]},
+        ],
+        "producer_id": "p-1",
+        "sequence": 3,
+    }
+)
+_BODIES = (
+    _PRODUCE,
+    b'{"body": "a"}\n{"body": "b", "sharding_key": "s"}\n',
+    b'{"name": "orders", "queues": 4}',
+    b'{"topic": "t", "offsets": {"0": 5, "3": 1}}',
+    b'{"topic": "t", "to": "earliest"}',
+    b'{"topic": "t", "max_messages": 5, "queue_ids": [0, 1]}',
+    b'{"to": "n0"}',
+)
+
+
+def _model_seeds() -> list[bytes]:
+    return [Writer().uint(i, 1).raw(body).done() for i, body in enumerate(_BODIES)]
+
+
+@target("api_models", max_len=2048, seeds=_model_seeds)
+def api_models(data: bytes) -> None:
+    """A request body for one of the pydantic request models: a model or
+    ``ValidationError``; a produce body's messages become broker messages or
+    ``InvalidArgumentError`` (bad base64)."""
+    r = Reader(data)
+    model = REQUEST_MODELS[r.uint(1) % len(REQUEST_MODELS)]
+    try:
+        parsed = model.model_validate_json(r.rest())
+    except ValidationError:
+        return
+    messages: Sequence[models.ProduceMessage] = ()
+    if isinstance(parsed, models.ProduceRequest):
+        messages = parsed.messages
+    elif isinstance(parsed, models.ProduceMessage):
+        messages = [parsed]
+    for i, m in enumerate(messages):
+        with contextlib.suppress(errors.InvalidArgumentError):
+            to_broker_message(i, m)
+
+
+# ---- through the app ------------------------------------------------------------------------
+
+
+class _NoDispatch:
+    """The dispatcher, as the request paths see it: nothing to wait for."""
+
+    installing = False
+    stall = None
+
+    async def wait_dispatched(self, index: int, timeout_s: float) -> bool:
+        return True
+
+    async def wait_queue(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
+        return False
+
+
+class _EmptyLog:
+    """The log, as the request paths see it: empty, nothing in flight."""
+
+    ledger_end_index = -1
+    committed_index = -1
+
+
+class _FuzzBroker(Broker):
+    """A broker that checks and encodes like the real one but appends nothing: it is the
+    master of a log that takes every write at once."""
+
+    def __init__(self, settings: BrokerSettings) -> None:
+        super().__init__(settings)
+        self.dispatcher = _NoDispatch()  # type: ignore[assignment]
+        self.server.store = _EmptyLog()  # type: ignore[assignment]
+        self.commitlog.put_messages = self._put_messages  # type: ignore[method-assign]
+        self.reset()
+
+    def reset(self) -> None:
+        self.meta.topics = {"t": TopicMeta("t", 4, -1)}
+        self.meta.offsets = {}
+        self.meta.sessions.clear()
+
+    def _require_master(self) -> None:
+        pass
+
+    async def _put_messages(
+        self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
+    ) -> list[PutResult]:
+        """The log: takes the encoded records (the broker's own code made them) at once."""
+        return [PutResult(0, i, 48 + 100 * i, i) for i in range(len(batch))]
+
+    async def _append_meta(self, op: dict[str, Any]) -> int:
+        self.meta.apply_op(self.meta.applied_index + 1, orjson.dumps(op))
+        return self.meta.applied_index
+
+    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> None:
+        if to not in self.settings.peer_map:
+            raise errors.UnknownNodeError(f"{to} is not a member")
+
+    def status(self) -> BrokerStatus:
+        return BrokerStatus(
+            group=self.settings.group,
+            node_id=self.settings.node_id,
+            raft_role="LEADER",
+            broker_role="MASTER",
+            term=1,
+            leader_id=self.settings.node_id,
+            leader_url=None,
+            ledger_begin_index=0,
+            ledger_end_index=-1,
+            committed_index=-1,
+            dispatched_index=-1,
+            snapshot_index=-1,
+            snapshots_installed=0,
+            peers={},
+            stats={},
+            dispatch_stall=None,
+            failed=None,
+            refused={},
+        )
+
+
+_LIMITS = Limits(
+    max_body_bytes=4096,
+    max_properties_bytes=1024,
+    max_messages_per_request=16,
+    max_request_bytes=16 * 1024,
+    max_pull_messages=16,
+    max_wait_ms=0,
+)
+_APP: Any = None
+_BROKER: _FuzzBroker | None = None
+_LOOP: asyncio.AbstractEventLoop | None = None
+
+
+def _app() -> tuple[Any, _FuzzBroker, asyncio.AbstractEventLoop]:
+    global _APP, _BROKER, _LOOP  # noqa: PLW0603  # one app per fuzzing process
+    if _APP is None:
+        data_dir: Path = _scratch_root() / "node"
+        settings = BrokerSettings(data_dir=data_dir, limits=_LIMITS, disk_reserve_bytes=0)
+        _BROKER = _FuzzBroker(settings)
+        _APP = create_app(settings, _BROKER)
+        _LOOP = asyncio.new_event_loop()
+    assert _BROKER is not None and _LOOP is not None
+    return _APP, _BROKER, _LOOP
+
+
+# (method, path with {name} for a fuzzed name, content type)
+_ROUTES = (
+    ("POST", "/v1/topics/{name}/messages", "application/json"),
+    ("POST", "/v1/topics/{name}/messages", NDJSON),
+    ("POST", "/v1/topics", "application/json"),
+    ("PUT", "/v1/groups/{name}/offsets", "application/json"),
+    ("POST", "/v1/groups/{name}/offsets/reset", "application/json"),
+    ("POST", "/v1/groups/{name}/pull", "application/json"),
+    ("POST", "/v1/cluster/leadership", "application/json"),
+)
+
+
+async def _call(app: Any, method: str, path: str, query: bytes, ctype: str, body: bytes) -> int:
+    """One request through the ASGI app; the status it answered."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": [(b"content-type", ctype.encode()), (b"host", b"fuzz")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+    }
+    sent = False
+    answer: dict[str, Any] = {"status": 0, "body": b""}
+
+    async def receive() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answer["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            answer["body"] += message.get("body", b"")
+
+    await app(scope, receive, send)
+    status: int = answer["status"]
+    if status >= 500:
+        code = orjson.loads(answer["body"])["error"]["code"]
+        assert code != "INTERNAL", (method, path, query, body, answer["body"])
+    return status
+
+
+def _http_seeds() -> list[bytes]:
+    out = []
+    for i, body in enumerate(_BODIES):
+        name = b"t" if i != 2 else b"g"
+        query = b"producer_id=p-1&sequence=4" if i == 1 else b""
+        out.append(Writer().uint(i, 1).chunk(name).chunk(query).raw(body).done())
+    return out
+
+
+@target("http_bodies", max_len=4096, seeds=_http_seeds)
+def http_bodies(data: bytes) -> None:
+    """A body and path parameters for each endpoint that takes a body, through the real
+    app: any typed answer, never a 500 (an unhandled exception)."""
+    r = Reader(data)
+    method, path, ctype = _ROUTES[r.uint(1) % len(_ROUTES)]
+    name = quote(r.chunk(200).decode("latin-1"), safe="")
+    query = r.chunk(200)
+    body = r.rest()
+    app, broker, loop = _app()
+    broker.reset()
+    status = loop.run_until_complete(_call(app, method, path.format(name=name), query, ctype, body))
+    assert status > 0

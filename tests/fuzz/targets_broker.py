@@ -1,0 +1,146 @@
+"""Fuzz targets of ``broker``: message records (entry bodies a leader or the disk hands
+over), message ids (from a URL), metadata snapshots (a file or a leader's
+INSTALL_SNAPSHOT), metadata operations (committed entries) and the dispatch
+checkpoint."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, cast
+
+import orjson
+
+from broker.dispatcher import Dispatcher, _parse_queue_table
+from broker.message import (
+    MessageFormatError,
+    decode_message,
+    decode_properties,
+    encode_message,
+    encode_properties,
+    parse_msg_id,
+    peek_dispatch,
+    tags_and_keys,
+)
+from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
+
+from .reader import Reader, Writer
+from .registry import scratch_dir, target
+
+
+def _message_seeds() -> list[bytes]:
+    props = encode_properties({"TAGS": "TagA", "KEYS": "k1 k2", "UNIQ_KEY": "u1", "x": "y"})
+    record = encode_message(
+        topic="orders", body=b"hello", properties=props, queue_id=3, queue_offset=9,
+        physical_offset=48, born_timestamp=1, store_timestamp=2,
+    )  # fmt: skip
+    return [
+        Writer().uint(0, 1).flag(True).raw(bytes(record)).done(),
+        Writer().uint(2, 1).flag(False).raw(b"\0\0" + bytes(record)).done(),
+        Writer().uint(0, 1).flag(True).raw(b"g0" + b"00" * 8).done(),
+    ]
+
+
+@target("message_codec", max_len=2048, seeds=_message_seeds)
+def message_codec(data: bytes) -> None:
+    """A CommitLog message record (``decode_message``, ``peek_dispatch``), a property block
+    and a message id: a value or ``MessageFormatError``. The two record decoders refuse
+    the same records and agree on what they both read."""
+    r = Reader(data)
+    offset = r.int_in(0, 7)
+    verify = r.flag()
+    buf = r.rest()
+    try:
+        m = decode_message(buf, offset, verify_crc=verify)
+    except MessageFormatError:
+        m = None
+    try:
+        info = peek_dispatch(buf, offset)
+    except MessageFormatError:
+        info = None
+    if m is not None:
+        assert info is not None
+        assert (info.topic, info.queue_id, info.queue_offset, info.physical_offset) == (
+            m.topic,
+            m.queue_id,
+            m.queue_offset,
+            m.physical_offset,
+        )
+    for decode in (decode_properties, tags_and_keys):
+        with contextlib.suppress(MessageFormatError):
+            decode(buf)
+    with contextlib.suppress(MessageFormatError):
+        parse_msg_id(buf.decode("latin-1"))
+
+
+def _snapshot_seeds() -> list[bytes]:
+    st = MetadataState(16)
+    st.apply_op(1, orjson.dumps(op_create_topic("orders", 4)))
+    st.apply_op(2, orjson.dumps(op_commit_offsets("g", "orders", {0: 5, 3: 1})))
+    st.record_session("p-1", 4, 0, 2, (0, 5, 1000))
+    return [st.to_snapshot({"queues": {"orders/0": 6, "orders/3": 2}}), st.to_snapshot()]
+
+
+@target("metadata_snapshot", max_len=4096, seeds=_snapshot_seeds)
+def metadata_snapshot(data: bytes) -> None:
+    """A metadata snapshot (a file, or a leader's INSTALL_SNAPSHOT) and its queue table:
+    a state or ``ValueError`` (the documented contract, nothing else); a state snapshots
+    to bytes that load back to the same tables."""
+    try:
+        st, extra = MetadataState.from_snapshot(data, 16)
+    except ValueError:
+        return
+    again, _ = MetadataState.from_snapshot(st.to_snapshot(extra), 16)
+    assert (again.applied_index, again.topics, again.offsets) == (
+        st.applied_index,
+        st.topics,
+        st.offsets,
+    )
+    if "queues" in extra:
+        with contextlib.suppress(ValueError):
+            _parse_queue_table(extra["queues"])
+
+
+def _op_seeds() -> list[bytes]:
+    return [
+        orjson.dumps(op_create_topic("t", 3)),
+        orjson.dumps(op_commit_offsets("g", "t", {0: 1, 2: 7})),
+        orjson.dumps(op_delete_topic("t")),
+    ]
+
+
+@target("metadata_op", max_len=1024, seeds=_op_seeds)
+def metadata_op(data: bytes) -> None:
+    """A committed ``%SYS%META`` entry body: applied or skipped, never an exception (a
+    node must not crash on a committed entry), and the state it leaves survives a
+    snapshot (the dispatcher takes one later)."""
+    st = MetadataState(16)
+    st.apply_op(1, orjson.dumps(op_create_topic("t", 3)))
+    st.apply_op(2, data)
+    assert st.applied_index == 2
+    for topics in st.offsets.values():
+        for offsets in topics.values():
+            assert all(q >= 0 and o >= 0 for q, o in offsets.items()), offsets
+    again, _ = MetadataState.from_snapshot(st.to_snapshot(), 16)
+    assert (again.topics, again.offsets) == (st.topics, st.offsets)
+
+
+def _dispatch_checkpoint_seeds() -> list[bytes]:
+    return [
+        orjson.dumps({"dispatched_index": 41, "queues": {"t/0": 3, "t/1": 0}, "keys": [48, 7]}),
+        orjson.dumps({"dispatched_index": -1, "queues": {}, "keys": [-1, 0]}),
+    ]
+
+
+@target("dispatch_checkpoint", max_len=1024, seeds=_dispatch_checkpoint_seeds)
+def dispatch_checkpoint(data: bytes) -> None:
+    """The dispatch checkpoint file (``consumequeue/checkpoint-<group>``): what it
+    records, or None (not to be trusted: a rebuild), never an exception."""
+    with scratch_dir() as d:
+        path = d / "checkpoint-g0"
+        path.write_bytes(data)
+        none = cast(Any, None)  # reading the checkpoint touches none of the collaborators
+        dispatcher = Dispatcher(none, none, none, none, none, checkpoint_path=path)
+        got = dispatcher._read_checkpoint()
+    if got is not None:
+        index, queues, (file, count) = got
+        assert all(isinstance(v, int) for v in (index, file, count, *queues.values()))
