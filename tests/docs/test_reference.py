@@ -1,0 +1,34 @@
+"""The generated parts of docs/ match the code: the HTTP reference is the OpenAPI document
+of today's app, the CLI reference today's ``--help``, and the byte examples of
+docs/formats.md are what today's encoders write (``api/format_examples.py`` asserts
+its tables against the decoders)."""
+
+from __future__ import annotations
+
+import pytest
+
+from api import docgen
+
+
+@pytest.mark.parametrize("path", sorted(docgen.generated()), ids=lambda p: p.name)
+def test_generated_docs_are_up_to_date(path) -> None:  # type: ignore[no-untyped-def]
+    want = docgen.generated()[path]
+    assert path.read_text(encoding="utf-8") == want, "run `python -m api.docgen`"
+
+
+def test_a_region_without_its_end_is_refused() -> None:
+    with pytest.raises(ValueError, match="end generated"):
+        docgen.fill_regions("<!-- generated: log-hexdump -->\nno end\n", {"log-hexdump": "x"})
+
+
+def test_an_unknown_region_is_refused() -> None:
+    text = "<!-- generated: nope -->\n<!-- end generated -->\n"
+    with pytest.raises(KeyError, match="nope"):
+        docgen.fill_regions(text, {})
+
+
+def test_regions_are_filled_in_place() -> None:
+    text = "a\n<!-- generated: x -->\nold\n<!-- end generated -->\nb\n"
+    assert docgen.fill_regions(text, {"x": "new"}) == (
+        "a\n<!-- generated: x -->\nnew\n<!-- end generated -->\nb\n"
+    )
