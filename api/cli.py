@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from dledger.runtime.local_cluster import ChildNodes
 from dledger.runtime.peer_auth import load_peer_secret
 from dledger.store.demo import run_demo as run_store_demo
 
@@ -48,6 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     add_option(up, "--flush", choices=("sync", "async"), default="sync")
     add_option(up, "--peer-secret", default=None, help="for every node (API.md §6)")
     add_option(up, "--peer-secret-file", type=Path, default=None)
+    add_option(
+        up,
+        "--restart-after",
+        type=float,
+        default=3.0,
+        help="restart a node that died (kill -9 it to see a failover) after this many "
+        "seconds; 0: never",
+    )
     add_demo_options(
         sub.add_parser(
             "demo",
@@ -65,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cluster_up(args: argparse.Namespace) -> int:
-    """Start the nodes, report the master, wait for Ctrl-C (or a node dying), stop all."""
+    """Start the nodes, report the master, and run until Ctrl-C (or SIGTERM); then stop all.
+
+    A node that dies (kill -9 the master to watch a failover) is reported, and the others
+    keep running; with ``--restart-after`` it is started again after that many seconds,
+    and comes back as a SLAVE. A node that dies again within ``STARTUP_GRACE_S`` of its
+    restart is failing to start, not being killed: it stays down."""
     from .cluster import LocalBrokerCluster  # noqa: PLC0415  # only this command needs it
 
     n = args.nodes
@@ -93,16 +107,60 @@ def cluster_up(args: argparse.Namespace) -> int:
         print(f"ledgermq cluster: {n} nodes up, master {master}", file=sys.stderr)
         print(f"  --brokers {cluster.brokers}", file=sys.stderr)
         print("  Ctrl-C stops the cluster", file=sys.stderr)
-        while not stop:
-            dead = [node for node in cluster.ids if not cluster.alive(node)]
-            if dead:
-                print(f"ledgermq cluster: {', '.join(dead)} exited; stopping", file=sys.stderr)
-                return 1
+        watch = _NodeWatch(cluster, args.restart_after)
+        while not stop and watch.step():
             time.sleep(0.2)
-        return 0
+        return 0 if stop else 1
     finally:
         print("ledgermq cluster: stopping", file=sys.stderr)
         cluster.stop_all()
+
+
+STARTUP_GRACE_S = 10.0
+
+
+class _NodeWatch:
+    """What ``cluster up`` does about nodes that die: say so, restart them when asked."""
+
+    def __init__(self, cluster: ChildNodes, restart_after_s: float) -> None:
+        self.cluster = cluster
+        self.restart_after_s = restart_after_s
+        self.down_since: dict[str, float] = {}
+        self.restarted_at: dict[str, float] = {}  # the first start is not a restart
+        self.given_up: set[str] = set()
+
+    def step(self) -> bool:
+        """One look at every node; False when no node is left running or coming back."""
+        now = time.monotonic()
+        for node in self.cluster.ids:
+            if node in self.given_up or self.cluster.alive(node):
+                continue
+            if node not in self.down_since:
+                self._died(node, now)
+            elif node not in self.given_up and now - self.down_since[node] >= self.restart_after_s:
+                print(f"ledgermq cluster: restarting {node}", file=sys.stderr)
+                del self.down_since[node]
+                self.restarted_at[node] = now
+                self.cluster.start(node)
+        return len(self.given_up) < len(self.cluster.ids)
+
+    def _died(self, node: str, now: float) -> None:
+        self.down_since[node] = now
+        restarted = self.restarted_at.get(node)
+        if self.restart_after_s <= 0 or (
+            restarted is not None and now - restarted < STARTUP_GRACE_S
+        ):
+            self.given_up.add(node)
+            why = (
+                "" if self.restart_after_s <= 0 else f" within {STARTUP_GRACE_S:.0f} s of its start"
+            )
+            print(f"ledgermq cluster: {node} exited{why}; it stays down", file=sys.stderr)
+        else:
+            print(
+                f"ledgermq cluster: {node} exited; the others go on;"
+                f" restarting it in {self.restart_after_s:g} s",
+                file=sys.stderr,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,6 +126,11 @@ def add_client_commands(sub: Any) -> None:
     _common(p, _consume)
 
     p = sub.add_parser("status", help="every node: roles, term, indexes, lag")
+    p.add_argument(  # no environment variable: a stray LEDGERMQ_MASTER must not change it
+        "--master",
+        action="store_true",
+        help="print only the MASTER's node id (exit 1 when no node says MASTER)",
+    )
     _common(p, _status, timeout_s=2.0)
 
     group = sub.add_parser("group", help="consumer groups")
@@ -284,6 +289,10 @@ def _group_lag(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     with _admin(args) as admin:
         views = admin.cluster_all()
+    if args.master:
+        masters = [v.status.node_id for v in views if v.status and v.status.broker_role == "MASTER"]
+        print("\n".join(masters) or "no node is MASTER", file=sys.stdout if masters else sys.stderr)
+        return 0 if masters else 1
     if args.json:
         for v in views:
             _json_line(

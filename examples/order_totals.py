@@ -71,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         SparkSession.builder.master(args.master)
         .appName("ledgermq-order-totals")
         .config("spark.ui.enabled", "false")
+        # Spark's default of 200 shuffle partitions is for clusters; a few totals on a
+        # laptop need a handful (the aggregation ran 200 tasks of nothing before).
+        .config("spark.sql.shuffle.partitions", "4")
         .getOrCreate()
     )
     try:

@@ -212,6 +212,9 @@ def test_status_shows_every_node_and_a_down_one(brokers: str, cluster3: LocalBro
     assert [(d["node_id"], d["up"]) for d in parsed] == [(n, True) for n in cluster3.ids]
     p = ledgermq("status", "--brokers", DEAD, rc=1)
     assert "DOWN" in p.stdout
+    assert ledgermq("status", "--master", brokers=brokers).stdout == f"{master}\n"
+    p = ledgermq("status", "--master", "--brokers", DEAD, rc=1)
+    assert p.stdout == "" and one_error_line(p) == "no node is MASTER"
 
 
 def test_leader_transfer(brokers: str, cluster3: LocalBrokerCluster) -> None:

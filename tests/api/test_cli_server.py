@@ -106,10 +106,26 @@ def test_ledgermq_cluster_up_until_ctrl_c(tmp_path: Path) -> None:
         )
         out = status.stdout.decode()
         assert out.count(" MASTER ") == 1 and out.count(" SLAVE ") == 2, out
+        # kill -9 the master: the others go on, and it comes back (--restart-after 3 s)
+        master = subprocess.run(
+            [LEDGERMQ, "status", "--master", "--brokers", ",".join(urls)],
+            capture_output=True,
+            timeout=60,
+            check=True,
+            text=True,
+        ).stdout.strip()
+        pattern = f"--node-id {master} .*--data-dir {tmp_path / 'c'}/"
+        subprocess.run(["pkill", "-9", "-f", "--", pattern], check=True, timeout=30)
+        url = urls[int(master[1:])]
+        wait_until(lambda: not ready(url), timeout_s=30)
+        wait_until(lambda: ready(url) or p.poll() is not None, timeout_s=90)
+        assert p.poll() is None
     finally:
         p.send_signal(signal.SIGINT)
         _, err = p.communicate(timeout=60)
     assert p.returncode == 0, err.decode()[-3000:]
     assert b"3 nodes up" in err and b"stopping" in err
+    assert f"{master} exited; the others go on".encode() in err
+    assert f"restarting {master}".encode() in err
     for u in urls:  # every child is gone
         assert not ready(u)

@@ -1,0 +1,46 @@
+"""Rules of the documentation, checked by code: every link between pages resolves, and
+the operator's table of error codes lists exactly the codes the node can answer."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import api.app  # noqa: F401  # loads every error class (api.media adds NOT_ACCEPTABLE)
+from broker import errors
+
+ROOT = Path(__file__).resolve().parents[2]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+# Codes the HTTP layer answers for requests the broker never saw (api/app.py).
+HTTP_LAYER_CODES = {"NOT_FOUND", "METHOD_NOT_ALLOWED", "HTTP_ERROR"}
+
+
+def broker_codes() -> set[str]:
+    found, todo = set(), [errors.BrokerError]
+    while todo:
+        cls = todo.pop()
+        found.add(cls.code)
+        todo.extend(cls.__subclasses__())
+    return found
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(page.read_text(encoding="utf-8")):
+            if re.match(r"[a-z]+:", target) or target.startswith("#"):
+                continue  # a URL, or an anchor on the same page
+            path = (page.parent / target.split("#", 1)[0]).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, broken
+
+
+def test_the_error_code_table_lists_every_code_and_only_those() -> None:
+    text = (ROOT / "docs" / "operations.md").read_text(encoding="utf-8")
+    table = text[text.index("<!-- error-codes -->") : text.index("<!-- end error-codes -->")]
+    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", table, re.MULTILINE))
+    app_source = (ROOT / "api" / "app.py").read_text(encoding="utf-8")
+    assert all(f'"{code}"' in app_source for code in HTTP_LAYER_CODES)
+    assert documented == broker_codes() | HTTP_LAYER_CODES
