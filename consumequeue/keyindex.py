@@ -58,7 +58,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dledger.store.meta import fsync_dir
-from dledger.store.mmapfile import NAME_DIGITS, segment_name
+from dledger.store.mmapfile import NAME_DIGITS, first_zero_record, segment_name
 
 from .errors import ConsumeQueueError
 
@@ -76,7 +76,6 @@ SLOT = struct.Struct(">i")
 SLOT_SIZE = SLOT.size
 ENTRY = struct.Struct(">Iqii")
 ENTRY_SIZE = ENTRY.size
-ZERO_ENTRY = bytes(ENTRY_SIZE)
 I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 MAX_BASE_MS = 1 << 62  # a file's base store time is within +-this (a sanity bound)
 assert HEADER_SIZE == 64 and ENTRY_SIZE == 20
@@ -291,7 +290,7 @@ class _IndexFile:
         """The header's entry count, cut back before the first all-zero entry under it
         (a power loss can keep a header sector newer than the entries it counts)."""
         lo = self.entries_pos
-        zero = _first_zero_entry(self.mm, lo, lo + self.entry_count * ENTRY_SIZE)
+        zero = first_zero_record(self.mm, lo, lo + self.entry_count * ENTRY_SIZE, ENTRY_SIZE)
         return self.entry_count if zero is None else (zero - lo) // ENTRY_SIZE
 
     def _slots(self) -> array[int]:
@@ -578,21 +577,6 @@ class KeyIndex:
             for f in self._files:
                 f.close()
             self._files.clear()
-
-
-def _first_zero_entry(mm: mmap.mmap, lo: int, hi: int) -> int | None:
-    """The position of the first all-zero entry in ``mm[lo:hi]`` (entries from ``lo``),
-    found with C-speed ``find``: a written entry has a commitlog offset > 0."""
-    pos = mm.find(ZERO_ENTRY, lo, hi)
-    while pos != -1:
-        aligned = pos + (lo - pos) % ENTRY_SIZE
-        if aligned + ENTRY_SIZE > hi:
-            return None
-        if aligned == pos or mm[aligned : aligned + ENTRY_SIZE] == ZERO_ENTRY:
-            return aligned
-        # No entry starts in (pos, aligned); a zero entry further on starts after it.
-        pos = mm.find(ZERO_ENTRY, aligned + 1, hi)
-    return None
 
 
 _ZERO_CHUNK = 1 << 16

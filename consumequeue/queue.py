@@ -47,13 +47,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
 
-from dledger.store.mmapfile import NAME_DIGITS, MmapFile, MmapFileList, StoreFileError, segment_name
+from dledger.store.mmapfile import (
+    NAME_DIGITS,
+    MmapFile,
+    MmapFileList,
+    StoreFileError,
+    first_zero_record,
+    segment_name,
+)
 
 from .errors import ConsumeQueueError, ConsumeQueueGapError
 
 UNIT = struct.Struct(">qiq")
 UNIT_SIZE = UNIT.size
-ZERO_UNIT = bytes(UNIT_SIZE)
 RESET_FILE = "reset_offset"
 _ZERO_CHUNK = 1 << 16
 _ZEROS = bytes(_ZERO_CHUNK)
@@ -456,7 +462,7 @@ class ConsumeQueue:
             lo = max(0, min_pos - f.start)
             if lo >= f.size:
                 continue
-            rel = _first_zero_unit(f.mm, lo, f.size)
+            rel = first_zero_record(f.mm, lo, f.size, UNIT_SIZE)
             if rel is not None:
                 end_pos = f.start + rel
                 break
@@ -509,19 +515,3 @@ def _extend_short_segment(path: Path, actual: int, segment_bytes: int) -> None:
         os.posix_fallocate(fd, 0, segment_bytes)
     finally:
         os.close(fd)
-
-
-def _first_zero_unit(mm: mmap.mmap, lo: int, hi: int) -> int | None:
-    """The first unit-aligned all-zero unit in ``mm[lo:hi]`` (``lo`` aligned), found with
-    C-speed ``find``. A written unit has ``size > 0`` and a commitlog offset >= 48, so
-    runs of 20 zero bytes are rare in written data and this is a handful of calls."""
-    pos = mm.find(ZERO_UNIT, lo, hi)
-    while pos != -1:
-        aligned = pos + (-pos) % UNIT_SIZE
-        if aligned + UNIT_SIZE > hi:
-            return None
-        if aligned == pos or mm[aligned : aligned + UNIT_SIZE] == ZERO_UNIT:
-            return aligned
-        # No aligned unit starts in (pos, aligned]; a zero unit further on starts after it.
-        pos = mm.find(ZERO_UNIT, aligned + 1, hi)
-    return None

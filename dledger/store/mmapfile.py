@@ -86,6 +86,26 @@ def punch_hole(fd: int, offset: int, length: int) -> bool:
     raise OSError(err, os.strerror(err))
 
 
+def first_zero_record(buf: mmap.mmap | bytes, lo: int, hi: int, size: int) -> int | None:
+    """The position of the first all-zero record of ``size`` bytes in ``buf[lo:hi]``, where
+    records start at ``lo``, ``lo + size``, ...; None when there is none. Files of
+    fixed-size records preallocated with zeros (consume-queue units, key-index entries)
+    end at their first such record, since a written one is never all zero. C-speed
+    ``find`` does the scanning: runs of ``size`` zero bytes are rare in written data, so
+    this is a handful of calls."""
+    zero = bytes(size)
+    pos = buf.find(zero, lo, hi)
+    while pos != -1:
+        aligned = pos + (lo - pos) % size
+        if aligned + size > hi:
+            return None
+        if aligned == pos or buf[aligned : aligned + size] == zero:
+            return aligned
+        # No record starts in (pos, aligned); a zero record further on starts after it.
+        pos = buf.find(zero, aligned + 1, hi)
+    return None
+
+
 def segment_name(start: int) -> str:
     return f"{start:0{NAME_DIGITS}d}"
 

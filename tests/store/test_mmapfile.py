@@ -6,9 +6,11 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from dledger.store.entry import MAGIC_BLANK, peek_magic_size
-from dledger.store.mmapfile import MmapFileList, StoreFileError, segment_name
+from dledger.store.mmapfile import MmapFileList, StoreFileError, first_zero_record, segment_name
 
 
 def test_segment_names_are_20_digit_start_positions() -> None:
@@ -69,3 +71,24 @@ def test_load_extends_a_segment_cut_short(tmp_path: Path) -> None:
     assert os.path.getsize(tmp_path / segment_name(0)) == 64
     assert fl.files[0].mm[:4] == b"abc\0"
     fl.close()
+
+
+@given(
+    st.lists(st.booleans(), max_size=40),
+    st.integers(min_value=1, max_value=24),
+    st.integers(min_value=0, max_value=30),
+    st.data(),
+)
+def test_first_zero_record_is_the_first_aligned_all_zero_record(
+    zero_records: list[bool], size: int, lead: int, data: st.DataObject
+) -> None:
+    """Against the obvious oracle: look at every record from ``lo`` in turn. Written
+    records are random non-zero bytes, often with zero runs that straddle records."""
+    body = b"".join(
+        bytes(size) if z else data.draw(st.binary(min_size=size, max_size=size).filter(any))
+        for z in zero_records
+    )
+    buf = os.urandom(lead) + body + os.urandom(data.draw(st.integers(0, size)))
+    lo, hi = lead, lead + len(body)
+    want = next((lo + i * size for i, z in enumerate(zero_records) if z), None)
+    assert first_zero_record(buf, lo, hi, size) == want
