@@ -18,7 +18,6 @@ on the hot path); their models document them in the OpenAPI schema.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -33,11 +32,13 @@ from broker.settings import BrokerSettings
 
 from . import models
 from .auth import TokenTable
+from .guard import RequestGuard
 from .metrics import NodeMetrics
 from .routes import cluster, groups, messages, probes, query, topics
 from .routes.common import (
     DEFAULT_RETRY_AFTER_S,
     JSONBytes,
+    broker_error_response,
     check_token,
     error_docs,
     error_response,
@@ -84,6 +85,7 @@ def create_app(
     app.state.metrics = metrics
     app.state.tokens = tokens
     _add_error_handlers(app, metrics)
+    app.add_middleware(RequestGuard, limits=settings.limits, tokens=tokens, metrics=metrics)
 
     app.include_router(probes.build(metrics_need_auth=metrics_need_auth and tokens is not None))
     guarded = [Depends(check_token)] if tokens is not None else []
@@ -122,11 +124,7 @@ def _add_error_handlers(app: FastAPI, metrics: NodeMetrics) -> None:
                 headers={"Retry-After": str(DEFAULT_RETRY_AFTER_S)},
                 **fields,
             )
-        headers = {"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None
-        if e.http_status in (429, 503, 507):
-            retry_ms = e.fields.get("retry_after_ms", DEFAULT_RETRY_AFTER_S * 1000)
-            headers = {"Retry-After": str(max(1, math.ceil(retry_ms / 1000)))}
-        return error_response(e.http_status, e.code, e.message, headers=headers, **fields)
+        return broker_error_response(e)
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, e: RequestValidationError) -> Response:

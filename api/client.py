@@ -88,6 +88,7 @@ __all__ = [
     "GroupOffset",
     "InvalidArgumentError",
     "LedgerMQError",
+    "LimitReachedError",
     "Message",
     "MessageLike",
     "MessageNotFoundError",
@@ -188,6 +189,13 @@ class BusyError(LedgerMQError):
     CODE = "BUSY"
 
 
+class LimitReachedError(LedgerMQError):
+    """The broker's limit of topics or queues is reached (not retried: room is made by
+    deleting a topic or raising the limit)."""
+
+    CODE = "LIMIT_REACHED"
+
+
 class DiskFullError(LedgerMQError):
     """The master's disk is full: it refuses writes until space returns (by itself); the
     client retries within its deadline, as the answer's ``Retry-After`` says."""
@@ -240,6 +248,7 @@ _ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         GroupNotFoundError,
         SequenceTooOldError,
         BusyError,
+        LimitReachedError,
         DiskFullError,
         NodeFailedError,
         CorruptEntryError,

@@ -8,6 +8,7 @@ process can serve several apps.
 """
 
 # No `from __future__ import annotations`: FastAPI reads these annotations at runtime.
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any
 
@@ -15,6 +16,7 @@ import orjson
 from fastapi import Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.responses import Response
 
@@ -49,6 +51,16 @@ def error_response(
     return JSONBytes(
         {"error": {"code": code, "message": message, **fields}}, status_code=status, headers=headers
     )
+
+
+def broker_error_response(e: errors.BrokerError) -> JSONBytes:
+    """A broker error's answer (API.md §2): its status and body, ``WWW-Authenticate``
+    on a 401 and ``Retry-After`` (whole seconds, at least one) on a retryable refusal."""
+    headers = {"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None
+    if e.http_status in (429, 503, 507):
+        retry_ms = e.fields.get("retry_after_ms", DEFAULT_RETRY_AFTER_S * 1000)
+        headers = {"Retry-After": str(max(1, math.ceil(retry_ms / 1000)))}
+    return error_response(e.http_status, e.code, e.message, headers=headers, **e.fields)
 
 
 def error_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -97,6 +109,21 @@ MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]
 bearer = HTTPBearer(auto_error=False, description="a token of the node's --auth-token(s)")
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (HTTPBearer's parse)."""
+    scheme, token = get_authorization_scheme_param(authorization)
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def grant_of(tokens: TokenTable, token: str | None) -> Grant:
+    """What ``token`` may do; 401 (``UnauthenticatedError``) for none or an unknown one.
+    The one token check: ``check_token`` and the request guard (before a body is read)."""
+    grant = tokens.lookup(token) if token else None
+    if grant is None:
+        raise errors.UnauthenticatedError("a valid bearer token is required")
+    return grant
+
+
 async def check_token(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -106,10 +133,7 @@ async def check_token(
     tokens: TokenTable | None = request.app.state.tokens
     if tokens is None:
         return
-    grant = tokens.lookup(credentials.credentials) if credentials is not None else None
-    if grant is None:
-        raise errors.UnauthenticatedError("a valid bearer token is required")
-    request.state.grant = grant
+    request.state.grant = grant_of(tokens, credentials.credentials if credentials else None)
 
 
 class Access:

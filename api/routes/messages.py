@@ -98,21 +98,6 @@ def to_broker_message(i: int, m: models.ProduceMessage) -> BrokerMessage:
     )
 
 
-async def read_body(request: Request, cap: int) -> bytes:
-    """The request body, refused (413) as soon as it passes ``cap`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > cap:
-        raise errors.PayloadTooLargeError(f"request body over {cap} bytes", limit=cap)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise errors.PayloadTooLargeError(f"request body over {cap} bytes", limit=cap)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def parse_produce(
     raw: bytes, content_type: str, query: Any, limits: Limits
 ) -> models.ProduceRequest:
@@ -201,7 +186,7 @@ def build(limits: Limits) -> APIRouter:
     ) -> Response:
         access.need("produce", topic)
         started = time.monotonic()
-        raw = await read_body(request, limits.max_request_bytes)
+        raw = await request.body()  # capped at max_request_bytes by the RequestGuard
         req = parse_produce(
             raw, request.headers.get("content-type", ""), request.query_params, limits
         )
