@@ -17,6 +17,7 @@ from broker.broker import PulledMessage
 from broker.settings import Limits
 
 from .. import media, models
+from ..json_shape import check_json_shape, ndjson_lines
 from ..metrics import NodeMetrics
 from .common import (
     NDJSON,
@@ -102,13 +103,15 @@ def parse_produce(
     raw: bytes, content_type: str, query: Any, limits: Limits
 ) -> models.ProduceRequest:
     """A produce body, JSON (``ProduceRequest``) or NDJSON (a message per line, the
-    session in the query)."""
+    session in the query), counted (``check_json_shape``) before anything is built."""
     if content_type.split(";", maxsplit=1)[0].strip().lower() == NDJSON:
-        lines = [ln for ln in raw.split(b"\n") if ln.strip()]
-        if len(lines) > limits.max_messages_per_request:
-            raise errors.PayloadTooLargeError(
-                f"{len(lines)} messages; at most {limits.max_messages_per_request}"
-            )
+        lines = ndjson_lines(raw, limits.max_messages_per_request)
+        check_json_shape(
+            raw,
+            limits.max_messages_per_request,
+            limits.max_json_strings_per_message,
+            messages=len(lines),
+        )
         msgs = []
         for n, line in enumerate(lines):
             try:
@@ -128,6 +131,7 @@ def parse_produce(
             )
         except ValidationError as e:
             raise errors.InvalidArgumentError(validation_message(e)) from None
+    check_json_shape(raw, limits.max_messages_per_request, limits.max_json_strings_per_message)
     try:
         return models.ProduceRequest.model_validate_json(raw)
     except ValidationError as e:
