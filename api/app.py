@@ -38,6 +38,7 @@ from .routes import cluster, groups, messages, probes, query, topics
 from .routes.common import (
     DEFAULT_RETRY_AFTER_S,
     JSONBytes,
+    LongPolls,
     broker_error_response,
     check_token,
     error_docs,
@@ -84,6 +85,8 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.tokens = tokens
+    limits = settings.limits
+    app.state.long_polls = LongPolls(limits.max_long_polls, limits.max_long_polls_per_client)
     _add_error_handlers(app, metrics)
     app.add_middleware(RequestGuard, limits=settings.limits, tokens=tokens, metrics=metrics)
 

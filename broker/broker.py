@@ -443,6 +443,7 @@ class Broker:
         self._require_master()  # a write, even when it turns out to exist: the master says
         existing = self.meta.topics.get(name)
         if existing is None:
+            self._check_room_for(n)
             await self._append_meta(op_create_topic(name, n))
             existing = self.meta.topics.get(name)
             created = True
@@ -456,6 +457,26 @@ class Broker:
                 queues=existing.queues,
             )
         return existing, created
+
+    def _check_room_for(self, queues: int) -> None:
+        """``LimitReachedError`` (429) when one more topic, or ``queues`` more queues,
+        would pass the node's limits: each queue holds file descriptors and a
+        preallocated consume-queue segment, and running out of descriptors breaks
+        segment creation for every topic. Checked by the master before the create is
+        written (replicas apply what the master wrote)."""
+        lim = self.settings.limits
+        topics = self.meta.topics.values()
+        if len(topics) >= lim.max_topics:
+            raise errors.LimitReachedError(
+                f"{len(topics)} topics, the node's limit", limit=lim.max_topics
+            )
+        total = sum(t.queues for t in topics)
+        if total + queues > lim.max_total_queues:
+            raise errors.LimitReachedError(
+                f"{total} queues and {queues} more would pass the node's limit of "
+                f"{lim.max_total_queues}",
+                limit=lim.max_total_queues,
+            )
 
     def list_topics(self) -> list[TopicMeta]:
         return sorted(self.meta.topics.values(), key=lambda t: t.name)

@@ -8,8 +8,11 @@ process can serve several apps.
 """
 
 # No `from __future__ import annotations`: FastAPI reads these annotations at runtime.
+import contextlib
+import functools
+import hashlib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any
 
 import orjson
@@ -164,6 +167,65 @@ class Access:
     def may(self, action: str, topic: str) -> bool:
         grant = self.grant
         return grant is None or grant.admin or grant.allows(action, topic)
+
+
+class LongPolls:
+    """The pulls parked on this node (``wait_ms`` > 0), in all and per client: each holds
+    a request, a task and a socket for up to ``max_wait_ms``. Past either limit a new
+    one is refused with 429 ``BUSY`` and ``Retry-After`` (the client backs off); a pull
+    without a wait is not counted. One per app, on ``app.state``."""
+
+    def __init__(self, max_total: int, max_per_client: int) -> None:
+        self.max_total = max_total
+        self.max_per_client = max_per_client
+        self.total = 0
+        self.by_client: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, client: str, wait_ms: int) -> Iterator[None]:
+        """A slot for one long poll of ``client`` while the block runs."""
+        if wait_ms <= 0:
+            yield
+            return
+        held = self.by_client.get(client, 0)
+        if self.total >= self.max_total:
+            raise errors.BusyError(
+                f"{self.total} long polls parked on this node, its limit", retry_after_ms=1000
+            )
+        if held >= self.max_per_client:
+            raise errors.BusyError(
+                f"{held} long polls of this client parked, its limit", retry_after_ms=1000
+            )
+        self.total += 1
+        self.by_client[client] = held + 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            if self.by_client[client] == 1:
+                del self.by_client[client]
+            else:
+                self.by_client[client] -= 1
+
+
+def client_of(request: Request) -> str:
+    """Who a request counts against: its bearer token (a digest of it), else its peer
+    address."""
+    token = bearer_token(request.headers.get("authorization"))
+    if token is not None:
+        return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+    return "addr:" + (request.client.host if request.client else "?")
+
+
+def _long_poll(request: Request) -> Callable[[int], contextlib.AbstractContextManager[None]]:
+    polls: LongPolls = request.app.state.long_polls
+    return functools.partial(polls.hold, client_of(request))
+
+
+LongPollDep = Annotated[
+    Callable[[int], contextlib.AbstractContextManager[None]], Depends(_long_poll)
+]
+"""``with long_poll(wait_ms):`` around a pull: a slot of this client's (or 429)."""
 
 
 def _access(request: Request) -> Access:

@@ -25,6 +25,7 @@ from .common import (
     BrokerDep,
     EncodingQuery,
     JSONBytes,
+    LongPollDep,
     MetricsDep,
     QueuePath,
     TopicPath,
@@ -231,6 +232,7 @@ def build(limits: Limits) -> APIRouter:
         broker: BrokerDep,
         metrics: MetricsDep,
         access: AccessDep,
+        long_poll: LongPollDep,
         topic: TopicPath,
         queue_id: QueuePath,
         offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
@@ -245,7 +247,7 @@ def build(limits: Limits) -> APIRouter:
         if media.wants_arrow(request.headers.get("accept")):
             if arrow_pull is None:
                 raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
-            with metrics.long_polls.track_inprogress():
+            with long_poll(wait_ms), metrics.long_polls.track_inprogress():
                 return await arrow_pull.pull_response(
                     broker,
                     metrics,
@@ -256,7 +258,7 @@ def build(limits: Limits) -> APIRouter:
                     wait_ms=wait_ms,
                     tags=tags,
                 )
-        with metrics.long_polls.track_inprogress():
+        with long_poll(wait_ms), metrics.long_polls.track_inprogress():
             r = await broker.pull(
                 topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
             )

@@ -6,10 +6,9 @@ ones."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
@@ -20,7 +19,7 @@ from api.client import AsyncAdmin, LimitReachedError
 from broker.broker import Broker
 from broker.settings import Limits
 from dledger.store import StoreSettings
-from tests.api.conftest import TEST_LIMITS, Node, node_settings
+from tests.api.conftest import Node, node_settings
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
@@ -127,3 +126,72 @@ async def test_an_arrow_page_keeps_its_budget(big: Node) -> None:
     assert page.count == 2  # 2.5 MiB of pages: two 1 MiB records
     r = await big.broker.pull_page("arrow", 0, 2, max_messages=100)
     assert r.page.count == 2 and r.next_offset == 4
+
+
+# ---- long polls -----------------------------------------------------------------------------
+
+
+def client_at(node: Node, host: str) -> httpx.AsyncClient:
+    """Another client of the same app, from address ``host``."""
+    transport = httpx.ASGITransport(app=node.app, client=(host, 40000))
+    return httpx.AsyncClient(transport=transport, base_url="http://node")
+
+
+async def test_long_polls_are_bounded_per_client_and_in_all(big: Node) -> None:
+    r = await big.http.post("/v1/topics", json={"name": "lp", "queues": 1})
+    assert r.status_code == 201
+    polls = big.app.state.long_polls
+    wait = {"offset": 0, "wait_ms": 5000}
+    url = "/v1/topics/lp/queues/0/messages"
+    async with client_at(big, "10.0.0.1") as a, client_at(big, "10.0.0.2") as b:
+        parked = [asyncio.ensure_future(a.get(url, params=wait)) for _ in range(2)]
+        await until(lambda: polls.total == 2, what="two long polls of a parked")
+        r = await a.get(url, params=wait)  # a's third: over its own limit
+        assert r.status_code == 429 and r.json()["error"]["code"] == "BUSY", r.text
+        assert r.headers["retry-after"] == "1"
+        assert (await a.get(url, params={"offset": 0})).status_code == 200  # no wait: free
+        parked.append(
+            asyncio.ensure_future(
+                b.post("/v1/groups/gr/pull", json={"topic": "lp", "wait_ms": 5000})
+            )
+        )
+        await until(lambda: polls.total == 3, what="b's group pull parked")
+        r = await b.get(url, params=wait)  # b has room, the node has none
+        assert r.status_code == 429 and "this node" in r.json()["error"]["message"], r.text
+        r = await big.http.post("/v1/topics/lp/messages", json={"messages": [{"body": "wake"}]})
+        assert r.status_code == 200
+        answers = await asyncio.gather(*parked)
+    assert [x.status_code for x in answers] == [200, 200, 200]
+    assert polls.total == 0 and polls.by_client == {}
+
+
+# ---- topics and queues ----------------------------------------------------------------------
+
+
+async def test_topics_and_queues_are_bounded_before_anything_is_written(big: Node) -> None:
+    """``max_topics`` 3, ``max_total_queues`` 10 (default queues 2): a create or an
+    auto-create past either answers 429 LIMIT_REACHED and writes nothing."""
+    for name, queues in (("t1", 4), ("t2", 4)):
+        r = await big.http.post("/v1/topics", json={"name": name, "queues": queues})
+        assert r.status_code == 201, r.text
+    before = big.log_state()
+    r = await big.http.post("/v1/topics", json={"name": "t3", "queues": 3})  # 11 queues
+    assert r.status_code == 429 and r.headers["retry-after"] == "1", r.text
+    assert r.json()["error"]["code"] == "LIMIT_REACHED" and r.json()["error"]["limit"] == 10
+    assert big.log_state() == before
+    r = await big.http.post("/v1/topics/t3/messages", json={"messages": [{"body": "x"}]})
+    assert r.status_code == 200, r.text  # auto-created with 2 queues: 10 in all
+    r = await big.http.post("/v1/topics/t4/messages", json={"messages": [{"body": "x"}]})
+    assert r.status_code == 429 and r.json()["error"]["code"] == "LIMIT_REACHED", r.text
+    before = big.log_state()
+    r = await big.http.post("/v1/topics", json={"name": "t4", "queues": 1})  # the 4th topic
+    assert r.status_code == 429 and "topics" in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["limit"] == 3
+    assert big.log_state() == before
+    r = await big.http.post("/v1/topics", json={"name": "t1", "queues": 4})  # exists: fine
+    assert r.status_code == 200
+    async with AsyncAdmin("http://node", transport=httpx.ASGITransport(app=big.app)) as admin:
+        with pytest.raises(LimitReachedError):
+            await admin.create_topic("t5", queues=1)
+        await admin.delete_topic("t1")
+        assert (await admin.create_topic("t5", queues=1)).name == "t5"  # room again
