@@ -55,14 +55,15 @@ def create_app(
     *,
     auth_token: str | None = None,
     auth_tokens: TokenTable | None = None,
-    metrics_need_auth: bool = False,
+    metrics_need_auth: bool | None = None,
 ) -> FastAPI:
     """The HTTP API of one node. ``broker`` is started (and stopped) by the caller.
 
     With ``auth_token`` (allowed everything) or ``auth_tokens`` (tokens with scopes, see
     ``api.auth``) every ``/v1`` request needs ``Authorization: Bearer <token>``: 401
     without a known one, 403 when its scopes do not cover the request. ``/healthz`` and
-    ``/readyz`` stay open, ``/metrics`` too unless ``metrics_need_auth``."""
+    ``/readyz`` stay open; ``/metrics`` (which names every topic) needs a token too
+    unless ``metrics_need_auth`` is False (None: when there are tokens)."""
     tokens: TokenTable | None = None
     if auth_token is not None or auth_tokens is not None:
         tokens = TokenTable() if auth_tokens is None else auth_tokens.copy()
@@ -90,7 +91,8 @@ def create_app(
     _add_error_handlers(app, metrics)
     app.add_middleware(RequestGuard, limits=settings.limits, tokens=tokens, metrics=metrics)
 
-    app.include_router(probes.build(metrics_need_auth=metrics_need_auth and tokens is not None))
+    metrics_closed = tokens is not None and metrics_need_auth is not False
+    app.include_router(probes.build(metrics_need_auth=metrics_closed))
     guarded = [Depends(check_token)] if tokens is not None else []
     for router in (
         cluster.build(),

@@ -162,9 +162,10 @@ async def test_a_streamed_body_over_the_cap_through_httpx(node: Node) -> None:
     r = await node.http.put("/v1/groups/g/offsets", content=stream())
     assert r.status_code == 413, r.text
     assert r.json()["error"]["code"] == "PAYLOAD_TOO_LARGE"
-    assert 'ledgermq_http_errors_total{code="PAYLOAD_TOO_LARGE"} 1.0' in (
-        await node.http.get("/metrics")
-    ).text
+    assert (
+        'ledgermq_http_errors_total{code="PAYLOAD_TOO_LARGE"} 1.0'
+        in (await node.http.get("/metrics")).text
+    )
 
 
 async def test_an_open_node_caps_too(node: Node) -> None:
