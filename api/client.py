@@ -38,6 +38,7 @@ import base64
 import contextlib
 import random
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -1365,13 +1366,21 @@ def _reply(resp: httpx.Response) -> Reply:
     return Reply(resp.status_code, headers, body, text)
 
 
+def tls_context(verify: bool | str) -> bool | ssl.SSLContext:
+    """httpx's ``verify`` for ours: a CA bundle path becomes an SSL context that trusts
+    it (httpx deprecates the path form)."""
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    return verify
+
+
 def _client_args(s: ClientSettings) -> dict[str, Any]:
     headers = {"accept": "application/json", "user-agent": "ledgermq-python"}
     if s.auth_token:
         headers["authorization"] = f"Bearer {s.auth_token}"
     return {
         "headers": headers,
-        "verify": s.verify,
+        "verify": tls_context(s.verify),
         "follow_redirects": False,  # 307 NOT_MASTER is handled by Exchange
         "trust_env": s.trust_env,
         "limits": httpx.Limits(max_connections=s.max_connections),

@@ -368,8 +368,14 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         )
     add_option(p, "--log-level", default="INFO")
     add_option(p, "--log-format", choices=("text", "json"), default="text")
-    add_option(p, "--ssl-certfile", default=None, help="serve HTTPS with this certificate")
-    add_option(p, "--ssl-keyfile", default=None)
+    add_option(
+        p,
+        "--ssl-certfile",
+        default=None,
+        help="serve HTTPS with this certificate (PEM, the chain after it); the advertised"
+        " URL is then https",
+    )
+    add_option(p, "--ssl-keyfile", default=None, help="its private key (PEM)")
     add_option(p, "--auth-token", default=None, help="require this bearer token on /v1")
     add_option(
         p,
@@ -413,8 +419,9 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSettings]:
     host, port = parse_address(args.http)
+    scheme = "https" if args.ssl_certfile else "http"  # what redirects and clients need
     advertised = (
-        args.advertised_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+        args.advertised_url or f"{scheme}://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     )
     peers = args.peers or f"{args.node_id}-127.0.0.1:{port + 1000}"
     peer_urls = _peer_urls(args.peer_urls)

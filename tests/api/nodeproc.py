@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 
+from api.client import tls_context
 from dledger.runtime.local_cluster import free_ports
 from tests.waiting import wait_until
 
@@ -23,7 +24,8 @@ LEDGERMQ = str(Path(sys.executable).with_name("ledgermq"))
 def ready(url: str, verify: bool | str = True) -> bool:
     """Does the node at ``url`` answer ``/readyz`` 200 (a master, dispatch caught up)?"""
     try:
-        return httpx.get(url + "/readyz", timeout=2, verify=verify).status_code == 200
+        r = httpx.get(url + "/readyz", timeout=2, verify=tls_context(verify))
+        return r.status_code == 200
     except httpx.HTTPError:
         return False
 
