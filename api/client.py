@@ -288,7 +288,7 @@ class ClientSettings:
     # long-polls one queue at a time for at most this long.
     sweep_wait_ms: int = 200
     auth_token: str | None = None
-    verify: bool | str = True  # TLS: False, or a CA bundle path
+    verify: bool | str | ssl.SSLContext = True  # TLS: False, a CA bundle path, a context
     max_connections: int = 16
     # Proxies from the environment are ignored unless asked for: brokers are usually near.
     trust_env: bool = False
@@ -316,7 +316,7 @@ class ClientOptions(TypedDict, total=False):
     max_redirects: int
     sweep_wait_ms: int
     auth_token: str | None
-    verify: bool | str
+    verify: bool | str | ssl.SSLContext
     max_connections: int
     trust_env: bool
 
@@ -1366,7 +1366,7 @@ def _reply(resp: httpx.Response) -> Reply:
     return Reply(resp.status_code, headers, body, text)
 
 
-def tls_context(verify: bool | str) -> bool | ssl.SSLContext:
+def tls_context(verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
     """httpx's ``verify`` for ours: a CA bundle path becomes an SSL context that trusts
     it (httpx deprecates the path form)."""
     if isinstance(verify, str):
