@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from api.json_shape import check_json_shape, ndjson_lines
 from broker import errors
 from tests.api.conftest import TEST_LIMITS, Node
+from tests.fuzz.targets_api import true_shape
 
 MiB = 1 << 20
 
@@ -31,24 +32,6 @@ json_values = st.recursive(
     ),
     max_leaves=40,
 )
-
-
-def true_shape(doc: Any, in_array: bool = False) -> tuple[int, int]:
-    """(containers that are array elements, strings and scalars) of a parsed document;
-    a member name is a string."""
-    if isinstance(doc, dict):
-        items, values = int(in_array), len(doc)
-        for v in doc.values():
-            i, n = true_shape(v)
-            items, values = items + i, values + n
-        return items, values
-    if isinstance(doc, list):
-        items, values = int(in_array), 0
-        for v in doc:
-            i, n = true_shape(v, in_array=True)
-            items, values = items + i, values + n
-        return items, values
-    return 0, 1
 
 
 @settings(max_examples=400, deadline=None)
