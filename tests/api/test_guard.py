@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from api.app import create_app
 from tests.api.conftest import TEST_LIMITS, Node
+from tests.asgi import http_scope
 
 pytestmark = pytest.mark.asyncio
 
@@ -48,21 +49,7 @@ async def call(
     """Send ``chunks`` as the body (one ``http.request`` message each), as uvicorn does."""
     ex = Exchange()
     raw_headers = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    raw_headers.append((b"host", b"node"))
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": raw_headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("127.0.0.1", 8080),
-    }
+    scope = http_scope(method, path, headers=raw_headers)
 
     async def receive() -> dict[str, Any]:
         if ex.chunks_read < len(chunks):
@@ -174,3 +161,6 @@ async def test_an_open_node_caps_too(node: Node) -> None:
     assert ex.status == 413 and ex.chunks_read == 0
     r = await node.http.post("/v1/topics", content=b"{" * (64 * 1024 + 1))
     assert r.status_code == 413
+    # A body no header announced (a server would not pass one; the cap holds anyway).
+    ex = await call(node.app, "POST", "/v1/topics", [b" " * (64 * 1024)] * 2)
+    assert ex.status == 413 and ex.chunks_read == 2

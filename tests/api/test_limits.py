@@ -14,12 +14,10 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from api.app import create_app
 from api.client import AsyncAdmin, LimitReachedError
-from broker.broker import Broker
 from broker.settings import Limits
 from dledger.store import StoreSettings
-from tests.api.conftest import Node, node_settings
+from tests.api.conftest import Node, node_settings, running_node
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
@@ -49,16 +47,8 @@ async def big(tmp_path: Path) -> AsyncIterator[Node]:
         default_queues=2,
         store=StoreSettings(data_file_size=32 * MiB, index_file_size=256 * 1024),
     )
-    broker = Broker(settings)
-    await broker.start()
-    try:
-        await until(lambda: broker.is_master, what="the single node becomes MASTER")
-        app = create_app(settings, broker)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
-            yield Node(broker, app, http)
-    finally:
-        await broker.stop()
+    async with running_node(settings) as node:
+        yield node
 
 
 async def produce_big(node: Node, topic: str, n: int, queue_id: int = 0) -> list[str]:

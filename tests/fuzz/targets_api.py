@@ -29,6 +29,7 @@ from broker.metadata import TopicMeta
 from broker.settings import BrokerSettings, Limits
 from broker.status import BrokerStatus
 
+from ..asgi import http_scope
 from .reader import Reader, Writer
 from .registry import _scratch_root, target
 
@@ -243,20 +244,8 @@ _ROUTES = (
 
 async def _call(app: Any, method: str, path: str, query: bytes, ctype: str, body: bytes) -> int:
     """One request through the ASGI app; the status it answered."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query,
-        "root_path": "",
-        "headers": [(b"content-type", ctype.encode()), (b"host", b"fuzz")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+    headers = [(b"content-type", ctype.encode())]
+    scope = http_scope(method, path, query=query, headers=headers, host=b"fuzz")
     sent = False
     answer: dict[str, Any] = {"status": 0, "body": b""}
 
