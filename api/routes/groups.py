@@ -57,7 +57,7 @@ def build() -> APIRouter:
         "/v1/groups/{group}/offsets",
         summary="commit a group's offsets (replicated)",
         response_model=models.OffsetsAnswer,
-        responses=error_docs(307, 404, 503),
+        responses=error_docs(307, 404, 413, 503),
     )
     async def commit_offsets(
         group: GroupPath, body: models.CommitOffsets, broker: BrokerDep, access: AccessDep
@@ -71,7 +71,7 @@ def build() -> APIRouter:
         "/v1/groups/{group}/offsets/reset",
         summary="move a group's offsets to earliest, latest or a store timestamp",
         response_model=models.OffsetsAnswer,
-        responses=error_docs(307, 404, 503),
+        responses=error_docs(307, 404, 413, 503),
     )
     async def reset_offsets(
         group: GroupPath, body: models.ResetOffsets, broker: BrokerDep, access: AccessDep
@@ -84,7 +84,7 @@ def build() -> APIRouter:
         "/v1/groups/{group}/pull",
         summary="pull from the group's committed offsets (long polling with wait_ms)",
         response_model=models.GroupPullResponse,
-        responses=error_docs(307, 404, 429, 503),
+        responses=error_docs(307, 404, 413, 429, 503),
     )
     async def group_pull(
         *,
