@@ -3,9 +3,11 @@
 Nothing is built at import time: the node runner (``api.node``) makes the broker, starts
 it, and serves this app with uvicorn on the same event loop as the Raft runtime. The
 routes live in ``api/routes/`` (one file per resource); this module composes them: the
-node's state on ``app.state`` (which the routes' dependencies read), the token check on
-``/v1``, the error handlers that give every error the body of API.md §2
-(``{"error": {"code", "message", ...}}``), and the OpenAPI document.
+node's state on ``app.state`` (which the routes' dependencies read), the request guard
+(``api.guard``: every body capped, and a body without a valid token refused, before it
+is read), the token check on ``/v1``, the long-poll counter, the error handlers that
+give every error the body of API.md §2 (``{"error": {"code", "message", ...}}``), and
+the OpenAPI document.
 
 Requests are validated by the pydantic models of ``api.models`` before the broker sees
 them, and the broker checks its limits before anything is written, so bad input is
