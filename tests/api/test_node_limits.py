@@ -5,14 +5,23 @@ when its token is on the command line or its HTTP port is open to the network.""
 
 from __future__ import annotations
 
+import argparse
 import resource
 import socket
 from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import pytest
 
-from api.node import HttpSettings, exposure_warnings
+from api.node import (
+    LIMIT_OPTIONS,
+    HttpSettings,
+    add_broker_options,
+    exposure_warnings,
+    settings_from_args,
+)
+from broker.settings import Limits
 from tests.api.nodeproc import node_process
 from tests.waiting import wait_until
 
@@ -69,3 +78,20 @@ def test_an_open_port_without_tokens_is_warned_about() -> None:
     for host in ("127.0.0.1", "::1", "localhost"):
         assert exposure_warnings(HttpSettings(host=host)) == []
     assert len(exposure_warnings(HttpSettings(auth_token="t", auth_token_in_argv=True))) == 1
+
+
+def test_every_limit_is_an_option_with_its_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("LEDGERMQ_AUTH_TOKEN", raising=False)
+    parser = argparse.ArgumentParser()
+    add_broker_options(parser)
+    settings, http = settings_from_args(parser.parse_args([]))
+    assert settings.limits == Limits() and http.max_connections == 2048
+    assert http.metrics_need_auth is None and not http.auth_token_in_argv
+    args = ["--max-topics", "7", "--max-total-queues", "70", "--max-long-polls", "9"]
+    args += ["--max-http-connections", "11", "--no-metrics-auth", "--auth-token", "t"]
+    settings, http = settings_from_args(parser.parse_args(args))
+    assert (settings.limits.max_topics, settings.limits.max_total_queues) == (7, 70)
+    assert settings.limits.max_long_polls == 9 and http.max_connections == 11
+    assert http.metrics_need_auth is False and http.auth_token_in_argv
+    for name in LIMIT_OPTIONS:
+        assert parser.get_default(name) == getattr(Limits(), name), name
