@@ -3,9 +3,11 @@
 Nothing is built at import time: the node runner (``api.node``) makes the broker, starts
 it, and serves this app with uvicorn on the same event loop as the Raft runtime. The
 routes live in ``api/routes/`` (one file per resource); this module composes them: the
-node's state on ``app.state`` (which the routes' dependencies read), the token check on
-``/v1``, the error handlers that give every error the body of API.md §2
-(``{"error": {"code", "message", ...}}``), and the OpenAPI document.
+node's state on ``app.state`` (which the routes' dependencies read), the request guard
+(``api.guard``: every body capped, and a body without a valid token refused, before it
+is read), the token check on ``/v1``, the long-poll counter, the error handlers that
+give every error the body of API.md §2 (``{"error": {"code", "message", ...}}``), and
+the OpenAPI document.
 
 Requests are validated by the pydantic models of ``api.models`` before the broker sees
 them, and the broker checks its limits before anything is written, so bad input is
@@ -18,7 +20,6 @@ on the hot path); their models document them in the OpenAPI schema.
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -33,11 +34,14 @@ from broker.settings import BrokerSettings
 
 from . import models
 from .auth import TokenTable
+from .guard import RequestGuard
 from .metrics import NodeMetrics
 from .routes import cluster, groups, messages, probes, query, topics
 from .routes.common import (
     DEFAULT_RETRY_AFTER_S,
     JSONBytes,
+    LongPolls,
+    broker_error_response,
     check_token,
     error_docs,
     error_response,
@@ -53,14 +57,15 @@ def create_app(
     *,
     auth_token: str | None = None,
     auth_tokens: TokenTable | None = None,
-    metrics_need_auth: bool = False,
+    metrics_need_auth: bool | None = None,
 ) -> FastAPI:
     """The HTTP API of one node. ``broker`` is started (and stopped) by the caller.
 
     With ``auth_token`` (allowed everything) or ``auth_tokens`` (tokens with scopes, see
     ``api.auth``) every ``/v1`` request needs ``Authorization: Bearer <token>``: 401
     without a known one, 403 when its scopes do not cover the request. ``/healthz`` and
-    ``/readyz`` stay open, ``/metrics`` too unless ``metrics_need_auth``."""
+    ``/readyz`` stay open; ``/metrics`` (which names every topic) needs a token too
+    unless ``metrics_need_auth`` is False (None: when there are tokens)."""
     tokens: TokenTable | None = None
     if auth_token is not None or auth_tokens is not None:
         tokens = TokenTable() if auth_tokens is None else auth_tokens.copy()
@@ -83,9 +88,13 @@ def create_app(
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.tokens = tokens
+    limits = settings.limits
+    app.state.long_polls = LongPolls(limits.max_long_polls, limits.max_long_polls_per_client)
     _add_error_handlers(app, metrics)
+    app.add_middleware(RequestGuard, limits=settings.limits, tokens=tokens, metrics=metrics)
 
-    app.include_router(probes.build(metrics_need_auth=metrics_need_auth and tokens is not None))
+    metrics_closed = tokens is not None and metrics_need_auth is not False
+    app.include_router(probes.build(metrics_need_auth=metrics_closed))
     guarded = [Depends(check_token)] if tokens is not None else []
     for router in (
         cluster.build(),
@@ -122,11 +131,7 @@ def _add_error_handlers(app: FastAPI, metrics: NodeMetrics) -> None:
                 headers={"Retry-After": str(DEFAULT_RETRY_AFTER_S)},
                 **fields,
             )
-        headers = {"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None
-        if e.http_status in (429, 503, 507):
-            retry_ms = e.fields.get("retry_after_ms", DEFAULT_RETRY_AFTER_S * 1000)
-            headers = {"Retry-After": str(max(1, math.ceil(retry_ms / 1000)))}
-        return error_response(e.http_status, e.code, e.message, headers=headers, **fields)
+        return broker_error_response(e)
 
     @app.exception_handler(RequestValidationError)
     async def _on_invalid(request: Request, e: RequestValidationError) -> Response:

@@ -38,6 +38,7 @@ import base64
 import contextlib
 import random
 import re
+import ssl
 import threading
 import time
 import uuid
@@ -88,6 +89,7 @@ __all__ = [
     "GroupOffset",
     "InvalidArgumentError",
     "LedgerMQError",
+    "LimitReachedError",
     "Message",
     "MessageLike",
     "MessageNotFoundError",
@@ -188,6 +190,13 @@ class BusyError(LedgerMQError):
     CODE = "BUSY"
 
 
+class LimitReachedError(LedgerMQError):
+    """The broker's limit of topics or queues is reached (not retried: room is made by
+    deleting a topic or raising the limit)."""
+
+    CODE = "LIMIT_REACHED"
+
+
 class DiskFullError(LedgerMQError):
     """The master's disk is full: it refuses writes until space returns (by itself); the
     client retries within its deadline, as the answer's ``Retry-After`` says."""
@@ -240,6 +249,7 @@ _ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         GroupNotFoundError,
         SequenceTooOldError,
         BusyError,
+        LimitReachedError,
         DiskFullError,
         NodeFailedError,
         CorruptEntryError,
@@ -278,7 +288,7 @@ class ClientSettings:
     # long-polls one queue at a time for at most this long.
     sweep_wait_ms: int = 200
     auth_token: str | None = None
-    verify: bool | str = True  # TLS: False, or a CA bundle path
+    verify: bool | str | ssl.SSLContext = True  # TLS: False, a CA bundle path, a context
     max_connections: int = 16
     # Proxies from the environment are ignored unless asked for: brokers are usually near.
     trust_env: bool = False
@@ -306,7 +316,7 @@ class ClientOptions(TypedDict, total=False):
     max_redirects: int
     sweep_wait_ms: int
     auth_token: str | None
-    verify: bool | str
+    verify: bool | str | ssl.SSLContext
     max_connections: int
     trust_env: bool
 
@@ -1356,13 +1366,21 @@ def _reply(resp: httpx.Response) -> Reply:
     return Reply(resp.status_code, headers, body, text)
 
 
+def tls_context(verify: bool | str | ssl.SSLContext) -> bool | ssl.SSLContext:
+    """httpx's ``verify`` for ours: a CA bundle path becomes an SSL context that trusts
+    it (httpx deprecates the path form)."""
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    return verify
+
+
 def _client_args(s: ClientSettings) -> dict[str, Any]:
     headers = {"accept": "application/json", "user-agent": "ledgermq-python"}
     if s.auth_token:
         headers["authorization"] = f"Bearer {s.auth_token}"
     return {
         "headers": headers,
-        "verify": s.verify,
+        "verify": tls_context(s.verify),
         "follow_redirects": False,  # 307 NOT_MASTER is handled by Exchange
         "trust_env": s.trust_env,
         "limits": httpx.Limits(max_connections=s.max_connections),

@@ -12,8 +12,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -34,7 +36,7 @@ from dledger.store import StoreSettings
 
 from .app import create_app
 from .auth import TokenTable
-from .cliutil import add_option, fail
+from .cliutil import add_option, env_name, fail
 
 log = logging.getLogger("ledgermq.node")
 
@@ -56,6 +58,14 @@ LIMIT_OPTIONS = (
     "max_pull_messages",
     "max_arrow_pull_messages",
     "max_wait_ms",
+    "max_small_body_bytes",
+    "max_json_strings_per_message",
+    "max_response_bytes",
+    "max_arrow_page_bytes",
+    "max_long_polls",
+    "max_long_polls_per_client",
+    "max_topics",
+    "max_total_queues",
 )
 
 
@@ -70,7 +80,17 @@ class HttpSettings:
     ssl_keyfile: str | None = None
     auth_token: str | None = None  # API.md §6: every /v1 request needs it when set
     auth_tokens: TokenTable | None = None  # tokens with scopes (--auth-tokens-file)
-    metrics_need_auth: bool = False
+    # /metrics needs a token too (it names every topic); None: when the node has tokens.
+    metrics_need_auth: bool | None = None
+    # Open connections (and requests in flight) uvicorn takes before answering 503
+    # (its limit_concurrency): each holds a descriptor and buffers.
+    max_connections: int = 2048
+    # Where --auth-token came from: on the command line it shows in ps (a warning).
+    auth_token_in_argv: bool = False
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.auth_token is not None or self.auth_tokens is not None
 
 
 # ---- logging --------------------------------------------------------------------------------
@@ -117,6 +137,51 @@ def setup_logging(node_id: str, level: str = "INFO", fmt: str = "text") -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
+# ---- start-up checks ------------------------------------------------------------------------
+
+
+def raise_file_limit() -> tuple[int, int]:
+    """Raise this process's soft limit of open files to its hard limit: every queue holds
+    descriptors (consume-queue and key-index files), every connection one, and the
+    common soft default (1,024) runs out at ~130 topics, which then breaks segment
+    creation. Returns (soft, hard) as they are now, and logs them."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20  # Linux's nr_open default
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (ValueError, OSError) as e:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, want, e)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    log.info("open files limit: %d (hard limit %d)", soft, hard)
+    return soft, hard
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve to anything
+
+
+def exposure_warnings(http: HttpSettings) -> list[str]:
+    """What an operator should know about how this node is exposed, said at start."""
+    out = []
+    if http.auth_token_in_argv:
+        out.append(
+            "--auth-token on the command line shows in ps and /proc/*/cmdline: set "
+            "LEDGERMQ_AUTH_TOKEN instead, or list it in --auth-tokens-file (TOKEN admin)"
+        )
+    if not http.has_tokens and not is_loopback(http.host):
+        out.append(
+            f"HTTP on {http.host}:{http.port} without --auth-token or --auth-tokens-file: "
+            "anyone who reaches it may produce, consume and delete topics"
+        )
+    return out
+
+
 # ---- serving --------------------------------------------------------------------------------
 
 
@@ -141,6 +206,9 @@ async def serve(
     failed (crash-only: the process exits non-zero)."""
     broker = broker or Broker(settings)
     started = time.monotonic()
+    raise_file_limit()
+    for warning in exposure_warnings(http):
+        log.warning("%s", warning)
     await broker.start()
     app = create_app(
         settings,
@@ -161,6 +229,7 @@ async def serve(
         timeout_graceful_shutdown=http.graceful_shutdown_s,
         ssl_certfile=http.ssl_certfile,
         ssl_keyfile=http.ssl_keyfile,
+        limit_concurrency=http.max_connections,
     )
     server = _Server(config)
     loop = asyncio.get_running_loop()
@@ -299,8 +368,14 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         )
     add_option(p, "--log-level", default="INFO")
     add_option(p, "--log-format", choices=("text", "json"), default="text")
-    add_option(p, "--ssl-certfile", default=None, help="serve HTTPS with this certificate")
-    add_option(p, "--ssl-keyfile", default=None)
+    add_option(
+        p,
+        "--ssl-certfile",
+        default=None,
+        help="serve HTTPS with this certificate (PEM, the chain after it); the advertised"
+        " URL is then https",
+    )
+    add_option(p, "--ssl-keyfile", default=None, help="its private key (PEM)")
     add_option(p, "--auth-token", default=None, help="require this bearer token on /v1")
     add_option(
         p,
@@ -323,8 +398,17 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         p,
         "--metrics-auth",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="/metrics needs the token too",
+        default=None,
+        help="/metrics needs a token too (default: when the node has tokens; "
+        "--no-metrics-auth opens it)",
+    )
+    add_option(
+        p,
+        "--max-http-connections",
+        type=int,
+        default=HttpSettings().max_connections,
+        help="open HTTP connections and requests in flight before 503 (uvicorn's "
+        "limit_concurrency)",
     )
     p.add_argument(
         "--exit-with-parent",
@@ -335,8 +419,9 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
 
 def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSettings]:
     host, port = parse_address(args.http)
+    scheme = "https" if args.ssl_certfile else "http"  # what redirects and clients need
     advertised = (
-        args.advertised_url or f"http://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
+        args.advertised_url or f"{scheme}://{'127.0.0.1' if host == '0.0.0.0' else host}:{port}"
     )
     peers = args.peers or f"{args.node_id}-127.0.0.1:{port + 1000}"
     peer_urls = _peer_urls(args.peer_urls)
@@ -379,6 +464,9 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         auth_token=args.auth_token or None,
         auth_tokens=_tokens_file(args.auth_tokens_file),
         metrics_need_auth=args.metrics_auth,
+        max_connections=args.max_http_connections,
+        auth_token_in_argv=bool(args.auth_token)
+        and args.auth_token != os.environ.get(env_name("--auth-token")),
     )
     return settings, http
 

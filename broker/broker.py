@@ -67,7 +67,7 @@ from .metadata import (
     op_create_topic,
     op_delete_topic,
 )
-from .pages import RawPage, RawPullResult, damaged_record
+from .pages import RawPage, RawPullResult, damaged_record, units_within
 from .promotion import own_term_committed, queue_table_from
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
@@ -112,6 +112,7 @@ class PulledMessage:
     properties: dict[str, str]
     born_timestamp: int
     store_timestamp: int
+    size: int  # the stored record's bytes: what response budgets count
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +138,7 @@ class _Scan(Protocol[_Found_co]):
         offset: int,
         *,
         max_messages: int,
+        max_bytes: int,
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
     ) -> tuple[_Found_co, int, int]: ...
@@ -441,6 +443,7 @@ class Broker:
         self._require_master()  # a write, even when it turns out to exist: the master says
         existing = self.meta.topics.get(name)
         if existing is None:
+            self._check_room_for(n)
             await self._append_meta(op_create_topic(name, n))
             existing = self.meta.topics.get(name)
             created = True
@@ -454,6 +457,26 @@ class Broker:
                 queues=existing.queues,
             )
         return existing, created
+
+    def _check_room_for(self, queues: int) -> None:
+        """``LimitReachedError`` (429) when one more topic, or ``queues`` more queues,
+        would pass the node's limits: each queue holds file descriptors and a
+        preallocated consume-queue segment, and running out of descriptors breaks
+        segment creation for every topic. Checked by the master before the create is
+        written (replicas apply what the master wrote)."""
+        lim = self.settings.limits
+        topics = self.meta.topics.values()
+        if len(topics) >= lim.max_topics:
+            raise errors.LimitReachedError(
+                f"{len(topics)} topics, the node's limit", limit=lim.max_topics
+            )
+        total = sum(t.queues for t in topics)
+        if total + queues > lim.max_total_queues:
+            raise errors.LimitReachedError(
+                f"{total} queues and {queues} more would pass the node's limit of "
+                f"{lim.max_total_queues}",
+                limit=lim.max_total_queues,
+            )
 
     def list_topics(self) -> list[TopicMeta]:
         return sorted(self.meta.topics.values(), key=lambda t: t.name)
@@ -777,6 +800,7 @@ class Broker:
             properties=m.user_properties,
             born_timestamp=m.born_timestamp,
             store_timestamp=m.store_timestamp,
+            size=m.size,
         )
 
     def _check_queue(self, topic: str, queue_id: int) -> TopicMeta:
@@ -802,14 +826,19 @@ class Broker:
         max_messages: int = 32,
         wait_ms: int = 0,
         tags: str | None = None,
+        max_bytes: int | None = None,
     ) -> PullResult:
-        """Messages of one queue from ``offset`` (RocketMQ's PullStatus vocabulary)."""
+        """Messages of one queue from ``offset`` (RocketMQ's PullStatus vocabulary):
+        ``max_messages`` of them, fewer when their stored bytes would pass ``max_bytes``
+        (default ``max_response_bytes``), but always one: a message bigger than the
+        budget is answered alone, so a consumer never stalls on it."""
         status, found, next_offset, lo, hi = await self._pull_loop(
             self._scan,
             topic,
             queue_id,
             offset,
             max_messages=max_messages,
+            max_bytes=self.settings.limits.max_response_bytes if max_bytes is None else max_bytes,
             wait_ms=wait_ms,
             tags=tags,
         )
@@ -825,13 +854,15 @@ class Broker:
         wait_ms: int = 0,
         tags: str | None = None,
     ) -> RawPullResult:
-        """``pull``, with the messages as stored (``broker.pages``) for columnar encoders."""
+        """``pull``, with the messages as stored (``broker.pages``) for columnar encoders;
+        a page's records hold at most ``max_arrow_page_bytes`` (or one record)."""
         status, page, next_offset, lo, hi = await self._pull_loop(
             self._scan_page,
             topic,
             queue_id,
             offset,
             max_messages=max_messages,
+            max_bytes=self.settings.limits.max_arrow_page_bytes,
             wait_ms=wait_ms,
             tags=tags,
             limit=self.settings.limits.max_arrow_pull_messages,
@@ -846,6 +877,7 @@ class Broker:
         offset: int,
         *,
         max_messages: int,
+        max_bytes: int,
         wait_ms: int,
         tags: str | None,
         limit: int | None = None,
@@ -870,7 +902,13 @@ class Broker:
                 return "OFFSET_ILLEGAL", None, lo if offset < lo else hi, lo, hi
             if offset < hi:
                 found, count, next_offset = scan(
-                    topic, queue_id, offset, max_messages=max_messages, hashes=hashes, wanted=wanted
+                    topic,
+                    queue_id,
+                    offset,
+                    max_messages=max_messages,
+                    max_bytes=max_bytes,
+                    hashes=hashes,
+                    wanted=wanted,
                 )
                 if count:
                     self.stats["pulled"] += count
@@ -901,6 +939,7 @@ class Broker:
         offset: int,
         *,
         max_messages: int,
+        max_bytes: int,
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
     ) -> tuple[list[PulledMessage], int, int]:
@@ -912,7 +951,10 @@ class Broker:
         units = q.read(offset, scan_limit)
         out: list[PulledMessage] = []
         next_offset = offset
+        budget = max_bytes
         for queue_offset, commitlog_offset, size, thash in units:
+            if out and size > budget:
+                break  # the budget is spent: this message starts the next pull
             next_offset = queue_offset + 1
             if hashes is not None and thash not in hashes:
                 continue
@@ -920,6 +962,7 @@ class Broker:
             if wanted is not None and m.tags not in wanted:
                 continue  # a tags-hash collision: the exact tags decide
             out.append(self._pulled(m))
+            budget -= size
             if len(out) >= max_messages:
                 break
         return out, len(out), next_offset
@@ -931,6 +974,7 @@ class Broker:
         offset: int,
         *,
         max_messages: int,
+        max_bytes: int,
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
     ) -> tuple[RawPage, int, int]:
@@ -942,14 +986,18 @@ class Broker:
             return RawPage(b""), 0, offset
         if hashes is None:
             first, units = q.read_raw(offset, max_messages)
+            units = units_within(units, max_bytes)
             count = len(units) // UNIT_SIZE
             next_offset = first + count if count else offset
         else:
             kept: list[bytes] = []
             next_offset = offset
+            budget = max_bytes
             for queue_offset, commitlog_offset, size, thash in q.read(
                 offset, max(max_messages * 4, 1024)
             ):
+                if kept and size > budget:
+                    break  # the budget is spent: this message starts the next pull
                 next_offset = queue_offset + 1
                 if thash not in hashes:
                     continue
@@ -957,6 +1005,7 @@ class Broker:
                 if not exact:
                     continue  # a tags-hash collision: the exact tags decide
                 kept.append(PAGE_UNIT.pack(commitlog_offset, size, thash))
+                budget -= size
                 if len(kept) >= max_messages:
                     break
             units, count = b"".join(kept), len(kept)
@@ -1020,7 +1069,8 @@ class Broker:
         floor = -1
         if t.created_index >= store.ledger_begin_index:
             floor = store.get_meta(t.created_index).pos
-        out = []
+        out: list[PulledMessage] = []
+        budget = self.settings.limits.max_response_bytes
         self._require_derived()
         for commitlog_offset in self.keys.query(key, max_results * 2):
             if commitlog_offset <= floor:
@@ -1029,7 +1079,10 @@ class Broker:
             if m is None or m.topic != topic:
                 continue
             if key in m.keys or m.uniq_key == key:  # the index may return hash collisions
+                if out and m.size > budget:
+                    break  # the response budget is spent: fewer than asked
                 out.append(self._pulled(m))
+                budget -= m.size
                 if len(out) >= max_results:
                     break
         return out
@@ -1128,14 +1181,20 @@ class Broker:
         while True:
             out: list[PulledMessage] = []
             next_offsets: dict[int, int] = {}
+            # One response budget across the queues: once spent, the other queues wait
+            # for the next pull (a queue's one message may pass what is left of it).
+            budget = self.settings.limits.max_response_bytes
             for qid in qids:
                 lo, _ = self.queue_bounds(topic, qid)
                 start = self.meta.committed_offset(group, topic, qid)
                 start = lo if start is None or start < lo else start
-                r = await self.pull(topic, qid, start, max_messages=max_messages - len(out))
+                r = await self.pull(
+                    topic, qid, start, max_messages=max_messages - len(out), max_bytes=budget
+                )
                 next_offsets[qid] = r.next_offset
                 out.extend(r.messages)
-                if len(out) >= max_messages:
+                budget -= sum(m.size for m in r.messages)
+                if len(out) >= max_messages or budget <= 0:
                     break
             left = deadline - time.monotonic()
             if out or left <= 0:

@@ -130,6 +130,14 @@ class BusyError(BrokerError):
     http_status = 429
 
 
+class LimitReachedError(BrokerError):
+    """A node-wide limit (topics, queues) is reached: the create is refused, nothing is
+    written; it succeeds again once room is made (a topic deleted) or the limit raised."""
+
+    code = "LIMIT_REACHED"
+    http_status = 429
+
+
 class StorageError(BrokerError):
     """The log refused the write (disk full, body over the store's limit)."""
 

@@ -47,6 +47,17 @@ R = TypeVar("R")
 _ENTRY_TAIL = struct.Struct(">II")  # body crc, body size: the entry header's last 8 bytes
 
 
+def units_within(units: bytes, max_bytes: int) -> bytes:
+    """The first of ``units`` whose records hold at most ``max_bytes`` together, and
+    at least one: a record bigger than the budget is a page of its own."""
+    total = 0
+    for i, (_, size, _) in enumerate(UNIT.iter_unpack(units)):
+        total += size
+        if total > max_bytes and i:
+            return units[: i * UNIT_SIZE]
+    return units
+
+
 def damaged_record(data: memoryview, units: bytes, base: int) -> int | None:
     """The commitlog offset of the first record in ``data`` (from commitlog offset
     ``base`` on) whose entry header's body CRC or size does not hold, None if all hold.

@@ -38,6 +38,25 @@ class Limits:
     # Units a pull with a tag filter passes over before it answers NO_MATCHED_MSG with
     # where it got to (RocketMQ's maxFilterMessageCount is 16,000).
     max_filter_scan_units: int = 16_384
+    # HTTP request bodies other than produce (topic create, offsets, group pull, ...):
+    # refused (413) before they are read or parsed past this.
+    max_small_body_bytes: int = 64 * 1024
+    # A produce body is counted before anything is built from it: no more JSON strings
+    # and scalars than this many per message (a message needs a dozen).
+    max_json_strings_per_message: int = 256
+    # What one pull, group pull or key query answers, in stored message bytes (at least
+    # one message, so one big message never stalls a consumer); an Arrow pull page's
+    # records likewise.
+    max_response_bytes: int = 32 * MiB
+    max_arrow_page_bytes: int = 64 * MiB
+    # Parked long polls (pull and group pull with wait_ms > 0), in all and per client
+    # (its token, or its address): over either → 429 BUSY with Retry-After.
+    max_long_polls: int = 1024
+    max_long_polls_per_client: int = 64
+    # Each queue holds file descriptors and a preallocated consume-queue segment: over
+    # either → 429 LIMIT_REACHED, nothing written.
+    max_topics: int = 1024
+    max_total_queues: int = 8192
 
 
 @dataclass(frozen=True, slots=True)

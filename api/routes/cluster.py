@@ -51,7 +51,7 @@ def build() -> APIRouter:
         "/v1/cluster/leadership",
         summary="transfer leadership; answers once the target leads",
         response_model=models.LeadershipResult,
-        responses=error_docs(307, 409, 503),
+        responses=error_docs(307, 409, 413, 503),
     )
     async def leadership(
         body: models.LeadershipRequest, broker: BrokerDep, access: AccessDep

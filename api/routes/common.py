@@ -8,13 +8,18 @@ process can serve several apps.
 """
 
 # No `from __future__ import annotations`: FastAPI reads these annotations at runtime.
-from collections.abc import Mapping
+import contextlib
+import functools
+import hashlib
+import math
+from collections.abc import Callable, Iterator, Mapping
 from typing import Annotated, Any
 
 import orjson
 from fastapi import Depends, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.responses import Response
 
@@ -49,6 +54,16 @@ def error_response(
     return JSONBytes(
         {"error": {"code": code, "message": message, **fields}}, status_code=status, headers=headers
     )
+
+
+def broker_error_response(e: errors.BrokerError) -> JSONBytes:
+    """A broker error's answer (API.md §2): its status and body, ``WWW-Authenticate``
+    on a 401 and ``Retry-After`` (whole seconds, at least one) on a retryable refusal."""
+    headers = {"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None
+    if e.http_status in (429, 503, 507):
+        retry_ms = e.fields.get("retry_after_ms", DEFAULT_RETRY_AFTER_S * 1000)
+        headers = {"Retry-After": str(max(1, math.ceil(retry_ms / 1000)))}
+    return error_response(e.http_status, e.code, e.message, headers=headers, **e.fields)
 
 
 def error_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -97,6 +112,21 @@ MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]
 bearer = HTTPBearer(auto_error=False, description="a token of the node's --auth-token(s)")
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header (HTTPBearer's parse)."""
+    scheme, token = get_authorization_scheme_param(authorization)
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def grant_of(tokens: TokenTable, token: str | None) -> Grant:
+    """What ``token`` may do; 401 (``UnauthenticatedError``) for none or an unknown one.
+    The one token check: ``check_token`` and the request guard (before a body is read)."""
+    grant = tokens.lookup(token) if token else None
+    if grant is None:
+        raise errors.UnauthenticatedError("a valid bearer token is required")
+    return grant
+
+
 async def check_token(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -106,10 +136,7 @@ async def check_token(
     tokens: TokenTable | None = request.app.state.tokens
     if tokens is None:
         return
-    grant = tokens.lookup(credentials.credentials) if credentials is not None else None
-    if grant is None:
-        raise errors.UnauthenticatedError("a valid bearer token is required")
-    request.state.grant = grant
+    request.state.grant = grant_of(tokens, credentials.credentials if credentials else None)
 
 
 class Access:
@@ -140,6 +167,65 @@ class Access:
     def may(self, action: str, topic: str) -> bool:
         grant = self.grant
         return grant is None or grant.admin or grant.allows(action, topic)
+
+
+class LongPolls:
+    """The pulls parked on this node (``wait_ms`` > 0), in all and per client: each holds
+    a request, a task and a socket for up to ``max_wait_ms``. Past either limit a new
+    one is refused with 429 ``BUSY`` and ``Retry-After`` (the client backs off); a pull
+    without a wait is not counted. One per app, on ``app.state``."""
+
+    def __init__(self, max_total: int, max_per_client: int) -> None:
+        self.max_total = max_total
+        self.max_per_client = max_per_client
+        self.total = 0
+        self.by_client: dict[str, int] = {}
+
+    @contextlib.contextmanager
+    def hold(self, client: str, wait_ms: int) -> Iterator[None]:
+        """A slot for one long poll of ``client`` while the block runs."""
+        if wait_ms <= 0:
+            yield
+            return
+        held = self.by_client.get(client, 0)
+        if self.total >= self.max_total:
+            raise errors.BusyError(
+                f"{self.total} long polls parked on this node, its limit", retry_after_ms=1000
+            )
+        if held >= self.max_per_client:
+            raise errors.BusyError(
+                f"{held} long polls of this client parked, its limit", retry_after_ms=1000
+            )
+        self.total += 1
+        self.by_client[client] = held + 1
+        try:
+            yield
+        finally:
+            self.total -= 1
+            if self.by_client[client] == 1:
+                del self.by_client[client]
+            else:
+                self.by_client[client] -= 1
+
+
+def client_of(request: Request) -> str:
+    """Who a request counts against: its bearer token (a digest of it), else its peer
+    address."""
+    token = bearer_token(request.headers.get("authorization"))
+    if token is not None:
+        return "token:" + hashlib.sha256(token.encode()).hexdigest()[:32]
+    return "addr:" + (request.client.host if request.client else "?")
+
+
+def _long_poll(request: Request) -> Callable[[int], contextlib.AbstractContextManager[None]]:
+    polls: LongPolls = request.app.state.long_polls
+    return functools.partial(polls.hold, client_of(request))
+
+
+LongPollDep = Annotated[
+    Callable[[int], contextlib.AbstractContextManager[None]], Depends(_long_poll)
+]
+"""``with long_poll(wait_ms):`` around a pull: a slot of this client's (or 429)."""
 
 
 def _access(request: Request) -> Access:

@@ -9,7 +9,15 @@ from starlette.responses import Response
 from broker import errors
 
 from .. import models
-from .common import AccessDep, BrokerDep, GroupPath, JSONBytes, MetricsDep, error_docs
+from .common import (
+    AccessDep,
+    BrokerDep,
+    GroupPath,
+    JSONBytes,
+    LongPollDep,
+    MetricsDep,
+    error_docs,
+)
 from .messages import messages_out
 
 
@@ -49,7 +57,7 @@ def build() -> APIRouter:
         "/v1/groups/{group}/offsets",
         summary="commit a group's offsets (replicated)",
         response_model=models.OffsetsAnswer,
-        responses=error_docs(307, 404, 503),
+        responses=error_docs(307, 404, 413, 503),
     )
     async def commit_offsets(
         group: GroupPath, body: models.CommitOffsets, broker: BrokerDep, access: AccessDep
@@ -63,7 +71,7 @@ def build() -> APIRouter:
         "/v1/groups/{group}/offsets/reset",
         summary="move a group's offsets to earliest, latest or a store timestamp",
         response_model=models.OffsetsAnswer,
-        responses=error_docs(307, 404, 503),
+        responses=error_docs(307, 404, 413, 503),
     )
     async def reset_offsets(
         group: GroupPath, body: models.ResetOffsets, broker: BrokerDep, access: AccessDep
@@ -76,17 +84,19 @@ def build() -> APIRouter:
         "/v1/groups/{group}/pull",
         summary="pull from the group's committed offsets (long polling with wait_ms)",
         response_model=models.GroupPullResponse,
-        responses=error_docs(307, 404, 503),
+        responses=error_docs(307, 404, 413, 429, 503),
     )
     async def group_pull(
+        *,
         group: GroupPath,
         body: models.GroupPull,
         broker: BrokerDep,
         metrics: MetricsDep,
         access: AccessDep,
+        long_poll: LongPollDep,
     ) -> Response:
         access.need("consume", body.topic)
-        with metrics.long_polls.track_inprogress():
+        with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
             r = await broker.group_pull(
                 group,
                 body.topic,

@@ -17,6 +17,7 @@ from broker.broker import PulledMessage
 from broker.settings import Limits
 
 from .. import media, models
+from ..json_shape import check_json_shape, ndjson_lines
 from ..metrics import NodeMetrics
 from .common import (
     NDJSON,
@@ -24,6 +25,7 @@ from .common import (
     BrokerDep,
     EncodingQuery,
     JSONBytes,
+    LongPollDep,
     MetricsDep,
     QueuePath,
     TopicPath,
@@ -98,32 +100,19 @@ def to_broker_message(i: int, m: models.ProduceMessage) -> BrokerMessage:
     )
 
 
-async def read_body(request: Request, cap: int) -> bytes:
-    """The request body, refused (413) as soon as it passes ``cap`` bytes."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > cap:
-        raise errors.PayloadTooLargeError(f"request body over {cap} bytes", limit=cap)
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > cap:
-            raise errors.PayloadTooLargeError(f"request body over {cap} bytes", limit=cap)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 def parse_produce(
     raw: bytes, content_type: str, query: Any, limits: Limits
 ) -> models.ProduceRequest:
     """A produce body, JSON (``ProduceRequest``) or NDJSON (a message per line, the
-    session in the query)."""
+    session in the query), counted (``check_json_shape``) before anything is built."""
     if content_type.split(";", maxsplit=1)[0].strip().lower() == NDJSON:
-        lines = [ln for ln in raw.split(b"\n") if ln.strip()]
-        if len(lines) > limits.max_messages_per_request:
-            raise errors.PayloadTooLargeError(
-                f"{len(lines)} messages; at most {limits.max_messages_per_request}"
-            )
+        lines = ndjson_lines(raw, limits.max_messages_per_request)
+        check_json_shape(
+            raw,
+            limits.max_messages_per_request,
+            limits.max_json_strings_per_message,
+            messages=len(lines),
+        )
         msgs = []
         for n, line in enumerate(lines):
             try:
@@ -143,6 +132,7 @@ def parse_produce(
             )
         except ValidationError as e:
             raise errors.InvalidArgumentError(validation_message(e)) from None
+    check_json_shape(raw, limits.max_messages_per_request, limits.max_json_strings_per_message)
     try:
         return models.ProduceRequest.model_validate_json(raw)
     except ValidationError as e:
@@ -201,7 +191,7 @@ def build(limits: Limits) -> APIRouter:
     ) -> Response:
         access.need("produce", topic)
         started = time.monotonic()
-        raw = await read_body(request, limits.max_request_bytes)
+        raw = await request.body()  # capped at max_request_bytes by the RequestGuard
         req = parse_produce(
             raw, request.headers.get("content-type", ""), request.query_params, limits
         )
@@ -242,6 +232,7 @@ def build(limits: Limits) -> APIRouter:
         broker: BrokerDep,
         metrics: MetricsDep,
         access: AccessDep,
+        long_poll: LongPollDep,
         topic: TopicPath,
         queue_id: QueuePath,
         offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
@@ -256,7 +247,7 @@ def build(limits: Limits) -> APIRouter:
         if media.wants_arrow(request.headers.get("accept")):
             if arrow_pull is None:
                 raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
-            with metrics.long_polls.track_inprogress():
+            with long_poll(wait_ms), metrics.long_polls.track_inprogress():
                 return await arrow_pull.pull_response(
                     broker,
                     metrics,
@@ -267,7 +258,7 @@ def build(limits: Limits) -> APIRouter:
                     wait_ms=wait_ms,
                     tags=tags,
                 )
-        with metrics.long_polls.track_inprogress():
+        with long_poll(wait_ms), metrics.long_polls.track_inprogress():
             r = await broker.pull(
                 topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
             )

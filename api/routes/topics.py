@@ -14,7 +14,7 @@ def build() -> APIRouter:
         "/v1/topics",
         status_code=201,
         response_model=models.TopicInfo,
-        responses={200: {"model": models.TopicInfo}, **error_docs(307, 409, 503)},
+        responses={200: {"model": models.TopicInfo}, **error_docs(307, 409, 413, 429, 503)},
         summary="create a topic (201); the same again answers 200",
     )
     async def create_topic(

@@ -91,8 +91,10 @@ class Puller:
         conn = self._conns.get(key)
         if conn is None:
             if scheme == "https":
-                if self._tls is None:
-                    verify = self.settings.verify
+                verify = self.settings.verify
+                if self._tls is None and isinstance(verify, ssl.SSLContext):
+                    self._tls = verify
+                elif self._tls is None:
                     self._tls = ssl.create_default_context(
                         cafile=verify if isinstance(verify, str) else None
                     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,9 @@ def node_settings(data_dir: Path, **overrides: Any) -> BrokerSettings:
     return replace(base, **overrides)
 
 
-@pytest_asyncio.fixture
-async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    settings = node_settings(tmp_path / "n0")
+@asynccontextmanager
+async def running_node(settings: BrokerSettings) -> AsyncIterator[Node]:
+    """A started broker with ``settings``, its app and a client of it; stopped after."""
     broker = Broker(settings)
     await broker.start()
     try:
@@ -82,6 +83,12 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
             yield Node(broker, app, http)
     finally:
         await broker.stop()
+
+
+@pytest_asyncio.fixture
+async def node(tmp_path: Path) -> AsyncIterator[Node]:
+    async with running_node(node_settings(tmp_path / "n0")) as n:
+        yield n
 
 
 def _start_cluster(data_dir: Path) -> LocalBrokerCluster:

@@ -9,14 +9,12 @@ import random
 import signal
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 
+from tests.api.nodeproc import LEDGERMQ, ready
 from tests.waiting import wait_until
-
-LEDGERMQ = str(Path(sys.executable).with_name("ledgermq"))
 
 
 def free_run(n: int) -> int:
@@ -37,13 +35,6 @@ def free_run(n: int) -> int:
             for s in socks:
                 s.close()
     raise AssertionError("no free port run found")
-
-
-def ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_ledgermq_broker_from_environment_variables(tmp_path: Path) -> None:

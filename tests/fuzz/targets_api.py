@@ -19,6 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from api import models
 from api.app import create_app
+from api.json_shape import check_json_shape, ndjson_lines
 from api.routes.common import NDJSON
 from api.routes.messages import to_broker_message
 from broker import errors
@@ -28,6 +29,7 @@ from broker.metadata import TopicMeta
 from broker.settings import BrokerSettings, Limits
 from broker.status import BrokerStatus
 
+from ..asgi import http_scope
 from .reader import Reader, Writer
 from .registry import _scratch_root, target
 
@@ -85,6 +87,43 @@ def api_models(data: bytes) -> None:
     for i, m in enumerate(messages):
         with contextlib.suppress(errors.InvalidArgumentError):
             to_broker_message(i, m)
+
+
+def true_shape(doc: Any, in_array: bool = False) -> tuple[int, int]:
+    """(containers that are array elements, strings and scalars) of a parsed document,
+    a member's name being a string: what ``check_json_shape`` counts."""
+    if isinstance(doc, dict):
+        items, values = int(in_array), len(doc)
+        for v in doc.values():
+            i, n = true_shape(v)
+            items, values = items + i, values + n
+        return items, values
+    if isinstance(doc, list):
+        items, values = int(in_array), 0
+        for v in doc:
+            i, n = true_shape(v, in_array=True)
+            items, values = items + i, values + n
+        return items, values
+    return 0, 1
+
+
+@target("json_shape", max_len=4096, seeds=lambda: list(_BODIES))
+def json_shape(data: bytes) -> None:
+    """``check_json_shape`` and ``ndjson_lines`` on any bytes: a count or a 413; on
+    valid JSON the count is the parsed document's, exactly."""
+    with contextlib.suppress(errors.PayloadTooLargeError):
+        ndjson_lines(data, 8)
+    counted = check_json_shape(data, 1 << 20, 1 << 20)
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return
+    assert counted == true_shape(doc)[0], (data, counted)
+    items, values = true_shape(doc)
+    if values > max(1, items):
+        with contextlib.suppress(errors.PayloadTooLargeError):
+            check_json_shape(data, max(1, items), 1)
+            raise AssertionError(f"{values} values passed a limit of {max(1, items)}")
 
 
 # ---- through the app ------------------------------------------------------------------------
@@ -205,20 +244,8 @@ _ROUTES = (
 
 async def _call(app: Any, method: str, path: str, query: bytes, ctype: str, body: bytes) -> int:
     """One request through the ASGI app; the status it answered."""
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query,
-        "root_path": "",
-        "headers": [(b"content-type", ctype.encode()), (b"host", b"fuzz")],
-        "client": ("127.0.0.1", 1),
-        "server": ("127.0.0.1", 80),
-    }
+    headers = [(b"content-type", ctype.encode())]
+    scope = http_scope(method, path, query=query, headers=headers, host=b"fuzz")
     sent = False
     answer: dict[str, Any] = {"status": 0, "body": b""}
 

@@ -56,6 +56,7 @@ def test_every_decoder_the_issue_names_has_a_target() -> None:
         "key_index_files",
         "api_models",
         "http_bodies",
+        "json_shape",
     }
 
 
