@@ -131,7 +131,7 @@ class LeaderElector:
         # the (term, leader) the one early pre-vote allowed was spent on.
         self.leader_connection_lost = False
         self.early_pre_vote_ms = -1
-        self._early_pre_vote_for: tuple[int, str] | None = None
+        self.early_pre_vote_spent: tuple[int, str] | None = None
 
     # ---- timers --------------------------------------------------------------------------
 
@@ -235,9 +235,9 @@ class LeaderElector:
         if peer_id != ms.leader_id:
             return
         self.leader_connection_lost = True
-        if self._early_pre_vote_for == (ms.curr_term, peer_id):
+        if self.early_pre_vote_spent == (ms.curr_term, peer_id):
             return  # spent: a flapping link waits for the election timeout as before
-        self._early_pre_vote_for = (ms.curr_term, peer_id)
+        self.early_pre_vote_spent = (ms.curr_term, peer_id)
         # Followers go in turns, by id: the k-th waits k slots of twice the jitter (a
         # 10 ms beat apart at least), so the first one's pre-vote reaches the others
         # before their turn and they stand down (``on_vote_request``): no split vote.
