@@ -201,6 +201,7 @@ def main() -> int:
     ap.add_argument("--fault-after", type=float, default=1.0, help="s of load before a fault")
     ap.add_argument("--client-timeout", type=float, default=0.5, help="per request, s")
     ap.add_argument("--timeout", type=float, default=60.0, help="bound on every wait")
+    ap.add_argument("--keep", action="store_true", help="keep the data and node logs")
     a = ap.parse_args()
     root = Path(tempfile.mkdtemp(prefix="failover-bench-"))
     print(f"data and node logs: {root}", file=sys.stderr)
@@ -252,7 +253,7 @@ def main() -> int:
         c.stop_all()
         if load is not None:
             load.close()
-        if ok:
+        if ok and not a.keep:
             shutil.rmtree(root, ignore_errors=True)
         else:
             print(f"kept {root} (node logs: n*.log)", file=sys.stderr)

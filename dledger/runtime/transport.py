@@ -244,8 +244,8 @@ class PeerLink:
         s = self.settings
         backoff = s.reconnect_min_ms
         while True:
-            writer = await self._connect()
-            if writer is None:
+            conn = await self._connect()
+            if conn is None:
                 self._lost()
                 self._clear()
                 await asyncio.sleep(backoff / 1000)
@@ -253,14 +253,22 @@ class PeerLink:
                 continue
             backoff = s.reconnect_min_ms
             self.connected = True
+            reader, writer = conn
+            # The peer never writes on our connection (after the handshake): a read that
+            # returns is its end (EOF or reset), seen at once, not at our next write (a
+            # restarted peer would otherwise get its first answers into the dead one).
+            closed = asyncio.create_task(reader.read(1))
             try:
-                await self._write_loop(writer)
+                await self._write_loop(writer, closed)
             except Exception as e:
                 log.info("link to %s lost: %r", self.peer_id, e)
                 self._lost()
             finally:
                 self.connected = False
                 self._clear()
+                closed.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await closed
                 writer.close()
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
@@ -269,7 +277,7 @@ class PeerLink:
         if self._on_lost is not None:
             self._on_lost(self.peer_id)
 
-    async def _connect(self) -> asyncio.StreamWriter | None:
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """A connection to the peer, authenticated when there is a secret; None when
         the connect or the handshake fails (the caller backs off and retries)."""
         s = self.settings
@@ -282,7 +290,7 @@ class PeerLink:
         except (OSError, TimeoutError):
             return None
         if s.peer_secret is None:
-            return writer
+            return reader, writer
         ok = False
         try:
             await authenticate_to(
@@ -315,13 +323,19 @@ class PeerLink:
                 self._failed_handshakes,
             )
             self._failed_handshakes = 0
-        return writer
+        return reader, writer
 
-    async def _write_loop(self, writer: asyncio.StreamWriter) -> None:
+    async def _write_loop(self, writer: asyncio.StreamWriter, closed: asyncio.Task[bytes]) -> None:
         while True:
             if not self._queue:
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                wake = asyncio.create_task(self._wakeup.wait())
+                try:
+                    await asyncio.wait((wake, closed), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    wake.cancel()
+            if closed.done():
+                raise ConnectionResetError("closed by the peer")
             batch: list[bytes] = []
             while self._queue and len(batch) < 4096:
                 parts = self._queue.popleft()
