@@ -15,8 +15,10 @@ from the fault, the first batch that a producer has acknowledged by another node
   (the sum of the nodes' term moves, which must be 0).
 
 Per round: ``first_ms`` (the first producer to get an ack from the new master), ``all_ms``
-(the last producer to), and from the new master's ``/v1/cluster`` its ``promotion`` step
-timings (election → NOOP committed → dispatched → MASTER, issue 18). Times are
+(the last producer to), and from the node logs (wall clock, ms resolution) when a
+survivor saw the master's connection close (``closed_ms``), the new leader was elected
+(``leader_ms``) and became MASTER (``master_ms``), all from the fault, with its promotion
+steps (``promotion``: NOOP, dispatch, queue table; issue 18). Client times are
 ``time.monotonic()`` of this process. The client waits ``--client-timeout`` s for an
 answer (a stopped master never answers; the client's default is 10 s).
 
@@ -32,6 +34,7 @@ import argparse
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -43,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from datetime import datetime
 
 import httpx
 
@@ -137,6 +142,38 @@ def _caught_up(c: LocalBrokerCluster, timeout_s: float) -> None:
         )
 
 
+_STEPS = {
+    "closed_ms": re.compile(r"leader_connection_lost"),
+    "leader_ms": re.compile(r"role \{.*'role': 'LEADER'"),
+    "master_ms": re.compile(r"broker role SLAVE → MASTER"),
+}
+_PROMOTION = re.compile(r"failover step (\d)/3: .*?(?:in |\()(\d+(?:\.\d+)?) ms")
+
+
+def _timeline(c: LocalBrokerCluster, t_wall: float, new: str, old: str) -> dict[str, Any]:
+    """When, in ms after the fault, the survivors' logs show each step (first line
+    after ``t_wall``); the new master's promotion steps."""
+    out: dict[str, Any] = {}
+    promotion: dict[str, float] = {}
+    for node in (n for n in c.ids if n != old):
+        for line in (c.log_dir / f"{node}.log").read_text(errors="replace").splitlines():
+            try:
+                t = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            if t < t_wall - 0.001:
+                continue
+            for key, pat in _STEPS.items():
+                if (key == "closed_ms" or node == new) and pat.search(line):
+                    ms = round((t - t_wall) * 1000, 1)
+                    out[key] = min(out.get(key, ms), ms)
+            m = _PROMOTION.search(line) if node == new else None
+            if m:
+                promotion[f"step{m[1]}"] = float(m[2])
+    out["promotion"] = promotion
+    return out
+
+
 def _newest_master(load: Load, t0: float) -> str | None:
     with load.lock:
         return max((a[-1] for a in load.acks if a and a[-1][0] > t0), default=(0.0, None))[1]
@@ -149,18 +186,17 @@ def _round(c: LocalBrokerCluster, load: Load, a: argparse.Namespace) -> dict[str
     before = load.acked()
     _wait(lambda: load.acked() >= before + a.producers, a.timeout, "load before the fault")
     time.sleep(a.fault_after)
-    t0 = time.monotonic()
+    t0, t_wall = time.monotonic(), time.time()
     os.kill(c.procs[old].pid, SIGNALS[a.mode])
     acks = _wait(lambda: load.first_acks_after(t0, old_url), a.timeout, "acks from a new master")
     new = next(n for n, u in c.urls.items() if u == _newest_master(load, t0))
-    info = c.cluster_info(new) or {}
     out = {
         "fault": a.mode,
         "old": old,
         "new": new,
         "first_ms": round((min(acks) - t0) * 1000, 1),
         "all_ms": round((max(acks) - t0) * 1000, 1),
-        "promotion": info.get("promotion"),
+        **_timeline(c, t_wall, new, old),
     }
     if a.mode == "kill":
         c.procs[old].wait(timeout=30)
@@ -238,9 +274,16 @@ def main() -> int:
             results["rounds"] = rounds
             results["first_ms"] = _summary([r["first_ms"] for r in rounds])
             results["all_ms"] = _summary([r["all_ms"] for r in rounds])
+            for key in ("closed_ms", "leader_ms", "master_ms"):
+                vals = [r[key] for r in rounds if key in r]
+                if vals:
+                    results[key] = _summary(vals)
             print(f"{a.mode}: next acknowledged produce, ms from the fault:")
             print(f"  first producer: {results['first_ms']}")
             print(f"  all producers:  {results['all_ms']}")
+            for key in ("closed_ms", "leader_ms", "master_ms"):
+                if key in results:
+                    print(f"  {key:<15} {results[key]}")
         results["client_errors"] = load.errors
         ok = True
     finally:
