@@ -25,6 +25,11 @@ def crash_leader(c: Cluster) -> tuple[str, int]:
     return lead, term
 
 
+def leader_term_follower(c: Cluster) -> tuple[str, int, str]:
+    lead = c.wait_leader()
+    return lead, c.term(lead), next(i for i in c.ids if i != lead)
+
+
 def new_leader(c: Cluster, old: str) -> bool:
     lead = c.leader()
     return lead is not None and lead != old
@@ -68,9 +73,7 @@ def test_a_paused_leader_closes_nothing_and_costs_the_election_timeout() -> None
 @pytest.mark.parametrize("seed", range(4))
 def test_a_followers_broken_link_to_a_healthy_leader_deposes_nobody(seed: int) -> None:
     c = Cluster(3, seed=seed)
-    lead = c.wait_leader()
-    term = c.term(lead)
-    f = next(i for i in c.ids if i != lead)
+    lead, term, f = leader_term_follower(c)
     roles = len(c.roles)
     c.cut(lead, f)  # the link is down for a while: f does not hear the leader
     c.run(f, lambda core: core.peer_connection_lost(lead, c.now_ms))
@@ -87,9 +90,7 @@ def test_a_followers_broken_link_to_a_healthy_leader_deposes_nobody(seed: int) -
 
 def test_a_flapping_link_pre_votes_once_per_term() -> None:
     c = Cluster(3, seed=2)
-    lead = c.wait_leader()
-    term = c.term(lead)
-    f = next(i for i in c.ids if i != lead)
+    lead, term, f = leader_term_follower(c)
     for _ in range(50):
         c.run(f, lambda core: core.peer_connection_lost(lead, c.now_ms))
         c.tick(2 * TICK_MS)
@@ -100,8 +101,7 @@ def test_a_flapping_link_pre_votes_once_per_term() -> None:
 
 def test_a_leader_heard_again_before_the_jitter_ends_cancels_the_pre_vote() -> None:
     c = Cluster(3, seed=3, settings=CoreSettings(early_pre_vote_jitter_ms=1000))
-    lead = c.wait_leader()
-    f = next(i for i in c.ids if i != lead)
+    lead, _, f = leader_term_follower(c)
     c.run(f, lambda core: core.peer_connection_lost(lead, c.now_ms))
     assert c.cores[f].elector.early_pre_vote_ms > c.now_ms
     c.tick(1000)  # heartbeats arrive meanwhile
