@@ -559,7 +559,8 @@ class LeaderElector:
         if req.pre_vote:
             result, term = self.handle_pre_vote(req, now_ms)
             if result is VoteResult.ACCEPT:
-                # Another follower campaigns already: leave it to it (no split vote).
+                # Another follower campaigns already: leave it to it (no split vote;
+                # should it fail, the election timeout is still there).
                 self.early_pre_vote_ms = -1
         else:
             result, term = self.handle_vote(req, now_ms)
