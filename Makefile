@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http bench-spark clean
+.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http bench-spark bench-failover clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ bench-broker: setup
 
 bench-http: setup
 	$(PY) bench/http_bench.py
+
+bench-failover: setup  # issue 18: kill -9 / SIGSTOP of the master, and no fault (~10 min)
+	$(PY) bench/failover_bench.py --mode kill --kills 20
+	$(PY) bench/failover_bench.py --mode stop --kills 20
+	$(PY) bench/failover_bench.py --mode none --duration 180
 
 bench-spark: setup
 	$(PY) bench/spark_bench.py

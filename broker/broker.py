@@ -75,6 +75,10 @@ from .status import BrokerStatus, PeerStatus
 
 log = logging.getLogger(__name__)
 
+# The Retry-After hints of 503 NO_MASTER (the client waits at least this, or its backoff):
+PROMOTING_RETRY_AFTER_MS = 20  # this node leads and is becoming MASTER
+NO_LEADER_RETRY_AFTER_MS = 50  # no leader known: an election is under way
+
 CORRUPT_LOG_INTERVAL_S = 10.0  # refused reads of damaged entries are logged this often
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
 
@@ -336,7 +340,12 @@ class Broker:
         leader = core.ms.leader_id if core is not None else None
         if leader is None or leader == self.settings.node_id:
             # No leader, or we lead but are still catching up: nobody takes writes yet.
-            raise errors.NoMasterError("no master at the moment; retry shortly", retry_after_ms=200)
+            # The promotion takes milliseconds, an election after a crash tens (issue 18):
+            # the client's own backoff, which grows, covers longer waits.
+            retry_ms = PROMOTING_RETRY_AFTER_MS if leader is not None else NO_LEADER_RETRY_AFTER_MS
+            raise errors.NoMasterError(
+                "no master at the moment; retry shortly", retry_after_ms=retry_ms
+            )
         raise errors.NotMasterError(
             f"this broker is a SLAVE; the master is {leader}",
             leader_id=leader,
@@ -1253,7 +1262,7 @@ class Broker:
                 p: PeerStatus(v["state"], v["match_index"], v["in_flight"], v["snapshots_sent"])
                 for p, v in st.get("peers", {}).items()
             },
-            stats={**self.stats, **(d.stats if d else {})},
+            stats={**self.stats, **(d.stats if d else {}), **self.role_handler.last_promotion},
             dispatch_stall=_error_text(d.stall if d else None),
             failed=_error_text(self.server.failed),
             refused=dict(st.get("refused", {})),

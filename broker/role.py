@@ -64,6 +64,9 @@ class RoleChangeHandler:
         self.host = host
         self.catch_up_warn_s = catch_up_warn_ms / 1000
         self._task: asyncio.Task[None] | None = None
+        # The last promotion's step timings in ms (issue 18): elected → NOOP committed
+        # (step 1), → dispatched (step 2), the queue table (step 3), in all.
+        self.last_promotion: dict[str, int] = {}
 
     def __call__(self, change: RoleChange) -> None:
         if self._task is not None and not self._task.done():
@@ -123,17 +126,30 @@ class RoleChangeHandler:
             else:
                 assert p.catch_up_target is not None
                 await h.wait_dispatched(p.catch_up_target, WAIT_SLICE_S)
+        dispatched_ms = (time.monotonic() - started) * 1000
         log.info(
             "term %d: failover step 2/3: dispatched to %d (%.0f ms)",
             term,
             p.catch_up_target,
-            (time.monotonic() - started) * 1000,
+            dispatched_ms,
         )
         queues = h.rebuild_queue_table()
-        log.info("term %d: failover step 3/3: queue table rebuilt, %d queues", term, queues)
+        total_ms = (time.monotonic() - started) * 1000
+        log.info(
+            "term %d: failover step 3/3: queue table rebuilt, %d queues (%.1f ms)",
+            term,
+            queues,
+            total_ms - dispatched_ms,
+        )
+        self.last_promotion = {
+            "promotion_noop_ms": round(noop_ms),
+            "promotion_dispatch_ms": round(dispatched_ms - noop_ms),
+            "promotion_table_ms": round(total_ms - dispatched_ms),
+            "promotion_total_ms": round(total_ms),
+        }
         h.set_role(
             BrokerRole.MASTER,
             term,
             f"caught up: NOOP committed in {noop_ms:.0f} ms, dispatched to {p.catch_up_target},"
-            f" {queues} queues, {(time.monotonic() - started) * 1000:.0f} ms in all",
+            f" {queues} queues, {total_ms:.0f} ms in all",
         )

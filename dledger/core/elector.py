@@ -15,6 +15,19 @@ Departures from DLedger, each for Raft safety or failover time (DESIGN §3):
 - Check-quorum: a leader that has heard from no majority (heartbeat or push answers) for
   an election timeout steps down (LE-39 counts heartbeat rounds only).
 - ``max_term`` of a heartbeat round keeps the maximum answer (the CV-31 bug sets it).
+- Early pre-vote (issue 18): a follower whose connection from or to its leader closed
+  (``on_peer_connection_lost``: a crashed process's sockets are closed by its kernel)
+  pre-votes after a 0..20 ms jitter (followers in turns by id, 40 ms apart) instead of
+  an election timeout, still a follower.
+  Only a granted pre-vote makes it a candidate. A voter that still hears the leader
+  refuses (``leader_alive``), so one follower's broken link deposes nobody; at most one
+  early pre-vote per leader and term, so a flapping link cannot cause a storm. A
+  paused or partitioned leader closes nothing: that still costs the election timeout.
+
+Invariants of the early pre-vote: it never changes term, vote or role by itself;
+``leader_connection_lost`` is set only by a close of the current leader's connection
+and cleared whenever the leader is heard from; while it is set this follower counts
+its leader as not alive (it grants pre-votes), nothing else.
 """
 
 from __future__ import annotations
@@ -67,6 +80,7 @@ class PreVoteRound:
     granted: set[str] = field(default_factory=set)
     answered: set[str] = field(default_factory=set)
     max_term: int = -1
+    early: bool = False  # a follower's, after its leader's connection closed (issue 18)
 
 
 @dataclass(slots=True)
@@ -112,6 +126,12 @@ class LeaderElector:
         self.pre_vote_round: PreVoteRound | None = None
         self.heartbeat_round: HeartbeatRound | None = None
         self.peer_heard_ms: dict[str, int] = {}  # leader: last answer from each peer
+        # Follower, issue 18 (see the module docstring): the leader's connection closed
+        # and it was not heard from since; when the early pre-vote starts (-1: none);
+        # the (term, leader) the one early pre-vote allowed was spent on.
+        self.leader_connection_lost = False
+        self.early_pre_vote_ms = -1
+        self.early_pre_vote_spent: tuple[int, str] | None = None
 
     # ---- timers --------------------------------------------------------------------------
 
@@ -180,10 +200,16 @@ class LeaderElector:
         self.last_parse_result = ParseResult.WAIT_TO_REVOTE
         self.vote_round = self.pre_vote_round = None
         self.ms.change_to_follower(term, leader_id)
-        self.last_leader_heartbeat_ms = now_ms
+        self.heard_leader(now_ms)
         self.host.role_changed(now_ms)
 
     # ---- follower (LE-42) -----------------------------------------------------------------
+
+    def heard_leader(self, now_ms: int) -> None:
+        """A heartbeat or push of this term's leader arrived: it is alive."""
+        self.last_leader_heartbeat_ms = now_ms
+        self.leader_connection_lost = False
+        self.early_pre_vote_ms = -1
 
     def _maintain_as_follower(self, now_ms: int) -> None:
         if now_ms - self.last_leader_heartbeat_ms > self.settings.election_timeout_ms:
@@ -191,6 +217,51 @@ class LeaderElector:
             # textbook Raft: the next round is in a new term (see the module docstring)
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
             self.next_time_to_request_vote_ms = -1
+            self.early_pre_vote_ms = -1
+        elif 0 <= self.early_pre_vote_ms <= now_ms and self.pre_vote_round is None:
+            self.early_pre_vote_ms = -1
+            self._start_pre_vote(now_ms, self.ms.curr_term + 1, early=True)
+
+    # ---- early pre-vote: the leader's connection closed (issue 18) ------------------------
+
+    def on_peer_connection_lost(self, peer_id: str, now_ms: int) -> None:
+        """The transport saw a connection from or to ``peer_id`` end (EOF, reset, refused
+        on reconnect). If ``peer_id`` is this follower's leader: count the leader as not
+        heard, and schedule the one early pre-vote of this term and leader, after a
+        jitter. Changes neither term, vote nor role."""
+        ms, s = self.ms, self.settings
+        if not (s.pre_vote and s.early_pre_vote) or ms.role is not Role.FOLLOWER:
+            return
+        if peer_id != ms.leader_id:
+            return
+        self.leader_connection_lost = True
+        if self.early_pre_vote_spent == (ms.curr_term, peer_id):
+            return  # spent: a flapping link waits for the election timeout as before
+        self.early_pre_vote_spent = (ms.curr_term, peer_id)
+        # Followers go in turns, by id: the k-th waits k slots of twice the jitter (a
+        # 10 ms beat apart at least), so the first one's pre-vote reaches the others
+        # before their turn and they stand down (``on_vote_request``): no split vote.
+        # A later one goes only if the earlier ones did not (dead, or behind in log).
+        turn = [p for p in ms.peer_ids if p != peer_id].index(ms.self_id)
+        jitter = s.early_pre_vote_jitter_ms
+        self.early_pre_vote_ms = now_ms + 2 * jitter * turn + self.rng.randint(0, jitter)
+        self.host.log_event("leader_connection_lost", leader=peer_id, term=ms.curr_term)
+
+    def _finish_early_pre_vote(self, r: PreVoteRound, now_ms: int) -> None:
+        """A follower's early round ended: campaign only if a majority granted it and the
+        leader has still not been heard from; otherwise stay its follower."""
+        ms = self.ms
+        granted = ms.is_quorum(len(r.granted))
+        self.host.log_event(
+            "early_pre_vote", term=r.term, granted=len(r.granted), leader=ms.leader_id
+        )
+        if not granted or not self.leader_connection_lost or r.term != ms.curr_term + 1:
+            return
+        self.change_role_to_candidate(ms.curr_term, now_ms)
+        ms.next_term()
+        self.last_parse_result = ParseResult.WAIT_TO_REVOTE
+        self.next_time_to_request_vote_ms = now_ms  # a REVOTE_IMMEDIATELY goes next beat
+        self._start_vote(now_ms, ms.curr_term)
 
     # ---- candidate (LE-11 .. LE-18) -------------------------------------------------------
 
@@ -347,12 +418,13 @@ class LeaderElector:
 
     # ---- pre-vote (JR-05 .. JR-07) ----------------------------------------------------------
 
-    def _start_pre_vote(self, now_ms: int, term: int) -> None:
+    def _start_pre_vote(self, now_ms: int, term: int, *, early: bool = False) -> None:
         ms, host = self.ms, self.host
         r = PreVoteRound(
             term=term,
             req_id=host.next_req_id(),
             deadline_ms=now_ms + self.settings.vote_response_timeout_ms,
+            early=early,
         )
         self.pre_vote_round = r
         r.granted.add(ms.self_id)
@@ -393,8 +465,13 @@ class LeaderElector:
         r, self.pre_vote_round = self.pre_vote_round, None
         assert r is not None
         ms = self.ms
+        if r.early and ms.role is Role.FOLLOWER:
+            self._finish_early_pre_vote(r, now_ms)
+            return
         if ms.role is not Role.CANDIDATE or r.term != ms.curr_term + 1:
             return
+        if self.need_increase_term_immediately:
+            return  # another candidate's term arrived meanwhile: adopt it, split no vote
         if r.max_term > ms.curr_term:
             ms.known_max_term = max(ms.known_max_term, r.max_term)
         granted = ms.is_quorum(len(r.granted))
@@ -422,11 +499,13 @@ class LeaderElector:
         return VoteResult.ACCEPT, ms.curr_term
 
     def leader_alive(self, now_ms: int) -> bool:
-        """This node leads, or heard its leader within an election timeout."""
+        """This node leads, or heard its leader within an election timeout and has not
+        seen its connection close since (issue 18)."""
         if self.ms.role is Role.LEADER:
             return True
         return (
             self.ms.role is Role.FOLLOWER
+            and not self.leader_connection_lost
             and now_ms - self.last_leader_heartbeat_ms <= self.settings.election_timeout_ms
         )
 
@@ -479,6 +558,10 @@ class LeaderElector:
     def on_vote_request(self, req: VoteRequest, now_ms: int) -> VoteResponse:
         if req.pre_vote:
             result, term = self.handle_pre_vote(req, now_ms)
+            if result is VoteResult.ACCEPT:
+                # Another follower campaigns already: leave it to it (no split vote;
+                # should it fail, the election timeout is still there).
+                self.early_pre_vote_ms = -1
         else:
             result, term = self.handle_vote(req, now_ms)
         return VoteResponse(
@@ -609,7 +692,7 @@ class LeaderElector:
                 self.change_role_to_follower(req.term, req.leader_id, now_ms)
                 return DLedgerCode.SUCCESS
             if ms.leader_id == req.leader_id:
-                self.last_leader_heartbeat_ms = now_ms
+                self.heard_leader(now_ms)
                 return DLedgerCode.SUCCESS
             self.host.log_event(
                 "inconsistent_leader", term=req.term, theirs=req.leader_id, ours=ms.leader_id
@@ -634,5 +717,5 @@ class LeaderElector:
             self.change_role_to_follower(term, leader_id, now_ms)
         elif ms.leader_id != leader_id:
             return DLedgerCode.INCONSISTENT_LEADER
-        self.last_leader_heartbeat_ms = now_ms
+        self.heard_leader(now_ms)
         return None

@@ -2,8 +2,9 @@
 etcd-io/raft's ``RawNode``; DESIGN §2).
 
 Inputs: ``tick(now_ms)``, ``step(message, now_ms)``, ``propose(bodies, now_ms)``,
-``transfer_leadership(to, now_ms)``. Output: ``ready()`` drains a :class:`Ready`, which the
-caller handles in this order, always:
+``transfer_leadership(to, now_ms)``, ``peer_connection_lost(peer_id, now_ms)`` (the
+runtime's transport saw a connection to or from a peer end; issue 18). Output:
+``ready()`` drains a :class:`Ready`, which the caller handles in this order, always:
 
 1. persist ``hard_state`` (term and vote) and, when ``must_sync``, sync the log;
 2. send ``messages``;
@@ -291,6 +292,15 @@ class DLedgerCore:
         elif isinstance(msg, LeadershipTransferResponse):
             self._on_transfer_response(msg)
         self._pump(now_ms, idle_commit=False)
+
+    def peer_connection_lost(self, peer_id: str, now_ms: int) -> None:
+        """A connection from or to ``peer_id`` ended: EOF, reset, or refused on reconnect
+        (a crash closes; a pause or a partition does not, and is no such event). If it is
+        this follower's leader, the elector pre-votes early (see ``elector``); the core
+        decides, the transport only reports."""
+        self.now_ms = now_ms
+        if peer_id in self.ms.peers and peer_id != self.ms.self_id:
+            self.elector.on_peer_connection_lost(peer_id, now_ms)
 
     def _note_term(self, term: int, pre_vote: bool, now_ms: int) -> None:
         if pre_vote or term <= self.ms.curr_term:

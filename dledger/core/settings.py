@@ -23,6 +23,14 @@ class CoreSettings:
     taking_leadership_vote_max_ms: int = 100
     pre_vote: bool = True  # SOFAJRaft pre-vote before raising the term (DESIGN §3)
     check_quorum: bool = True  # leader steps down without a live majority (DESIGN §3)
+    # Issue 18: a follower whose connection from/to its leader closed (the leader's
+    # process died: the kernel closed its sockets) pre-votes at once, after a jitter of
+    # 0..early_pre_vote_jitter_ms plus its turn (followers by id, 2 x the jitter apart,
+    # so two seeing the same close do not split the vote), instead of waiting
+    # election_timeout_ms. Needs pre_vote: a voter that
+    # still hears the leader refuses, so a follower's own broken link deposes nobody.
+    early_pre_vote: bool = True
+    early_pre_vote_jitter_ms: int = 20
     # A message whose term is more than this above ours is dropped (logged), as if lost:
     # with pre-vote a live group moves one term per election, so only a forged frame
     # jumps millions, and a group must never be walked to MAX_TERM (it could not elect).
@@ -107,6 +115,7 @@ class CoreSettings:
             control_timeout_ms=3000,
             error_backoff_ms=500,
             pre_vote=False,
+            early_pre_vote=False,
             flush="async",
         )
         return replace(base, **overrides)

@@ -85,6 +85,8 @@ _WARNING_EVENTS = frozenset(
 _INFO_EVENTS = frozenset(
     {
         "role",
+        "leader_connection_lost",
+        "early_pre_vote",
         "vote_round",
         "check_quorum_step_down",
         "transfer",
@@ -220,6 +222,7 @@ class DLedgerServer:
             on_client_request=self._on_client_request,
             is_peer_message=lambda m: isinstance(m, PEER_MESSAGE_TYPES),
             settings=cfg.transport,
+            on_peer_lost=self._on_peer_lost,
         )
         await self.transport.start()
         self._tasks = [
@@ -459,6 +462,14 @@ class DLedgerServer:
             # the core may be half-updated. Crash-only: stop taking input.
             self.fail(f"handling {type(m).__name__} from {m.local_id}", e)
             return
+        self._kick.set()
+
+    def _on_peer_lost(self, peer_id: str) -> None:
+        """The transport saw ``peer_id``'s connection end: an input of the core."""
+        core = self.core
+        if core is None or self._stopping:
+            return
+        core.peer_connection_lost(peer_id, _now_ms())
         self._kick.set()
 
     # ---- public surface --------------------------------------------------------------------

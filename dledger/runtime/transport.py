@@ -21,6 +21,11 @@
   Anything else closes the connection before the frame reaches the core. Without a
   peer secret this stops strangers who do not forge a member's identity and address;
   the secret stops the rest.
+- A member's connection that ends, inbound (EOF or reset after its frames) or outbound
+  (a failed write, or a connect refused), is reported (``on_peer_lost(peer_id)``; issue
+  18): a crashed peer's kernel closes its sockets, and the core decides what that means.
+  Silence (a paused or partitioned peer) is not reported: nothing closes. Neither is a
+  connection this node closes itself (shutdown, a refused stranger, a limit).
 """
 
 from __future__ import annotations
@@ -186,8 +191,15 @@ async def authenticate_to(
 class PeerLink:
     """Outbound frames to one peer, in order, over one reconnecting TCP connection."""
 
-    def __init__(self, peer_id: str, address: str, settings: TransportSettings) -> None:
+    def __init__(
+        self,
+        peer_id: str,
+        address: str,
+        settings: TransportSettings,
+        on_lost: Callable[[str], None] | None = None,
+    ) -> None:
         self.peer_id = peer_id
+        self._on_lost = on_lost  # the connection failed or ended (see the module doc)
         self.host, self.port = parse_address(address)
         self.settings = settings
         self._queue: deque[list[bytes]] = deque()
@@ -232,26 +244,40 @@ class PeerLink:
         s = self.settings
         backoff = s.reconnect_min_ms
         while True:
-            writer = await self._connect()
-            if writer is None:
+            conn = await self._connect()
+            if conn is None:
+                self._lost()
                 self._clear()
                 await asyncio.sleep(backoff / 1000)
                 backoff = min(backoff * 2, s.reconnect_max_ms)
                 continue
             backoff = s.reconnect_min_ms
             self.connected = True
+            reader, writer = conn
+            # The peer never writes on our connection (after the handshake): a read that
+            # returns is its end (EOF or reset), seen at once, not at our next write (a
+            # restarted peer would otherwise get its first answers into the dead one).
+            closed = asyncio.create_task(reader.read(1))
             try:
-                await self._write_loop(writer)
+                await self._write_loop(writer, closed)
             except Exception as e:
                 log.info("link to %s lost: %r", self.peer_id, e)
+                self._lost()
             finally:
                 self.connected = False
                 self._clear()
+                closed.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await closed
                 writer.close()
                 with contextlib.suppress(Exception):
                     await writer.wait_closed()
 
-    async def _connect(self) -> asyncio.StreamWriter | None:
+    def _lost(self) -> None:
+        if self._on_lost is not None:
+            self._on_lost(self.peer_id)
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
         """A connection to the peer, authenticated when there is a secret; None when
         the connect or the handshake fails (the caller backs off and retries)."""
         s = self.settings
@@ -264,7 +290,7 @@ class PeerLink:
         except (OSError, TimeoutError):
             return None
         if s.peer_secret is None:
-            return writer
+            return reader, writer
         ok = False
         try:
             await authenticate_to(
@@ -297,13 +323,19 @@ class PeerLink:
                 self._failed_handshakes,
             )
             self._failed_handshakes = 0
-        return writer
+        return reader, writer
 
-    async def _write_loop(self, writer: asyncio.StreamWriter) -> None:
+    async def _write_loop(self, writer: asyncio.StreamWriter, closed: asyncio.Task[bytes]) -> None:
         while True:
             if not self._queue:
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                wake = asyncio.create_task(self._wakeup.wait())
+                try:
+                    await asyncio.wait((wake, closed), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    wake.cancel()
+            if closed.done():
+                raise ConnectionResetError("closed by the peer")
             batch: list[bytes] = []
             while self._queue and len(batch) < 4096:
                 parts = self._queue.popleft()
@@ -354,14 +386,19 @@ class Transport:
         is_peer_message: Callable[[WireMessage], bool],
         settings: TransportSettings | None = None,
         listen: str | None = None,
+        on_peer_lost: Callable[[str], None] | None = None,
     ) -> None:
         self.self_id = self_id
         self.group = group  # None: frames of any group reach the core (which checks)
         self.peers = dict(peers)
         self.settings = settings or TransportSettings()
         self.listen = listen or peers[self_id]
+        self._on_peer_lost = on_peer_lost
+        self._closing = False
         self.links = {
-            p: PeerLink(p, addr, self.settings) for p, addr in sorted(peers.items()) if p != self_id
+            p: PeerLink(p, addr, self.settings, self._peer_lost)
+            for p, addr in sorted(peers.items())
+            if p != self_id
         }
         self._on_peer = on_peer_message
         self._on_client = on_client_request
@@ -385,6 +422,7 @@ class Transport:
             link.start()
 
     async def close(self) -> None:
+        self._closing = True
         if self._server is not None:
             self._server.close()
         for link in self.links.values():
@@ -396,6 +434,11 @@ class Transport:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+
+    def _peer_lost(self, peer_id: str) -> None:
+        """A member's connection ended or failed (not by our own doing): report it."""
+        if self._on_peer_lost is not None and not self._closing:
+            self._on_peer_lost(peer_id)
 
     def send(self, msg: WireMessage) -> None:
         link = self.links.get(msg.remote_id)
@@ -412,6 +455,7 @@ class Transport:
             return
         conn = self._conns[task] = _Inbound(writer, time.monotonic())
         pending: set[asyncio.Task[None]] = set()
+        member: str | None = None  # the peer this connection speaks for, once known
         try:
             # Authenticate before the decoder exists: an unauthenticated peer's bytes
             # are never parsed, so no frame of theirs (a vote with a huge term, a bogus
@@ -423,7 +467,6 @@ class Transport:
                 return
             s = self.settings
             decoder = FrameDecoder(s.max_frame_bytes)
-            member: str | None = None  # the peer this connection speaks for, once known
             client = False  # it sent client requests
             while True:
                 if decoder.buffered:
@@ -441,6 +484,8 @@ class Transport:
                     )
                     return
                 if not data:
+                    if member is not None:
+                        self._peer_lost(member)  # EOF: the peer closed (or died)
                     return
                 held = sum(self._buffered.values()) - self._buffered.get(task, 0)
                 if held + decoder.buffered + len(data) > s.max_inbound_buffer_bytes:
@@ -474,6 +519,8 @@ class Transport:
                         pending.add(t)
                         t.add_done_callback(pending.discard)
         except (ConnectionError, OSError):
+            if member is not None:
+                self._peer_lost(member)  # reset
             return
         except Exception:  # a bug: this connection ends, the node and its core go on
             log.exception("serving the connection from %s failed", _address(peer))

@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from broker import errors
-from broker.broker import Broker, ProduceMessage
+from broker.broker import (
+    NO_LEADER_RETRY_AFTER_MS,
+    PROMOTING_RETRY_AFTER_MS,
+    Broker,
+    ProduceMessage,
+)
+from broker.role import BrokerRole
 from dledger.core.messages import PushEntryRequest
 from dledger.core.settings import CoreSettings
 from tests.broker.harness import BrokerCluster
@@ -111,8 +117,48 @@ async def test_a_slave_without_a_known_leader_says_no_master(tmp_path: Path) -> 
     try:
         b = c.brokers["n0"]
         await until(lambda: b.server.core is not None)
-        with pytest.raises(errors.NoMasterError):
+        with pytest.raises(errors.NoMasterError) as ei:
             await b.create_topic("t", 1)
+        assert ei.value.fields["retry_after_ms"] == NO_LEADER_RETRY_AFTER_MS
+    finally:
+        await c.close()
+
+
+async def test_a_slave_redirects_to_the_new_master_the_moment_it_follows_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 18: the master stops (its connections close: the early pre-vote elects a
+    new leader); a slave that follows the new leader answers NOT_MASTER (307) naming it
+    at once, before that leader is even MASTER; the new leader says NO_MASTER with a
+    short Retry-After until its promotion is done."""
+    c = BrokerCluster(tmp_path, n=3)
+    await c.start_all()
+    try:
+        old = await c.master()
+        await old.create_topic("t", 1)
+        await c.converged()
+        old_id = old.settings.node_id
+        await c.stop(old_id)
+        rest = [b for b in c.brokers.values() if b.settings.node_id != old_id]
+
+        def new_leader() -> str | None:
+            ids = {b.server.core.ms.leader_id for b in rest if b.server.core is not None}
+            return ids.pop() if len(ids) == 1 and not ids & {None, old_id} else None
+
+        new = await until(new_leader, what="both survivors follow one new leader")
+        slave = next(b for b in rest if b.settings.node_id != new)
+        with pytest.raises(errors.NotMasterError) as ei:
+            await slave.produce("t", [ProduceMessage(b"x")])
+        assert ei.value.leader_id == new
+        assert ei.value.leader_url == slave.settings.peer_urls.get(new)
+        leader = c.brokers[new]
+        if leader.role is not BrokerRole.MASTER:  # still promoting (a few ms)
+            with pytest.raises(errors.NoMasterError) as nm:
+                await leader.produce("t", [ProduceMessage(b"x")])
+            assert nm.value.fields["retry_after_ms"] == PROMOTING_RETRY_AFTER_MS
+        await until(lambda: leader.role is BrokerRole.MASTER, what="the new MASTER")
+        assert leader.role_handler.last_promotion["promotion_total_ms"] >= 0
+        assert "promotion_noop_ms" in leader.status().stats
     finally:
         await c.close()
 

@@ -20,6 +20,13 @@ them, so a node that was down or cut off long enough gets INSTALL_SNAPSHOT (RP-4
 Its knobs (``AppKnobs``) come from a stream of their own, so a run without the app (the
 broker simulation) draws exactly what it drew before. After convergence every node's
 application state must equal the leader's and the fold of the committed bodies.
+
+Connections (issue 18): a closed connection is an event distinct from silence. A crash
+is a process's (its kernel closes its sockets: every live peer it can reach gets
+``peer_connection_lost`` after a network delay) or, in a seeded share, a machine's
+(silence, as a pause or a partition always is). A seeded "flap" resets the connection
+between two live nodes: both see it close, nothing else happens. Their draws come from a
+stream of their own (``conn-<seed>``), so the other knobs of a seed stay as they were.
 """
 
 from __future__ import annotations
@@ -127,6 +134,21 @@ class AppKnobs:
         )
 
 
+@dataclass
+class ConnKnobs:
+    """Connection closes (issue 18, see the module docstring), from a stream of their own
+    (``conn-<seed>``): how many crashes are a process's (they close its connections; the
+    rest are a machine's, silent) and how often a link between two live nodes resets."""
+
+    process_crash_share: float
+    flap_per_s: float
+
+    @classmethod
+    def from_seed(cls, seed: int) -> ConnKnobs:
+        rng = random.Random(f"conn-{seed}")
+        return cls(rng.choice((1.0, 0.7, 0.5)), rng.choice((0.0, 0.0, 0.5, 2.0)))
+
+
 class CrashAfterInstallError(Exception):
     """The seeded power loss right after the application installed a snapshot."""
 
@@ -164,6 +186,7 @@ class SimNode:
     core: DLedgerCore | None = None
     paused: bool = False
     inbox: list[Message] = field(default_factory=list)  # held while paused
+    closed: list[str] = field(default_factory=list)  # peers whose close came while paused
     restarts: int = 0
     applied: int = -1  # the highest committed index this incarnation reported
     app: SimApp | None = None  # in memory: lost in a crash
@@ -309,6 +332,11 @@ class Simulation:
         self._body_seq = itertools.count()
         self.faults_on = True
         self.settings = CoreSettings()
+        self.conn_knobs = ConnKnobs.from_seed(seed)
+        self.conn_rng = random.Random(f"conn-events-{seed}")  # the connections' own draws
+        self.early_pre_votes = 0  # started (a follower saw its leader's connection close)
+        self.early_elections = 0  # granted: the follower campaigned at once
+        self.flaps = 0
 
     # ---- trace -------------------------------------------------------------------------
 
@@ -353,6 +381,9 @@ class Simulation:
         thread), and a snapshot never contradicts a committed entry (§5.4)."""
         if name in _BUG_EVENTS:
             self.checker.fail(f"{n.node_id}: {name} {fields}")
+        if name == "early_pre_vote":
+            self.early_pre_votes += 1
+            self.early_elections += fields["granted"] > self.knobs.n_nodes // 2
 
     def crash(self, n: SimNode, *, mid_ready: bool = False) -> None:
         store = n.store
@@ -364,9 +395,14 @@ class Simulation:
         n.app = None
         n.paused = False
         n.inbox.clear()
+        n.closed.clear()
         n.restarts += 1
         torn = self._lose_unsynced(n.directory, synced_data, end_pos, synced_index)
         self.trace(f"crash {n.node_id} mid_ready={mid_ready} torn={torn}")
+        if self.conn_rng.random() < self.conn_knobs.process_crash_share:
+            for other in self.nodes:
+                if other is not n:
+                    self._close(n.node_id, other)
 
     def _lose_unsynced(self, d: Path, synced: int, end_pos: int, synced_index: int) -> int:
         """The seeded disk: bytes past the synced point are lost, but a random prefix of
@@ -572,6 +608,35 @@ class Simulation:
         self.trace(f"recv {m.remote_id}<-{m.local_id} {_describe(m)}")
         self.run(n, lambda c: c.step(m, self.now_ms))
 
+    def _close(self, src: str, dst: SimNode) -> None:
+        """``dst`` sees its connections with ``src`` end, after a network delay, unless
+        the network between them is cut (the FIN or RST is lost too)."""
+        if (src, dst.node_id) in self.cut:
+            return
+        delay = self.conn_rng.randint(*self.knobs.delay_ms)
+        gen = dst.restarts
+        self.at(self.now_ms + delay, "closed", lambda: self._closed(dst, src, gen))
+
+    def _closed(self, n: SimNode, peer: str, generation: int) -> None:
+        if n.core is None or n.restarts != generation:
+            return
+        if n.paused:
+            n.closed.append(peer)  # read when the process runs again
+            return
+        self.trace(f"closed {n.node_id}<-{peer}")
+        self.run(n, lambda c: c.peer_connection_lost(peer, self.now_ms))
+
+    def _fault_flap(self) -> None:
+        """Reset the connection between two live nodes: both see it close."""
+        alive = [n for n in self.nodes if n.core is not None]
+        if len(alive) < 2:
+            return
+        a, b = self.conn_rng.sample(alive, 2)
+        self.flaps += 1
+        self.trace(f"flap {a.node_id}<->{b.node_id}")
+        self._close(a.node_id, b)
+        self._close(b.node_id, a)
+
     # ---- workload ----------------------------------------------------------------------
 
     def _propose(self) -> None:
@@ -618,6 +683,8 @@ class Simulation:
         for kind, rate in kinds:
             if rng.random() < rate * 0.1:  # checked every 100 ms
                 getattr(self, f"_fault_{kind}")()
+        if self.conn_rng.random() < self.conn_knobs.flap_per_s * 0.1:
+            self._fault_flap()
         self.at(self.now_ms + 100, "fault", self._fault)
 
     def _fault_crash(self) -> None:
@@ -651,6 +718,9 @@ class Simulation:
         n.paused = False
         self.trace(f"resume {n.node_id}")
         held, n.inbox = n.inbox, []
+        closed, n.closed = n.closed, []
+        for peer in closed:
+            self._closed(n, peer, generation)
         for m in held:
             self._deliver(m)
 
@@ -705,6 +775,7 @@ class Simulation:
         self.trace(f"knobs {k}")
         if self.app:
             self.trace(f"app {self.app_knobs}")
+        self.trace(f"connections {self.conn_knobs}")
         for n in self.nodes:
             self.start(n)
         self._workload_end_ms = k.fault_ms + 2000

@@ -37,9 +37,11 @@ FIXED: list[tuple[str, int, int, str | None, str]] = [
     # was appended again while the first copy was still in the log.
     ("settle-timeout-duplicate", 15, 3000, "orphan waits", "duplicated: message p0|12|0"),
     # Recovery replayed messages against the topic table of a snapshot of another index.
+    # Seed 118 found it; since issue 18 changed when elections happen, seed 109 is the
+    # one that replays across a topic delete (five times).
     (
         "recover-across-topic-delete",
-        118,
+        109,
         8000,
         "recoveries across a topic delete",
         "poll-skip: n0 T0/0 holds queue offsets [0, 0), the log [0, 1)",

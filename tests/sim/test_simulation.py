@@ -11,9 +11,12 @@ import random
 
 import pytest
 
-from .sim import AppKnobs, Knobs, run_seed
+from .sim import AppKnobs, ConnKnobs, Knobs, run_seed
 
 SEEDS = range(200)
+# Issue 18: seeds (of SEEDS, and so run in CI) that exercise connection closes.
+EARLY_ELECTION_SEEDS = (7, 84, 140, 148)
+FLAP_SEEDS = (1, 32, 39)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -52,6 +55,26 @@ def test_the_simulation_exercises_every_fault_kind() -> None:
     assert sum(a.retain_every_ms is not None for a in apps) > 80
     assert sum(a.retain_every_ms is not None and a.crash_after_install > 0 for a in apps) > 20
     assert {a.data_file_size for a in apps} == {4096, 16384}
+    conns = [ConnKnobs.from_seed(s) for s in SEEDS]
+    assert sum(c.flap_per_s > 0 for c in conns) > 60
+    assert sum(c.process_crash_share < 1 for c in conns) > 60  # silent machine crashes
+
+
+@pytest.mark.parametrize("seed", EARLY_ELECTION_SEEDS)
+def test_issue_18_a_crash_that_closes_connections_elects_at_once_safely(seed: int) -> None:
+    """Seeds where a crashed leader's closed connections made a follower pre-vote and
+    campaign at once (the invariants are checked after every event, as in every seed)."""
+    sim = run_seed(seed)
+    assert sim.early_elections >= 1
+
+
+@pytest.mark.parametrize("seed", FLAP_SEEDS)
+def test_issue_18_flapping_links_to_a_live_leader_are_safe(seed: int) -> None:
+    """Seeds where links between live nodes reset many times, some of them a follower's
+    link to its leader (it pre-voted early and, as the leader was alive, was refused)."""
+    sim = run_seed(seed)
+    assert sim.flaps >= 5
+    assert sim.early_pre_votes > sim.early_elections
 
 
 @pytest.mark.parametrize("seed", [13, 183])
