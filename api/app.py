@@ -1,4 +1,4 @@
-"""The HTTP API (API.md §2 and §3) over one node's ``Broker``: ``create_app(settings, broker)``.
+"""The HTTP API (docs/http.md) over one node's ``Broker``: ``create_app(settings, broker)``.
 
 Nothing is built at import time: the node runner (``api.node``) makes the broker, starts
 it, and serves this app with uvicorn on the same event loop as the Raft runtime. The
@@ -6,7 +6,7 @@ routes live in ``api/routes/`` (one file per resource); this module composes the
 node's state on ``app.state`` (which the routes' dependencies read), the request guard
 (``api.guard``: every body capped, and a body without a valid token refused, before it
 is read), the token check on ``/v1``, the long-poll counter, the error handlers that
-give every error the body of API.md §2 (``{"error": {"code", "message", ...}}``), and
+give every error the body of docs/http.md (``{"error": {"code", "message", ...}}``), and
 the OpenAPI document.
 
 Requests are validated by the pydantic models of ``api.models`` before the broker sees
@@ -111,8 +111,8 @@ def create_app(
 
 
 def _add_error_handlers(app: FastAPI, metrics: NodeMetrics) -> None:
-    """Every error answers API.md §2's body; a broker's NOT_MASTER is a 307 to the same
-    path on the master, and a retryable refusal carries ``Retry-After``."""
+    """Every error answers the error body of docs/http.md; a broker's NOT_MASTER is a 307
+    to the same path on the master, and a retryable refusal carries ``Retry-After``."""
 
     @app.exception_handler(errors.BrokerError)
     async def _on_broker_error(request: Request, e: errors.BrokerError) -> Response:

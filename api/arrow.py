@@ -1,4 +1,4 @@
-"""The Arrow pull: a pull page as an Arrow IPC stream (API.md §5), built a page at a time.
+"""The Arrow pull: a pull page as an Arrow IPC stream (docs/spark.md), built a page at a time.
 
 ``encode_page`` turns a ``broker.pages.RawPage`` (consume-queue units, and zero-copy
 views of the commitlog stretches holding the records) into record batches of ``SCHEMA``

@@ -1,4 +1,4 @@
-"""The Arrow schema of a pull page (API.md §5), shared by the broker's encoder
+"""The Arrow schema of a pull page (docs/spark.md), shared by the broker's encoder
 (``api.arrow``) and the Spark source (``api.spark``) without importing either side.
 
 It is the schema Spark's ``to_arrow_schema`` derives from the source's declared schema

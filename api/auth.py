@@ -1,4 +1,4 @@
-"""Bearer tokens and what each may do (API.md §6).
+"""Bearer tokens and what each may do (docs/operations.md).
 
 A node takes one ``--auth-token`` (allowed everything) and/or a ``--auth-tokens-file``
 with one token per line and its scopes::

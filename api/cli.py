@@ -1,4 +1,4 @@
-"""The ``ledgermq`` command line (API.md §1).
+"""The ``ledgermq`` command line (docs/operations.md).
 
 - ``ledgermq broker``: one node (the embedded single-node default with no options);
 - ``ledgermq cluster up --nodes 3``: a local cluster as child processes, in the
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_option(up, "--raft-base-port", type=int, default=None, help="default: base + 1000")
     add_option(up, "--data-dir", type=Path, default=Path("ledgermq-data"))
     add_option(up, "--flush", choices=("sync", "async"), default="sync")
-    add_option(up, "--peer-secret", default=None, help="for every node (API.md §6)")
+    add_option(up, "--peer-secret", default=None, help="for every node (docs/operations.md)")
     add_option(up, "--peer-secret-file", type=Path, default=None)
     add_option(
         up,

@@ -1,4 +1,4 @@
-"""The client-side ``ledgermq`` commands (API.md §1), over ``api.client``:
+"""The client-side ``ledgermq`` commands (docs/operations.md), over ``api.client``:
 
 - ``topic create|list|describe|delete``, ``group list``, ``group lag``;
 - ``produce``: messages from arguments, stdin (``-``) or ``--file``, one per line (or
@@ -59,7 +59,7 @@ def _common(
     timeout_s: float = 10.0,
 ) -> None:
     add_brokers_option(p)
-    add_option(p, "--auth-token", default=None, help="bearer token (API.md §6)")
+    add_option(p, "--auth-token", default=None, help="bearer token (docs/operations.md)")
     add_option(p, "--timeout", type=float, default=timeout_s, help="seconds per request")
     add_option(p, "--deadline", type=float, default=30.0, help="seconds per operation")
     if json_output:

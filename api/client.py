@@ -1,4 +1,4 @@
-"""The Python client (API.md §4): ``Producer``, ``Consumer``, ``Admin`` and their async
+"""The Python client (docs/client.md): ``Producer``, ``Consumer``, ``Admin`` and their async
 twins ``AsyncProducer``, ``AsyncConsumer``, ``AsyncAdmin``, over httpx.
 
 How it is built (h11's way): every operation is written once, as a generator that
@@ -9,7 +9,7 @@ the deadline. The sync and async classes are thin drivers that run those generat
 an ``httpx.Client`` or an ``httpx.AsyncClient`` (a dozen lines each); their public
 methods are the shared operations bound with ``_blocking`` / ``_awaiting``.
 
-Routing (API.md §2): writes go to the master, found with ``GET /v1/cluster`` on any
+Routing (docs/http.md): writes go to the master, found with ``GET /v1/cluster`` on any
 broker and cached; a ``307 NOT_MASTER`` moves the cache to its ``leader_url`` (redirects
 are never followed by httpx, so the cache learns); ``503 NO_MASTER``, ``503
 UNKNOWN_OUTCOME`` and ``429 BUSY`` are retried with exponential backoff and jitter (at
@@ -380,7 +380,7 @@ def encode_body(body: bytes | str) -> dict[str, Any]:
 
 
 def encode_message(m: MessageLike) -> dict[str, Any]:
-    """One message object of the produce body (API.md §3)."""
+    """One message object of the produce body (docs/http.md)."""
     if isinstance(m, str | bytes | bytearray | memoryview):
         return encode_body(m)
     if isinstance(m, Message):
@@ -1006,7 +1006,7 @@ class AdminOps:
     def pull_arrow(
         self, topic: str, queue_id: int, offset: int, *, max_messages: int = 32, wait_ms: int = 0
     ) -> Gen[ArrowPage]:
-        """``pull`` answered as an Arrow IPC stream (API.md §5): the stream's bytes, as
+        """``pull`` answered as an Arrow IPC stream (docs/spark.md): the stream's bytes, as
         they came, with the status and offsets (decode them with ``pyarrow.ipc``)."""
         params: dict[str, str | int] = {
             "offset": offset,

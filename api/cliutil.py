@@ -1,5 +1,5 @@
 """Small pieces every ``ledgermq`` command shares: options that also come from
-``LEDGERMQ_<NAME>`` environment variables (API.md §1), and one-line errors."""
+``LEDGERMQ_<NAME>`` environment variables (docs/operations.md), and one-line errors."""
 
 from __future__ import annotations
 

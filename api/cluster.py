@@ -4,7 +4,7 @@
 the same class. Each node gets an HTTP port and a Raft port, every node knows every
 node's URL (so a SLAVE redirects writes to the master), and children are started with
 ``--exit-with-parent``: nothing outlives the process that started them. Every wait is
-bounded. A peer secret (API.md §6) reaches the children in their environment, out of
+bounded. A peer secret (docs/operations.md) reaches the children in their environment, out of
 ``ps``.
 """
 

@@ -81,7 +81,7 @@ def add_demo_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--catch-up-timeout", type=float, default=60.0, help="seconds")
     p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds")
     p.add_argument("--plain", action="store_true", help="lines instead of the live table")
-    add_option(p, "--auth-token", default=None, help="bearer token, with --brokers (API.md §6)")
+    add_option(p, "--auth-token", default=None, help="bearer token, with --brokers")
 
 
 # ---- the story's record ---------------------------------------------------------------------

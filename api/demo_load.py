@@ -6,7 +6,7 @@ story (``api.demo``) kills and restarts nodes. Every message body names its run 
 number (``<run>:<n>``), so what the consumer reads can be matched with what the producer
 was told, one message at a time.
 
-The books (Jepsen's queue checker's vocabulary, STYLE.md), kept per message number:
+The books (Jepsen's queue checker's vocabulary), kept per message number:
 
 - *acknowledged*: the producer got its result (queue and queue offset) after quorum
   commit; *in doubt*: its batch failed after every retry, so it may or may not be in

@@ -1,4 +1,4 @@
-"""Media types of the HTTP API and the pull route's content negotiation (API.md §3, §5).
+"""Media types of the HTTP API and the pull route's content negotiation (docs/http.md).
 
 JSON is every route's default. The pull route also answers an Arrow IPC stream
 (``ARROW_STREAM``) when the request's ``Accept`` names it; its pull status and offsets
@@ -63,7 +63,7 @@ class NotAcceptableError(BrokerError):
 
 
 ARROW_PULL_DOC = f"""With `Accept: {ARROW_STREAM}` the answer is an Arrow IPC stream
-instead of JSON: the messages as record batches of the Spark schema (API.md §5: key, keys,
+instead of JSON: the messages as record batches of the Spark schema (docs/spark.md: key, keys,
 value as binary, topic, queue_id, queue_offset, msg_id, tags, properties as a map of the
 producer's own properties, born_timestamp and store_timestamp as timestamp[us, UTC]), and
 the status and offsets in the headers `{PULL_STATUS}`, `{PULL_NEXT_OFFSET}`,

@@ -1,4 +1,4 @@
-"""The HTTP contract's bodies (API.md §3) as pydantic models.
+"""The HTTP contract's bodies (docs/http.md) as pydantic models.
 
 Requests are validated by these models (``extra="forbid"``: a misspelt field is an
 error, not silently ignored). Hot responses (produce, pull) are built as plain dicts

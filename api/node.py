@@ -2,7 +2,7 @@
 
 ``ledgermq broker`` (and ``python -m broker``) land in ``main``: options → settings →
 ``serve``. uvicorn serves the app inside this process's uvloop loop, beside the Raft
-runtime (DESIGN §1): one loop, no threads between HTTP and the log. SIGINT/SIGTERM stop
+runtime (docs/architecture.md): one loop, no threads between HTTP and the log. SIGINT/SIGTERM stop
 the HTTP server first (no new requests), then the broker (dispatch checkpoint, log
 close), so a stopped node restarts without a rebuild.
 """
@@ -49,7 +49,7 @@ class NodeFailedError(RuntimeError):
 
 
 MiB = 1 << 20
-# Limits.* exposed as --max-... options (API.md §3's defaults).
+# Limits.* exposed as --max-... options (docs/http.md).
 LIMIT_OPTIONS = (
     "max_body_bytes",
     "max_properties_bytes",
@@ -78,7 +78,7 @@ class HttpSettings:
     access_log: bool = False
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
-    auth_token: str | None = None  # API.md §6: every /v1 request needs it when set
+    auth_token: str | None = None  # docs/operations.md: every /v1 request needs it when set
     auth_tokens: TokenTable | None = None  # tokens with scopes (--auth-tokens-file)
     # /metrics needs a token too (it names every topic); None: when the node has tokens.
     metrics_need_auth: bool | None = None
@@ -302,7 +302,7 @@ def _peer_urls(spec: str) -> dict[str, str]:
 
 
 def add_broker_options(p: argparse.ArgumentParser) -> None:
-    """The options of ``ledgermq broker`` (API.md §1), each also ``LEDGERMQ_<NAME>``."""
+    """The options of ``ledgermq broker`` (docs/operations.md), each also ``LEDGERMQ_<NAME>``."""
     add_option(p, "--node-id", default="n0", help="this node's id among --peers")
     add_option(p, "--group", default="g0", help="the DLedger group (broker name)")
     add_option(
@@ -388,7 +388,7 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         p,
         "--peer-secret",
         default=None,
-        help="Raft connections authenticate with this shared secret (API.md §6); "
+        help="Raft connections authenticate with this shared secret (docs/operations.md); "
         "visible in ps: prefer --peer-secret-file or the environment variable",
     )
     add_option(

@@ -17,7 +17,7 @@ What it measures (every figure is printed; nothing is asserted):
     .venv/bin/python bench/raft_bench.py --duration 60 --kills 20
 
 ``--peer-secret S`` runs both DLedger groups (and the client) with a peer secret
-(API.md §6), to see what the connection handshake costs; pysyncobj runs as always.
+(docs/operations.md), to see what the connection handshake costs; pysyncobj runs as always.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ offsets), the consume queues and the key index, the replicated metadata, the
 commits, leadership transfer) need the MASTER role; reads are served by every node from
 committed, dispatched data.
 
-Producer sessions (DESIGN §5): a produce request may carry ``producer_id`` and
+Producer sessions (docs/architecture.md): a produce request may carry ``producer_id`` and
 ``sequence``. The session's last batch and its results are replicated state; a retry of
 the same sequence is answered with the original results, a batch of which only a prefix
 reached the log (a failover mid-batch) is completed with its missing tail, and a retry
@@ -262,7 +262,7 @@ class Broker:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    # ---- snapshots (DESIGN §5) ---------------------------------------------------------
+    # ---- snapshots (docs/architecture.md) --------------------------------------------------------
 
     def _serve_snapshot(self, index: int, data: bytes) -> bool:
         """Raft keeps the dispatcher's newest snapshot for followers behind the log head;

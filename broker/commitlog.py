@@ -1,5 +1,5 @@
 """``DLedgerCommitLog``: RocketMQ's CommitLog on top of the replicated DLedger log
-(CHECKLIST MQ-03..MQ-05, DESIGN §4).
+(docs/formats.md).
 
 Each message is one DLedger entry whose body is a RocketMQ CommitLog record. Two fields
 are fixed on the master, at the last moment:

@@ -1,4 +1,4 @@
-"""The dispatcher: RocketMQ's ReputMessageService over the DLedger log (DESIGN §5).
+"""The dispatcher: RocketMQ's ReputMessageService over the DLedger log (docs/architecture.md).
 
 One asyncio task per node, on the master and on slaves alike, walks the *committed*
 entries in index order and, for each:
@@ -72,7 +72,7 @@ from .metadata import SYS_TOPIC, MetadataState, SnapshotFiles
 
 log = logging.getLogger(__name__)
 
-_ENTRY_HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos (DESIGN §4)
+_ENTRY_HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos (docs/formats.md)
 STALL_RETRY_MAX_S = 1.0  # backoff cap while a disk error stalls dispatch
 STALL_LOG_INTERVAL_S = 10.0  # a stall, or failing checkpoints, are logged this often
 _SESSION_MARK = PROP_PRODUCER_ID.encode() + b"\x01"
@@ -749,7 +749,7 @@ class Dispatcher:
 
     def _update_retention_floor(self) -> None:
         # Never delete log the derived state still needs: not past the checkpointed
-        # dispatch point nor past the newest metadata snapshot (DESIGN §5); and not past
+        # dispatch point nor past the newest metadata snapshot (docs/architecture.md); and not past
         # the snapshot Raft serves, or a follower behind would wait for the next one.
         keep_from = min(self.checkpoint_index, self.snapshot_index)
         if self.serve_snapshot is not None:

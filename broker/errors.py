@@ -1,4 +1,4 @@
-"""The broker's expected errors: typed, each with a stable upper-case code (API.md §2) and
+"""The broker's expected errors: typed, each with a stable upper-case code (docs/http.md) and
 the HTTP status the API layer answers with. A broken invariant is not one of these: it
 is an ``AssertionError`` or a ``StoreCorruptionError`` that stops the node."""
 
@@ -65,14 +65,14 @@ class SequenceTooOldError(BrokerError):
 
 
 class UnauthenticatedError(BrokerError):
-    """No valid bearer token (API.md §6)."""
+    """No valid bearer token (docs/operations.md)."""
 
     code = "UNAUTHENTICATED"
     http_status = 401
 
 
 class ForbiddenError(BrokerError):
-    """The bearer token is valid but its scopes do not cover the request (API.md §6)."""
+    """The bearer token is valid but its scopes do not cover the request (docs/operations.md)."""
 
     code = "FORBIDDEN"
     http_status = 403

@@ -1,4 +1,4 @@
-"""The RocketMQ CommitLog message record codec (DESIGN §4 "Message" and "The append hook").
+"""The RocketMQ CommitLog message record codec (docs/formats.md "Message" and "The append hook").
 
 A message is the body of one DLedger entry (it starts at entry byte 48). Big-endian::
 

@@ -1,4 +1,4 @@
-"""The replicated metadata: the "embedded KV on DLedger" of the seeds (CHECKLIST MQ-06).
+"""The replicated metadata: an "embedded KV on DLedger".
 
 Topics, consumer-group offsets and producer sessions are state derived from the log, in
 log order, on every node alike: topic and offset changes are *operations* carried as

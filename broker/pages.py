@@ -61,7 +61,7 @@ def units_within(units: bytes, max_bytes: int) -> bytes:
 def damaged_record(data: memoryview, units: bytes, base: int) -> int | None:
     """The commitlog offset of the first record in ``data`` (from commitlog offset
     ``base`` on) whose entry header's body CRC or size does not hold, None if all hold.
-    Each record's header ends right before it (DESIGN §4: BODY_OFFSET = 48)."""
+    Each record's header ends right before it (docs/formats.md: BODY_OFFSET = 48)."""
     crc32, unpack_unit, unpack_tail = zlib.crc32, UNIT.unpack_from, _ENTRY_TAIL.unpack_from
     for at in range(0, len(units), UNIT_SIZE):
         offset, size, _ = unpack_unit(units, at)

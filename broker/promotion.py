@@ -1,4 +1,4 @@
-"""LEADER → MASTER, as a sans-I/O state machine (DESIGN §5, CHECKLIST MQ-03).
+"""LEADER → MASTER, as a sans-I/O state machine (docs/architecture.md).
 
 A node that the Raft group elected leader takes writes only once it knows the queue
 offsets every committed message holds. ``Promotion`` is that rule for one term; it reads

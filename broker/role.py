@@ -1,4 +1,4 @@
-"""``RoleChangeHandler``: Raft roles → broker roles (DESIGN §5, CHECKLIST MQ-03).
+"""``RoleChangeHandler``: Raft roles → broker roles (docs/architecture.md).
 
 FOLLOWER or CANDIDATE → SLAVE at once. LEADER → MASTER only once ``Promotion`` (the rule,
 in ``broker/promotion.py``, shared with the simulation) says so; this module is its

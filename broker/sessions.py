@@ -1,4 +1,4 @@
-"""Producer sessions on the master, as a sans-I/O state machine (DESIGN §5).
+"""Producer sessions on the master, as a sans-I/O state machine (docs/architecture.md).
 
 A produce request may carry a session: ``producer_id`` and ``sequence``. The replicated
 session table (``MetadataState.sessions``) says what of a producer's last batch is in the

@@ -21,7 +21,7 @@ MiB = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Request limits (API.md §3); over a limit → 413/422 before anything is written."""
+    """Request limits (docs/http.md); over a limit → 413/422 before anything is written."""
 
     max_body_bytes: int = 4 * MiB
     max_properties_bytes: int = 32 * 1024
@@ -76,7 +76,7 @@ class BrokerSettings:
     max_producer_sessions: int = 100_000
     dispatch_batch_entries: int = 2048  # entries per dispatch step before yielding the loop
     dispatch_checkpoint_interval_ms: int = 1000
-    # Metadata snapshots (DESIGN §4): written after this many applied entries or this
+    # Metadata snapshots (docs/formats.md): written after this many applied entries or this
     # long, whichever first; the newest few are kept.
     snapshot_interval_entries: int = 100_000
     snapshot_interval_ms: int = 60_000

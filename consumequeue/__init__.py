@@ -1,4 +1,4 @@
-"""Consume queues and the key index, built from committed entries (DESIGN §2, §4).
+"""Consume queues and the key index, built from committed entries (docs/architecture.md).
 
 - :mod:`consumequeue.queue`: ``ConsumeQueue``, one (topic, queue_id) index of 20-byte
   units (commitlog offset, size, tags hash), lookups by queue offset and by store time;

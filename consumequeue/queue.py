@@ -1,6 +1,6 @@
 """``ConsumeQueue``: the index of one (topic, queue_id), queue offset → message position.
 
-Layout (DESIGN §4): ``<root>/<topic>/<queue_id>/<20-digit start byte position>`` segment
+Layout (docs/formats.md): ``<root>/<topic>/<queue_id>/<20-digit start byte position>`` segment
 files of ``segment_units`` 20-byte units, each ``commitlog_offset i64 | size i32 |
 tags_hash i64`` big-endian; queue offset N lives at byte N*20 of the logical file. The
 segments are ``dledger.store.mmapfile`` segments (RocketMQ's MappedFileQueue), so a queue

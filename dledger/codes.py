@@ -1,6 +1,6 @@
-"""DLedger's numeric response codes (CHECKLIST §8), shared by the store, core and wire.
+"""DLedger's numeric response codes, shared by the store, core and wire.
 
-Keeping DLedger's numbers lets a reader of the seeds map our frames and logs to theirs.
+Keeping DLedger's numbers lets a reader of DLedger map our frames and logs to theirs.
 """
 
 from __future__ import annotations

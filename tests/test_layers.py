@@ -1,4 +1,4 @@
-"""DESIGN §2: ``api → broker → {consumequeue, dledger}``; dledger and consumequeue import
+"""docs/architecture.md: ``api → broker → {consumequeue, dledger}``; dledger and consumequeue import
 nothing of ours but (for consumequeue) dledger's file helpers."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _imports(path: Path) -> set[str]:
     return names & OURS
 
 
-# ``python -m broker`` (API.md §1) starts a whole node, HTTP included: it is the program's
+# ``python -m broker`` (docs/operations.md) starts a whole node, HTTP included: it is the program's
 # entry point, the one place allowed to compose every layer.
 ENTRY_POINTS = {ROOT / "broker" / "__main__.py"}
 

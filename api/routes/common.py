@@ -1,4 +1,4 @@
-"""What every route file shares: the JSON response class, error bodies (API.md §2), the
+"""What every route file shares: the JSON response class, error bodies (docs/http.md), the
 path and query types, and the dependencies through which a route reaches the node's
 ``Broker``, its settings, its metrics and the request's token (FastAPI's ``Depends``).
 
@@ -57,7 +57,7 @@ def error_response(
 
 
 def broker_error_response(e: errors.BrokerError) -> JSONBytes:
-    """A broker error's answer (API.md §2): its status and body, ``WWW-Authenticate``
+    """A broker error's answer (docs/http.md): its status and body, ``WWW-Authenticate``
     on a 401 and ``Retry-After`` (whole seconds, at least one) on a retryable refusal."""
     headers = {"WWW-Authenticate": "Bearer"} if e.http_status == 401 else None
     if e.http_status in (429, 503, 507):
@@ -67,7 +67,7 @@ def broker_error_response(e: errors.BrokerError) -> JSONBytes:
 
 
 def error_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI: these statuses answer the API.md §2 error body."""
+    """OpenAPI: these statuses answer the docs/http.md error body."""
     return {s: {"model": models.ErrorBody} for s in statuses}
 
 
@@ -140,7 +140,7 @@ async def check_token(
 
 
 class Access:
-    """What the request's token may do (API.md §6); everything on a node without auth."""
+    """What the request's token may do (docs/operations.md); everything on a node without auth."""
 
     def __init__(self, grant: Grant | None) -> None:
         self.grant = grant

@@ -1,4 +1,4 @@
-"""Consumer groups (API.md §3): offsets (replicated, they survive failover exactly),
+"""Consumer groups (docs/http.md): offsets (replicated, they survive failover exactly),
 resets and group pulls."""
 
 from typing import Annotated

@@ -1,5 +1,5 @@
-"""Produce to a topic and pull from one of its queues (API.md §3), JSON or NDJSON in, JSON
-or an Arrow IPC stream out (API.md §5)."""
+"""Produce to a topic and pull from one of its queues (docs/http.md), JSON or NDJSON in, JSON
+or an Arrow IPC stream out (docs/spark.md)."""
 
 import base64
 import binascii
@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover - the test environment installs it
 
 
 def message_out(m: PulledMessage, encoding: str) -> dict[str, Any]:
-    """A message as API.md §3 shows it; ``utf-8`` falls back to base64 per message."""
+    """A message as docs/http.md shows it; ``utf-8`` falls back to base64 per message."""
     body: str | None = None
     enc = "utf-8"
     if encoding == "utf-8":

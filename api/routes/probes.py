@@ -1,4 +1,4 @@
-"""``/healthz``, ``/readyz`` and ``/metrics`` (API.md §3): open even with tokens on the
+"""``/healthz``, ``/readyz`` and ``/metrics`` (docs/http.md): open even with tokens on the
 node, except ``/metrics`` when the node asks for them there too."""
 
 from fastapi import APIRouter, Depends

@@ -1,4 +1,4 @@
-"""Query messages (API.md §3): by key within a topic, by message id."""
+"""Query messages (docs/http.md): by key within a topic, by message id."""
 
 from typing import Annotated
 

@@ -1,4 +1,4 @@
-"""Topics (API.md §3): create, list, describe, delete."""
+"""Topics (docs/http.md): create, list, describe, delete."""
 
 from fastapi import APIRouter
 from starlette.responses import Response

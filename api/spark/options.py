@@ -2,7 +2,7 @@
 
 Spark hands a Python data source its options with lower-cased keys (``startingOffsets``
 arrives as ``startingoffsets``), so every key is matched lower-cased here, whoever calls.
-Names follow Spark's Kafka source where the meaning is the same (API.md §5). An unknown
+Names follow Spark's Kafka source where the meaning is the same (docs/spark.md). An unknown
 key is an error, not a silent no-op: a misspelt ``startingOffset`` would otherwise read
 from the default. ``authToken`` never appears in a repr, a log line or an error message
 (``redact``); Spark's own plan output redacts it too, by its ``token`` substring.

@@ -1,7 +1,7 @@
 """Rows to write → produce requests (pure: pyarrow, orjson; no Spark, no network).
 
 The writer takes the DataFrame's Arrow batches and turns each row into a message object
-of the produce API (API.md §3), then cuts the stream of messages into requests within
+of the produce API (docs/http.md), then cuts the stream of messages into requests within
 the API's limits (``max_messages`` per request, ``max_bytes`` of JSON per request).
 Chunk boundaries depend only on the messages and the limits, never on how Spark split
 the input into Arrow batches: a retried task cuts the same chunks, so its producer

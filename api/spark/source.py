@@ -1,4 +1,4 @@
-"""The PySpark data source ``ledgermq`` (API.md §5) on pyspark 4's Python Data Source API.
+"""The PySpark data source ``ledgermq`` (docs/spark.md) on pyspark 4's Python Data Source API.
 
 - ``spark.read.format("ledgermq")``: ``LedgerMQBatchReader``. The driver plans one
   partition per queue and offset range (``minPartitions`` splits large ranges); each task
@@ -128,7 +128,7 @@ class QueuePartition(InputPartition):
 
 
 class LedgerMQDataSource(DataSource):
-    """``format("ledgermq")``: see the module docstring and API.md §5."""
+    """``format("ledgermq")``: see the module docstring and docs/spark.md."""
 
     @classmethod
     def name(cls) -> str:

@@ -1,23 +1,23 @@
 """``EntryDispatcher``: the leader's replication to one follower (DLedger's
-``EntryDispatcher`` inside ``DLedgerEntryPusher``, CHECKLIST §4). One per peer.
+``EntryDispatcher`` inside ``DLedgerEntryPusher``). One per peer.
 
 States COMPARE → TRUNCATE → APPEND (+ COMMIT when idle, + INSTALL_SNAPSHOT), the newer
-protocol variant (RP-23 a): COMPARE carries (pre_log_index, pre_log_term) and backs up by
+protocol variant: COMPARE carries (pre_log_index, pre_log_term) and backs up by
 the follower's (x_term, x_index); TRUNCATE carries only the index; acks are reported to the
-``QuorumAckChecker`` (through the host) under the acked entry's term (CV-20). The follower's
+``QuorumAckChecker`` (through the host) under the acked entry's term. The follower's
 half is ``EntryHandler`` (``handler``).
 
-Invariants and the seed bugs not copied:
+Invariants, and the DLedger bugs not copied:
 - A follower truncates only entries that conflict with the leader: after an
   (x_term, x_index) answer the leader compares next at its *last* entry of x_term when it
   has that term (textbook fast backup), so a TRUNCATE never drops an entry both logs hold
   — DLedger jumps to x_index and may drop committed entries from a replica.
 - Every change to COMPARE resets ``write_index`` and the in-flight map, whatever state it
-  comes from (the CV-36 bug resets only from APPEND).
+  comes from (DLedger's bug resets only from APPEND).
 - ``doCompare`` runs on an empty leader log too, so stale follower entries are truncated
-  before the leader's first write (the CV-41 bug skips it).
+  before the leader's first write (DLedger's bug skips it).
 - Batches are bounded by ``max_push_bytes`` and ``max_push_entries`` and really batch
-  (the CV-35 bug sends every entry alone); at most ``max_inflight_pushes`` per peer.
+  (DLedger's bug sends every entry alone); at most ``max_inflight_pushes`` per peer.
 - A follower that refuses an append for its disk (DISK_FULL, DISK_ERROR) wrote nothing:
   the dispatcher pauses ``storage_error_backoff_ms``, then compares again.
 - A follower that holds everything before a batch and still refuses it (INCONSISTENT_STATE
@@ -29,14 +29,14 @@ Invariants and the seed bugs not copied:
   ``max_refused_append_backoff_ms``, and is reported (``append_refused_again``) with the
   first entry of the batch whose copy here is damaged, if one is.
 
-INSTALL_SNAPSHOT (RP-42, Raft §7; the seeds show only the triggers):
+INSTALL_SNAPSHOT (Raft §7):
 
 | From | To | Condition |
 |---|---|---|
 | COMPARE | INSTALL_SNAPSHOT | ``compare_index < ledger_begin_index - 1`` (the before-begin) |
 | APPEND | INSTALL_SNAPSHOT | ``write_index <= ledger_begin_index - 1``, or the entry went missing |
 | INSTALL_SNAPSHOT | APPEND | SUCCESS: match = ``last_included_index``, push from the next one |
-| any | COMPARE | a store error in the middle of a step (RP-10: the head moved under us) |
+| any | COMPARE | a store error in the middle of a step (the head moved under us) |
 
 One InstallSnapshotRequest in flight per peer, resent after ``snapshot_timeout_ms``. The
 snapshot sent is the node's newest registered one, and only if the leader's log continues
@@ -128,7 +128,7 @@ class EntryDispatcher:
         self.refusals = 0
 
     def change_state(self, target: DispatcherState) -> None:
-        if target is DispatcherState.COMPARE:  # from any state: the CV-36 fix
+        if target is DispatcherState.COMPARE:  # from any state: the fix of DLedger's bug
             self.write_index = self.store.ledger_end_index + 1
             self.pending.clear()
         elif target is DispatcherState.INSTALL_SNAPSHOT:
@@ -138,7 +138,7 @@ class EntryDispatcher:
         self.state = target
 
     def _fresh(self) -> bool:
-        """``checkNotLeaderAndFreshState`` (RP-11): a new term starts with COMPARE."""
+        """``checkNotLeaderAndFreshState``: a new term starts with COMPARE."""
         ms = self.ms
         if ms.role is not Role.LEADER:
             return False
@@ -166,7 +166,7 @@ class EntryDispatcher:
             self._on_store_error(now_ms, e)
 
     def _on_store_error(self, now_ms: int, e: DLedgerError) -> None:
-        """RP-10: an error in the middle of a step (retention deleted the head between a
+        """an error in the middle of a step (retention deleted the head between a
         check and a read, on the store's own thread) → COMPARE after a back-off; COMPARE
         goes on to INSTALL_SNAPSHOT if the peer now needs one."""
         self.host.log_event("dispatcher_error", peer=self.peer_id, code=e.code.name)
@@ -209,7 +209,7 @@ class EntryDispatcher:
             return False
         return True
 
-    # ---- COMPARE (RP-14) ---------------------------------------------------------------
+    # ---- COMPARE ---------------------------------------------------------------
 
     def _do_compare(self, now_ms: int) -> None:
         if self._control_busy(now_ms):
@@ -254,7 +254,7 @@ class EntryDispatcher:
         self.control = None
         self._do_compare(now_ms)
 
-    # ---- TRUNCATE (RP-17) ----------------------------------------------------------------
+    # ---- TRUNCATE ----------------------------------------------------------------
 
     def _do_truncate(self, now_ms: int) -> None:
         if self._control_busy(now_ms):
@@ -282,10 +282,10 @@ class EntryDispatcher:
             "push_refused", peer=self.peer_id, code=resp.code.name, type=resp.type.name
         )
 
-    # ---- APPEND (RP-20 .. RP-28) -----------------------------------------------------------
+    # ---- APPEND -----------------------------------------------------------
 
     def _quota_allows(self, now_ms: int, size: int) -> bool:
-        """Flow control for a lagging peer (RP-24; bytes per second, CV-34)."""
+        """Flow control for a lagging peer (bytes per second)."""
         s = self.settings
         lag = self.store.ledger_end_index - self.write_index
         if s.peer_push_quota_bytes_per_s <= 0 or lag <= s.peer_push_throttle_entries:
@@ -302,7 +302,7 @@ class EntryDispatcher:
         s, store = self.settings, self.store
         first_unacked = self.pending.get(self.match_index + 1)
         if first_unacked is not None and now_ms - first_unacked.send_ms > s.push_timeout_ms:
-            self.pending.clear()  # go-back-N from the first unacknowledged index (RP-26)
+            self.pending.clear()  # go-back-N from the first unacknowledged index
             self.write_index = self.match_index + 1
         end = store.ledger_end_index
         while self.write_index <= end and len(self.pending) < s.max_inflight_pushes:
@@ -335,7 +335,7 @@ class EntryDispatcher:
             if committed > self.last_sent_commit_index or (
                 now_ms - self.last_push_commit_ms >= s.commit_push_interval_ms
             ):
-                self.host.send(self._request(PushType.COMMIT))  # answer ignored (RP-28)
+                self.host.send(self._request(PushType.COMMIT))  # answer ignored
                 self.last_push_commit_ms = now_ms
                 self.last_sent_commit_index = committed
 
@@ -355,7 +355,7 @@ class EntryDispatcher:
             if last > self.match_index:
                 self.match_index = last
                 self.host.update_peer_watermark(p.last_term, self.peer_id, last)
-            # everything at or below the watermark is acknowledged (CV-39, newer rule)
+            # everything at or below the watermark is acknowledged (newer rule)
             for first in [f for f, q in self.pending.items() if f + q.count - 1 <= last]:
                 del self.pending[first]
         elif resp.code is DLedgerCode.INCONSISTENT_STATE:
@@ -370,7 +370,7 @@ class EntryDispatcher:
             self.peer_storage_refused = True
             self.change_state(DispatcherState.COMPARE)
             self.backoff_until_ms = now_ms + self.settings.storage_error_backoff_ms
-        # any other code: wait for the push timeout and resend (RP-22)
+        # any other code: wait for the push timeout and resend
 
     def _refused_at_match(self, p: PendingPush, now_ms: int) -> None:
         """The follower holds every entry before ``p`` and refused ``p``'s entries (see
@@ -408,7 +408,7 @@ class EntryDispatcher:
                 return -1  # gone (retention): nothing to say about its bytes
         return -1
 
-    # ---- INSTALL_SNAPSHOT (RP-42, Raft §7) -------------------------------------------------
+    # ---- INSTALL_SNAPSHOT (Raft §7) -------------------------------------------------
 
     def _snapshot_problem(self) -> tuple[str, int] | None:
         """Why the newest snapshot cannot be sent now, or None if it can."""

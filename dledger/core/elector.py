@@ -1,20 +1,20 @@
-"""``LeaderElector``: DLedger's election (CHECKLIST §1) with pre-vote and check-quorum.
+"""``LeaderElector``: DLedger's election with pre-vote and check-quorum.
 
-One object per node, driven by ``maintain(now_ms)`` on every tick (LE-04/LE-05) and by
+One object per node, driven by ``maintain(now_ms)`` on every tick and by
 the vote and heartbeat messages the node routes to it. Rounds replace DLedger's latches:
-a round collects answers paired by ``req_id`` and is read (``_parse_vote_round``, 1.8;
-``_finish_heartbeat_round``, LE-39) as soon as the latch would open or its deadline passes.
+a round collects answers paired by ``req_id`` and is read (``_parse_vote_round``,
+``_finish_heartbeat_round``) as soon as the latch would open or its deadline passes.
 
-Departures from DLedger, each for Raft safety or failover time (DESIGN §3):
-- Pre-vote (SOFAJRaft JR-05): a candidate raises its term past every term it has heard of
+Departures from DLedger, each for Raft safety or failover time (docs/architecture.md):
+- Pre-vote (SOFAJRaft's): a candidate raises its term past every term it has heard of
   only after a majority says it would vote for it; a node returning from a partition can
   therefore not push a healthy leader out with an inflated term.
 - A follower whose leader went quiet starts its first round in a *new* term (textbook
-  Raft) instead of re-asking in the old one, where every voter has already voted (CV-12):
+  Raft) instead of re-asking in the old one, where every voter has already voted:
   that round could only fail and cost a vote interval. Pre-vote keeps it harmless.
 - Check-quorum: a leader that has heard from no majority (heartbeat or push answers) for
-  an election timeout steps down (LE-39 counts heartbeat rounds only).
-- ``max_term`` of a heartbeat round keeps the maximum answer (the CV-31 bug sets it).
+  an election timeout steps down (DLedger counts heartbeat rounds only).
+- ``max_term`` of a heartbeat round keeps the maximum answer (DLedger's bug sets it).
 - Early pre-vote (issue 18): a follower whose connection from or to its leader closed
   (``on_peer_connection_lost``: a crashed process's sockets are closed by its kernel)
   pre-votes after a 0..20 ms jitter (followers in turns by id, 40 ms apart) instead of
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class VoteRound:
-    """The candidate's counters for one round (LE-15)."""
+    """The candidate's counters for one round."""
 
     term: int
     req_id: int
@@ -85,7 +85,7 @@ class PreVoteRound:
 
 @dataclass(slots=True)
 class HeartbeatRound:
-    """``sendHeartbeats`` counters (LE-37); self counts as answered and successful."""
+    """``sendHeartbeats`` counters; self counts as answered and successful."""
 
     term: int
     req_id: int
@@ -136,7 +136,7 @@ class LeaderElector:
     # ---- timers --------------------------------------------------------------------------
 
     def next_time_to_request_vote(self, now_ms: int) -> int:
-        """LE-09: now + a random vote interval (30-100 ms while taking leadership)."""
+        """now + a random vote interval (30-100 ms while taking leadership)."""
         s = self.settings
         if self.ms.is_taking_leadership():
             lo, hi = s.taking_leadership_vote_min_ms, s.taking_leadership_vote_max_ms
@@ -145,11 +145,11 @@ class LeaderElector:
         return now_ms + self.rng.randint(lo, hi)
 
     def maintain(self, now_ms: int) -> None:
-        """``maintainState`` (LE-05), after closing any round whose deadline passed."""
+        """``maintainState``, after closing any round whose deadline passed."""
         self._expire_rounds(now_ms)
         if self.host.installing is not None and self.ms.role is not Role.LEADER:
             # Replacing the log with a snapshot: no election timeout, no (pre-)vote until
-            # it is done (SOFAJRaft skips pre-vote while installing, JR-21).
+            # it is done (SOFAJRaft skips pre-vote while installing).
             return
         if self.ms.role is Role.LEADER:
             self._maintain_as_leader(now_ms)
@@ -166,7 +166,7 @@ class LeaderElector:
         if self.heartbeat_round and now_ms >= self.heartbeat_round.deadline_ms:
             self._finish_heartbeat_round(now_ms)
 
-    # ---- role changes (LE-43, LE-44) ------------------------------------------------------
+    # ---- role changes ------------------------------------------------------
 
     def change_role_to_leader(self, term: int, now_ms: int) -> None:
         if self.ms.curr_term != term or self.ms.role is not Role.CANDIDATE:
@@ -191,8 +191,8 @@ class LeaderElector:
 
     def raise_term_now(self, term: int, now_ms: int) -> None:
         """Become CANDIDATE and adopt ``term`` at the next candidate beat, without
-        waiting a vote interval (``needIncreaseTermImmediately``, LE-07, LE-13): a peer
-        is at a higher term, or this node takes leadership over (LE-47)."""
+        waiting a vote interval (``needIncreaseTermImmediately``): a peer
+        is at a higher term, or this node takes leadership over."""
         self.change_role_to_candidate(term, now_ms)
         self.need_increase_term_immediately = True
 
@@ -203,7 +203,7 @@ class LeaderElector:
         self.heard_leader(now_ms)
         self.host.role_changed(now_ms)
 
-    # ---- follower (LE-42) -----------------------------------------------------------------
+    # ---- follower -----------------------------------------------------------------
 
     def heard_leader(self, now_ms: int) -> None:
         """A heartbeat or push of this term's leader arrived: it is alive."""
@@ -263,7 +263,7 @@ class LeaderElector:
         self.next_time_to_request_vote_ms = now_ms  # a REVOTE_IMMEDIATELY goes next beat
         self._start_vote(now_ms, ms.curr_term)
 
-    # ---- candidate (LE-11 .. LE-18) -------------------------------------------------------
+    # ---- candidate -------------------------------------------------------
 
     def _maintain_as_candidate(self, now_ms: int) -> None:
         if self.need_increase_term_immediately:
@@ -299,7 +299,7 @@ class LeaderElector:
                 return
             ms.next_term()
             self.last_parse_result = ParseResult.WAIT_TO_REVOTE
-        if self.need_increase_term_immediately:  # LE-13: adopt the term, vote next time
+        if self.need_increase_term_immediately:  # adopt the term, vote next time
             self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
             self.need_increase_term_immediately = False
             return
@@ -343,7 +343,7 @@ class LeaderElector:
         self._tally(r, resp.local_id, resp.vote_result, resp.term, now_ms)
 
     def _tally(self, r: VoteRound, voter: str, result: VoteResult, term: int, now_ms: int) -> None:
-        """The per-answer callback (LE-16, table 1.7)."""
+        """The per-answer callback (table 1.7)."""
         r.answered.add(voter)
         r.all_num += 1
         if result is not VoteResult.UNKNOWN:
@@ -374,7 +374,7 @@ class LeaderElector:
             self._parse_vote_round(now_ms)
 
     def _parse_vote_round(self, now_ms: int) -> None:
-        """From tally to ``ParseResult``, in DLedger's order (1.8)."""
+        """From tally to ``ParseResult``, in DLedger's order."""
         r, self.vote_round = self.vote_round, None
         assert r is not None
         ms = self.ms
@@ -398,7 +398,7 @@ class LeaderElector:
         elif q(r.accepted_num):
             result = ParseResult.PASSED
         elif q(r.accepted_num + r.not_ready_term_num):
-            result = ParseResult.REVOTE_IMMEDIATELY  # same term, next tick (LE-30)
+            result = ParseResult.REVOTE_IMMEDIATELY  # same term, next tick
         else:
             result = ParseResult.WAIT_TO_VOTE_NEXT
             self.next_time_to_request_vote_ms = nxt
@@ -416,7 +416,7 @@ class LeaderElector:
         if result is ParseResult.PASSED:
             self.change_role_to_leader(r.term, now_ms)
 
-    # ---- pre-vote (JR-05 .. JR-07) ----------------------------------------------------------
+    # ---- pre-vote ----------------------------------------------------------------------
 
     def _start_pre_vote(self, now_ms: int, term: int, *, early: bool = False) -> None:
         ms, host = self.ms, self.host
@@ -509,10 +509,10 @@ class LeaderElector:
             and now_ms - self.last_leader_heartbeat_ms <= self.settings.election_timeout_ms
         )
 
-    # ---- voter (LE-21 .. LE-29) -------------------------------------------------------------
+    # ---- voter -------------------------------------------------------------
 
     def _log_check(self, req: VoteRequest) -> VoteResult | None:
-        """Is the candidate's log at least as up to date as ours? (LE-23)"""
+        """Is the candidate's log at least as up to date as ours?"""
         end_term, end_index = self.ms.ledger_end_term, self.ms.ledger_end_index
         if req.ledger_end_term < end_term:
             return VoteResult.REJECT_EXPIRED_LEDGER_TERM
@@ -523,7 +523,7 @@ class LeaderElector:
     def handle_vote(
         self, req: VoteRequest, now_ms: int, *, self_vote: bool = False
     ) -> tuple[VoteResult, int]:
-        """``handleVote``: the decision order of LE-21..LE-29; returns (result, term)."""
+        """``handleVote``: the decision order DLedger follows; returns (result, term)."""
         ms = self.ms
         cand = req.leader_id
         if cand not in ms.peers:
@@ -540,7 +540,7 @@ class LeaderElector:
                 if ms.leader_id is not None:
                     return VoteResult.REJECT_ALREADY_HAS_LEADER, ms.curr_term
                 return VoteResult.REJECT_ALREADY_VOTED, ms.curr_term
-        else:  # LE-26: a vote is only granted at equal terms
+        else:  # a vote is only granted at equal terms
             self.raise_term_now(req.term, now_ms)
             return VoteResult.REJECT_TERM_NOT_READY, ms.curr_term
         if req.term < ms.ledger_end_term:
@@ -574,7 +574,7 @@ class LeaderElector:
             pre_vote=req.pre_vote,
         )
 
-    # ---- leader heartbeats (LE-35 .. LE-39) ---------------------------------------------------
+    # ---- leader heartbeats ---------------------------------------------------
 
     def _maintain_as_leader(self, now_ms: int) -> None:
         s, ms = self.settings, self.ms
@@ -637,7 +637,7 @@ class LeaderElector:
         if resp.code is DLedgerCode.SUCCESS:
             r.succ_num += 1
         elif resp.code is DLedgerCode.EXPIRED_TERM:
-            r.max_term = max(r.max_term, resp.term)  # the CV-31 fix: keep the maximum
+            r.max_term = max(r.max_term, resp.term)  # the fix of DLedger's bug: keep the maximum
         elif resp.code is DLedgerCode.INCONSISTENT_LEADER:
             r.inconsistent_leader = True
         elif resp.code is DLedgerCode.TERM_NOT_READY:
@@ -647,7 +647,7 @@ class LeaderElector:
             self._finish_heartbeat_round(now_ms)
 
     def _finish_heartbeat_round(self, now_ms: int) -> None:
-        """Result handling in the newer order (LE-39; the CV-42 fix)."""
+        """Result handling in the newer order (the fix of DLedger's bug)."""
         r, self.heartbeat_round = self.heartbeat_round, None
         assert r is not None
         ms = self.ms
@@ -665,7 +665,7 @@ class LeaderElector:
         ):
             self.change_role_to_candidate(r.term, now_ms)
 
-    # ---- follower side of heartbeats (LE-40) ----------------------------------------------------
+    # ---- follower side of heartbeats ----------------------------------------------------
 
     def on_heartbeat_request(self, req: HeartBeatRequest, now_ms: int) -> HeartBeatResponse:
         ms = self.ms

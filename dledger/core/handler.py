@@ -1,5 +1,5 @@
 """``EntryHandler``: the follower's half of replication (DLedger's ``EntryHandler`` inside
-``DLedgerEntryPusher``, CHECKLIST RP-29 .. RP-35, RP-42). The leader's half is
+``DLedgerEntryPusher``). The leader's half is
 ``EntryDispatcher`` (``dispatcher``).
 
 The node checks term, leader and role of every push first (``LeaderElector
@@ -8,9 +8,9 @@ The node checks term, leader and role of every push first (``LeaderElector
 most ``max_follower_pending_bytes`` of entries) and answers COMPARE, TRUNCATE, COMMIT and
 INSTALL_SNAPSHOT.
 
-Invariants and the seed bugs not copied:
-- COMPARE/TRUNCATE answer every APPEND they drop (the CV-37 bug lets them time out); a
-  fast-forward answer removes the request it answers (CV-40).
+Invariants, and the DLedger bugs not copied:
+- COMPARE/TRUNCATE answer every APPEND they drop (DLedger's bug lets them time out); a
+  fast-forward answer removes the request it answers.
 - Nothing at or below the committed index is ever truncated: a correct leader never asks,
   so such a TRUNCATE (or a snapshot that disagrees with a committed entry) is refused and
   logged, never obeyed.
@@ -86,7 +86,7 @@ class EntryHandler:
         )
 
     def clear(self, code: DLedgerCode = DLedgerCode.INCONSISTENT_STATE) -> None:
-        """Drop every held APPEND, answering each (the CV-37 fix)."""
+        """Drop every held APPEND, answering each (the fix of DLedger's bug)."""
         held = sorted(self.write_requests.items())
         self.write_requests.clear()
         self.held_bytes = 0
@@ -94,7 +94,7 @@ class EntryHandler:
             self.respond(req, code)
 
     def handle_push(self, req: PushEntryRequest, now_ms: int) -> None:
-        """``handlePush`` (RP-30); the node has checked term, leader and role.
+        """``handlePush``; the node has checked term, leader and role.
 
         A TRUNCATE older than a push already taken from this leader is stale (it crossed
         a reconnect or a slow link): its compare is long answered and acting on it could
@@ -236,7 +236,7 @@ class EntryHandler:
         self._check_abnormal_future(now_ms)
 
     def _handle_append(self, req: PushEntryRequest) -> None:
-        """``handleDoAppend`` (RP-32): one write of the leader's bytes, then commit."""
+        """``handleDoAppend``: one write of the leader's bytes, then commit."""
         try:
             metas = self.store.append_as_follower(req.entries)
         except DLedgerError as e:
@@ -262,7 +262,7 @@ class EntryHandler:
         self._update_commit(req.commit_index)
 
     def _handle_fall_behind(self, req: PushEntryRequest) -> None:
-        """A resend of entries we hold (the ack was lost, RP-35): SUCCESS if identical."""
+        """A resend of entries we hold (the ack was lost): SUCCESS if identical."""
         store = self.store
         last = req.first_index + req.count - 1
         if last > store.ledger_end_index or req.first_index < store.ledger_begin_index:
@@ -273,9 +273,9 @@ class EntryHandler:
         self.respond(req, DLedgerCode.SUCCESS if same else DLedgerCode.INCONSISTENT_STATE)
 
     def _check_abnormal_future(self, now_ms: int) -> None:
-        """``checkAbnormalFuture`` (RP-34): a request far ahead of our log that has waited
+        """``checkAbnormalFuture``: a request far ahead of our log that has waited
         too long means the leader's view of us is wrong: answer the lowest one with
-        INCONSISTENT_STATE so the leader compares again (CV-05)."""
+        INCONSISTENT_STATE so the leader compares again."""
         if not self.write_requests:
             return
         period = self.settings.fast_forward_check_ms
@@ -289,7 +289,7 @@ class EntryHandler:
             self.respond(req, DLedgerCode.INCONSISTENT_STATE)
 
     def _handle_compare(self, req: PushEntryRequest) -> None:
-        """``handleDoCompare``, newer (RP-15), with binary-searched ``x_index``."""
+        """``handleDoCompare``, newer, with binary-searched ``x_index``."""
         store = self.store
         pre_index, pre_term = req.pre_log_index, req.pre_log_term
         if pre_index == -1 and pre_term == -1:
@@ -311,7 +311,7 @@ class EntryHandler:
         self.respond(req, DLedgerCode.INCONSISTENT_STATE, x_term=local_term, x_index=first)
 
     def _handle_truncate(self, req: PushEntryRequest) -> None:
-        """``handleDoTruncate`` (RP-18). Never at or below the committed index: a leader
+        """``handleDoTruncate``. Never at or below the committed index: a leader
         truncates only past a proven match and a committed entry always matches (§5.4),
         so such a request is refused (and logged), never obeyed."""
         store = self.store
@@ -332,7 +332,7 @@ class EntryHandler:
         self._update_commit(req.commit_index)
 
     def _update_commit(self, leader_commit: int) -> None:
-        """Follower commit = min(leader's, our end) (CV-18: safe because COMPARE and
+        """Follower commit = min(leader's, our end) (safe because COMPARE and
         TRUNCATE aligned our whole log with this leader's in this term)."""
         if self.ms.role is not Role.FOLLOWER:
             return

@@ -68,7 +68,7 @@ class DispatcherHost(Outbox, Protocol):
 
     def update_peer_watermark(self, term: int, peer_id: str, index: int) -> None:
         """``peer_id`` holds entries up to ``index``, the last of them of ``term``
-        (``updatePeerWaterMark``, filed under the entry's term: CV-20)."""
+        (``updatePeerWaterMark``, filed under the entry's term)."""
         ...
 
 

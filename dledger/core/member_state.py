@@ -1,14 +1,14 @@
-"""``MemberState``: who this node is, its role, term and vote (CHECKLIST LE-01, 1.11).
+"""``MemberState``: who this node is, its role, term and vote.
 
 Invariants:
 - ``curr_term`` never decreases; ``curr_vote_for`` belongs to ``curr_term`` and is cleared
   when the term moves (``next_term``).
 - Any change of term or vote sets ``hard_state_dirty``: the node loop makes the pair
-  durable before it sends a single message (DESIGN §3).
+  durable before it sends a single message (docs/architecture.md).
 - The ledger end index and term are read from the store every time, never cached, so a
-  truncate can not leave them stale for votes (the CV-32 bug).
+  truncate can not leave them stale for votes (DLedger's bug).
 - A higher term never makes a node FOLLOWER directly: it becomes CANDIDATE first and
-  adopts the term in its candidate loop (LE-07); ``known_max_term`` carries it there.
+  adopts the term in its candidate loop; ``known_max_term`` carries it there.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class HardState:
-    """What must be durable before replies leave: ``currterm`` in DLedger (CV-23)."""
+    """What must be durable before replies leave: ``currterm`` in DLedger."""
 
     term: int
     voted_for: str | None
@@ -48,13 +48,13 @@ class MemberState:
         self.peer_ids = tuple(self.peers)
         self.other_ids = tuple(p for p in self.peer_ids if p != self_id)
         self.store = store
-        self.role = Role.CANDIDATE  # LE-06: a node starts as CANDIDATE
+        self.role = Role.CANDIDATE  # a node starts as CANDIDATE
         self.curr_term = hard_state.term
         self.curr_vote_for = hard_state.voted_for
         self.leader_id: str | None = None
         self.known_max_term = hard_state.term
         self.transferee: str | None = None  # leader side: leadership is being handed over
-        self.term_to_take_leadership = -1  # transferee side (LE-47)
+        self.term_to_take_leadership = -1  # transferee side
         self.hard_state_dirty = False
 
     # ---- derived -----------------------------------------------------------------------
@@ -72,7 +72,7 @@ class MemberState:
         return self.store.committed_index
 
     def is_quorum(self, n: int) -> bool:
-        """More than half of all configured peers, self included (LE-32)."""
+        """More than half of all configured peers, self included."""
         return n >= len(self.peer_ids) // 2 + 1
 
     def is_leader(self) -> bool:
@@ -113,7 +113,7 @@ class MemberState:
 
     def change_to_candidate(self, term: int) -> None:
         """Role CANDIDATE; ``curr_term`` is untouched, ``known_max_term`` remembers
-        ``term`` for the candidate loop to adopt (LE-44)."""
+        ``term`` for the candidate loop to adopt."""
         self.known_max_term = max(self.known_max_term, term)
         self.role = Role.CANDIDATE
         self.leader_id = None

@@ -3,14 +3,14 @@
 Every message names its ``group``, its sender (``local_id``) and receiver (``remote_id``),
 the sender's ``term``, and a ``req_id``: requests number themselves per sender, and a
 response echoes the number of the request it answers, so the core can pair them without
-any RPC machinery (the runtime's wire format carries the same fields, CHECKLIST LE-48).
+any RPC machinery (the runtime's wire format carries the same fields).
 
 Vocabulary follows DLedger: ``VoteRequest``/``VoteResponse`` with every ``VoteResult``
-(CHECKLIST 1.7), ``HeartBeatRequest``, ``PushEntryRequest`` of type APPEND, COMMIT,
-COMPARE or TRUNCATE (RP-06), ``LeadershipTransferRequest`` (LE-47) and
-``InstallSnapshotRequest`` (RP-42, Raft §7: the application's snapshot for a follower
+, ``HeartBeatRequest``, ``PushEntryRequest`` of type APPEND, COMMIT,
+COMPARE or TRUNCATE, ``LeadershipTransferRequest`` and
+``InstallSnapshotRequest`` (Raft §7: the application's snapshot for a follower
 whose next entry the leader no longer holds). A vote request with ``pre_vote=True`` is
-SOFAJRaft's pre-vote (JR-05): it asks "would you vote for me at ``term``?" and changes
+SOFAJRaft's pre-vote: it asks "would you vote for me at ``term``?" and changes
 nothing on the receiver.
 """
 
@@ -51,13 +51,13 @@ class RequestCode(IntEnum):
     PULL = 51003
     PUSH = 51004
     LEADERSHIP_TRANSFER = 51005
-    # Ours: the seeds give INSTALL_SNAPSHOT no number (DLedger sends it as a PUSH type,
-    # RP-06); it has its own messages here, so the next free code of the peer range.
+    # Ours: DLedger gives INSTALL_SNAPSHOT no number (it sends it as a PUSH type); it has
+    # its own messages here, so the next free code of the peer range.
     INSTALL_SNAPSHOT = 51006
 
 
 class VoteResult(IntEnum):
-    """Every vote result code, in DLedger's order (CHECKLIST 1.7)."""
+    """Every vote result code, in DLedger's order."""
 
     UNKNOWN = 0
     ACCEPT = 1
@@ -74,7 +74,7 @@ class VoteResult(IntEnum):
 
 
 class ParseResult(Enum):
-    """The candidate's reading of a vote round (CHECKLIST 1.8)."""
+    """The candidate's reading of a vote round."""
 
     WAIT_TO_REVOTE = "WAIT_TO_REVOTE"
     REVOTE_IMMEDIATELY = "REVOTE_IMMEDIATELY"
@@ -83,7 +83,7 @@ class ParseResult(Enum):
 
 
 class PushType(IntEnum):
-    """``PushEntryRequest.Type`` (RP-06)."""
+    """``PushEntryRequest.Type``."""
 
     APPEND = 0
     COMMIT = 1
@@ -175,7 +175,7 @@ class PushEntryResponse:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LeadershipTransferRequest:
-    """Sent by the leader (``local_id``) to the transferee (LE-47)."""
+    """Sent by the leader (``local_id``) to the transferee."""
 
     group: str
     local_id: str
@@ -199,7 +199,7 @@ class LeadershipTransferResponse:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallSnapshotRequest:
-    """The leader's snapshot for a follower behind the leader's log head (RP-42).
+    """The leader's snapshot for a follower behind the leader's log head.
 
     ``data`` covers entries up to ``last_included_index`` (of ``last_included_term``,
     chain CRC ``before_begin_chain``); the follower's log restarts at

@@ -1,5 +1,5 @@
 """``DLedgerCore``: the whole protocol of one node as a synchronous object (the shape of
-etcd-io/raft's ``RawNode``; DESIGN §2).
+etcd-io/raft's ``RawNode``; docs/architecture.md).
 
 Inputs: ``tick(now_ms)``, ``step(message, now_ms)``, ``propose(bodies, now_ms)``,
 ``transfer_leadership(to, now_ms)``, ``peer_connection_lost(peer_id, now_ms)`` (the
@@ -137,7 +137,7 @@ class _Transfer:
 
 @dataclass(slots=True)
 class _TakeLeadership:
-    """Transferee side: become candidate once the log reaches ``index`` (LE-47)."""
+    """Transferee side: become candidate once the log reaches ``index``."""
 
     leader_id: str
     req_id: int
@@ -239,7 +239,7 @@ class DLedgerCore:
     # ---- inputs ----------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> None:
-        """The state maintainer's 10 ms beat (LE-04): timers, rounds, dispatchers."""
+        """The state maintainer's 10 ms beat: timers, rounds, dispatchers."""
         self.now_ms = now_ms
         self.elector.maintain(now_ms)
         self._check_take_leadership(now_ms)
@@ -316,7 +316,7 @@ class DLedgerCore:
         self._complete_proposals()
 
     def _check_quorum_ack(self) -> None:
-        """Leader: commit what a majority holds in this term (RP-37, CV-20)."""
+        """Leader: commit what a majority holds in this term."""
         store = self.store
         own = store.ledger_end_index
         if self.settings.flush == "sync":
@@ -338,7 +338,7 @@ class DLedgerCore:
         self.handler.handle_push(req, now_ms)
         self._check_take_leadership(now_ms)
 
-    # ---- INSTALL_SNAPSHOT (RP-42, Raft §7) ----------------------------------------------------
+    # ---- INSTALL_SNAPSHOT (Raft §7) ----------------------------------------------------
 
     def set_snapshot(self, last_index: int, data: bytes) -> Snapshot:
         """The application wrote a snapshot of its state covering the committed entries up
@@ -406,7 +406,7 @@ class DLedgerCore:
     # ---- leader: proposals ----------------------------------------------------------------
 
     def _on_become_leader(self, now_ms: int) -> None:
-        """A NOOP at once, so entries of earlier terms commit without a client (CV-20)."""
+        """A NOOP at once, so entries of earlier terms commit without a client."""
         for d in self.dispatchers.values():
             d.term = -1  # start over with COMPARE
         self.store.append_as_leader(self.ms.curr_term, [b""], MAGIC_NOOP)
@@ -460,7 +460,7 @@ class DLedgerCore:
         self.synced_index = index  # a truncate may lower it
         self._pump(self.now_ms, idle_commit=False)
 
-    # ---- leadership transfer (LE-47) ---------------------------------------------------------
+    # ---- leadership transfer ---------------------------------------------------------
 
     def transfer_leadership(self, to: str, now_ms: int) -> int:
         """Hand leadership to ``to``; a :class:`TransferDone` reports the outcome."""
@@ -573,7 +573,7 @@ class DLedgerCore:
         )
 
     def _check_preferred_leader(self, now_ms: int) -> None:
-        """Preferred leader (LE-47): hand over to the live preferred peer that lags least."""
+        """Preferred leader: hand over to the live preferred peer that lags least."""
         s, ms = self.settings, self.ms
         if not s.preferred_leader_ids or ms.role is not Role.LEADER or ms.transferee:
             return

@@ -1,5 +1,5 @@
 """``QuorumAckChecker``: which index a majority holds, and whether the leader may commit it
-(DLedger's ``QuorumAckChecker``, CHECKLIST RP-37; the newer per-term watermarks, CV-20).
+(DLedger's ``QuorumAckChecker``; the newer per-term watermarks).
 
 ``quorum_index`` is the rule itself, a pure function of the peers' match indexes: the
 highest index that at least a majority of the configured peers (self included) hold.
@@ -26,7 +26,7 @@ def quorum_index(match_index_by_peer: Mapping[str, int], peer_ids: Iterable[str]
     A peer missing from ``match_index_by_peer`` holds nothing (-1); entries for ids not
     in ``peer_ids`` do not count. With the indexes sorted high to low, the one at
     position ``n // 2`` is held by ``n // 2 + 1`` peers, a majority (DLedger's
-    ``isQuorum``, LE-32)."""
+    ``isQuorum``)."""
     marks = sorted((match_index_by_peer.get(p, -1) for p in peer_ids), reverse=True)
     if not marks:
         return -1

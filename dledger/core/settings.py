@@ -1,7 +1,7 @@
-"""Every timer and limit of the protocol, with our fast-failover defaults (DESIGN §3).
+"""Every timer and limit of the protocol, with our fast-failover defaults (docs/architecture.md).
 
 Names carry their unit last (``heartbeat_interval_ms``). ``CoreSettings.dledger()`` gives
-DLedger's own defaults (2 s heartbeats, 6 s election timeout, CHECKLIST 1.3) as the
+DLedger's own defaults (2 s heartbeats, 6 s election timeout) as the
 documented alternative profile; ours detect a lost leader in 3 x 200 ms.
 """
 
@@ -13,16 +13,16 @@ from typing import Any, Literal
 
 @dataclass(frozen=True, slots=True)
 class CoreSettings:
-    # election (LE-02, 1.3)
+    # election
     heartbeat_interval_ms: int = 200
     max_heartbeat_leak: int = 3  # leader presumed lost after this many missed heartbeats
     min_vote_interval_ms: int = 100
     max_vote_interval_ms: int = 300
     vote_response_timeout_ms: int = 300  # how long a vote round waits for answers
-    taking_leadership_vote_min_ms: int = 30  # vote timer of a transfer target (LE-47)
+    taking_leadership_vote_min_ms: int = 30  # vote timer of a transfer target
     taking_leadership_vote_max_ms: int = 100
-    pre_vote: bool = True  # SOFAJRaft pre-vote before raising the term (DESIGN §3)
-    check_quorum: bool = True  # leader steps down without a live majority (DESIGN §3)
+    pre_vote: bool = True  # SOFAJRaft pre-vote before raising the term (docs/architecture.md)
+    check_quorum: bool = True  # leader steps down without a live majority (docs/architecture.md)
     # Issue 18: a follower whose connection from/to its leader closed (the leader's
     # process died: the kernel closed its sockets) pre-votes at once, after a jitter of
     # 0..early_pre_vote_jitter_ms plus its turn (followers by id, 2 x the jitter apart,
@@ -35,13 +35,13 @@ class CoreSettings:
     # with pre-vote a live group moves one term per election, so only a forged frame
     # jumps millions, and a group must never be walked to MAX_TERM (it could not elect).
     max_term_jump: int = 1 << 24
-    # replication (RP-20 .. RP-28)
+    # replication
     max_inflight_pushes: int = 64  # APPEND requests in flight per peer (DLedger: 1000)
     max_push_bytes: int = 1 << 20  # per APPEND frame
     max_push_entries: int = 1024  # per APPEND frame
     push_timeout_ms: int = 1000  # resend from the first unacknowledged index after this
     control_timeout_ms: int = 1000  # COMPARE / TRUNCATE answer wait (DLedger: 3 s)
-    commit_push_interval_ms: int = 1000  # idle COMMIT push (RP-28)
+    commit_push_interval_ms: int = 1000  # idle COMMIT push
     error_backoff_ms: int = 50  # dispatcher pause after a refused COMPARE/TRUNCATE
     # A follower that refuses the same entries again and again (a damaged copy here, or
     # settings that place them elsewhere): the pause doubles from error_backoff_ms to this
@@ -51,11 +51,11 @@ class CoreSettings:
     storage_error_backoff_ms: int = 1000
     peer_push_quota_bytes_per_s: int = 0  # flow control for a lagging peer; 0 = off
     peer_push_throttle_entries: int = 1000  # quota applies when the peer lags this much
-    # install snapshot (RP-42): one request carries the whole snapshot, one in flight
+    # install snapshot: one request carries the whole snapshot, one in flight
     snapshot_timeout_ms: int = 5000  # resend an unanswered InstallSnapshotRequest after this
     max_snapshot_bytes: int = 32 << 20  # a larger snapshot is not sent (logged); keep it
     # below the transport's max frame (64 MiB by default)
-    # follower (RP-29 .. RP-35)
+    # follower
     max_follower_pending_pushes: int = 256  # out-of-order APPENDs held per follower
     # ... and the bytes of their entries: a leader at the defaults has at most
     # max_inflight_pushes x max_push_bytes (64 MiB) in flight, so this holds all of it;
@@ -63,10 +63,10 @@ class CoreSettings:
     # would let 256 of them hold 16 GiB
     max_follower_pending_bytes: int = 64 << 20
     fast_forward_check_ms: int = 1000  # checkAbnormalFuture period
-    # clients (AP-02, RP-37)
+    # clients (AP-02)
     max_pending_proposals: int = 10000  # LEADER_PENDING_FULL above this (AP-02)
     max_wait_ack_ms: int = 2500  # a proposal not committed by then: unknown outcome
-    # leadership transfer (LE-47)
+    # leadership transfer
     max_leadership_transfer_wait_index: int = 1000
     leadership_transfer_timeout_ms: int = 1000
     preferred_leader_ids: tuple[str, ...] = ()
@@ -99,12 +99,12 @@ class CoreSettings:
 
     @property
     def election_timeout_ms(self) -> int:
-        """No heartbeat for this long: the leader is presumed lost (LE-42)."""
+        """No heartbeat for this long: the leader is presumed lost."""
         return self.heartbeat_interval_ms * self.max_heartbeat_leak
 
     @classmethod
     def dledger(cls, **overrides: Any) -> CoreSettings:
-        """DLedger's own timing (CHECKLIST 1.3): about 10 s failover in RocketMQ."""
+        """DLedger's own timing: about 10 s failover in RocketMQ."""
         base = cls(
             heartbeat_interval_ms=2000,
             max_heartbeat_leak=3,

@@ -4,7 +4,7 @@ The log is DLedger's; what a snapshot holds is the application's (the broker's m
 table, a test's counter). The application writes a snapshot durably, then registers it
 with :meth:`DLedgerCore.set_snapshot`; the core keeps the newest one and sends it to a
 follower whose next needed entry the leader no longer holds (INSTALL_SNAPSHOT,
-CHECKLIST RP-42, Raft §7).
+Raft §7).
 
 Invariants:
 - ``last_index`` is committed: a snapshot never covers an entry that could be lost.
@@ -12,7 +12,7 @@ Invariants:
   follower restarted after it checks the leader's next entry exactly as if it held it.
 - ``next_pos`` is where entry ``last_index`` ends: the follower's log restarts there,
   and places entry ``last_index + 1`` by the leader's rule from there, so every later
-  entry has the same pos on every replica (DESIGN §4). Not where the leader's entry
+  entry has the same pos on every replica (docs/formats.md). Not where the leader's entry
   ``last_index + 1`` starts: that entry may be uncommitted and be replaced by one of
   another size, which a replica holding entry ``last_index`` places differently (after
   padding or not; simulator seed 1057 with a 20 s fault phase). When entry

@@ -6,7 +6,7 @@
     python -m dledger client --group g0 --peers "..." get 0 --count 10
     python -m dledger client --group g0 --peers "..." status
 
-With a peer secret (API.md §6), give every node and the client the same one:
+With a peer secret (docs/operations.md), give every node and the client the same one:
 ``--peer-secret-file PATH``, or ``LEDGERMQ_PEER_SECRET`` in the environment (both stay
 out of ``ps``, unlike ``--peer-secret VALUE``).
 """

@@ -3,7 +3,7 @@
 It finds the leader itself: it asks the node it believes leads, follows the
 ``leader_id`` a NOT_LEADER answer names, and tries the other nodes when none is known.
 Tests and the benchmark use it; the broker embeds :class:`DLedgerServer` instead.
-With ``peer_secret`` it runs the nodes' handshake (``peer_auth``, API.md §6) on every
+With ``peer_secret`` it runs the nodes' handshake (``peer_auth``, docs/operations.md) on every
 connection before its first request, as a peer does.
 """
 

@@ -1,5 +1,5 @@
 """Peer authentication of Raft connections: a mutual HMAC-SHA256 challenge-response
-(API.md §6, ``--peer-secret``).
+(docs/operations.md, ``--peer-secret``).
 
 Bytes in, bytes out: this module does no network I/O (the transport reads and writes,
 see ``transport.accept_peer`` and ``transport.authenticate_to``). With ``S`` the node

@@ -1,6 +1,6 @@
 """Handling one :class:`~dledger.core.node.Ready`: the node loop's fixed order.
 
-persist → send → apply → notify (DESIGN §2, etcd's Ready contract). The asyncio node and
+persist → send → apply → notify (docs/architecture.md, etcd's Ready contract). The asyncio node and
 the deterministic simulator both call these two functions, so the order the simulator
 checks is the order production runs:
 

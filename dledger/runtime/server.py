@@ -1,4 +1,4 @@
-"""``DLedgerServer``: one node of a DLedger group on an asyncio event loop (DESIGN §1, §2).
+"""``DLedgerServer``: one node of a DLedger group on an asyncio event loop (docs/architecture.md).
 
 The node loop is the Ready contract: inputs (the 10 ms tick, peer messages, client
 appends, transfers) go straight into the core on the loop thread; one task drains
@@ -8,13 +8,13 @@ notify with the same two functions the simulator uses (``ready.py``). Persisting
 fsync, and everything that arrives meanwhile is batched into the next Ready: a group
 commit.
 
-Public surface (DESIGN §2): ``append(bodies)`` → [(index, pos)] after quorum commit;
+Public surface (docs/architecture.md): ``append(bodies)`` → [(index, pos)] after quorum commit;
 ``get(index)`` and ``read_entry(pos)`` (both checked: a damaged copy is refused),
 ``read(pos, size)`` (raw bytes); ``committed_index``/``committed_pos`` and
 ``wait_committed``; ``add_append_hook``; ``add_role_change_handler``;
 ``transfer_leadership``; ``status()``.
 
-Snapshots (INSTALL_SNAPSHOT, CHECKLIST RP-42): an application that lets retention delete
+Snapshots (INSTALL_SNAPSHOT): an application that lets retention delete
 the log head registers its snapshots with ``set_snapshot`` and installs the ones a leader
 sends through ``set_snapshot_installer``; see those two methods for the contract.
 """
@@ -58,7 +58,7 @@ from .wire import WireMessage
 
 log = logging.getLogger(__name__)
 
-TICK_MS = 10  # the state maintainer's beat (LE-04)
+TICK_MS = 10  # the state maintainer's beat
 EVENT_LOG_INTERVAL_S = 10.0  # a repeated warning event is logged at most this often
 PERSIST_RETRY_MAX_S = 1.0  # backoff cap while the term/vote file cannot be written
 
@@ -260,7 +260,7 @@ class DLedgerServer:
         await self.stop()
 
     def _warn_if_exposed(self) -> None:
-        """API.md §6: without a peer secret, whoever reaches the Raft port can pose as a
+        """docs/operations.md: without a peer secret, whoever reaches the Raft port can pose as a
         member. Fine on loopback (tests, one host); say so loudly anywhere else."""
         cfg = self.config
         if cfg.transport.peer_secret is not None:
@@ -639,7 +639,7 @@ class DLedgerServer:
                 }
                 for p, link in self.transport.links.items()
             }
-            # Inbound connections refused: bad frames, failed peer handshakes (API.md §6).
+            # Inbound connections refused: bad frames, failed peer handshakes (docs/operations.md).
             st["refused"] = {
                 "bad_frames": self.transport.bad_frames,
                 "auth_failures": self.transport.auth_failures,

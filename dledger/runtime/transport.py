@@ -1,4 +1,4 @@
-"""The asyncio TCP transport: frames in, frames out (DESIGN §2 ``dledger/runtime``).
+"""The asyncio TCP transport: frames in, frames out (docs/architecture.md ``dledger/runtime``).
 
 - Every node listens on its Raft address. A peer sends everything it has for us
   (requests and responses) over *its* outbound connection, so each direction of a pair
@@ -9,7 +9,7 @@
   heartbeats every interval), and a dead peer must not hold unbounded memory.
 - A frame that does not parse closes that connection and is logged; nothing else
   happens (the decoder is unusable after an error, so the stream cannot resync).
-- With ``peer_secret`` set (API.md §6), every connection starts with the handshake of
+- With ``peer_secret`` set (docs/operations.md), every connection starts with the handshake of
   ``peer_auth``, in both directions: the listening side closes a connection that fails
   it before reading a single frame byte, so nothing an unauthenticated process sends
   reaches the decoder or the core. Without a secret there is no handshake and the bytes
@@ -67,7 +67,7 @@ class TransportSettings:
     reconnect_min_ms: int = 20
     reconnect_max_ms: int = 1000
     max_client_requests_per_connection: int = 1024
-    # API.md §6: None = no handshake at all (the wire is unchanged). Kept out of repr so
+    # docs/operations.md: None = no handshake at all (the wire is unchanged). Kept out of repr so
     # that a logged settings object does not print it.
     peer_secret: bytes | None = field(default=None, repr=False)
     auth_timeout_ms: int = 2000  # the whole handshake, from accept/connect

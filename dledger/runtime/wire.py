@@ -1,4 +1,4 @@
-"""The binary wire format of the runtime: one frame per protocol message (CHECKLIST LE-48).
+"""The binary wire format of the runtime: one frame per protocol message.
 
 Every integer is big-endian. A frame is::
 
@@ -45,7 +45,7 @@ InstallSnapshotRequest, AppendResponse and GetResponse ``leader_id``;
 LeadershipTransferRequest ``transfer_id``, ``transferee_id``.
 
 Request codes are DLedger's (``RequestCode``) except INSTALL_SNAPSHOT = 51006, which is
-ours: the seeds give it no number (DLedger sends it as a PUSH type).
+ours: DLedger gives it no number (DLedger sends it as a PUSH type).
 
 Invariants:
 

@@ -1,6 +1,6 @@
 """The DLedger log store: entry codec, mmap segments, the file store and its memory twin.
 
-See DESIGN §4 for the bytes and :mod:`dledger.store.file_store` for the invariants.
+See docs/formats.md for the bytes and :mod:`dledger.store.file_store` for the invariants.
 """
 
 from .base import (

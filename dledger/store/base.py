@@ -68,7 +68,7 @@ class StoreFailedError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class StoreSettings:
-    """Every limit of the store. Defaults follow DLedger (CHECKLIST §8) where it has one."""
+    """Every limit of the store. Defaults follow DLedger where it has one."""
 
     data_file_size: int = GiB
     index_file_size: int = 160 * MiB
@@ -106,7 +106,7 @@ class StoreSettings:
 
 
 class LogStore(Protocol):
-    """What the Raft layer needs from a log store (CHECKLIST ST-01)."""
+    """What the Raft layer needs from a log store."""
 
     @property
     def ledger_begin_index(self) -> int: ...

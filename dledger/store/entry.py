@@ -1,4 +1,4 @@
-"""The DLedger entry and index-unit codecs (DESIGN §4, CHECKLIST ST-05..ST-09).
+"""The DLedger entry and index-unit codecs (docs/formats.md).
 
 Entry, big-endian, 48-byte header then the body::
 
@@ -101,7 +101,7 @@ start at 0): the next entry's chain is then accepted as it is."""
 
 def first_index_of_term(term_at: Callable[[int], int], lo: int, hi: int, term: int) -> int:
     """The first index in ``[lo, hi]`` whose entry has ``term``, or -1
-    (``getFirstLogOfTargetTerm``, ST-18). Terms never decrease along a log, so this is a
+    (``getFirstLogOfTargetTerm``). Terms never decrease along a log, so this is a
     binary search: a term may span millions of entries."""
     indexes = range(lo, hi + 1)
     k = bisect.bisect_left(indexes, term, key=term_at)
@@ -118,7 +118,7 @@ def last_index_of_term(term_at: Callable[[int], int], lo: int, hi: int, term: in
 def place_entry(end_pos: int, segment_size: int, size: int) -> int:
     """Where an entry of ``size`` bytes goes when the log ends at ``end_pos``.
 
-    The leader's rule (ST-10): it fits the current segment if ``size`` plus room for a
+    The leader's rule: it fits the current segment if ``size`` plus room for a
     blank record is free; otherwise the rest is padded and it starts the next segment.
     Followers apply the same rule, which is why replicas stay byte-identical."""
     seg_start = end_pos - end_pos % segment_size

@@ -1,6 +1,6 @@
 """``FileStore``: the DLedger mmap file store (``DLedgerMmapFileStore``).
 
-Layout under the node directory (DESIGN §4)::
+Layout under the node directory (docs/formats.md)::
 
     data/<20-digit start pos>     entries, 1 GiB segments by default
     index/<20-digit start>        32-byte index units, unit i at i*32
@@ -82,7 +82,7 @@ log = logging.getLogger(__name__)
 
 
 def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
-    """``<data_dir>/dledger/<group>/<node_id>`` (DESIGN §4)."""
+    """``<data_dir>/dledger/<group>/<node_id>`` (docs/formats.md)."""
     return Path(data_dir) / "dledger" / group / node_id
 
 
@@ -332,7 +332,7 @@ class FileStore:
 
         ``data`` holds one or more consecutive entries. Each must carry the next index, a
         term no lower than the one before, the pos the leader's placement rule gives, and
-        a valid body CRC; otherwise nothing is written (ST-15, DESIGN §4)."""
+        a valid body CRC; otherwise nothing is written (docs/formats.md)."""
         view = memoryview(data)
         with self._lock:
             self._check_open()
@@ -542,7 +542,7 @@ class FileStore:
 
     def first_index_of_term(self, term: int, end_index: int) -> int:
         """``getFirstLogOfTargetTerm``: the first entry of ``term`` at or before
-        ``end_index``; -1 if that term has no entry there (ST-18)."""
+        ``end_index``; -1 if that term has no entry there."""
         with self._lock:
             hi = min(end_index, self._end_index)
             return first_index_of_term(lambda i: self._unit(i).term, self._begin_index, hi, term)
@@ -556,9 +556,9 @@ class FileStore:
     def truncate(self, from_index: int) -> int:
         """Delete ``from_index`` and every later entry; returns the new ledger end index.
 
-        Both the data list and the *index* list are cut (the seed truncates the index by
-        rebuilding the data list, CV-30), and the ledger end term moves with the end
-        index (the seed leaves it stale, CV-32)."""
+        Both the data list and the *index* list are cut (DLedger truncates the index by
+        rebuilding the data list), and the ledger end term moves with the end
+        index (DLedger leaves it stale)."""
         with self._lock:
             self._check_open()
             if from_index > self._end_index:
@@ -811,7 +811,7 @@ class FileStore:
     # ---- recovery (the scan itself is ``recovery.recover_log``) ---------------------------
 
     def _recover(self) -> None:
-        """Rebuild ledger state from the files on open (ST-26, DESIGN §4): load the
+        """Rebuild ledger state from the files on open (docs/formats.md): load the
         segments and the checkpoint, scan and repair (:func:`recover_log`), adopt what
         it found. Damage in the committed prefix raises :class:`StoreCorruptionError`."""
         t0 = time.monotonic()

@@ -1,7 +1,7 @@
 """Segmented memory-mapped files: ``MmapFile`` (one segment) and ``MmapFileList`` (a log).
 
 The RocketMQ ``MappedFile``/``MappedFileQueue`` pair, DLedger's ``DefaultMmapFile``/
-``MmapFileList`` (CHECKLIST ST-03, ST-10..ST-14).
+``MmapFileList``.
 
 Invariants:
 - a segment file is named by the 20-digit absolute position of its first byte and is
@@ -308,7 +308,7 @@ class MmapFileList:
         return f
 
     def pad_to_limit(self) -> None:
-        """Fill the rest of the last segment with a blank record (ST-10)."""
+        """Fill the rest of the last segment with a blank record."""
         last = self.files[-1]
         if last.free:
             # Only the header: the rest of a segment is zero already (see invariants).

@@ -1,5 +1,5 @@
 """Recovery of the file store on open: one forward scan that finds where the log really
-ends, and repairs what a crash can leave (CHECKLIST ST-20, ST-26; DESIGN §4).
+ends, and repairs what a crash can leave (docs/formats.md).
 
 ``recover_log`` takes the loaded data and index segment lists and the checkpoint, and
 returns the ledger state as a :class:`RecoveredLog`. The scan starts at the checkpoint's

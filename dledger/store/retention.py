@@ -1,5 +1,5 @@
 """Retention: which head segments of the log may be deleted, and where the log begins
-after they are (CHECKLIST ST-23; DLedger's ``fileReservedHours`` and disk-ratio clean).
+after they are (DLedger's ``fileReservedHours`` and disk-ratio clean).
 
 The rule, for the oldest segment first (``head_segment_due``, a pure function):
 - never a segment that holds a byte at or above the floor: the committed position, or

@@ -1,5 +1,5 @@
 """Runs: a batch of entries laid out for writing, one contiguous run of bytes per segment,
-with the index units and chain CRC that go with them (CHECKLIST ST-04, ST-15; DESIGN §4).
+with the index units and chain CRC that go with them (docs/formats.md).
 
 Both sides of replication produce the same runs for the same entries, which is what keeps
 replicas byte-identical:

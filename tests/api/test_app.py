@@ -1,4 +1,4 @@
-"""The HTTP contract (API.md §2 and §3) on one in-process node: every endpoint, its error
+"""The HTTP contract (docs/http.md) on one in-process node: every endpoint, its error
 cases, and "bad input changes nothing" (the log's end is compared before and after)."""
 
 from __future__ import annotations
@@ -476,7 +476,7 @@ async def test_openapi_document_is_complete(node: Node) -> None:
     assert "307" in produce_op["responses"] and "413" in produce_op["responses"]
 
 
-# ---- auth (API.md §6) ----------------------------------------------------------------------
+# ---- auth (docs/operations.md) -------------------------------------------------------------------
 
 
 async def test_bearer_token_guards_v1_but_not_the_probes(node: Node) -> None:

@@ -1,4 +1,4 @@
-"""The Arrow pull on one in-process node (API.md §5): the same statuses, offsets and
+"""The Arrow pull on one in-process node (docs/spark.md): the same statuses, offsets and
 messages as the JSON pull, across commitlog and consume-queue segment boundaries, with
 the tag filter, content negotiation, metrics and the OpenAPI document."""
 

@@ -1,4 +1,4 @@
-"""Tokens files and scopes (API.md §6); the HTTP side is in test_app.py."""
+"""Tokens files and scopes (docs/operations.md); the HTTP side is in test_app.py."""
 
 from __future__ import annotations
 

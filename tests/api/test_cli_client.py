@@ -1,4 +1,4 @@
-"""The client commands of ``ledgermq`` (API.md §1) through the installed entry point,
+"""The client commands of ``ledgermq`` (docs/operations.md) through the installed entry point,
 as a user runs them, against three broker processes on 127.0.0.1."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """schemathesis against the OpenAPI document of a real node process: no generated
-request, valid or not, gets a 5xx, and every error answer has the API.md §2 body.
+request, valid or not, gets a 5xx, and every error answer has the docs/http.md body.
 
 The cases come from schemathesis' hypothesis strategies per operation, driven here by
 hypothesis directly (schemathesis' own pytest plugin does not run under pytest 9)."""

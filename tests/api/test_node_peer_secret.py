@@ -1,5 +1,5 @@
 """``ledgermq broker --peer-secret`` / ``--peer-secret-file`` / ``LEDGERMQ_PEER_SECRET``
-(API.md §6) reach the node's Raft transport; an empty secret is a clear error."""
+(docs/operations.md) reach the node's Raft transport; an empty secret is a clear error."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The CommitLog message codec (DESIGN §4 "Message", "The append hook"; API §3 topics)."""
+"""The CommitLog message codec (docs/formats.md; topic names: docs/http.md)."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ from broker.message import (
 FAST = settings(max_examples=200)
 I32 = st.integers(-(2**31), 2**31 - 1)
 I64 = st.integers(-(2**63), 2**63 - 1)
-TOPICS = st.from_regex(r"[A-Za-z0-9_%|-]{1,127}", fullmatch=True)  # API §3 topic names
+TOPICS = st.from_regex(r"[A-Za-z0-9_%|-]{1,127}", fullmatch=True)  # docs/http.md topic names
 PROP_TEXT = st.text(st.characters(blacklist_characters="\x01\x02", codec="utf-8"), max_size=20)
 PROPS = st.dictionaries(PROP_TEXT.filter(bool), PROP_TEXT, max_size=6)
 IPV4 = st.ip_addresses(v=4).map(str)

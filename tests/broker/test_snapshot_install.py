@@ -1,5 +1,5 @@
 """A broker that was away while retention deleted the master's log head catches up by
-INSTALL_SNAPSHOT (DESIGN §5): three brokers in one process over real TCP on 127.0.0.1.
+INSTALL_SNAPSHOT (docs/architecture.md): three brokers in one process over real TCP on 127.0.0.1.
 
 The master's metadata snapshot carries every queue's next offset; the follower installs
 it (metadata, queues restarted at those offsets, key index emptied), its log restarts at

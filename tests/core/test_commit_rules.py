@@ -1,4 +1,4 @@
-"""Raft §5.4.2 (CV-20): a leader commits only entries of its own term by counting
+"""Raft §5.4.2: a leader commits only entries of its own term by counting
 replicas; the NOOP (magic 2) it appends on election commits earlier entries at once."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""DESIGN §2 / STYLE: ``dledger/core`` is deterministic and free of I/O."""
+"""docs/architecture.md / STYLE: ``dledger/core`` is deterministic and free of I/O."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Heartbeats: the follower's answer codes (LE-40, CV-43) and the leader's reading of a
-round (LE-39, CV-31, CV-42)."""
+"""Heartbeats: the follower's answer codes and the leader's reading of a
+round."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dledger.core.messages import HeartBeatRequest, HeartBeatResponse, Role, Vot
 
 from .harness import GROUP, Cluster, heartbeat, make_store
 
-# ---- LE-40: the follower side ------------------------------------------------------------
+# ---- the follower side ------------------------------------------------------------
 
 
 def beat(c: Cluster, term: int, *, frm: str = "n1", leader: str | None = None) -> HeartBeatResponse:
@@ -67,7 +67,7 @@ def test_cv_43_le_40_a_second_leader_in_the_term_gets_inconsistent_leader_with_t
     beat(c, 4, frm="n1")
     resp = beat(c, 4, frm="n2")
     assert resp.code is DLedgerCode.INCONSISTENT_LEADER
-    assert resp.term == 4  # CV-43: the seed's reply carries no term
+    assert resp.term == 4  # DLedger's reply carries no term
     assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n1")
 
 
@@ -81,7 +81,7 @@ def test_le_40_higher_term_is_term_not_ready_and_makes_a_candidate() -> None:
     assert core.elector.need_increase_term_immediately
 
 
-# ---- LE-39: the leader side ----------------------------------------------------------------
+# ---- the leader side ----------------------------------------------------------------
 
 
 def open_heartbeat_round(c: Cluster) -> tuple[str, HeartbeatRound]:

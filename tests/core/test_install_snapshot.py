@@ -1,4 +1,4 @@
-"""INSTALL_SNAPSHOT (CHECKLIST RP-42, RP-13's INSTALL_SNAPSHOT rows; Raft §7): a follower
+"""INSTALL_SNAPSHOT (Raft §7): a follower
 whose next needed entry is below the leader's log head gets the application's snapshot
 and restarts its log right after it, at the leader's byte position."""
 
@@ -280,7 +280,7 @@ def test_raft7_install_with_a_stale_term_is_refused_like_an_append() -> None:
 
 
 def test_raft7_install_with_a_higher_term_is_taken_only_once_the_term_is_durable() -> None:
-    """Like a push (LE-07): TERM_NOT_READY, the term is adopted (and persisted) at the next
+    """Like a push: TERM_NOT_READY, the term is adopted (and persisted) at the next
     tick, the leader's resend is then installed."""
     c = Cluster(3, stores={"n0": make_store((1, 1), term=1, committed=0)})
     (resp,) = c.inject(install_req("n1", "n0", 4, 30, 4))

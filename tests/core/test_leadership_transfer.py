@@ -1,4 +1,4 @@
-"""Leadership transfer and preferred leader (LE-47, AP-01)."""
+"""Leadership transfer and preferred leader (AP-01)."""
 
 from __future__ import annotations
 

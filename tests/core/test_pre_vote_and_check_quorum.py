@@ -1,5 +1,5 @@
-"""DESIGN §3's two departures from DLedger for liveness under partitions: pre-vote
-(SOFAJRaft, JR-05..JR-07) and check-quorum (JR-10)."""
+"""Two departures from DLedger for liveness under partitions (docs/architecture.md):
+SOFAJRaft's pre-vote, and check-quorum."""
 
 from __future__ import annotations
 

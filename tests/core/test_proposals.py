@@ -1,5 +1,5 @@
-"""Client appends on the leader (AP-01..AP-06, RP-37): when a proposal is answered, with
-what, and the back-pressure limit (CV-33)."""
+"""Client appends on the leader (AP-01..AP-06): when a proposal is answered, with
+what, and the back-pressure limit."""
 
 from __future__ import annotations
 

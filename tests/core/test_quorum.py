@@ -1,4 +1,4 @@
-"""``QuorumAckChecker`` (RP-37, CV-20, Raft §5.4.2): the quorum index as a pure function,
+"""``QuorumAckChecker`` (Raft §5.4.2): the quorum index as a pure function,
 held against a brute-force oracle, and the commit rule built on it."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Replication (CHECKLIST §4): the dispatcher's COMPARE → TRUNCATE → APPEND, the
-follower's entry handler, and the seed bugs not copied (CV-32, CV-34..CV-37, CV-39..CV-41).
+"""Replication: the dispatcher's COMPARE → TRUNCATE → APPEND, the
+follower's entry handler, and the DLedger bugs not copied.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def lagging_follower(settings: CoreSettings, entries: int) -> tuple[Cluster, str
     return c, lead, f, len(c.sent)
 
 
-# ---- CV-35: real batches ----------------------------------------------------------------------
+# ---- real batches ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,7 @@ def test_cv_35_a_lagging_follower_gets_multi_entry_batches_within_the_bounds(
     assert len(sent) <= 60 // batch + 2
 
 
-# ---- CV-34: the flow-control quota counts bytes ------------------------------------------------
+# ---- the flow-control quota counts bytes ------------------------------------------------
 
 
 def test_cv_34_the_push_quota_for_a_lagging_follower_counts_bytes_per_second() -> None:
@@ -137,7 +137,7 @@ def test_cv_34_without_a_quota_the_same_follower_catches_up_at_once() -> None:
     assert took is not None and took <= 1100  # one push timeout, then everything
 
 
-# ---- CV-36: every change to COMPARE resets the dispatcher --------------------------------------
+# ---- every change to COMPARE resets the dispatcher --------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -183,7 +183,7 @@ def test_cv_36_a_refused_truncate_compares_again_from_the_leaders_end() -> None:
     assert pushes(c, "n2", PushType.COMPARE, mark)[0].pre_log_index == end
 
 
-# ---- CV-41: an (almost) empty leader log still cleans a stale follower -----------------------
+# ---- an (almost) empty leader log still cleans a stale follower -----------------------
 
 
 def test_cv_41_a_leader_with_only_its_noop_compares_and_truncates_a_stale_follower() -> None:
@@ -279,7 +279,7 @@ def test_rp_30_a_new_leader_starts_its_own_request_numbering() -> None:
     assert c.stores["n0"].ledger_end_index == 0
 
 
-# ---- CV-37 / CV-40: the follower answers every APPEND it drops --------------------------------
+# ---- the follower answers every APPEND it drops --------------------------------
 
 SOURCE = make_store((1,) * 8)  # the leader's log the hand-made APPENDs carry
 
@@ -435,7 +435,7 @@ def test_a_refused_append_that_is_then_taken_resets_the_backoff() -> None:
     assert c.cores[lead].dispatchers[lag].refusals == 0
 
 
-# ---- CV-39: an ack covers every batch up to its watermark --------------------------------------
+# ---- an ack covers every batch up to its watermark --------------------------------------
 
 
 def test_cv_39_an_ack_drops_the_pending_batches_at_or_below_its_watermark() -> None:
@@ -461,7 +461,7 @@ def test_cv_39_an_ack_drops_the_pending_batches_at_or_below_its_watermark() -> N
     assert c.cores[lead].checker.watermark(f, c.term(lead)) == b + 1
 
 
-# ---- CV-32: votes read the ledger end after a truncate ----------------------------------------
+# ---- votes read the ledger end after a truncate ----------------------------------------
 
 
 def test_cv_32_votes_use_the_ledger_end_left_by_a_follower_truncate() -> None:

@@ -1,5 +1,5 @@
 """``currTerm`` and ``votedFor`` are durable before any answer that depends on them
-leaves (DESIGN §3, CV-23): the core puts the new hard state in the same Ready as the
+leaves (docs/architecture.md): the core puts the new hard state in the same Ready as the
 answer, and the Ready contract persists before it sends."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The voter: ``handleVote``'s decision order (CHECKLIST 1.6, LE-21..LE-29) and LE-06.
+"""The voter: ``handleVote``'s decision order.
 
 Each test puts one core (n0 of n0..n2) in a precise state, steps a hand-made
 ``VoteRequest`` into it and reads the ``VoteResponse`` it sends. Where a later rule would
@@ -119,7 +119,7 @@ def test_le_26_higher_term_vote_gets_term_not_ready_and_voter_becomes_candidate(
     assert resp.term == 3  # the voter's old term
     core = c.cores["n0"]
     ms = core.ms
-    # LE-07: a candidate, not a follower; the term is adopted by the candidate loop
+    # a candidate, not a follower; the term is adopted by the candidate loop
     assert (ms.role, ms.curr_term, ms.curr_vote_for, ms.known_max_term) == (
         Role.CANDIDATE,
         3,
@@ -127,7 +127,7 @@ def test_le_26_higher_term_vote_gets_term_not_ready_and_voter_becomes_candidate(
         7,
     )
     assert core.elector.need_increase_term_immediately
-    # LE-13: the next tick adopts the term, clears the vote and sends no vote request
+    # the next tick adopts the term, clears the vote and sends no vote request
     c.queue.clear()
     sent = len(c.sent)
     c.tick(nodes=["n0"])
@@ -149,7 +149,7 @@ def test_le_27_term_below_the_voters_ledger_end_term_carries_that_ledger_term() 
 
 def test_le_28_a_transfer_target_rejects_a_rival_with_no_better_log() -> None:
     c = cluster((1, 1), term=4)
-    c.cores["n0"].ms.term_to_take_leadership = 4  # n0 is taking leadership (LE-47)
+    c.cores["n0"].ms.term_to_take_leadership = 4  # n0 is taking leadership
     resp = answer(c, 4, end_index=1, end_term=1)
     assert resp.vote_result is VoteResult.REJECT_TAKING_LEADERSHIP
     # a rival with a strictly longer log still gets the vote

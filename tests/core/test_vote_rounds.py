@@ -1,5 +1,5 @@
-"""The candidate: tallying answers (CHECKLIST 1.7), reading a round (1.8, LE-33), the
-NOT_READY → REVOTE_IMMEDIATELY handshake (LE-30) and campaigning after a restart."""
+"""The candidate: tallying answers, reading a round, the
+NOT_READY → REVOTE_IMMEDIATELY handshake and campaigning after a restart."""
 
 from __future__ import annotations
 
@@ -191,7 +191,7 @@ def test_1_7_term_small_than_ledger_answer_moves_the_candidate_past_its_term() -
     assert reqs and all(m.term == 6 and not m.pre_vote for m in reqs)
 
 
-# ---- LE-30: the two-round handshake ---------------------------------------------------------
+# ---- the two-round handshake ---------------------------------------------------------
 
 
 def test_le_30_not_ready_voters_catch_up_and_the_same_term_revote_elects() -> None:

@@ -4,6 +4,7 @@ the operator's table of error codes lists exactly the codes the node can answer.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import api.app  # noqa: F401  # loads every error class (api.media adds NOT_ACCEPTABLE)
@@ -44,3 +45,32 @@ def test_the_error_code_table_lists_every_code_and_only_those() -> None:
     app_source = (ROOT / "api" / "app.py").read_text(encoding="utf-8")
     assert all(f'"{code}"' in app_source for code in HTTP_LAYER_CODES)
     assert documented == broker_codes() | HTTP_LAYER_CODES
+
+
+# What pointed outside the repository before docs/ existed: the design documents beside
+# the checkout, and the item numbers of a checklist that lives there.
+OUTSIDE = re.compile(
+    r"\.\./shared|\bDESIGN(?:\.md)? ?§|\bAPI(?:\.md)? ?§|\b(?:DESIGN|API|STYLE)\.md\b"
+    r"|\bCHECKLIST\b|\bseeds/|\b(?:JR|RP|LE|ST|MQ|CV)-\d{2}\b"
+)
+
+
+def tracked_text_files() -> list[Path]:
+    names = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    suffixes = {".py", ".md", ".toml", ".yml", ".yaml", ".txt", ".cfg", ".ini", ""}
+    return [ROOT / n for n in names if Path(n).suffix in suffixes and (ROOT / n).is_file()]
+
+
+def test_no_file_points_outside_the_repository() -> None:
+    found = []
+    for path in tracked_text_files():
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue  # a binary file (a fuzz regression input)
+        for n, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE.search(line) and path.name != "test_docs.py":
+                found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
+    assert not found, "\n".join(found)

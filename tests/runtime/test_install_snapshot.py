@@ -1,7 +1,7 @@
 """INSTALL_SNAPSHOT over TCP: three in-process ``DLedgerServer``s on 127.0.0.1 with real
 files. A follower stopped while the leader rolls segments, snapshots and deletes its log
 head catches up through the application's snapshot, and its data files from its new
-begin position on are byte-identical to the leader's (RP-42, DESIGN §4, §5)."""
+begin position on are byte-identical to the leader's (docs/formats.md)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""``--peer-secret`` (API.md §6): Raft connections start with a mutual HMAC challenge, and a
-connection that fails it is closed before any frame is read.
+"""``--peer-secret`` (docs/operations.md): Raft connections start with a mutual HMAC
+challenge, and a connection that fails it is closed before any frame is read.
 
 The handshake itself in memory (``peer_auth``), then in-process ``DLedgerServer`` groups
 on 127.0.0.1 (real sockets, real files): a group with one secret works; an outsider with
@@ -133,7 +133,7 @@ async def _until_closed(reader: asyncio.StreamReader, timeout_s: float = 10.0) -
 
 def _vote_from_n1(term: int) -> bytes:
     """A well-formed VOTE frame from peer n1 to n0 with ``term``: a node that reads it
-    adopts the term as the one it campaigns for next (``known_max_term``, LE-26)."""
+    adopts the term as the one it campaigns for next (``known_max_term``)."""
     return encode(
         VoteRequest(
             group="g0",

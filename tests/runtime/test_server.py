@@ -1,5 +1,5 @@
 """``DLedgerServer`` in process: a single-node group on 127.0.0.1 (real sockets, real
-files). The public surface of DESIGN §2, and bad bytes on the wire."""
+files). The public surface of docs/architecture.md, and bad bytes on the wire."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ failure names the command that replays its seed.
 With ``app=True`` (``run_seed``) every node also runs a tiny application, ``SimApp``: a
 count and a chained CRC of the committed entry bodies it applied. It writes snapshots at
 seeded times and registers them with the core; retention then deletes log heads below
-them, so a node that was down or cut off long enough gets INSTALL_SNAPSHOT (RP-42).
+them, so a node that was down or cut off long enough gets INSTALL_SNAPSHOT.
 Its knobs (``AppKnobs``) come from a stream of their own, so a run without the app (the
 broker simulation) draws exactly what it drew before. After convergence every node's
 application state must equal the leader's and the fold of the committed bodies.

@@ -1,4 +1,4 @@
-"""Replicas are byte-identical (DESIGN §4): a store fed entries as leader and another fed
+"""Replicas are byte-identical (docs/formats.md): a store fed entries as leader and another fed
 the same bytes as follower end with identical data and index files, through roll-overs,
 term changes, hooks and truncations; and the memory store places every entry at the
 same pos with the same bytes as the file store."""

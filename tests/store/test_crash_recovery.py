@@ -1,4 +1,4 @@
-"""Crash recovery over 500 seeded cases (DESIGN §4, ST-26).
+"""Crash recovery over 500 seeded cases (docs/formats.md).
 
 Each case writes entries in random batches to tiny segments, closes the store, then
 damages the data files the way a crash or a bad disk does: cuts the log at a random byte

@@ -1,4 +1,4 @@
-"""The entry and index-unit codecs: exact bytes (DESIGN §4, ST-05..ST-09) and round trips."""
+"""The entry and index-unit codecs: exact bytes (docs/formats.md) and round trips."""
 
 from __future__ import annotations
 

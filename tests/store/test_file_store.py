@@ -268,7 +268,7 @@ def test_truncate_moves_the_ledger_end_term_cv32(store: FileStore) -> None:
     store.append_as_leader(2, bodies(3))
     assert store.ledger_end_term == 2
     assert store.truncate(3) == 2
-    assert store.ledger_end_term == 1  # the seed leaves this stale
+    assert store.ledger_end_term == 1  # DLedger leaves this stale
     assert store.truncate(0) == -1 and store.ledger_end_term == -1
 
 

@@ -1,4 +1,4 @@
-"""Segment files: naming, roll-over with blank padding, loading checks (ST-03, ST-10..ST-14)."""
+"""Segment files: naming, roll-over with blank padding, loading checks."""
 
 from __future__ import annotations
 

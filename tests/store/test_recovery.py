@@ -1,5 +1,5 @@
 """``dledger.store.recovery.recover_log`` alone, over segment lists a ``FileStore`` wrote
-(ST-26, DESIGN §4): the torn tail, a CRC failure inside and outside the committed prefix,
+(docs/formats.md): the torn tail, a CRC failure inside and outside the committed prefix,
 and the bounds the checkpoint sets on the scan. (The 500 seeded crash cases through the
 whole store are ``test_crash_recovery``.)"""
 

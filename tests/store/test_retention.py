@@ -1,4 +1,4 @@
-"""``dledger.store.retention`` alone (ST-23): the rule for the oldest segment as a pure
+"""``dledger.store.retention`` alone: the rule for the oldest segment as a pure
 function (age, disk ratio, floor, force), and the head deletion over segment lists a
 ``FileStore`` wrote: the bound per call, the active segment, the new log head. (Through
 the whole store, with its clock and checkpoint: ``test_file_store``'s retention tests.)"""
