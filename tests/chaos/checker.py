@@ -39,7 +39,7 @@ from typing import Any
 from .history import Op, Read
 
 READS = ("poll", "pull", "drain")
-RESTARTING = ("kill", "restart", "pause")  # a node that may come back with an older view
+RESTARTING = ("kill", "pause")  # fault kinds after which a node may report an older view
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,7 +257,7 @@ def _group_offsets(history: Iterable[Op], v: Verdict) -> None:
     committed: dict[int, int] = {}
     final: dict[tuple[str, int], int] = {}
     for op in history:
-        if op.f == "fault" and op.value.get("kind") in RESTARTING:
+        if op.f == "fault" and str(op.value.get("kind")).startswith(RESTARTING):
             for node in op.value.get("nodes", ()):
                 for key in [k for k in seen if k[0] == node]:
                     del seen[key]

@@ -152,7 +152,7 @@ def test_a_value_read_elsewhere_than_acknowledged_is_inconsistent() -> None:
 def test_group_offsets_moving_backwards_are_caught_but_not_across_a_restart() -> None:
     s = Script()
     s.h.ok("offsets", "offsets", {0: 5}, node="n1")
-    s.h.info("nemesis", "fault", {"kind": "restart", "nodes": ("n1",)})
+    s.h.info("nemesis", "fault", {"kind": "kill-slave", "nodes": ("n1",)})
     s.h.ok("offsets", "offsets", {0: 3}, node="n1")  # replaying after a restart: allowed
     s.h.ok("offsets", "offsets", {0: 2}, node="n1")  # backwards on one node: not
     (found,) = _only(check(s.ops()), "offsets_backwards")

@@ -1,0 +1,191 @@
+"""One chaos run, start to verdict: ``run_chaos(seed, duration_s, workdir)``.
+
+1. The cluster (``ChaosCluster``: namespaces, tmpfs, three broker processes) and the
+   topic; the workload starts.
+2. The nemesis runs the seed's schedule in a thread (its faults block: processes,
+   ``ip``), while the workload runs on the event loop; both write one history.
+3. The workload stops, then everything is healed (every node running, every link up,
+   every ballast gone), and the cluster must converge within ``CONVERGE_S``: every node
+   ready, one master, the same ledger end, committed and dispatched on every node.
+4. Every queue is drained from every node (``api.replicas.read_queues``) into the
+   history, and every node's group offsets read: the checker decides over all of it.
+   The consume queues' digests over HTTP must be equal on every node.
+5. The nodes stop (SIGTERM: files synced), and their commitlogs and consume queues are
+   compared byte for byte (``api.replicas``).
+
+Every run's first line says its seed and the command that replays it; the history is
+written to ``workdir/history.jsonl`` and the nodes' logs to ``workdir/logs``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from api.client import AsyncAdmin
+from api.demo_load import ensure_topic, percentile, topic_ends
+from api.replicas import compare_commitlogs, compare_consume_queues, read_queues
+
+from .checker import Verdict, check, summary
+from .cluster import ChaosCluster
+from .history import History, dump
+from .nemesis import Nemesis, schedule
+from .workload import Workload, WorkloadSettings, reads, report_offsets
+
+CONVERGE_S = 90.0
+START_S = 120.0
+
+
+def replay_command(seed: int, duration_s: float) -> str:
+    return f"python -m tests.chaos --seed {seed} --duration {duration_s:g}"
+
+
+@dataclass(slots=True)
+class RunResult:
+    seed: int
+    duration_s: float
+    verdict: Verdict = field(default_factory=Verdict)
+    faults: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)  # beyond the checker's anomalies
+    replicas: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def valid(self) -> bool:
+        return self.verdict.valid and not self.problems
+
+
+def run_chaos(seed: int, duration_s: float, workdir: Path,
+              say: Callable[[str], None] = print) -> RunResult:  # fmt: skip
+    say(f"chaos seed {seed}, {duration_s:g} s; replay: {replay_command(seed, duration_s)}")
+    t0 = time.monotonic()
+    result = RunResult(seed, duration_s)
+    history = History()
+    cluster = ChaosCluster(workdir / "data", workdir / "logs")
+    try:
+        with cluster:
+            asyncio.run(_run(cluster, history, result, say))
+            cluster.stop_all(timeout_s=20)  # synced and closed: the files can be compared
+            _compare_files(cluster, result)
+    finally:
+        dump(history, workdir / "history.jsonl")
+    result.verdict = check(history.ops)
+    result.faults = Counter(op.value["kind"] for op in history if op.f == "fault")
+    result.elapsed_s = time.monotonic() - t0
+    return result
+
+
+async def _run(cluster: ChaosCluster, history: History, result: RunResult,
+               say: Callable[[str], None]) -> None:  # fmt: skip
+    settings = WorkloadSettings()
+    await asyncio.to_thread(cluster.wait_ready, None, START_S)
+    await ensure_topic(
+        list(cluster.urls.values()), settings.topic, settings.queues, settings.client
+    )
+    workload = Workload(cluster.urls, settings, history, random.Random(result.seed))
+    nemesis = Nemesis(cluster, history, say=say)
+    stop = threading.Event()
+    workload.start()
+    try:
+        await asyncio.to_thread(nemesis.run, schedule(result.seed, result.duration_s), stop)
+    finally:
+        stop.set()
+        await workload.stop()
+    if (e := workload.failed()) is not None:
+        result.problems.append(f"a workload task failed: {e!r}")
+    result.problems += [f"not whole again after {u}" for u in nemesis.unhealed]
+    await asyncio.to_thread(nemesis.heal_all)
+    master = await asyncio.to_thread(converge, cluster, CONVERGE_S)
+    if master is None:
+        result.problems.append(f"the cluster did not converge within {CONVERGE_S:g} s")
+        return
+    say(f"converged; master {master}; draining every node")
+    await _drain(cluster, master, settings, history, result)
+
+
+def converge(cluster: ChaosCluster, timeout_s: float) -> str | None:
+    """Wait (bounded) until every node is ready with one master, and every node's
+    ledger end, committed and dispatched index are the same; the master, or None."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        infos = {n: cluster.cluster_info(n) for n in cluster.ids}
+        if all(i is not None for i in infos.values()):
+            masters = [n for n, i in infos.items() if i and i["broker_role"] == "MASTER"]
+            marks = {
+                (i["ledger_end_index"], i["committed_index"], i["dispatched_index"])
+                for i in infos.values()
+                if i is not None
+            }
+            if len(masters) == 1 and len(marks) == 1 and len(set(next(iter(marks)))) == 1:
+                return masters[0]
+        time.sleep(0.2)
+    return None
+
+
+async def _drain(cluster: ChaosCluster, master: str, s: WorkloadSettings, history: History,
+                 result: RunResult) -> None:  # fmt: skip
+    """Every queue from every node into the history; digests compared; offsets read."""
+    ends = await topic_ends(cluster.urls[master], s.topic, s.client)
+    ranges = {q: (0, end) for q, end in ends.items()}
+    images = {}
+    for node, url in cluster.urls.items():
+        got: list[Any] = []
+        images[node] = await read_queues(url, s.topic, ranges, s.client, got.append)
+        history.ok("drain", "drain", reads(got), node)
+    ref = images[master]
+    for node, image in images.items():
+        if image != ref:
+            result.problems.append(f"{node}'s consume queues differ from {master}'s over HTTP")
+    for node, url in cluster.urls.items():
+        async with AsyncAdmin([url], settings=s.probe) as admin:
+            await report_offsets(history, s, node, admin)
+
+
+def _compare_files(cluster: ChaosCluster, result: RunResult) -> None:
+    dirs = {n: cluster.data_dir / n for n in cluster.ids}
+    for cmp in (
+        compare_commitlogs(dirs, cluster.group),
+        compare_consume_queues(dirs, cluster.group),
+    ):
+        line = f"{cmp.what}: {cmp.files} files, {cmp.total_bytes:,} bytes"
+        line += " identical on every node" if cmp.identical else f" DIFFER: {cmp.differences}"
+        result.replicas.append(line)
+        if not cmp.identical:
+            result.problems.append(line)
+
+
+# ---- the report -----------------------------------------------------------------------------
+
+
+def report(r: RunResult) -> str:
+    v = r.verdict
+    lines = [
+        f"chaos run: seed {r.seed}, schedule {r.duration_s:g} s, wall {r.elapsed_s:.0f} s — "
+        + ("VALID" if r.valid else "INVALID"),
+        f"replay: {replay_command(r.seed, r.duration_s)}",
+        "faults: " + ", ".join(f"{k} {n}" for k, n in sorted(r.faults.items())),
+    ]
+    lines += [f"{k}: {x}" for k, x in summary(v).items()]
+    lines.append("operations by kind: " + ", ".join(f"{k} {n}" for k, n in v.operations.items()))
+    lines.append("unavailability (fault → next acknowledged produce), per fault kind:")
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for w in v.windows:
+        if w.window_s is not None:
+            by_kind[w.kind].append(w.window_s)
+    for kind, xs in sorted(by_kind.items()):
+        lines.append(
+            f"  {kind:<17} n={len(xs):<3} p50 {percentile(xs, 0.5):6.2f} s  "
+            f"p99 {percentile(xs, 0.99):6.2f} s  max {max(xs):6.2f} s"
+        )
+    lines += r.replicas
+    for name, found in v.anomalies().items():
+        lines.append(f"{name}: {found[:10]}")
+    lines += [f"problem: {p}" for p in r.problems]
+    return "\n".join(lines)
