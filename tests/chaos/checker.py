@@ -23,7 +23,8 @@ What it measures: sends acknowledged, failed and indeterminate (``info``), and o
 indeterminate values how many turned out to be in the log (exactly once, else they are
 ``duplicated``) and how many not at all; per fault, the unavailability window: the
 fault → the first acknowledgement of a send invoked at or after it (a send invoked
-before may have been committed before the fault and answered after).
+before may have been committed before the fault and answered after); and the longest
+stall between acknowledgements until the next fault.
 
 Invariants: the function reads only its argument, keeps every result sorted, and is
 linear in the history's size (plus sorting).
@@ -34,6 +35,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 from .history import Op, Read
@@ -45,11 +47,14 @@ RESTARTING = ("kill", "pause")  # fault kinds after which a node may report an o
 @dataclass(frozen=True, slots=True)
 class Window:
     """One fault and how long produce was unavailable after it (None: no produce was
-    acknowledged after it)."""
+    acknowledged after it); and the longest stall between two acknowledgements from
+    the fault to the next one (a full disk is noticed a moment after the fault: the
+    window alone would miss it)."""
 
     kind: str
     at_s: float
     window_s: float | None
+    stall_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -298,10 +303,14 @@ def _windows(history: Sequence[Op]) -> list[Window]:
             invoked_at[op.process] = op.time_s
         elif op.f == "send" and op.type == "ok":
             acks.append((invoked_at[op.process], op.time_s))
+    ack_times = sorted(done for _, done in acks)
     out = []
-    for kind, at in faults:
+    for i, (kind, at) in enumerate(faults):
         after = [done for invoked, done in acks if invoked >= at]
-        out.append(Window(kind, at, min(after) - at if after else None))
+        until = faults[i + 1][1] if i + 1 < len(faults) else float("inf")
+        marks = [at] + [t for t in ack_times if at < t <= until]
+        stall = max((b - a for a, b in pairwise(marks)), default=0.0)
+        out.append(Window(kind, at, min(after) - at if after else None, stall))
     return out
 
 

@@ -174,15 +174,21 @@ def report(r: RunResult) -> str:
     ]
     lines += [f"{k}: {x}" for k, x in summary(v).items()]
     lines.append("operations by kind: " + ", ".join(f"{k} {n}" for k, n in v.operations.items()))
-    lines.append("unavailability (fault → next acknowledged produce), per fault kind:")
+    lines.append(
+        "unavailability per fault kind: fault → next acknowledged produce (p50/p99/max);"
+        " longest stall between acknowledgements until the next fault (max)"
+    )
     by_kind: dict[str, list[float]] = defaultdict(list)
+    stalls: dict[str, list[float]] = defaultdict(list)
     for w in v.windows:
+        stalls[w.kind].append(w.stall_s)
         if w.window_s is not None:
             by_kind[w.kind].append(w.window_s)
     for kind, xs in sorted(by_kind.items()):
         lines.append(
             f"  {kind:<17} n={len(xs):<3} p50 {percentile(xs, 0.5):6.2f} s  "
-            f"p99 {percentile(xs, 0.99):6.2f} s  max {max(xs):6.2f} s"
+            f"p99 {percentile(xs, 0.99):6.2f} s  max {max(xs):6.2f} s  "
+            f"stall max {max(stalls[kind]):6.2f} s"
         )
     lines += r.replicas
     for name, found in v.anomalies().items():

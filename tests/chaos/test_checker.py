@@ -180,6 +180,7 @@ def test_the_unavailability_window_runs_to_the_first_ack_of_a_later_send() -> No
     s.h.info("nemesis", "fault", {"kind": "kill", "nodes": ("n1",)})  # 0.6: nothing after
     w = check(s.ops()).windows
     assert [(x.kind, x.window_s) for x in w] == [("pause", pytest.approx(0.3)), ("kill", None)]
+    assert [x.stall_s for x in w] == [pytest.approx(0.2), 0.0]  # 0.3 → 0.5: the longest
 
 
 def test_a_history_survives_dump_and_load(tmp_path: Path) -> None:
