@@ -121,11 +121,16 @@ class Nemesis:
         raise TimeoutError(f"no master within {self.recover_s} s")
 
     def _await_whole(self, step: Step) -> None:
+        """Every node ready, one master; else recorded (a node that exited by itself is
+        a bug: its log tail goes into the record) and the run goes on."""
         try:
             self.c.wait_ready(timeout_s=self.recover_s)
-        except TimeoutError as e:
+        except (TimeoutError, RuntimeError) as e:
             self.unhealed.append(f"{step.kind}: {e}")
             self.h.info("nemesis", "unhealthy", {"kind": step.kind, "error": str(e)[:500]})
+            for n in self.c.ids:  # the next fault needs every node running
+                if not self.c.alive(n):
+                    self.c.start(n)
 
     def _record(self, f: str, kind: str, nodes: list[str]) -> None:
         self.h.info("nemesis", f, {"kind": kind, "nodes": tuple(nodes)})
