@@ -48,6 +48,7 @@ class Op:
     value: Any
     time_s: float
     node: str | None = None  # the node that answered, where one did
+    error: str | None = None  # why a fail or info (the client's last error)
 
 
 class History:
@@ -62,12 +63,14 @@ class History:
         self.ops.append(Op(process, "invoke", f, value, self.clock()))
         done = False
 
-        def complete(type_: OpType, value_: Any = value, node: str | None = None) -> None:
+        def complete(
+            type_: OpType, value_: Any = value, node: str | None = None, error: str | None = None
+        ) -> None:
             nonlocal done
             assert not done, f"{process} {f}: completed twice"
             assert type_ != "invoke"
             done = True
-            self.ops.append(Op(process, type_, f, value_, self.clock(), node))
+            self.ops.append(Op(process, type_, f, value_, self.clock(), node, error))
 
         return complete
 
@@ -109,13 +112,13 @@ def _decode(v: Any) -> Any:
 def dump(ops: Iterable[Op], path: Path) -> None:
     with path.open("w") as f:
         for op in ops:
-            row = [op.process, op.type, op.f, _encode(op.value), op.time_s, op.node]
+            row = [op.process, op.type, op.f, _encode(op.value), op.time_s, op.node, op.error]
             f.write(json.dumps(row) + "\n")
 
 
 def load(path: Path) -> list[Op]:
     out = []
     for line in path.read_text().splitlines():
-        process, type_, f, value, time_s, node = json.loads(line)
-        out.append(Op(process, type_, f, _decode(value), time_s, node))
+        process, type_, f, value, time_s, node, error = json.loads(line)
+        out.append(Op(process, type_, f, _decode(value), time_s, node, error))
     return out

@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from api.client import AsyncAdmin
 from api.demo_load import ensure_topic, percentile, topic_ends
 from api.replicas import compare_commitlogs, compare_consume_queues, read_queues
@@ -40,6 +42,7 @@ from .nemesis import Nemesis, schedule
 from .workload import Workload, WorkloadSettings, reads, report_offsets
 
 CONVERGE_S = 90.0
+STALL_S = 8.0  # no produce acknowledged this long: the nodes' state is saved
 START_S = 120.0
 
 
@@ -93,11 +96,13 @@ async def _run(cluster: ChaosCluster, history: History, result: RunResult,
     nemesis = Nemesis(cluster, history, say=say)
     stop = threading.Event()
     workload.start()
+    watch = asyncio.create_task(_watch_stalls(cluster, history, stop, say))
     try:
         await asyncio.to_thread(nemesis.run, schedule(result.seed, result.duration_s), stop)
     finally:
         stop.set()
         await workload.stop()
+        await watch
     if (e := workload.failed()) is not None:
         result.problems.append(f"a workload task failed: {e!r}")
     result.problems += [f"not whole again after {u}" for u in nemesis.unhealed]
@@ -108,6 +113,34 @@ async def _run(cluster: ChaosCluster, history: History, result: RunResult,
         return
     say(f"converged; master {master}; draining every node")
     await _drain(cluster, master, settings, history, result)
+
+
+async def _watch_stalls(cluster: ChaosCluster, history: History, stop: threading.Event,
+                        say: Callable[[str], None]) -> None:  # fmt: skip
+    """When no produce was acknowledged for ``STALL_S``, every node's ``/v1/cluster``
+    and ``/metrics`` go to ``logs/stall-<t>-<node>.txt`` (once per stall): what the
+    nodes thought while it lasted, for the post-mortem."""
+    last_snapshot = 0.0
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        while not stop.is_set():
+            await asyncio.sleep(1.0)
+            now = history.clock()
+            last_ack = next(
+                (op.time_s for op in reversed(history.ops) if op.f == "send" and op.type == "ok"),
+                now,
+            )
+            if now - last_ack < STALL_S or now - last_snapshot < STALL_S:
+                continue
+            last_snapshot = now
+            for node, url in cluster.urls.items():
+                parts = []
+                for path in ("/v1/cluster", "/metrics"):
+                    try:
+                        parts.append((await http.get(url + path)).text)
+                    except httpx.HTTPError as e:
+                        parts.append(f"{path}: {e!r}")
+                (cluster.log_dir / f"stall-{now:.0f}-{node}.txt").write_text("\n".join(parts))
+            say(f"no produce acknowledged for {now - last_ack:.0f} s: nodes' state in logs/stall-*")
 
 
 def converge(cluster: ChaosCluster, timeout_s: float) -> str | None:

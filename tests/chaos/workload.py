@@ -67,6 +67,10 @@ class WorkloadSettings:
     )
 
 
+def why(e: LedgerMQError) -> str:
+    return f"{e.code}: {e}"[:300]
+
+
 def reads(messages: list[ReceivedMessage]) -> tuple[Read, ...]:
     return tuple(Read(m.body.decode(), m.queue_id, m.queue_offset) for m in messages)
 
@@ -120,7 +124,7 @@ class Workload:
                 try:
                     results = await p.send(self.s.topic, list(values))
                 except LedgerMQError as e:
-                    done("fail" if e.code in DEFINITE else "info")
+                    done("fail" if e.code in DEFINITE else "info", error=why(e))
                 else:
                     rs = (
                         Read(x, r.queue_id, r.queue_offset)
@@ -138,16 +142,16 @@ class Workload:
                 done = self.h.invoke("consumer-0", "poll", None)
                 try:
                     got = await c.poll(self.s.poll_max_messages, self.s.poll_wait_ms)
-                except LedgerMQError:
-                    done("fail")
+                except LedgerMQError as e:
+                    done("fail", error=why(e))
                     continue
                 done("ok", reads(got), c.master)
                 pending = dict(c.positions)
                 done = self.h.invoke("consumer-0", "commit", pending)
                 try:
                     await c.commit()
-                except LedgerMQError:
-                    done("info")
+                except LedgerMQError as e:
+                    done("info", error=why(e))
                 else:
                     done("ok")
         finally:
@@ -164,8 +168,8 @@ class Workload:
                 done = self.h.invoke("puller-0", "pull", (q, positions[q]))
                 try:
                     r = await admins[node].pull(self.s.topic, q, positions[q], max_messages=50)
-                except LedgerMQError:
-                    done("fail", None, node)
+                except LedgerMQError as e:
+                    done("fail", None, node, why(e))
                 else:
                     done("ok", reads(r.messages), node)
                     if r.messages:
