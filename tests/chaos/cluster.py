@@ -26,7 +26,11 @@ from tests.smallfs import Ballast, MiB, can_mount, small_fs
 
 HTTP_PORT = 8080
 RAFT_PORT = 9080
-FS_BYTES = 96 * MiB  # per node; the commitlog's segments are 8 MiB
+# Per node. A node preallocates ~40 MiB (consume-queue segments, the key index, the
+# first commitlog segment of 8 MiB) and keeps RESERVE_MB free: with 96 MiB a 5-minute run
+# filled it for real (DISK_FULL to every produce, as it should); 256 MiB holds a 20-minute
+# run. tmpfs takes memory only for what is written.
+FS_BYTES = 256 * MiB
 RESERVE_MB = 24  # writes are refused (507 DISK_FULL) with less free than this
 ARGS = ("--data-file-mb", "8", "--disk-reserve-mb", str(RESERVE_MB), "--log-level", "INFO")
 
