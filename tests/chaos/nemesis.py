@@ -141,69 +141,43 @@ class Nemesis:
 
     def apply(self, step: Step, master: str) -> Callable[[], None]:
         """Do ``step``'s fault; its heal."""
-        slaves = [n for n in self.c.ids if n != master]
+        c, kind = self.c, step.kind
+        slaves = [n for n in c.ids if n != master]
         slave = slaves[int(step.draw * len(slaves))]
-        anyone = self.c.ids[int(step.draw * len(self.c.ids))]
-        target = master if step.kind.endswith("-master") else slave
-        kind = step.kind
+        anyone = c.ids[int(step.draw * len(c.ids))]
+        target = master if kind.endswith("-master") else slave
         if kind.startswith("kill-"):
-            return self._kill(kind, target)
+            return self._fault(kind, [target], lambda: c.kill(target), lambda: c.start(target))
         if kind.startswith("pause-"):
-            return self._pause(kind, target)
+            return self._fault(kind, [target], lambda: c.pause(target), lambda: c.resume(target))
         if kind.startswith("disk-full-"):
-            return self._disk_full(kind, target, master=target == master)
+            ballast = c.ballast(target)
+            # The master: below its reserve (appends refused, 507). A slave: nearly
+            # nothing left (the leader's pushes refused); the other two make a quorum.
+            free = (RESERVE_MB - 8) * MiB if target == master else 1 * MiB
+            return self._fault(kind, [target], lambda: ballast.leave_free(free), ballast.remove)
         if kind == "isolate-node":
-            return self._net(kind, [anyone], lambda: self.c.lab.link_down(anyone))
+            return self._fault(kind, [anyone], lambda: c.lab.link_down(anyone), c.heal_network)
         if kind == "isolate-master":
-            return self._net(kind, [master], lambda: [self.c.lab.cut(master, s) for s in slaves])
+            cut = lambda: [c.lab.cut(master, s) for s in slaves]  # noqa: E731
+            return self._fault(kind, [master], cut, c.heal_network)
         if kind == "bridge":
             a, b = (master, slave) if step.draw < 0.5 else tuple(slaves)
-            return self._net(kind, [a, b], lambda: self.c.lab.cut(a, b))
+            return self._fault(kind, [a, b], lambda: c.lab.cut(a, b), c.heal_network)
         if kind == "one-way":
-            one_way = lambda: self.c.lab.cut(master, slave, one_way=True)  # noqa: E731
-            return self._net(kind, [master, slave], one_way)
+            cut = lambda: c.lab.cut(master, slave, one_way=True)  # noqa: E731
+            return self._fault(kind, [master, slave], cut, c.heal_network)
         assert kind == "transfer", kind
         return self._transfer(kind, master, slave)
 
-    def _kill(self, kind: str, node: str) -> Callable[[], None]:
-        self.c.kill(node)
-        self._record("fault", kind, [node])
-
-        def heal() -> None:
-            self.c.start(node)
-            self._record("heal", kind, [node])
-
-        return heal
-
-    def _pause(self, kind: str, node: str) -> Callable[[], None]:
-        self.c.pause(node)
-        self._record("fault", kind, [node])
-
-        def heal() -> None:
-            self.c.resume(node)
-            self._record("heal", kind, [node])
-
-        return heal
-
-    def _disk_full(self, kind: str, node: str, *, master: bool) -> Callable[[], None]:
-        ballast = self.c.ballast(node)
-        # The master: below its reserve (appends refused, 507). A slave: nearly nothing
-        # left (the leader's pushes refused); the other two still make a quorum.
-        ballast.leave_free((RESERVE_MB - 8) * MiB if master else 1 * MiB)
-        self._record("fault", kind, [node])
-
-        def heal() -> None:
-            ballast.remove()
-            self._record("heal", kind, [node])
-
-        return heal
-
-    def _net(self, kind: str, nodes: list[str], cut: Callable[[], object]) -> Callable[[], None]:
-        cut()
+    def _fault(self, kind: str, nodes: list[str], do: Callable[[], object],
+               undo: Callable[[], object]) -> Callable[[], None]:  # fmt: skip
+        """``do`` now and record it; the heal runs ``undo`` and records that."""
+        do()
         self._record("fault", kind, nodes)
 
         def heal() -> None:
-            self.c.heal_network()
+            undo()
             self._record("heal", kind, nodes)
 
         return heal

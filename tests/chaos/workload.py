@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from api.client import (
     AsyncAdmin,
@@ -33,6 +33,7 @@ from api.client import (
     LedgerMQError,
     ReceivedMessage,
 )
+from api.demo_load import LoadSettings, task_failure
 
 from .history import History, Read
 
@@ -52,12 +53,10 @@ class WorkloadSettings:
     poll_wait_ms: int = 300
     pull_pause_s: float = 0.1
     offsets_every_s: float = 0.5
-    # Failovers take a second or two; a request that gets no answer in 5 s is given up
-    # (a paused master); an operation after 20 s (then it is recorded as info).
+    # The demo's client (a failover takes a second or two; backoff capped at 0.5 s), an
+    # operation given up after 20 s (then it is recorded as info).
     client: ClientSettings = field(
-        default_factory=lambda: ClientSettings(
-            timeout_s=5.0, connect_timeout_s=1.0, deadline_s=20.0, backoff_cap_s=0.5
-        )
+        default_factory=lambda: replace(LoadSettings().client, deadline_s=20.0)
     )
     # One node, one try: the puller and the reporter ask a node, not the cluster.
     probe: ClientSettings = field(
@@ -92,10 +91,7 @@ class Workload:
 
     def failed(self) -> BaseException | None:
         """A task's unexpected error (a bug in the client or here), if any."""
-        for t in self.tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                return t.exception()
-        return None
+        return task_failure(self.tasks)
 
     async def stop(self) -> None:
         self.stopping.set()
