@@ -41,8 +41,8 @@ def test_the_ci_schedule_tries_every_fault_kind() -> None:
 @pytest.mark.timeout(600)
 def test_chaos_loses_nothing_and_replicas_converge(tmp_path: Path) -> None:
     seed = int(os.environ.get("LEDGERMQ_CHAOS_SEED") or secrets.randbelow(2**31))
-    lines: list[str] = []
-    result = run_chaos(seed, DURATION_S, tmp_path, lines.append)
+    # Printed as it goes: pytest shows it on any failure, an exception included.
+    result = run_chaos(seed, DURATION_S, tmp_path, print)
     text = report(result)
     print(text)
     assert result.valid, (
