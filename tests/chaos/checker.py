@@ -41,7 +41,7 @@ from typing import Any
 from .history import Op, Read
 
 READS = ("poll", "pull", "drain")
-RESTARTING = ("kill", "pause")  # fault kinds after which a node may report an older view
+RESTARTING = ("kill",)  # fault kinds after which a node may report an older view (restarted)
 
 
 @dataclass(frozen=True, slots=True)
