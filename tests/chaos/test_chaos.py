@@ -23,21 +23,19 @@ from .run import replay_command, report, run_chaos
 
 DURATION_S = 90.0
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not available(),
-        reason="needs root for network namespaces and tmpfs mounts (CI runs as root); "
-        "no fault-proxy fallback exists",
-    ),
-]
 
-
-def test_the_ci_schedule_tries_every_fault_kind() -> None:
+def test_the_ci_schedule_tries_every_fault_kind_and_a_seed_replays_it() -> None:
     for seed in range(20):
         assert {s.kind for s in schedule(seed, DURATION_S)} == set(KINDS), seed
+    assert schedule(7, 1200) == schedule(7, 1200) != schedule(8, 1200)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not available(),
+    reason="needs root for network namespaces and tmpfs mounts (CI runs as root); "
+    "no fault-proxy fallback exists",
+)
 @pytest.mark.timeout(600)
 def test_chaos_loses_nothing_and_replicas_converge(tmp_path: Path) -> None:
     seed = int(os.environ.get("LEDGERMQ_CHAOS_SEED") or secrets.randbelow(2**31))
