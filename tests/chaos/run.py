@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
 import threading
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,13 @@ import httpx
 
 from api.client import AsyncAdmin
 from api.demo_load import ensure_topic, percentile, topic_ends
-from api.replicas import compare_commitlogs, compare_consume_queues, read_queues
+from api.replicas import (
+    commitlog_roots,
+    compare_commitlogs,
+    compare_consume_queues,
+    consume_queue_roots,
+    read_queues,
+)
 
 from .checker import Verdict, check, summary
 from .cluster import ChaosCluster
@@ -58,6 +65,7 @@ class RunResult:
     faults: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)  # beyond the checker's anomalies
     replicas: list[str] = field(default_factory=list)
+    ends: dict[str, int] = field(default_factory=dict)  # node → ledger end index, converged
     elapsed_s: float = 0.0
 
     @property
@@ -76,7 +84,7 @@ def run_chaos(seed: int, duration_s: float, workdir: Path,
         with cluster:
             asyncio.run(_run(cluster, history, result, say))
             cluster.stop_all(timeout_s=20)  # synced and closed: the files can be compared
-            _compare_files(cluster, result)
+            _compare_files(cluster, result, workdir / "differ")
     finally:
         dump(history, workdir / "history.jsonl")
     result.verdict = check(history.ops)
@@ -112,6 +120,10 @@ async def _run(cluster: ChaosCluster, history: History, result: RunResult,
         result.problems.append(f"the cluster did not converge within {CONVERGE_S:g} s")
         return
     say(f"converged; master {master}; draining every node")
+    for node in cluster.ids:
+        info = cluster.cluster_info(node)
+        if info is not None:
+            result.ends[node] = info["ledger_end_index"]
     await _drain(cluster, master, settings, history, result)
 
 
@@ -181,17 +193,50 @@ async def _drain(cluster: ChaosCluster, master: str, s: WorkloadSettings, histor
             await report_offsets(history, s, node, admin)
 
 
-def _compare_files(cluster: ChaosCluster, result: RunResult) -> None:
+def _compare_files(cluster: ChaosCluster, result: RunResult, evidence: Path) -> None:
     dirs = {n: cluster.data_dir / n for n in cluster.ids}
-    for cmp in (
-        compare_commitlogs(dirs, cluster.group),
-        compare_consume_queues(dirs, cluster.group),
+    for cmp, roots in (
+        (compare_commitlogs(dirs, cluster.group), commitlog_roots(dirs, cluster.group)),
+        (compare_consume_queues(dirs, cluster.group), consume_queue_roots(dirs, cluster.group)),
     ):
         line = f"{cmp.what}: {cmp.files} files, {cmp.total_bytes:,} bytes"
         line += " identical on every node" if cmp.identical else f" DIFFER: {cmp.differences}"
         result.replicas.append(line)
         if not cmp.identical:
             result.problems.append(line)
+            result.problems += _keep_evidence(cmp.differences, cmp.nodes[0], roots, evidence)
+    if result.ends:
+        result.replicas.append(f"ledger end index per node: {result.ends}")
+
+
+def _keep_evidence(differences: Sequence[str], ref: str, roots: Mapping[str, Path],
+                   evidence: Path) -> list[str]:  # fmt: skip
+    """Each differing file of each node and of ``ref`` copied under ``evidence`` (the
+    mounts go away with the cluster), and where the bytes first differ."""
+    out = []
+    for d in differences:
+        node, _, rest = d.partition(": ")
+        name = rest.split(" ")[0]
+        pair = [roots[node] / name, roots[ref] / name]
+        for n, src in zip((node, ref), pair, strict=True):
+            if src.is_file():
+                dst = evidence / n / name
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+        at = first_difference(*pair) if all(p.is_file() for p in pair) else None
+        out.append(f"{node} {name}: first differing byte at {at} (copies in {evidence})")
+    return out
+
+
+def first_difference(a: Path, b: Path) -> int | None:
+    """The first byte offset where two files differ (a length counts), None if equal."""
+    x, y = a.read_bytes(), b.read_bytes()
+    for i in range(0, max(len(x), len(y)), 4096):  # chunked: quick where equal
+        cx, cy = x[i : i + 4096], y[i : i + 4096]
+        if cx != cy:
+            pairs = zip(cx, cy, strict=False)
+            return i + next((k for k, (p, q) in enumerate(pairs) if p != q), min(len(cx), len(cy)))
+    return None
 
 
 # ---- the report -----------------------------------------------------------------------------
