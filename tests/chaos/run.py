@@ -35,7 +35,9 @@ import httpx
 from api.client import AsyncAdmin
 from api.demo_load import ensure_topic, percentile, topic_ends
 from api.replicas import (
+    TreeComparison,
     commitlog_roots,
+    compare_commitlog_ranges,
     compare_commitlogs,
     compare_consume_queues,
     consume_queue_roots,
@@ -65,7 +67,8 @@ class RunResult:
     faults: Counter[str] = field(default_factory=Counter)
     problems: list[str] = field(default_factory=list)  # beyond the checker's anomalies
     replicas: list[str] = field(default_factory=list)
-    ends: dict[str, int] = field(default_factory=dict)  # node → ledger end index, converged
+    # node → (ledger begin index, ledger end index), once converged
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
     @property
@@ -123,7 +126,7 @@ async def _run(cluster: ChaosCluster, history: History, result: RunResult,
     for node in cluster.ids:
         info = cluster.cluster_info(node)
         if info is not None:
-            result.ends[node] = info["ledger_end_index"]
+            result.spans[node] = (info["ledger_begin_index"], info["ledger_end_index"])
     await _drain(cluster, master, settings, history, result)
 
 
@@ -194,19 +197,40 @@ async def _drain(cluster: ChaosCluster, master: str, s: WorkloadSettings, histor
 
 
 def _compare_files(cluster: ChaosCluster, result: RunResult, evidence: Path) -> None:
+    """The commitlogs over the entries every node holds, and the consume queues, must be
+    byte-identical; whole commitlog files may differ before a node's log head (retention
+    and snapshot installs move it), which is reported, not held against the run."""
     dirs = {n: cluster.data_dir / n for n in cluster.ids}
-    for cmp, roots in (
-        (compare_commitlogs(dirs, cluster.group), commitlog_roots(dirs, cluster.group)),
-        (compare_consume_queues(dirs, cluster.group), consume_queue_roots(dirs, cluster.group)),
-    ):
-        line = f"{cmp.what}: {cmp.files} files, {cmp.total_bytes:,} bytes"
-        line += " identical on every node" if cmp.identical else f" DIFFER: {cmp.differences}"
-        result.replicas.append(line)
-        if not cmp.identical:
-            result.problems.append(line)
-            result.problems += _keep_evidence(cmp.differences, cmp.nodes[0], roots, evidence)
-    if result.ends:
-        result.replicas.append(f"ledger end index per node: {result.ends}")
+    g = cluster.group
+    ends = {end for _, end in result.spans.values()}
+    if len(result.spans) == len(dirs) and len(ends) == 1:
+        begin = max(b for b, _ in result.spans.values())
+        cmp = compare_commitlog_ranges(dirs, g, begin, ends.pop())
+        _replicas_line(result, cmp, f"{cmp.files:,} entries")
+    else:
+        result.problems.append(f"no common ledger end to compare the commitlogs: {result.spans}")
+    whole = compare_commitlogs(dirs, g)
+    result.replicas.append(
+        f"commitlog files: {whole.files} files, {whole.total_bytes:,} bytes, "
+        + ("identical" if whole.identical else "differ before some node's log head")
+        + f"; ledger [begin, end] per node: {result.spans}"
+    )
+    if not whole.identical:  # for the post-mortem, should the range compare fail too
+        _keep_evidence(whole.differences, whole.nodes[0], commitlog_roots(dirs, g), evidence)
+    cq = compare_consume_queues(dirs, g)
+    _replicas_line(result, cq, f"{cq.files} files, {cq.total_bytes:,} bytes")
+    if not cq.identical:
+        result.problems += _keep_evidence(
+            cq.differences, cq.nodes[0], consume_queue_roots(dirs, g), evidence
+        )
+
+
+def _replicas_line(result: RunResult, cmp: TreeComparison, size: str) -> None:
+    line = f"{cmp.what}: {size}"
+    line += " identical on every node" if cmp.identical else f" DIFFER: {cmp.differences}"
+    result.replicas.append(line)
+    if not cmp.identical:
+        result.problems.append(line)
 
 
 def _keep_evidence(differences: Sequence[str], ref: str, roots: Mapping[str, Path],
@@ -225,6 +249,9 @@ def _keep_evidence(differences: Sequence[str], ref: str, roots: Mapping[str, Pat
                 shutil.copyfile(src, dst)
         at = first_difference(*pair) if all(p.is_file() for p in pair) else None
         out.append(f"{node} {name}: first differing byte at {at} (copies in {evidence})")
+    if out:
+        evidence.mkdir(parents=True, exist_ok=True)
+        (evidence / "where.txt").write_text("\n".join(out) + "\n")
     return out
 
 
