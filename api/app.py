@@ -26,6 +26,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.responses import Response
 
 from broker import errors
@@ -142,6 +143,15 @@ def _add_error_handlers(app: FastAPI, metrics: NodeMetrics) -> None:
     async def _on_http(request: Request, e: StarletteHTTPException) -> Response:
         code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(e.status_code, "HTTP_ERROR")
         return error_response(e.status_code, code, str(e.detail), headers=e.headers)
+
+    @app.exception_handler(ClientDisconnect)
+    async def _on_gone(request: Request, e: ClientDisconnect) -> Response:
+        # The client went away before its body arrived (it gave up on a paused node,
+        # say): nothing was read, nothing is done, nobody reads the answer. Not a bug.
+        metrics.errors.labels("CLIENT_DISCONNECT").inc()
+        log.info("%s %s: the client went away before its body arrived", request.method,
+                 request.url.path)  # fmt: skip
+        return error_response(499, "CLIENT_DISCONNECT", "the client went away")
 
     @app.exception_handler(Exception)
     async def _on_bug(request: Request, e: Exception) -> Response:

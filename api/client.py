@@ -13,7 +13,9 @@ Routing (docs/http.md): writes go to the master, found with ``GET /v1/cluster`` 
 broker and cached; a ``307 NOT_MASTER`` moves the cache to its ``leader_url`` (redirects
 are never followed by httpx, so the cache learns); ``503 NO_MASTER``, ``503
 UNKNOWN_OUTCOME`` and ``429 BUSY`` are retried with exponential backoff and jitter (at
-least ``Retry-After``); a broker that does not answer is skipped for the next one. Reads
+least ``Retry-After``); a broker that does not answer is skipped for the next one (a
+produce waits ``produce_answer_timeout_s`` for an answer, not ``timeout_s``: a paused
+master costs about an election, then the batch is retried under its session). Reads
 prefer the master and fall back to any broker; one whose copy of a message is damaged
 (``503 CORRUPT_ENTRY``) is skipped for the next at once. Every operation is bounded by
 ``ClientSettings.deadline_s`` and ``max_attempts`` (requests, redirects included).
@@ -294,6 +296,13 @@ class ClientSettings:
     max_connections: int = 16
     # Proxies from the environment are ignored unless asked for: brokers are usually near.
     trust_env: bool = False
+    # A produce (and the master discovery before it) that gets no answer within this
+    # long is given up on that node: the master is looked for again and the batch
+    # retried under its producer session (the broker deduplicates, or joins the attempt
+    # still running). A commit takes a round trip and an fsync, milliseconds; a paused
+    # or cut-off master would otherwise hold the send for all of ``timeout_s``, while a
+    # new master is elected in about a second. Capped by ``timeout_s``.
+    produce_answer_timeout_s: float = 1.5
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.deadline_s <= 0:
@@ -304,6 +313,8 @@ class ClientSettings:
             raise ValueError("want 0 < backoff_base_s <= backoff_cap_s")
         if self.sweep_wait_ms < 0:
             raise ValueError("sweep_wait_ms must be >= 0")
+        if self.produce_answer_timeout_s <= 0:
+            raise ValueError("produce_answer_timeout_s must be positive")
 
 
 class ClientOptions(TypedDict, total=False):
@@ -321,6 +332,7 @@ class ClientOptions(TypedDict, total=False):
     verify: bool | str | ssl.SSLContext
     max_connections: int
     trust_env: bool
+    produce_answer_timeout_s: float
 
 
 def backoff_delay_s(n: int, settings: ClientSettings, rng: random.Random) -> float:
@@ -639,6 +651,7 @@ class Call:
     wait_ms: int = 0  # the server may hold it this long (long polling)
     url: str | None = None  # this node only: no routing, no retries
     accept: str | None = None  # another representation than JSON (errors stay JSON)
+    answer_timeout_s: float | None = None  # a node silent this long is skipped (writes)
 
 
 def error_from_reply(reply: Reply) -> LedgerMQError:
@@ -695,9 +708,11 @@ class _Round:
     attempts: int = 0
     backoffs: int = 0
     redirects: int = 0  # since the last backoff
+    silent: set[str] = field(default_factory=set)  # gave no answer this round
 
     def not_there(self, url: str, error: str) -> None:
         self.skip.add(url)
+        self.silent.add(url)
         self.unreachable[url] = error
         if self.last is None or isinstance(self.last, BrokerUnavailableError):
             self.last = _unavailable(f"{url}: {error}")
@@ -706,6 +721,7 @@ class _Round:
         self.backoffs += 1
         self.redirects = 0
         self.skip.clear()
+        self.silent.clear()
 
 
 class Exchange:
@@ -729,7 +745,8 @@ class Exchange:
 
     def _request(self, url: str, call: Call, content: bytes | None, deadline: float) -> Request:
         left = max(0.001, deadline - self.clock())
-        timeout = min(self.settings.timeout_s, left) + call.wait_ms / 1000
+        timeout = min(self.settings.timeout_s, left, call.answer_timeout_s or left)
+        timeout += call.wait_ms / 1000
         return Request(call.method, url + call.path, call.params, content, timeout, call.accept)
 
     @staticmethod
@@ -776,7 +793,7 @@ class Exchange:
                         + "; ".join(f"{u}: {e}" for u, e in r.unreachable.items())
                     )
             elif call.write and self.master is None:
-                yield from self._discover(url, r, deadline)
+                yield from self._discover(url, r, deadline, call.answer_timeout_s)
                 continue
             else:
                 r.attempts += 1
@@ -813,12 +830,15 @@ class Exchange:
             r.next_round()
             yield Sleep(delay)
 
-    def _discover(self, url: str, r: _Round, deadline: float) -> Gen[None]:
-        """Master discovery: ask ``url`` who the master is."""
+    def _discover(
+        self, url: str, r: _Round, deadline: float, answer_timeout_s: float | None = None
+    ) -> Gen[None]:
+        """Master discovery: ask ``url`` who the master is. A master named that gave no
+        answer this round (paused, cut off; the others have not noticed yet) is not
+        asked again before the next round."""
         r.attempts += 1
-        outcome = yield from self._send(
-            self._request(url, Call("GET", "/v1/cluster"), None, deadline)
-        )
+        call = Call("GET", "/v1/cluster", answer_timeout_s=answer_timeout_s)
+        outcome = yield from self._send(self._request(url, call, None, deadline))
         if isinstance(outcome, Unreachable):
             r.not_there(url, outcome.error)
             return
@@ -829,7 +849,12 @@ class Exchange:
         if outcome.status != 200:
             raise error_from_reply(outcome)  # e.g. 401: no use asking the others
         self.master = master_url_from(url, outcome.body)
-        if self.master is None:
+        if self.master in r.silent:
+            r.last = NoMasterError(
+                NoMasterError.CODE, f"{url} names {self.master}, which did not answer", 503
+            )
+            self.master = None
+        elif self.master is None:
             r.last = NoMasterError(NoMasterError.CODE, f"{url} knows no master yet", 503)
         else:
             r.skip.discard(self.master)
@@ -1060,7 +1085,10 @@ class ProducerOps:
         sequence = self.sequence
         self.sequence += 1
         body = {"messages": batch, "producer_id": self.producer_id, "sequence": sequence}
-        reply = yield from self.ex.write("POST", _path("topics", topic, "messages"), body)
+        path = _path("topics", topic, "messages")
+        answer_s = self.ex.settings.produce_answer_timeout_s
+        call = Call("POST", path, body=body, write=True, answer_timeout_s=answer_s)
+        reply = yield from self.ex.exchange(call)
         results = reply.body["results"]
         assert len(results) == len(batch), f"{len(results)} results for {len(batch)} messages"
         return [

@@ -261,10 +261,7 @@ class Workload:
 
     def failed(self) -> BaseException | None:
         """A task's unexpected error (a bug, not a broker refusal), if any."""
-        for t in self._tasks:
-            if t.done() and not t.cancelled() and t.exception() is not None:
-                return t.exception()
-        return None
+        return task_failure(self._tasks)
 
     async def _produce(self) -> None:
         s, h = self.settings, self.history
@@ -385,6 +382,14 @@ async def ensure_topic(
         with contextlib.suppress(TopicNotFoundError):
             return len((await admin.describe_topic(topic)).queues)
         return (await admin.create_topic(topic, queues)).queues
+
+
+def task_failure(tasks: Iterable[asyncio.Task[None]]) -> BaseException | None:
+    """The first error a finished task ended with (not a cancel), if any."""
+    for t in tasks:
+        if t.done() and not t.cancelled() and t.exception() is not None:
+            return t.exception()
+    return None
 
 
 def percentile(values: Iterable[float], q: float) -> float:

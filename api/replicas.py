@@ -10,6 +10,12 @@ tests' later):
   ``index``) or consume queues, byte for byte, with the first differing file named.
   Meaningful once the nodes are idle (every node's log ends at the same committed
   index); segments are preallocated, so equal bytes include equal zero tails.
+- ``compare_commitlog_ranges``: the commitlog over the entries every node holds,
+  ``[begin_index, end_index]``: their index units and the data bytes from the first
+  entry's ``pos`` to the last entry's end. Where retention or a snapshot install moved a
+  node's log head, the bytes before it are no longer the log (zeros on a node whose log
+  was reset there, old entries on one whose retention has not reached them) and whole
+  files differ; this is what must be byte-identical.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dledger.store import node_dir
+from dledger.store.entry import INDEX_UNIT, INDEX_UNIT_SIZE
 
 from .client import AsyncAdmin, ClientSettings, ReceivedMessage
 
@@ -143,3 +150,55 @@ def compare_consume_queues(data_dirs: Mapping[str, Path], group: str) -> TreeCom
     """Every consume queue file of every topic (the dispatch checkpoint is each node's)."""
     roots = consume_queue_roots(data_dirs, group)
     return compare_trees("consume queues", roots)
+
+
+def _segments(directory: Path) -> list[tuple[int, Path]]:
+    """A segment list's files by start position (the 20-digit name)."""
+    return sorted((int(p.name), p) for p in directory.iterdir() if p.name.isdigit())
+
+
+def _read_span(directory: Path, start: int, end: int) -> bytes:
+    """Bytes ``[start, end)`` of the segment list in ``directory`` (missing: short)."""
+    out = bytearray()
+    for first, path in _segments(directory):
+        size = path.stat().st_size
+        lo, hi = max(start, first), min(end, first + size)
+        if lo < hi:
+            with path.open("rb") as f:
+                f.seek(lo - first)
+                out += f.read(hi - lo)
+    return bytes(out)
+
+
+def commitlog_range_digest(root: Path, begin_index: int, end_index: int) -> str:
+    """The digest of one node's index units ``[begin_index, end_index]`` and of its data
+    bytes from the first of those entries to the end of the last."""
+    units = _read_span(
+        root / "index", begin_index * INDEX_UNIT_SIZE, (end_index + 1) * INDEX_UNIT_SIZE
+    )
+    if len(units) != (end_index - begin_index + 1) * INDEX_UNIT_SIZE:
+        return f"missing index units (has {len(units) // INDEX_UNIT_SIZE})"
+    _, first_pos, _, _, _ = INDEX_UNIT.unpack_from(units, 0)
+    _, last_pos, last_size, _, _ = INDEX_UNIT.unpack_from(units, len(units) - INDEX_UNIT_SIZE)
+    h = hashlib.blake2b(units, digest_size=16)
+    h.update(_read_span(root / "data", first_pos, last_pos + last_size))
+    return h.hexdigest()
+
+
+def compare_commitlog_ranges(
+    data_dirs: Mapping[str, Path], group: str, begin_index: int, end_index: int
+) -> TreeComparison:
+    """The commitlog of every node over ``[begin_index, end_index]`` (the entries all of
+    them hold: the largest ledger begin, the common ledger end), against the first
+    node's. ``files`` counts entries, ``total_bytes`` the index units compared."""
+    roots = commitlog_roots(data_dirs, group)
+    nodes = tuple(sorted(roots))
+    digests = {n: commitlog_range_digest(roots[n], begin_index, end_index) for n in nodes}
+    diffs = tuple(
+        f"{n}: entries [{begin_index}, {end_index}] differ from {nodes[0]}'s"
+        for n in nodes[1:]
+        if digests[n] != digests[nodes[0]]
+    )
+    count = end_index - begin_index + 1
+    what = f"commitlog entries [{begin_index}, {end_index}]"
+    return TreeComparison(what, nodes, max(0, count), max(0, count) * INDEX_UNIT_SIZE, diffs)

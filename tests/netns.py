@@ -22,7 +22,9 @@ Faults, for chaos tests:
   cut off from everyone, packets silently dropped;
 - ``cut(a, b)`` / ``heal(a, b)``: only between two hosts: each side's neighbour entry for
   the other points at a MAC nobody has, so their packets vanish silently, as on a
-  partitioned network (no error reaches the sender; TCP just waits).
+  partitioned network (no error reaches the sender; TCP just waits); with
+  ``one_way=True`` only ``a``'s packets to ``b`` vanish (an asymmetric cut: ``b``'s
+  still arrive).
 
 Cleanup never leaks: ``close()`` kills what still runs in the lab's namespaces (only
 processes the test started live there), deletes the root-side cable and the namespaces
@@ -188,9 +190,10 @@ class NetLab:
     def link_up(self, host: str) -> None:
         _ip("-n", self.hub, "link", "set", self.hosts[host].port, "up")
 
-    def cut(self, a: str, b: str) -> None:
-        """Drop every packet between ``a`` and ``b`` (both directions), silently."""
-        for x, y in ((a, b), (b, a)):
+    def cut(self, a: str, b: str, *, one_way: bool = False) -> None:
+        """Drop every packet between ``a`` and ``b`` (both directions, or only from
+        ``a`` to ``b``), silently."""
+        for x, y in ((a, b),) if one_way else ((a, b), (b, a)):
             _ip(
                 "-n", self.hosts[x].netns, "neigh", "replace", self.hosts[y].address,
                 "lladdr", BOGUS_MAC, "dev", "eth0", "nud", "permanent",

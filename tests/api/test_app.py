@@ -587,3 +587,39 @@ async def test_token_scopes_allow_what_they_name_and_answer_403_otherwise(
     async with AsyncProducer(url, transport=transport, auth_token="nobody") as p:
         with pytest.raises(UnauthenticatedError):
             await p.send("orders", [b"x"])
+
+
+async def test_a_client_gone_before_its_body_arrived_is_no_internal_error(
+    node: Node, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 16 (chaos): a client that gave up on a paused node disconnected before the
+    node read its produce body; the node logged an INTERNAL error with two tracebacks
+    (its own and uvicorn's) for each one. Now: an INFO line, nothing appended."""
+    sent: list[dict[str, Any]] = []
+    before = node.log_state()
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/topics/gone/messages",
+        "raw_path": b"/v1/topics/gone/messages",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"40")],
+        "client": ("127.0.0.1", 1),
+        "server": ("node", 80),
+    }
+    with caplog.at_level("INFO"):
+        await node.app(scope, receive, send)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    assert "went away" in caplog.text
+    assert sent[0]["status"] == 499
+    assert node.log_state() == before

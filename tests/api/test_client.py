@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import threading
 import time
 from collections import Counter
@@ -313,6 +314,43 @@ def test_an_unreachable_broker_is_skipped_and_none_answering_is_unavailable() ->
     assert isinstance(err, mq.BrokerUnavailableError)
     assert A in str(err) and B in str(err)
     assert any(isinstance(a, mq.Sleep) for a in actions)  # rounds separated by backoff
+
+
+def test_a_silent_master_costs_the_answer_timeout_then_the_master_is_looked_for_again() -> None:
+    """A paused master (issue 16): the produce waits ``produce_answer_timeout_s``, not
+    ``timeout_s``; a slave that still names the silent master is not believed this
+    round; the batch is retried under the same session on the new master."""
+    clock = FakeClock()
+    ex = exchange(f"{A},{B},{M}", clock, timeout_s=10.0, produce_answer_timeout_s=1.0)
+    ex.master = M
+    elected = False
+
+    def answer(req: mq.Request) -> mq.Outcome:
+        nonlocal elected
+        if req.url.startswith(M):  # SIGSTOPped: the request times out
+            clock.now += req.timeout_s
+            return mq.Unreachable("ReadTimeout")
+        if req.url.endswith("/v1/cluster"):  # A and B: M until the election, then B
+            me = req.url[7]
+            leader = ("b", B) if elected else ("m", M)
+            elected = True
+            role = "MASTER" if leader[0] == me else "SLAVE"
+            return reply(200, cluster_body(me, role, *leader))
+        return reply(200, {"results": [{"msg_id": "x", "queue_id": 0, "queue_offset": 0}]})
+
+    start = clock.now
+    result, actions = drive(mq.ProducerOps(ex, "p-1", 5).send("t", ["v"]), answer, clock)
+    requests = [a for a in actions if isinstance(a, mq.Request)]
+    assert [r.url.removeprefix("http://") for r in requests] == [
+        "m:3/v1/topics/t/messages",
+        "a:1/v1/cluster",  # names M, which just timed out: not asked again this round
+        "b:2/v1/cluster",  # names B
+        "b:2/v1/topics/t/messages",
+    ]
+    assert all(r.timeout_s == 1.0 for r in requests)
+    assert {orjson.loads(r.content or b"")["sequence"] for r in requests if r.content} == {5}
+    assert result[0].queue_offset == 0 and ex.master == B
+    assert clock.now - start < 1.5
 
 
 def test_other_errors_are_raised_at_once() -> None:
@@ -765,3 +803,30 @@ def test_master_killed_mid_stream_nothing_lost_or_duplicated(
         ]
     assert not set(consumed_before) & set(consumed_after)
     assert sorted(consumed_before + consumed_after) == sorted(acked)
+
+
+def test_a_paused_master_costs_about_an_election_not_the_request_timeout(
+    fresh_cluster3: LocalBrokerCluster,
+) -> None:
+    """SIGSTOP the master process: a send waits ``produce_answer_timeout_s`` (1 s) for
+    it, finds the new master and is acknowledged there, once, well before the 10 s
+    request timeout it took before issue 16."""
+    cl = fresh_cluster3
+    master = cl.wait_ready(timeout_s=30)
+    settings = mq.ClientSettings(timeout_s=10.0, deadline_s=30.0, produce_answer_timeout_s=1.0)
+    with Producer(cl.brokers, settings=settings) as p:
+        p.send("paused", ["before"])
+        assert p.master == cl.urls[master]
+        cl.procs[master].send_signal(signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            p.send("paused", ["during"])
+            elapsed_s = time.monotonic() - t0
+            assert p.master != cl.urls[master]
+        finally:
+            cl.procs[master].send_signal(signal.SIGCONT)
+    assert elapsed_s < settings.timeout_s / 2, f"the send took {elapsed_s:.1f} s"
+    with Admin(cl.brokers) as admin:
+        wait_until(lambda: cl.wait_ready(timeout_s=30) and True, what="the cluster is whole")
+        stored = [m.text for q in read_all(admin, "paused").values() for m in q]
+    assert sorted(stored) == ["before", "during"]

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 # Codes the HTTP layer answers for requests the broker never saw (api/app.py).
-HTTP_LAYER_CODES = {"NOT_FOUND", "METHOD_NOT_ALLOWED", "HTTP_ERROR"}
+HTTP_LAYER_CODES = {"NOT_FOUND", "METHOD_NOT_ALLOWED", "HTTP_ERROR", "CLIENT_DISCONNECT"}
 
 
 def broker_codes() -> set[str]:

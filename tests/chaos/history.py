@@ -1,0 +1,124 @@
+"""A chaos run's history (Jepsen's shape, STYLE.md): every operation a client or the
+nemesis performs, as an ``invoke`` and then exactly one completion — ``ok`` (it
+happened), ``fail`` (it certainly did not) or ``info`` (unknown: it may have happened).
+
+Operations (``f``) and their values:
+
+- ``send`` (a producer): invoke with the batch's unique values; ok with one ``Read`` per
+  value (where the broker said it went); fail/info with the values again.
+- ``poll`` (a group consumer), ``pull`` (a direct pull of one queue from one node),
+  ``drain`` (the final read of every queue from one node): ok with the ``Read``s, in the
+  order received; a pull's invoke holds ``(queue, offset)``.
+- ``commit`` (a group consumer's offsets): invoke and ok with ``{queue: offset}``.
+- ``offsets`` (a group's committed offsets as one node reports them): ok with
+  ``{queue: committed}``; ``node`` names the node.
+- ``fault`` / ``heal`` (the nemesis): info with ``{"kind": ..., "nodes": [...]}``, the
+  moment it was done.
+
+Times are seconds on one monotonic clock. The history is append-only and bounded by the
+run (the workload's pacing); ``dump``/``load`` write it as JSON lines, so a failing run's
+history can be checked again offline.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+OpType = Literal["invoke", "ok", "fail", "info"]
+
+
+class Read(NamedTuple):
+    """One message as a client saw it: its unique value and its place."""
+
+    value: str
+    queue: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    process: str  # who: "producer-0", "consumer-0", "puller-1", "nemesis", "drain"
+    type: OpType
+    f: str
+    value: Any
+    time_s: float
+    node: str | None = None  # the node that answered, where one did
+    error: str | None = None  # why a fail or info (the client's last error)
+
+
+class History:
+    """The recorder: ``invoke`` returns a completion function that appends the op's one
+    completion (asserted: never two)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.ops: list[Op] = []
+
+    def invoke(self, process: str, f: str, value: Any) -> Callable[..., None]:
+        self.ops.append(Op(process, "invoke", f, value, self.clock()))
+        done = False
+
+        def complete(
+            type_: OpType, value_: Any = value, node: str | None = None, error: str | None = None
+        ) -> None:
+            nonlocal done
+            assert not done, f"{process} {f}: completed twice"
+            assert type_ != "invoke"
+            done = True
+            self.ops.append(Op(process, type_, f, value_, self.clock(), node, error))
+
+        return complete
+
+    def info(self, process: str, f: str, value: Any, node: str | None = None) -> None:
+        """An event with no duration (the nemesis's faults, a node's report)."""
+        self.ops.append(Op(process, "info", f, value, self.clock(), node))
+
+    def ok(self, process: str, f: str, value: Any, node: str | None = None) -> None:
+        """A read completed at once (a drain, an offsets report): invoke and ok."""
+        self.invoke(process, f, None)("ok", value, node)
+
+    def __iter__(self) -> Iterator[Op]:
+        return iter(self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
+def _encode(v: Any) -> Any:
+    if isinstance(v, Read):
+        return {"r": list(v)}
+    if isinstance(v, dict):
+        return {"d": [[k, _encode(x)] for k, x in v.items()]}
+    if isinstance(v, list | tuple):
+        return [_encode(x) for x in v]
+    return v
+
+
+def _decode(v: Any) -> Any:
+    if isinstance(v, dict) and "r" in v:
+        return Read(*v["r"])
+    if isinstance(v, dict) and "d" in v:
+        return {k: _decode(x) for k, x in v["d"]}
+    if isinstance(v, list):
+        return tuple(_decode(x) for x in v)
+    return v
+
+
+def dump(ops: Iterable[Op], path: Path) -> None:
+    with path.open("w") as f:
+        for op in ops:
+            row = [op.process, op.type, op.f, _encode(op.value), op.time_s, op.node, op.error]
+            f.write(json.dumps(row) + "\n")
+
+
+def load(path: Path) -> list[Op]:
+    out = []
+    for line in path.read_text().splitlines():
+        process, type_, f, value, time_s, node, error = json.loads(line)
+        out.append(Op(process, type_, f, _decode(value), time_s, node, error))
+    return out
