@@ -1,5 +1,5 @@
 """The chaos checker: a pure function from a history (``tests/chaos/history.py``) to a
-verdict, in the vocabulary of Jepsen's queue and Kafka checkers (STYLE.md).
+verdict, in the vocabulary of Jepsen's queue and Kafka checkers.
 
 What it finds (each a list in ``Verdict``; any entry makes the run invalid):
 

@@ -1,4 +1,4 @@
-"""A chaos run's history (Jepsen's shape, STYLE.md): every operation a client or the
+"""A chaos run's history (Jepsen's shape): every operation a client or the
 nemesis performs, as an ``invoke`` and then exactly one completion — ``ok`` (it
 happened), ``fail`` (it certainly did not) or ``info`` (unknown: it may have happened).
 
