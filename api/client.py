@@ -768,7 +768,7 @@ class Exchange:
                 return url
         return None
 
-    def exchange(self, call: Call) -> Gen[Reply]:
+    def exchange(self, call: Call) -> Gen[Reply]:  # noqa: PLR0912  # every routing rule of one call
         """Send ``call`` until a 2xx answer; raise the typed error otherwise."""
         content = orjson.dumps(call.body) if call.body is not None else None
         s = self.settings

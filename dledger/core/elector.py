@@ -520,7 +520,7 @@ class LeaderElector:
             return VoteResult.REJECT_SMALL_LEDGER_END_INDEX
         return None
 
-    def handle_vote(
+    def handle_vote(  # noqa: PLR0911  # DLedger's decision order: one return per rule
         self, req: VoteRequest, now_ms: int, *, self_vote: bool = False
     ) -> tuple[VoteResult, int]:
         """``handleVote``: the decision order DLedger follows; returns (result, term)."""

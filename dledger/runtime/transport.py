@@ -445,7 +445,9 @@ class Transport:
         if link is not None:
             link.send(msg)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(  # noqa: PLR0911, PLR0912, PLR0915  # a connection's whole life, in order
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         peer = writer.get_extra_info("peername")

@@ -432,7 +432,9 @@ def _truncated(what: str, need: int, at: int, left: int) -> FrameError:
     )
 
 
-def _decode_from(buf: Buffer, start: int, end: int) -> WireMessage:
+def _decode_from(  # noqa: PLR0912, PLR0915  # one bounds check per field kind, inline for speed
+    buf: Buffer, start: int, end: int
+) -> WireMessage:
     """Decode the frame body ``buf[start:end]``; offsets in errors are relative to start."""
     if end - start < _MIN_BODY:
         raise _truncated("code and kind", _MIN_BODY, 0, end - start)
