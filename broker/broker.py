@@ -2,7 +2,7 @@
 
 It owns the ``DLedgerServer`` (Raft), the ``DLedgerCommitLog`` (append hook, queue
 offsets), the consume queues and the key index, the replicated metadata, the
-``Dispatcher`` and the ``RoleChangeHandler``. Writes (produce, topic admin, offset
+``ReputService`` and the ``RoleChangeHandler``. Writes (produce, topic admin, offset
 commits, leadership transfer) need the MASTER role; reads are served by every node from
 committed, dispatched data.
 
@@ -37,7 +37,6 @@ from dledger.store import CorruptEntryError, FileStore
 
 from . import errors, sessions
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
-from .dispatcher import Dispatcher
 from .message import (
     PROP_KEYS,
     PROP_TAGS,
@@ -69,6 +68,7 @@ from .metadata import (
 )
 from .pages import RawPage, RawPullResult, damaged_record, units_within
 from .promotion import own_term_committed, queue_table_from
+from .reput import ReputService
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
 from .status import BrokerStatus, PeerStatus
@@ -176,7 +176,7 @@ class Broker:
         self.keys = KeyIndex(root / "index" / settings.group, settings.key_index)
         self.meta = MetadataState(settings.max_producer_sessions)
         self.snapshots = SnapshotFiles(root / "metadata" / settings.group, settings.snapshots_kept)
-        self.dispatcher: Dispatcher = None  # type: ignore[assignment]  # set in start()
+        self.dispatcher: ReputService = None  # type: ignore[assignment]  # set in start()
         self.role = BrokerRole.SLAVE
         self.role_term = -1
         self.role_handler = RoleChangeHandler(self, settings.master_catch_up_timeout_ms)
@@ -206,7 +206,7 @@ class Broker:
         host, _, port = s.peer_map[s.node_id].rpartition(":")
         self._store_host = (host, int(port))
         await self.server.start()
-        self.dispatcher = Dispatcher(
+        self.dispatcher = ReputService(
             self.store,
             self.cq,
             self.keys,

@@ -10,7 +10,6 @@ from typing import Any, cast
 
 import orjson
 
-from broker.dispatcher import Dispatcher, _parse_queue_table
 from broker.message import (
     MessageFormatError,
     decode_message,
@@ -22,6 +21,7 @@ from broker.message import (
     tags_and_keys,
 )
 from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
+from broker.reput import ReputService, _parse_queue_table
 
 from .reader import Reader, Writer
 from .registry import scratch_dir, target
@@ -139,7 +139,7 @@ def dispatch_checkpoint(data: bytes) -> None:
         path = d / "checkpoint-g0"
         path.write_bytes(data)
         none = cast(Any, None)  # reading the checkpoint touches none of the collaborators
-        dispatcher = Dispatcher(none, none, none, none, none, checkpoint_path=path)
+        dispatcher = ReputService(none, none, none, none, none, checkpoint_path=path)
         got = dispatcher._read_checkpoint()
     if got is not None:
         index, queues, (file, count) = got

@@ -3,12 +3,12 @@
 :class:`BrokerSimulation` extends :class:`tests.sim.sim.Simulation` (real DLedger cores
 over real ``FileStore``\\ s, a seeded network, disk, clock and crashes). Next to its core
 every simulated node runs the real broker state machine: the ``DLedgerCommitLog`` append
-hook and queue-offset assignment, a ``Dispatcher`` from the node's store into a real
+hook and queue-offset assignment, a ``ReputService`` from the node's store into a real
 ``ConsumeQueueStore`` and ``KeyIndex``, the replicated ``MetadataState`` and its
 ``SnapshotFiles``, and the ``RoleChangeHandler``'s rule (LEADER becomes MASTER once the
 own-term NOOP is committed and dispatch has caught up, with the next-queue-offset table
 rebuilt from the consume queues). A crash drops the broker state; a restart rebuilds it
-from disk with ``Dispatcher.recover()`` as a real restart does. Dispatch checkpoints,
+from disk with ``ReputService.recover()`` as a real restart does. Dispatch checkpoints,
 metadata snapshots and store checkpoints happen at seeded times, and dispatch may lag the
 commit index; after every dispatch step the loop's housekeeping runs (``_housekeep``).
 
@@ -20,7 +20,7 @@ the store's segments are small and, at seeded times, each node's store deletes h
 segments (``FileStore.clean(force=True)``) as far as the floor its dispatcher set (the
 checkpoint, the newest snapshot and the snapshot Raft serves). A follower the leader's
 log head has passed gets the leader's snapshot: ``persist_ready`` runs
-``Dispatcher.install`` (the base simulation's ``_install`` hook), then resets the log;
+``ReputService.install`` (the base simulation's ``_install`` hook), then resets the log;
 in some seeds the power is lost between the two (``CrashAfterInstallError``; not twice
 in a row on a node), and the restart recovers from the old log. In some seeds a
 persist event's snapshot comes without a dispatch checkpoint (the dispatcher's two
@@ -114,7 +114,6 @@ from unittest import mock
 import orjson
 
 from broker.commitlog import DLedgerCommitLog, OutgoingMessage
-from broker.dispatcher import Dispatcher
 from broker.errors import SequenceTooOldError
 from broker.message import (
     PROP_BATCH_INDEX,
@@ -138,6 +137,7 @@ from broker.metadata import (
     op_delete_topic,
 )
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
+from broker.reput import ReputService
 from broker.role import BrokerRole
 from broker.sessions import (
     Answer,
@@ -544,7 +544,7 @@ class BrokerNode:
         self.keys = KeyIndex(self.keys_dir, KEY_SETTINGS)
         self.meta = MetadataState()
         self.snapshots = SnapshotFiles(directory / "metadata" / GROUP)
-        self.dispatcher = Dispatcher(
+        self.dispatcher = ReputService(
             store,
             self.cq,
             self.keys,
@@ -610,14 +610,14 @@ def _settled(bn: BrokerNode, index: int) -> bool:
     return bn.store.committed_index >= index and bn.dispatcher.dispatched_index >= index
 
 
-async def _persist(d: Dispatcher, snapshot: bool, checkpoint: bool = True) -> None:
+async def _persist(d: ReputService, snapshot: bool, checkpoint: bool = True) -> None:
     if checkpoint:
         await d.checkpoint()
     if snapshot:
         await d.snapshot()
 
 
-def _housekeep(d: Dispatcher) -> None:
+def _housekeep(d: ReputService) -> None:
     """What the dispatcher's loop does after every dispatch step (``_maybe_persist``,
     whose intervals never elapse here): hand Raft a snapshot it refused before (after a
     restart, until the commit index is back), move the retention floor, and start the

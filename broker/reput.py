@@ -78,7 +78,7 @@ STALL_LOG_INTERVAL_S = 10.0  # a stall, or failing checkpoints, are logged this 
 _SESSION_MARK = PROP_PRODUCER_ID.encode() + b"\x01"
 
 
-class Dispatcher:
+class ReputService:
     def __init__(
         self,
         store: FileStore,
