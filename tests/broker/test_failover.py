@@ -187,6 +187,9 @@ async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
         assert m.store.ledger_end_index == end, "the retry appended the batch again"
         assert "not settled yet" in str(retry.value)
         blocked.clear()  # the followers take appends again: the first copy commits
+        # (the leader re-pushes after max_wait_ack_ms; on a loaded machine that may take
+        # longer than one settle wait, so wait for it rather than race it)
+        await until(lambda: m.dispatched_index >= end, what="the first copy is dispatched")
         again = await m.produce("t", [ProduceMessage(b"b")], producer_id="p", sequence=1)
         assert (m.role_term, m.is_master) == (term, True), "the test needs one master term"
         assert again[0].queue_offset == first[0].queue_offset + 1
