@@ -49,7 +49,17 @@ _ENTRY_TAIL = struct.Struct(">II")  # body crc, body size: the entry header's la
 
 def units_within(units: bytes, max_bytes: int) -> bytes:
     """The first of ``units`` whose records hold at most ``max_bytes`` together, and
-    at least one: a record bigger than the budget is a page of its own."""
+    at least one: a record bigger than the budget is a page of its own.
+
+    A queue's records lie in commitlog order, so together they hold at most the span
+    from the first one's start to the last one's end: a page whose span fits (every
+    page but a rare one of huge messages) is taken whole without a look at each unit."""
+    if not units:
+        return units
+    first, _, _ = UNIT.unpack_from(units, 0)
+    last, last_size, _ = UNIT.unpack_from(units, len(units) - UNIT_SIZE)
+    if last + last_size - first <= max_bytes:
+        return units
     total = 0
     for i, (_, size, _) in enumerate(UNIT.iter_unpack(units)):
         total += size
