@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import os
 import resource
@@ -31,7 +30,7 @@ from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from dledger.core.settings import CoreSettings
 from dledger.runtime.peer_auth import load_peer_secret
-from dledger.runtime.transport import TransportSettings, parse_address
+from dledger.runtime.transport import TransportSettings, is_loopback, parse_address
 from dledger.store import StoreSettings
 
 from .app import create_app
@@ -155,15 +154,6 @@ def raise_file_limit() -> tuple[int, int]:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     log.info("open files limit: %d (hard limit %d)", soft, hard)
     return soft, hard
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False  # a name: it may resolve to anything
 
 
 def exposure_warnings(http: HttpSettings) -> list[str]:

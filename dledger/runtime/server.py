@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import errno
 import inspect
-import ipaddress
 import logging
 import random
 import time
@@ -53,7 +52,7 @@ from ..core.settings import CoreSettings
 from ..core.snapshot import Snapshot
 from ..store import AppendHook, Entry, FileStore, StoreSettings, node_dir
 from .ready import deliver_ready, persist_ready
-from .transport import Transport, TransportSettings, parse_address
+from .transport import Transport, TransportSettings, is_loopback, parse_address
 from .wire import WireMessage
 
 log = logging.getLogger(__name__)
@@ -266,11 +265,7 @@ class DLedgerServer:
         if cfg.transport.peer_secret is not None:
             return
         host, _ = parse_address(cfg.peers[cfg.self_id])
-        try:
-            loopback = ipaddress.ip_address(host.strip("[]")).is_loopback
-        except ValueError:
-            loopback = host == "localhost"
-        if not loopback:
+        if not is_loopback(host):
             log.warning(
                 "the Raft port %s listens beyond loopback without a peer secret: anyone who"
                 " reaches it can pose as a member of %s (forge votes, pushes, snapshots)."

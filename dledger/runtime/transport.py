@@ -127,6 +127,17 @@ def parse_address(addr: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether a listening host is loopback only (``localhost``, 127.0.0.0/8, ``::1``,
+    bracketed or not); a name other than ``localhost`` may resolve to anything: no."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def _handshake_failure(e: BaseException, timeout_s: float, waiting_for: str) -> PeerAuthError:
     if isinstance(e, TimeoutError):
         hint = " (a node without a peer secret sends none)" if waiting_for == "hello" else ""
