@@ -269,6 +269,7 @@ class PeerLink:
             # returns is its end (EOF or reset), seen at once, not at our next write (a
             # restarted peer would otherwise get its first answers into the dead one).
             closed = asyncio.create_task(reader.read(1))
+            closed.add_done_callback(lambda _: self._wakeup.set())  # the write loop sees it
             try:
                 await self._write_loop(writer, closed)
             except Exception as e:
@@ -338,13 +339,9 @@ class PeerLink:
 
     async def _write_loop(self, writer: asyncio.StreamWriter, closed: asyncio.Task[bytes]) -> None:
         while True:
-            if not self._queue:
-                self._wakeup.clear()
-                wake = asyncio.create_task(self._wakeup.wait())
-                try:
-                    await asyncio.wait((wake, closed), return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    wake.cancel()
+            if not self._queue and not closed.done():
+                self._wakeup.clear()  # set again by a send, or by ``closed`` ending
+                await self._wakeup.wait()
             if closed.done():
                 raise ConnectionResetError("closed by the peer")
             batch: list[bytes] = []
