@@ -343,7 +343,7 @@ class LeaderElector:
         self._tally(r, resp.local_id, resp.vote_result, resp.term, now_ms)
 
     def _tally(self, r: VoteRound, voter: str, result: VoteResult, term: int, now_ms: int) -> None:
-        """The per-answer callback (table 1.7)."""
+        """The per-answer callback: each of DLedger's vote result codes counted."""
         r.answered.add(voter)
         r.all_num += 1
         if result is not VoteResult.UNKNOWN:
