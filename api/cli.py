@@ -137,7 +137,7 @@ class _NodeWatch:
                 continue
             if node not in self.down_since:
                 self._died(node, now)
-            elif node not in self.given_up and now - self.down_since[node] >= self.restart_after_s:
+            elif now - self.down_since[node] >= self.restart_after_s:
                 print(f"ledgermq cluster: restarting {node}", file=sys.stderr)
                 del self.down_since[node]
                 self.restarted_at[node] = now
