@@ -45,7 +45,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker import errors
-from broker.broker import Broker, ProduceMessage
+from broker.broker import Broker, NewMessage
 from broker.role import BrokerRole
 from broker.settings import BrokerSettings
 from dledger.store import StoreSettings
@@ -175,7 +175,7 @@ class Node:
             nonlocal sent
             i = k * 7
             while not finished():
-                msgs = [ProduceMessage(pool[(i + j) % len(pool)]) for j in range(batch)]
+                msgs = [NewMessage(pool[(i + j) % len(pool)]) for j in range(batch)]
                 i += batch
                 t0 = time.monotonic()
                 try:
@@ -293,7 +293,7 @@ class Node:
                 attempts += 1
                 t0 = time.monotonic()
                 try:
-                    await self.b.produce(topic, [ProduceMessage(body)])
+                    await self.b.produce(topic, [NewMessage(body)])
                 except errors.BrokerError as e:
                     first_error = first_error or e.code
                     await asyncio.sleep(0.001)

@@ -120,7 +120,7 @@ async def measure_pull(repeat: int) -> dict[str, float]:
     import httpx  # noqa: PLC0415  # only this part needs the broker and the app
 
     from api.app import create_app  # noqa: PLC0415
-    from broker.broker import Broker, ProduceMessage  # noqa: PLC0415
+    from broker.broker import Broker, NewMessage  # noqa: PLC0415
     from broker.settings import BrokerSettings  # noqa: PLC0415
 
     out: dict[str, float] = {}
@@ -132,7 +132,7 @@ async def measure_pull(repeat: int) -> dict[str, float]:
             while not broker.is_master:
                 await asyncio.sleep(0.01)
             for _ in range(20):
-                batch = [ProduceMessage(body=os.urandom(1024), queue_id=0) for _ in range(100)]
+                batch = [NewMessage(body=os.urandom(1024), queue_id=0) for _ in range(100)]
                 await broker.produce("bench", batch)
             app = create_app(settings, broker)
             checked = broker.commitlog.read_record

@@ -31,8 +31,7 @@ from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expre
 from consumequeue.queue import UNIT as PAGE_UNIT
 from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import Role
-from dledger.runtime.server import DLedgerServer, NotLeaderError
-from dledger.runtime.server import UnknownOutcomeError as RaftUnknownOutcome
+from dledger.runtime.server import AppendOutcomeUnknownError, DLedgerServer, NotLeaderError
 from dledger.store import CorruptEntryError, FileStore
 
 from . import errors, sessions
@@ -43,8 +42,8 @@ from .message import (
     PROP_UNIQ_KEY,
     STORE_TIMESTAMP_POS,
     SYSTEM_PROPERTIES,
-    Message,
     MessageFormatError,
+    StoredMessage,
     decode_message,
     encode_message,
     encode_properties,
@@ -84,7 +83,10 @@ _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_K
 
 
 @dataclass(slots=True)
-class ProduceMessage:
+class NewMessage:
+    """A message a producer hands the broker, before it is encoded (an ``OutgoingMessage``)
+    and stored (a ``StoredMessage`` once decoded)."""
+
     body: bytes
     tags: str | None = None
     keys: Sequence[str] = ()
@@ -308,7 +310,11 @@ class Broker:
 
     def leading(self, term: int) -> bool:
         core = self.server.core
-        return core is not None and core.ms.role is Role.LEADER and core.ms.curr_term == term
+        return (
+            core is not None
+            and core.member_state.role is Role.LEADER
+            and core.member_state.curr_term == term
+        )
 
     def own_term_committed(self, term: int) -> bool:
         return own_term_committed(self.store, term)
@@ -337,7 +343,7 @@ class Broker:
             self._require_writable()
             return
         core = self.server.core
-        leader = core.ms.leader_id if core is not None else None
+        leader = core.member_state.leader_id if core is not None else None
         if leader is None or leader == self.settings.node_id:
             # No leader, or we lead but are still catching up: nobody takes writes yet.
             # The promotion takes milliseconds, an election after a crash tens (issue 18):
@@ -396,7 +402,7 @@ class Broker:
     # ---- appends -----------------------------------------------------------------------
 
     def _translate(self, e: DLedgerError) -> errors.BrokerError:
-        if isinstance(e, RaftUnknownOutcome):
+        if isinstance(e, AppendOutcomeUnknownError):
             return errors.UnknownOutcomeError(
                 f"commit unknown ({e.code.name}); retry may duplicate"
             )
@@ -520,7 +526,7 @@ class Broker:
 
     # ---- produce -----------------------------------------------------------------------
 
-    def _validate_batch(self, messages: Sequence[ProduceMessage]) -> None:
+    def _validate_batch(self, messages: Sequence[NewMessage]) -> None:
         lim = self.settings.limits
         if not messages:
             raise errors.InvalidArgumentError("no messages")
@@ -553,7 +559,7 @@ class Broker:
     def _encode(
         self,
         topic: TopicMeta,
-        m: ProduceMessage,
+        m: NewMessage,
         index_in_batch: int,
         session: tuple[str, int, int] | None,
         now: int,
@@ -592,7 +598,7 @@ class Broker:
     async def produce(
         self,
         topic_name: str,
-        messages: Sequence[ProduceMessage],
+        messages: Sequence[NewMessage],
         producer_id: str | None = None,
         sequence: int | None = None,
     ) -> list[ProduceResult]:
@@ -618,7 +624,7 @@ class Broker:
         return await self._produce_in_session(topic, messages, producer_id, sequence)
 
     async def _produce_in_session(
-        self, topic: TopicMeta, messages: Sequence[ProduceMessage], pid: str, seq: int
+        self, topic: TopicMeta, messages: Sequence[NewMessage], pid: str, seq: int
     ) -> list[ProduceResult]:
         """Drive ``ProducerSessions`` (``broker/sessions.py``: the rule, shared with the
         simulation) for one request: answer, join, settle first, or append."""
@@ -651,7 +657,7 @@ class Broker:
         )
 
     async def _attempt(
-        self, topic: TopicMeta, messages: Sequence[ProduceMessage], d: sessions.Append
+        self, topic: TopicMeta, messages: Sequence[NewMessage], d: sessions.Append
     ) -> list[sessions.Result]:
         """Append the batch's missing tail as ``d.attempt``; its answer goes to every
         request that joined it, and ``ProducerSessions.end`` hears how it ended."""
@@ -734,7 +740,7 @@ class Broker:
     async def _put(
         self,
         topic: TopicMeta,
-        messages: Sequence[ProduceMessage],
+        messages: Sequence[NewMessage],
         session: tuple[str, int, int] | None,
         first_in_batch: int,
     ) -> list[sessions.Result]:
@@ -792,10 +798,10 @@ class Broker:
             commitlog_offset=commitlog_offset,
         )
 
-    def _read_message(self, commitlog_offset: int, size: int) -> Message:
+    def _read_message(self, commitlog_offset: int, size: int) -> StoredMessage:
         return decode_message(self._record(commitlog_offset, size), verify_crc=False)
 
-    def _pulled(self, m: Message) -> PulledMessage:
+    def _pulled(self, m: StoredMessage) -> PulledMessage:
         return PulledMessage(
             topic=m.topic,
             queue_id=m.queue_id,
@@ -1051,7 +1057,7 @@ class Broker:
             raise errors.MessageNotFoundError(f"no message {msg_id}")
         return self._pulled(m)
 
-    def _message_at(self, commitlog_offset: int) -> Message | None:
+    def _message_at(self, commitlog_offset: int) -> StoredMessage | None:
         store = self.store
         if commitlog_offset < store.ledger_begin_pos + 48 or commitlog_offset + 4 > (
             store.committed_pos
@@ -1241,15 +1247,15 @@ class Broker:
     def status(self) -> BrokerStatus:
         core = self.server.core
         store = self.store
-        leader = core.ms.leader_id if core is not None else None
+        leader = core.member_state.leader_id if core is not None else None
         st = self.server.status()
         d = self.dispatcher
         return BrokerStatus(
             group=self.settings.group,
             node_id=self.settings.node_id,
-            raft_role=core.ms.role.value.upper() if core is not None else "FOLLOWER",
+            raft_role=core.member_state.role.value.upper() if core is not None else "FOLLOWER",
             broker_role=self.role.value,
-            term=core.ms.curr_term if core is not None else -1,
+            term=core.member_state.curr_term if core is not None else -1,
             leader_id=leader,
             leader_url=self.settings.peer_urls.get(leader) if leader else None,
             ledger_begin_index=store.ledger_begin_index,

@@ -119,7 +119,7 @@ class DLedgerCommitLog:
         """Assign queue offsets, append, and resolve after quorum commit.
 
         Raises what ``DLedgerServer.append_nowait`` raises; a refused batch changes
-        nothing, a proposed one fails only with ``UnknownOutcomeError``."""
+        nothing, a proposed one fails only with ``AppendOutcomeUnknownError``."""
         queues, undo = self.assign_queue_offsets(topic, batch)
         try:
             # No await between the assignment above and this proposal: no other batch can

@@ -84,8 +84,8 @@ __all__ = [
     "Buffer",
     "DispatchInfo",
     "Host",
-    "Message",
     "MessageFormatError",
+    "StoredMessage",
     "bytes_to_host",
     "decode_message",
     "decode_properties",
@@ -509,7 +509,7 @@ def set_store_host(buf: bytearray | memoryview, host: Host, base: int = 0) -> No
 
 
 @dataclass(slots=True, frozen=True)
-class Message:
+class StoredMessage:
     """A decoded record. ``properties`` holds every property, system ones included."""
 
     size: int
@@ -602,7 +602,7 @@ def _topic(buf: Buffer, start: int, end: int) -> str:
         raise MessageFormatError("TOPIC: not valid UTF-8") from None
 
 
-def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> Message:
+def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> StoredMessage:
     """The record starting at ``buf[offset]``; bytes after its TOTALSIZE are ignored."""
     _check_header(buf, offset)
     (
@@ -635,7 +635,7 @@ def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> 
         )
     topic_at = body_at + body_len + 1
     props_at = topic_at + topic_len + 2
-    return Message(
+    return StoredMessage(
         size=total,
         body_crc=body_crc,
         queue_id=queue_id,

@@ -12,8 +12,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from broker import errors
-from broker.broker import ProduceMessage as BrokerMessage
-from broker.broker import PulledMessage
+from broker.broker import NewMessage, PulledMessage
 from broker.settings import Limits
 
 from .. import media, models
@@ -76,7 +75,7 @@ def messages_out(
     return [message_out(m, encoding) for m in found]
 
 
-def to_broker_message(i: int, m: models.ProduceMessage) -> BrokerMessage:
+def to_broker_message(i: int, m: models.ProduceMessage) -> NewMessage:
     if m.encoding == "base64":
         try:
             body = base64.b64decode(m.body, validate=True)
@@ -89,7 +88,7 @@ def to_broker_message(i: int, m: models.ProduceMessage) -> BrokerMessage:
         keys.append(m.key)
     if m.keys:
         keys.extend(k for k in m.keys if k not in keys)
-    return BrokerMessage(
+    return NewMessage(
         body=body,
         tags=m.tags,
         keys=keys,

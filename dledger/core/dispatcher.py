@@ -99,13 +99,13 @@ class EntryDispatcher:
     def __init__(
         self,
         peer_id: str,
-        ms: MemberState,
+        member_state: MemberState,
         store: LogStore,
         settings: CoreSettings,
         host: DispatcherHost,
     ) -> None:
         self.peer_id = peer_id
-        self.ms = ms
+        self.member_state = member_state
         self.store = store
         self.settings = settings
         self.host = host
@@ -139,11 +139,11 @@ class EntryDispatcher:
 
     def _fresh(self) -> bool:
         """``checkNotLeaderAndFreshState``: a new term starts with COMPARE."""
-        ms = self.ms
-        if ms.role is not Role.LEADER:
+        member_state = self.member_state
+        if member_state.role is not Role.LEADER:
             return False
-        if self.term != ms.curr_term:
-            self.term = ms.curr_term
+        if self.term != member_state.curr_term:
+            self.term = member_state.curr_term
             self.match_index = -1
             self.backoff_until_ms = -1
             self.refused_index, self.refusals = -1, 0
@@ -187,16 +187,16 @@ class EntryDispatcher:
         self._do_install(now_ms)
 
     def _request(self, type_: PushType, **kw: object) -> PushEntryRequest:
-        ms = self.ms
+        member_state = self.member_state
         return PushEntryRequest(
-            group=ms.group,
-            local_id=ms.self_id,
+            group=member_state.group,
+            local_id=member_state.self_id,
             remote_id=self.peer_id,
-            term=ms.curr_term,
+            term=member_state.curr_term,
             req_id=self.host.next_req_id(),
-            leader_id=ms.self_id,
+            leader_id=member_state.self_id,
             type=type_,
-            commit_index=ms.committed_index,
+            commit_index=member_state.committed_index,
             **kw,  # type: ignore[arg-type]
         )
 
@@ -331,7 +331,7 @@ class EntryDispatcher:
             self.last_push_commit_ms = now_ms
             self.last_sent_commit_index = req.commit_index
         if idle_commit and self.write_index > end and not self.pending:
-            committed = self.ms.committed_index
+            committed = self.member_state.committed_index
             if committed > self.last_sent_commit_index or (
                 now_ms - self.last_push_commit_ms >= s.commit_push_interval_ms
             ):
@@ -444,19 +444,19 @@ class EntryDispatcher:
             return
         snap = host.snapshot
         assert snap is not None
-        ms = self.ms
+        member_state = self.member_state
         req = InstallSnapshotRequest(
-            group=ms.group,
-            local_id=ms.self_id,
+            group=member_state.group,
+            local_id=member_state.self_id,
             remote_id=self.peer_id,
-            term=ms.curr_term,
+            term=member_state.curr_term,
             req_id=host.next_req_id(),
-            leader_id=ms.self_id,
+            leader_id=member_state.self_id,
             last_included_index=snap.last_index,
             last_included_term=snap.last_term,
             before_begin_chain=snap.last_chain,
             next_pos=snap.next_pos,
-            commit_index=ms.committed_index,
+            commit_index=member_state.committed_index,
             data=snap.data,
         )
         self.control = PendingControl(

@@ -103,12 +103,12 @@ class LeaderElector:
 
     def __init__(
         self,
-        ms: MemberState,
+        member_state: MemberState,
         settings: CoreSettings,
         rng: random.Random,
         host: ElectorHost,
     ) -> None:
-        self.ms = ms
+        self.member_state = member_state
         self.settings = settings
         self.rng = rng  # the node's seeded source, for the vote timers
         self.host = host
@@ -118,7 +118,7 @@ class LeaderElector:
         self.next_time_to_request_vote_ms = -1
         self.need_increase_term_immediately = False
         self.last_parse_result = ParseResult.WAIT_TO_REVOTE
-        if self.ms.curr_vote_for == self.ms.self_id:
+        if self.member_state.curr_vote_for == self.member_state.self_id:
             # We may have led this term before a restart. A leader must create at most
             # one entry per (index, term) (Raft §5.3), so campaign in a new term.
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
@@ -138,7 +138,7 @@ class LeaderElector:
     def next_time_to_request_vote(self, now_ms: int) -> int:
         """now + a random vote interval (30-100 ms while taking leadership)."""
         s = self.settings
-        if self.ms.is_taking_leadership():
+        if self.member_state.is_taking_leadership():
             lo, hi = s.taking_leadership_vote_min_ms, s.taking_leadership_vote_max_ms
         else:
             lo, hi = s.min_vote_interval_ms, s.max_vote_interval_ms
@@ -147,13 +147,13 @@ class LeaderElector:
     def maintain(self, now_ms: int) -> None:
         """``maintainState``, after closing any round whose deadline passed."""
         self._expire_rounds(now_ms)
-        if self.host.installing is not None and self.ms.role is not Role.LEADER:
+        if self.host.installing is not None and self.member_state.role is not Role.LEADER:
             # Replacing the log with a snapshot: no election timeout, no (pre-)vote until
             # it is done (SOFAJRaft skips pre-vote while installing).
             return
-        if self.ms.role is Role.LEADER:
+        if self.member_state.role is Role.LEADER:
             self._maintain_as_leader(now_ms)
-        elif self.ms.role is Role.FOLLOWER:
+        elif self.member_state.role is Role.FOLLOWER:
             self._maintain_as_follower(now_ms)
         else:
             self._maintain_as_candidate(now_ms)
@@ -169,19 +169,19 @@ class LeaderElector:
     # ---- role changes ------------------------------------------------------
 
     def change_role_to_leader(self, term: int, now_ms: int) -> None:
-        if self.ms.curr_term != term or self.ms.role is not Role.CANDIDATE:
+        if self.member_state.curr_term != term or self.member_state.role is not Role.CANDIDATE:
             return
-        self.ms.change_to_leader(term)
+        self.member_state.change_to_leader(term)
         self.last_send_heartbeat_ms = -1  # heartbeat at once
         self.last_succ_heartbeat_ms = now_ms
         self.peer_heard_ms.clear()
         self.host.role_changed(now_ms)
 
     def change_role_to_candidate(self, term: int, now_ms: int) -> None:
-        if term < self.ms.curr_term:
+        if term < self.member_state.curr_term:
             return
-        was = self.ms.role
-        self.ms.change_to_candidate(term)
+        was = self.member_state.role
+        self.member_state.change_to_candidate(term)
         self.heartbeat_round = None
         if was is Role.LEADER:  # a deposed leader campaigns in a new term, behind pre-vote
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
@@ -199,7 +199,7 @@ class LeaderElector:
     def change_role_to_follower(self, term: int, leader_id: str, now_ms: int) -> None:
         self.last_parse_result = ParseResult.WAIT_TO_REVOTE
         self.vote_round = self.pre_vote_round = None
-        self.ms.change_to_follower(term, leader_id)
+        self.member_state.change_to_follower(term, leader_id)
         self.heard_leader(now_ms)
         self.host.role_changed(now_ms)
 
@@ -213,14 +213,14 @@ class LeaderElector:
 
     def _maintain_as_follower(self, now_ms: int) -> None:
         if now_ms - self.last_leader_heartbeat_ms > self.settings.election_timeout_ms:
-            self.change_role_to_candidate(self.ms.curr_term, now_ms)
+            self.change_role_to_candidate(self.member_state.curr_term, now_ms)
             # textbook Raft: the next round is in a new term (see the module docstring)
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
             self.next_time_to_request_vote_ms = -1
             self.early_pre_vote_ms = -1
         elif 0 <= self.early_pre_vote_ms <= now_ms and self.pre_vote_round is None:
             self.early_pre_vote_ms = -1
-            self._start_pre_vote(now_ms, self.ms.curr_term + 1, early=True)
+            self._start_pre_vote(now_ms, self.member_state.curr_term + 1, early=True)
 
     # ---- early pre-vote: the leader's connection closed (issue 18) ------------------------
 
@@ -229,39 +229,39 @@ class LeaderElector:
         on reconnect). If ``peer_id`` is this follower's leader: count the leader as not
         heard, and schedule the one early pre-vote of this term and leader, after a
         jitter. Changes neither term, vote nor role."""
-        ms, s = self.ms, self.settings
-        if not (s.pre_vote and s.early_pre_vote) or ms.role is not Role.FOLLOWER:
+        member_state, s = self.member_state, self.settings
+        if not (s.pre_vote and s.early_pre_vote) or member_state.role is not Role.FOLLOWER:
             return
-        if peer_id != ms.leader_id:
+        if peer_id != member_state.leader_id:
             return
         self.leader_connection_lost = True
-        if self.early_pre_vote_spent == (ms.curr_term, peer_id):
+        if self.early_pre_vote_spent == (member_state.curr_term, peer_id):
             return  # spent: a flapping link waits for the election timeout as before
-        self.early_pre_vote_spent = (ms.curr_term, peer_id)
+        self.early_pre_vote_spent = (member_state.curr_term, peer_id)
         # Followers go in turns, by id: the k-th waits k slots of twice the jitter (a
         # 10 ms beat apart at least), so the first one's pre-vote reaches the others
         # before their turn and they stand down (``on_vote_request``): no split vote.
         # A later one goes only if the earlier ones did not (dead, or behind in log).
-        turn = [p for p in ms.peer_ids if p != peer_id].index(ms.self_id)
+        turn = [p for p in member_state.peer_ids if p != peer_id].index(member_state.self_id)
         jitter = s.early_pre_vote_jitter_ms
         self.early_pre_vote_ms = now_ms + 2 * jitter * turn + self.rng.randint(0, jitter)
-        self.host.log_event("leader_connection_lost", leader=peer_id, term=ms.curr_term)
+        self.host.log_event("leader_connection_lost", leader=peer_id, term=member_state.curr_term)
 
     def _finish_early_pre_vote(self, r: PreVoteRound, now_ms: int) -> None:
         """A follower's early round ended: campaign only if a majority granted it and the
         leader has still not been heard from; otherwise stay its follower."""
-        ms = self.ms
-        granted = ms.is_quorum(len(r.granted))
+        member_state = self.member_state
+        granted = member_state.is_quorum(len(r.granted))
         self.host.log_event(
-            "early_pre_vote", term=r.term, granted=len(r.granted), leader=ms.leader_id
+            "early_pre_vote", term=r.term, granted=len(r.granted), leader=member_state.leader_id
         )
-        if not granted or not self.leader_connection_lost or r.term != ms.curr_term + 1:
+        if not granted or not self.leader_connection_lost or r.term != member_state.curr_term + 1:
             return
-        self.change_role_to_candidate(ms.curr_term, now_ms)
-        ms.next_term()
+        self.change_role_to_candidate(member_state.curr_term, now_ms)
+        member_state.next_term()
         self.last_parse_result = ParseResult.WAIT_TO_REVOTE
         self.next_time_to_request_vote_ms = now_ms  # a REVOTE_IMMEDIATELY goes next beat
-        self._start_vote(now_ms, ms.curr_term)
+        self._start_vote(now_ms, member_state.curr_term)
 
     # ---- candidate -------------------------------------------------------
 
@@ -279,10 +279,13 @@ class LeaderElector:
                 return  # a fresh node waits one random interval: fewer split votes
         if now_ms < self.next_time_to_request_vote_ms and not self.need_increase_term_immediately:
             return
-        ms = self.ms
-        if ms.curr_term >= MAX_TERM and ms.known_max_term <= ms.curr_term:
+        member_state = self.member_state
+        if (
+            member_state.curr_term >= MAX_TERM
+            and member_state.known_max_term <= member_state.curr_term
+        ):
             # No term left to move to (see MAX_TERM; unreachable but by forgery).
-            self.host.log_event("term_space_exhausted", term=ms.curr_term)
+            self.host.log_event("term_space_exhausted", term=member_state.curr_term)
             self.need_increase_term_immediately = False
             self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
             return
@@ -292,21 +295,21 @@ class LeaderElector:
             if (
                 self.settings.pre_vote
                 and not self.need_increase_term_immediately
-                and ms.known_max_term <= ms.curr_term
-                and not ms.is_taking_leadership()
+                and member_state.known_max_term <= member_state.curr_term
+                and not member_state.is_taking_leadership()
             ):
-                self._start_pre_vote(now_ms, ms.curr_term + 1)
+                self._start_pre_vote(now_ms, member_state.curr_term + 1)
                 return
-            ms.next_term()
+            member_state.next_term()
             self.last_parse_result = ParseResult.WAIT_TO_REVOTE
         if self.need_increase_term_immediately:  # adopt the term, vote next time
             self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
             self.need_increase_term_immediately = False
             return
-        self._start_vote(now_ms, ms.curr_term)
+        self._start_vote(now_ms, member_state.curr_term)
 
     def _start_vote(self, now_ms: int, term: int) -> None:
-        ms, host = self.ms, self.host
+        member_state, host = self.member_state, self.host
         req_id = host.next_req_id()
         r = VoteRound(
             term=term,
@@ -315,21 +318,21 @@ class LeaderElector:
             known_max_term=term,
         )
         self.vote_round = r
-        end_index, end_term = ms.ledger_end_index, ms.ledger_end_term
-        for peer in ms.peer_ids:
+        end_index, end_term = member_state.ledger_end_index, member_state.ledger_end_term
+        for peer in member_state.peer_ids:
             req = VoteRequest(
-                group=ms.group,
-                local_id=ms.self_id,
+                group=member_state.group,
+                local_id=member_state.self_id,
                 remote_id=peer,
                 term=term,
                 req_id=req_id,
-                leader_id=ms.self_id,
+                leader_id=member_state.self_id,
                 ledger_end_index=end_index,
                 ledger_end_term=end_term,
             )
-            if peer == ms.self_id:
+            if peer == member_state.self_id:
                 result, resp_term = self.handle_vote(req, now_ms, self_vote=True)
-                self._tally(r, ms.self_id, result, resp_term, now_ms)
+                self._tally(r, member_state.self_id, result, resp_term, now_ms)
             else:
                 host.send(req)
 
@@ -364,12 +367,12 @@ class LeaderElector:
             r.bigger_ledger_num += 1
         elif result is VoteResult.REJECT_TERM_NOT_READY:
             r.not_ready_term_num += 1
-        q = self.ms.is_quorum
+        q = self.member_state.is_quorum
         if (
             r.already_has_leader
             or q(r.accepted_num)
             or q(r.accepted_num + r.not_ready_term_num)
-            or r.all_num == len(self.ms.peer_ids)
+            or r.all_num == len(self.member_state.peer_ids)
         ):
             self._parse_vote_round(now_ms)
 
@@ -377,10 +380,10 @@ class LeaderElector:
         """From tally to ``ParseResult``, in DLedger's order."""
         r, self.vote_round = self.vote_round, None
         assert r is not None
-        ms = self.ms
-        if ms.role is not Role.CANDIDATE or ms.curr_term != r.term:
+        member_state = self.member_state
+        if member_state.role is not Role.CANDIDATE or member_state.curr_term != r.term:
             return  # the round went stale: a heartbeat or a higher term got here first
-        q, s = ms.is_quorum, self.settings
+        q, s = member_state.is_quorum, self.settings
         nxt = self.next_time_to_request_vote(now_ms)
         if r.known_max_term > r.term:
             result = ParseResult.WAIT_TO_VOTE_NEXT
@@ -419,7 +422,7 @@ class LeaderElector:
     # ---- pre-vote ----------------------------------------------------------------------
 
     def _start_pre_vote(self, now_ms: int, term: int, *, early: bool = False) -> None:
-        ms, host = self.ms, self.host
+        member_state, host = self.member_state, self.host
         r = PreVoteRound(
             term=term,
             req_id=host.next_req_id(),
@@ -427,19 +430,19 @@ class LeaderElector:
             early=early,
         )
         self.pre_vote_round = r
-        r.granted.add(ms.self_id)
-        r.answered.add(ms.self_id)
-        for peer in ms.other_ids:
+        r.granted.add(member_state.self_id)
+        r.answered.add(member_state.self_id)
+        for peer in member_state.other_ids:
             host.send(
                 VoteRequest(
-                    group=ms.group,
-                    local_id=ms.self_id,
+                    group=member_state.group,
+                    local_id=member_state.self_id,
                     remote_id=peer,
                     term=term,
                     req_id=r.req_id,
-                    leader_id=ms.self_id,
-                    ledger_end_index=ms.ledger_end_index,
-                    ledger_end_term=ms.ledger_end_term,
+                    leader_id=member_state.self_id,
+                    ledger_end_index=member_state.ledger_end_index,
+                    ledger_end_term=member_state.ledger_end_term,
                     pre_vote=True,
                 )
             )
@@ -458,53 +461,55 @@ class LeaderElector:
     def _check_pre_vote_round(self, now_ms: int) -> None:
         r = self.pre_vote_round
         assert r is not None
-        if self.ms.is_quorum(len(r.granted)) or len(r.answered) == len(self.ms.peer_ids):
+        if self.member_state.is_quorum(len(r.granted)) or len(r.answered) == len(
+            self.member_state.peer_ids
+        ):
             self._finish_pre_vote_round(now_ms)
 
     def _finish_pre_vote_round(self, now_ms: int) -> None:
         r, self.pre_vote_round = self.pre_vote_round, None
         assert r is not None
-        ms = self.ms
-        if r.early and ms.role is Role.FOLLOWER:
+        member_state = self.member_state
+        if r.early and member_state.role is Role.FOLLOWER:
             self._finish_early_pre_vote(r, now_ms)
             return
-        if ms.role is not Role.CANDIDATE or r.term != ms.curr_term + 1:
+        if member_state.role is not Role.CANDIDATE or r.term != member_state.curr_term + 1:
             return
         if self.need_increase_term_immediately:
             return  # another candidate's term arrived meanwhile: adopt it, split no vote
-        if r.max_term > ms.curr_term:
-            ms.known_max_term = max(ms.known_max_term, r.max_term)
-        granted = ms.is_quorum(len(r.granted))
+        if r.max_term > member_state.curr_term:
+            member_state.known_max_term = max(member_state.known_max_term, r.max_term)
+        granted = member_state.is_quorum(len(r.granted))
         self.host.log_event("pre_vote", term=r.term, granted=len(r.granted))
         if not granted:
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
             self.next_time_to_request_vote_ms = self.next_time_to_request_vote(now_ms)
             return
-        ms.next_term()
+        member_state.next_term()
         self.last_parse_result = ParseResult.WAIT_TO_REVOTE
-        self._start_vote(now_ms, ms.curr_term)
+        self._start_vote(now_ms, member_state.curr_term)
 
     def handle_pre_vote(self, req: VoteRequest, now_ms: int) -> tuple[VoteResult, int]:
         """Would this node vote for ``req.leader_id`` at ``req.term``? Changes nothing."""
-        ms = self.ms
-        if req.leader_id not in ms.peers or req.leader_id == ms.self_id:
-            return VoteResult.REJECT_UNKNOWN_LEADER, ms.curr_term
-        if req.term <= ms.curr_term:
-            return VoteResult.REJECT_EXPIRED_VOTE_TERM, ms.curr_term
+        member_state = self.member_state
+        if req.leader_id not in member_state.peers or req.leader_id == member_state.self_id:
+            return VoteResult.REJECT_UNKNOWN_LEADER, member_state.curr_term
+        if req.term <= member_state.curr_term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM, member_state.curr_term
         log_check = self._log_check(req)
         if log_check is not None:
-            return log_check, ms.curr_term
+            return log_check, member_state.curr_term
         if self.leader_alive(now_ms):
-            return VoteResult.REJECT_ALREADY_HAS_LEADER, ms.curr_term
-        return VoteResult.ACCEPT, ms.curr_term
+            return VoteResult.REJECT_ALREADY_HAS_LEADER, member_state.curr_term
+        return VoteResult.ACCEPT, member_state.curr_term
 
     def leader_alive(self, now_ms: int) -> bool:
         """This node leads, or heard its leader within an election timeout and has not
         seen its connection close since (issue 18)."""
-        if self.ms.role is Role.LEADER:
+        if self.member_state.role is Role.LEADER:
             return True
         return (
-            self.ms.role is Role.FOLLOWER
+            self.member_state.role is Role.FOLLOWER
             and not self.leader_connection_lost
             and now_ms - self.last_leader_heartbeat_ms <= self.settings.election_timeout_ms
         )
@@ -513,7 +518,7 @@ class LeaderElector:
 
     def _log_check(self, req: VoteRequest) -> VoteResult | None:
         """Is the candidate's log at least as up to date as ours?"""
-        end_term, end_index = self.ms.ledger_end_term, self.ms.ledger_end_index
+        end_term, end_index = self.member_state.ledger_end_term, self.member_state.ledger_end_index
         if req.ledger_end_term < end_term:
             return VoteResult.REJECT_EXPIRED_LEDGER_TERM
         if req.ledger_end_term == end_term and req.ledger_end_index < end_index:
@@ -524,36 +529,36 @@ class LeaderElector:
         self, req: VoteRequest, now_ms: int, *, self_vote: bool = False
     ) -> tuple[VoteResult, int]:
         """``handleVote``: the decision order DLedger follows; returns (result, term)."""
-        ms = self.ms
+        member_state = self.member_state
         cand = req.leader_id
-        if cand not in ms.peers:
-            return VoteResult.REJECT_UNKNOWN_LEADER, ms.curr_term
-        if not self_vote and cand == ms.self_id:
-            return VoteResult.REJECT_UNEXPECTED_LEADER, ms.curr_term
+        if cand not in member_state.peers:
+            return VoteResult.REJECT_UNKNOWN_LEADER, member_state.curr_term
+        if not self_vote and cand == member_state.self_id:
+            return VoteResult.REJECT_UNEXPECTED_LEADER, member_state.curr_term
         log_check = self._log_check(req)
         if log_check is not None:
-            return log_check, ms.curr_term
-        if req.term < ms.curr_term:
-            return VoteResult.REJECT_EXPIRED_VOTE_TERM, ms.curr_term
-        if req.term == ms.curr_term:
-            if ms.curr_vote_for is not None and ms.curr_vote_for != cand:
-                if ms.leader_id is not None:
-                    return VoteResult.REJECT_ALREADY_HAS_LEADER, ms.curr_term
-                return VoteResult.REJECT_ALREADY_VOTED, ms.curr_term
+            return log_check, member_state.curr_term
+        if req.term < member_state.curr_term:
+            return VoteResult.REJECT_EXPIRED_VOTE_TERM, member_state.curr_term
+        if req.term == member_state.curr_term:
+            if member_state.curr_vote_for is not None and member_state.curr_vote_for != cand:
+                if member_state.leader_id is not None:
+                    return VoteResult.REJECT_ALREADY_HAS_LEADER, member_state.curr_term
+                return VoteResult.REJECT_ALREADY_VOTED, member_state.curr_term
         else:  # a vote is only granted at equal terms
             self.raise_term_now(req.term, now_ms)
-            return VoteResult.REJECT_TERM_NOT_READY, ms.curr_term
-        if req.term < ms.ledger_end_term:
-            return VoteResult.REJECT_TERM_SMALL_THAN_LEDGER, ms.ledger_end_term
+            return VoteResult.REJECT_TERM_NOT_READY, member_state.curr_term
+        if req.term < member_state.ledger_end_term:
+            return VoteResult.REJECT_TERM_SMALL_THAN_LEDGER, member_state.ledger_end_term
         if (
             not self_vote
-            and ms.is_taking_leadership()
-            and req.ledger_end_term == ms.ledger_end_term
-            and ms.ledger_end_index >= req.ledger_end_index
+            and member_state.is_taking_leadership()
+            and req.ledger_end_term == member_state.ledger_end_term
+            and member_state.ledger_end_index >= req.ledger_end_index
         ):
-            return VoteResult.REJECT_TAKING_LEADERSHIP, ms.curr_term
-        ms.set_vote(cand)
-        return VoteResult.ACCEPT, ms.curr_term
+            return VoteResult.REJECT_TAKING_LEADERSHIP, member_state.curr_term
+        member_state.set_vote(cand)
+        return VoteResult.ACCEPT, member_state.curr_term
 
     def on_vote_request(self, req: VoteRequest, now_ms: int) -> VoteResponse:
         if req.pre_vote:
@@ -565,8 +570,8 @@ class LeaderElector:
         else:
             result, term = self.handle_vote(req, now_ms)
         return VoteResponse(
-            group=self.ms.group,
-            local_id=self.ms.self_id,
+            group=self.member_state.group,
+            local_id=self.member_state.self_id,
             remote_id=req.local_id,
             term=term,
             req_id=req.req_id,
@@ -577,16 +582,16 @@ class LeaderElector:
     # ---- leader heartbeats ---------------------------------------------------
 
     def _maintain_as_leader(self, now_ms: int) -> None:
-        s, ms = self.settings, self.ms
+        s, member_state = self.settings, self.member_state
         if s.check_quorum:
             # The last moment a majority (self included) had answered: the n-th most
             # recent answer, n = the other peers a quorum needs. Recording that moment,
             # not "now, while some answer is younger than a timeout", makes the leader
             # go one election timeout after it last heard a majority, not two.
             answered = sorted(
-                (self.peer_heard_ms.get(p, -(10**15)) for p in ms.other_ids), reverse=True
+                (self.peer_heard_ms.get(p, -(10**15)) for p in member_state.other_ids), reverse=True
             )
-            need = len(ms.peer_ids) // 2
+            need = len(member_state.peer_ids) // 2
             quorum_heard_ms = answered[need - 1] if need else now_ms
             self.last_succ_heartbeat_ms = max(self.last_succ_heartbeat_ms, quorum_heard_ms)
             if now_ms - self.last_succ_heartbeat_ms > s.election_timeout_ms:
@@ -595,7 +600,7 @@ class LeaderElector:
                     quorum_silent_ms=now_ms - self.last_succ_heartbeat_ms,
                     election_timeout_ms=s.election_timeout_ms,
                 )
-                self.change_role_to_candidate(ms.curr_term, now_ms)
+                self.change_role_to_candidate(member_state.curr_term, now_ms)
                 return
         if (
             self.heartbeat_round is None
@@ -604,26 +609,26 @@ class LeaderElector:
             self._send_heartbeats(now_ms)
 
     def _send_heartbeats(self, now_ms: int) -> None:
-        ms, host = self.ms, self.host
+        member_state, host = self.member_state, self.host
         self.last_send_heartbeat_ms = now_ms
         r = HeartbeatRound(
-            term=ms.curr_term,
+            term=member_state.curr_term,
             req_id=host.next_req_id(),
             deadline_ms=now_ms + self.settings.heartbeat_interval_ms,
         )
         self.heartbeat_round = r
-        for peer in ms.other_ids:
+        for peer in member_state.other_ids:
             host.send(
                 HeartBeatRequest(
-                    group=ms.group,
-                    local_id=ms.self_id,
+                    group=member_state.group,
+                    local_id=member_state.self_id,
                     remote_id=peer,
                     term=r.term,
                     req_id=r.req_id,
-                    leader_id=ms.self_id,
+                    leader_id=member_state.self_id,
                 )
             )
-        if len(ms.peer_ids) == 1:
+        if len(member_state.peer_ids) == 1:
             self._finish_heartbeat_round(now_ms)
 
     def on_heartbeat_response(self, resp: HeartBeatResponse, now_ms: int) -> None:
@@ -642,23 +647,27 @@ class LeaderElector:
             r.inconsistent_leader = True
         elif resp.code is DLedgerCode.TERM_NOT_READY:
             r.not_ready_num += 1
-        q = self.ms.is_quorum
-        if q(r.succ_num) or q(r.succ_num + r.not_ready_num) or r.all_num == len(self.ms.peer_ids):
+        q = self.member_state.is_quorum
+        if (
+            q(r.succ_num)
+            or q(r.succ_num + r.not_ready_num)
+            or r.all_num == len(self.member_state.peer_ids)
+        ):
             self._finish_heartbeat_round(now_ms)
 
     def _finish_heartbeat_round(self, now_ms: int) -> None:
         """Result handling in the newer order (the fix of DLedger's bug)."""
         r, self.heartbeat_round = self.heartbeat_round, None
         assert r is not None
-        ms = self.ms
-        if ms.role is not Role.LEADER or ms.curr_term != r.term:
+        member_state = self.member_state
+        if member_state.role is not Role.LEADER or member_state.curr_term != r.term:
             return
         if r.max_term > r.term:
             self.change_role_to_candidate(r.max_term, now_ms)
             return
-        if ms.is_quorum(r.succ_num):
+        if member_state.is_quorum(r.succ_num):
             self.last_succ_heartbeat_ms = now_ms
-        elif ms.is_quorum(r.succ_num + r.not_ready_num):
+        elif member_state.is_quorum(r.succ_num + r.not_ready_num):
             self.last_send_heartbeat_ms = -1
         elif r.inconsistent_leader or (
             now_ms - self.last_succ_heartbeat_ms > self.settings.election_timeout_ms
@@ -668,34 +677,37 @@ class LeaderElector:
     # ---- follower side of heartbeats ----------------------------------------------------
 
     def on_heartbeat_request(self, req: HeartBeatRequest, now_ms: int) -> HeartBeatResponse:
-        ms = self.ms
+        member_state = self.member_state
         code = self._heartbeat_code(req, now_ms)
         return HeartBeatResponse(
-            group=ms.group,
-            local_id=ms.self_id,
+            group=member_state.group,
+            local_id=member_state.self_id,
             remote_id=req.local_id,
-            term=ms.curr_term,
+            term=member_state.curr_term,
             req_id=req.req_id,
             code=code,
         )
 
     def _heartbeat_code(self, req: HeartBeatRequest, now_ms: int) -> DLedgerCode:
-        ms = self.ms
-        if req.leader_id not in ms.peers:
+        member_state = self.member_state
+        if req.leader_id not in member_state.peers:
             return DLedgerCode.UNKNOWN_MEMBER
-        if req.leader_id == ms.self_id:
+        if req.leader_id == member_state.self_id:
             return DLedgerCode.UNEXPECTED_MEMBER
-        if req.term < ms.curr_term:
+        if req.term < member_state.curr_term:
             return DLedgerCode.EXPIRED_TERM
-        if req.term == ms.curr_term:
-            if ms.leader_id is None:
+        if req.term == member_state.curr_term:
+            if member_state.leader_id is None:
                 self.change_role_to_follower(req.term, req.leader_id, now_ms)
                 return DLedgerCode.SUCCESS
-            if ms.leader_id == req.leader_id:
+            if member_state.leader_id == req.leader_id:
                 self.heard_leader(now_ms)
                 return DLedgerCode.SUCCESS
             self.host.log_event(
-                "inconsistent_leader", term=req.term, theirs=req.leader_id, ours=ms.leader_id
+                "inconsistent_leader",
+                term=req.term,
+                theirs=req.leader_id,
+                ours=member_state.leader_id,
             )
             return DLedgerCode.INCONSISTENT_LEADER
         self.raise_term_now(req.term, now_ms)
@@ -704,18 +716,18 @@ class LeaderElector:
     def check_leader_request(self, term: int, leader_id: str, now_ms: int) -> DLedgerCode | None:
         """``handlePush``'s checks: a push (or a snapshot) is taken only from this term's
         leader. None: take it (this node is now its follower); else the refusal code."""
-        ms = self.ms
-        if term < ms.curr_term:
+        member_state = self.member_state
+        if term < member_state.curr_term:
             return DLedgerCode.EXPIRED_TERM
-        if term > ms.curr_term:
+        if term > member_state.curr_term:
             self.raise_term_now(term, now_ms)
             return DLedgerCode.TERM_NOT_READY
-        if ms.role is Role.LEADER:
+        if member_state.role is Role.LEADER:
             self.host.log_event("two_leaders", term=term, other=leader_id)
             return DLedgerCode.INCONSISTENT_LEADER
-        if ms.leader_id is None:
+        if member_state.leader_id is None:
             self.change_role_to_follower(term, leader_id, now_ms)
-        elif ms.leader_id != leader_id:
+        elif member_state.leader_id != leader_id:
             return DLedgerCode.INCONSISTENT_LEADER
         self.heard_leader(now_ms)
         return None

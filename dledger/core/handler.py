@@ -54,9 +54,9 @@ class EntryHandler:
     """Follower: apply pushes strictly in index order; answer COMPARE/TRUNCATE/COMMIT."""
 
     def __init__(
-        self, ms: MemberState, store: LogStore, settings: CoreSettings, host: HandlerHost
+        self, member_state: MemberState, store: LogStore, settings: CoreSettings, host: HandlerHost
     ) -> None:
-        self.ms = ms
+        self.member_state = member_state
         self.store = store
         self.settings = settings
         self.host = host
@@ -67,13 +67,13 @@ class EntryHandler:
         self.newest: tuple[int, str, int] = (-1, "", -1)  # (term, leader, max req_id seen)
 
     def respond(self, req: PushEntryRequest, code: DLedgerCode, **kw: int) -> None:
-        ms, store = self.ms, self.store
+        member_state, store = self.member_state, self.store
         self.host.send(
             PushEntryResponse(
-                group=ms.group,
-                local_id=ms.self_id,
+                group=member_state.group,
+                local_id=member_state.self_id,
                 remote_id=req.local_id,
-                term=ms.curr_term,
+                term=member_state.curr_term,
                 req_id=req.req_id,
                 code=code,
                 type=req.type,
@@ -171,17 +171,17 @@ class EntryHandler:
     ) -> None:
         """Answer ``req``; ``after``: the snapshot being installed, whose log range is
         what the answer reports (it is true when the answer leaves)."""
-        ms, store = self.ms, self.store
+        member_state, store = self.member_state, self.store
         if after is not None:
             begin, end = after.last_index + 1, after.last_index
         else:
             begin, end = store.ledger_begin_index, store.ledger_end_index
         self.host.send(
             InstallSnapshotResponse(
-                group=ms.group,
-                local_id=ms.self_id,
+                group=member_state.group,
+                local_id=member_state.self_id,
                 remote_id=req.local_id,
-                term=ms.curr_term,
+                term=member_state.curr_term,
                 req_id=req.req_id,
                 code=code,
                 last_included_index=req.last_included_index,
@@ -334,7 +334,7 @@ class EntryHandler:
     def _update_commit(self, leader_commit: int) -> None:
         """Follower commit = min(leader's, our end) (safe because COMPARE and
         TRUNCATE aligned our whole log with this leader's in this term)."""
-        if self.ms.role is not Role.FOLLOWER:
+        if self.member_state.role is not Role.FOLLOWER:
             return
         committed = min(leader_commit, self.store.ledger_end_index)
         if committed > self.store.committed_index:

@@ -24,14 +24,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from .messages import Message
+    from .messages import RaftMessage
     from .snapshot import Snapshot
 
 
 class Outbox(Protocol):
     """What every collaborator does to the world: queue a message, record an event."""
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: RaftMessage) -> None:
         """Queue ``msg`` into the current Ready (sent after step 1 of its handling)."""
         ...
 

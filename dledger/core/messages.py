@@ -323,10 +323,10 @@ Response = (
     | LeadershipTransferResponse
     | InstallSnapshotResponse
 )
-Message = Request | Response
+RaftMessage = Request | Response
 ClientRequest = AppendRequest | GetRequest | MetadataRequest
 ClientResponse = AppendResponse | GetResponse | MetadataResponse
-PEER_MESSAGE_TYPES: tuple[type, ...] = get_args(Message)  # what peers send each other
+PEER_MESSAGE_TYPES: tuple[type, ...] = get_args(RaftMessage)  # what peers send each other
 
 REQUEST_CODE_OF: dict[type, RequestCode] = {
     VoteRequest: RequestCode.VOTE,

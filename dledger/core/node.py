@@ -47,9 +47,9 @@ from .messages import (
     InstallSnapshotResponse,
     LeadershipTransferRequest,
     LeadershipTransferResponse,
-    Message,
     PushEntryRequest,
     PushEntryResponse,
+    RaftMessage,
     Role,
     VoteRequest,
     VoteResponse,
@@ -105,7 +105,7 @@ class RoleChange:
 class Ready:
     hard_state: HardState | None = None
     must_sync: bool = False
-    messages: list[Message] = field(default_factory=list)
+    messages: list[RaftMessage] = field(default_factory=list)
     committed_index: int | None = None
     proposals: list[ProposalDone] = field(default_factory=list)
     transfers: list[TransferDone] = field(default_factory=list)
@@ -163,22 +163,27 @@ class DLedgerCore:
         self.settings = settings or CoreSettings()
         self.store = store
         self.rng = rng
-        self.ms = MemberState(group, self_id, peers, store, store.load_term_vote())
+        self.member_state = MemberState(group, self_id, peers, store, store.load_term_vote())
         self.now_ms = now_ms
         self._event_log = event_log
         self._req_seq = 0
         self._ready = Ready()
         self.synced_index = store.ledger_end_index  # what recovery found is on disk
         self._reported_commit = store.committed_index
-        self._last_role: tuple[int, Role, str | None] = (self.ms.curr_term, self.ms.role, None)
+        self._last_role: tuple[int, Role, str | None] = (
+            self.member_state.curr_term,
+            self.member_state.role,
+            None,
+        )
         # The collaborators get the member state, the store and the settings, and reach
         # the rest of this node through the narrow hosts of ``host`` (DLedger hands its
         # elector and pusher the MemberState and the RPC service, not the server).
-        self.elector = LeaderElector(self.ms, self.settings, rng, self)
-        self.checker = QuorumAckChecker(self.ms.self_id, self.ms.peer_ids)
-        self.handler = EntryHandler(self.ms, store, self.settings, self)
+        self.elector = LeaderElector(self.member_state, self.settings, rng, self)
+        self.checker = QuorumAckChecker(self.member_state.self_id, self.member_state.peer_ids)
+        self.handler = EntryHandler(self.member_state, store, self.settings, self)
         self.dispatchers = {
-            p: EntryDispatcher(p, self.ms, store, self.settings, self) for p in self.ms.other_ids
+            p: EntryDispatcher(p, self.member_state, store, self.settings, self)
+            for p in self.member_state.other_ids
         }
         self._proposals: deque[tuple[Proposal, int]] = deque()  # (proposal, deadline)
         self._proposal_seq = 0
@@ -195,7 +200,7 @@ class DLedgerCore:
         self._req_seq += 1
         return self._req_seq
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: RaftMessage) -> None:
         self._ready.messages.append(msg)
 
     def wrote_entries(self) -> None:
@@ -206,21 +211,26 @@ class DLedgerCore:
             self._event_log(name, fields)
 
     def role_changed(self, now_ms: int) -> None:
-        ms = self.ms
-        cur = (ms.curr_term, ms.role, ms.leader_id)
+        member_state = self.member_state
+        cur = (member_state.curr_term, member_state.role, member_state.leader_id)
         if cur == self._last_role:
             return
         was = self._last_role[1]
         self._last_role = cur
         self._ready.role_changes.append(RoleChange(*cur))
-        self.log_event("role", term=ms.curr_term, role=ms.role.value, leader=ms.leader_id)
-        if was is Role.LEADER and ms.role is not Role.LEADER:
+        self.log_event(
+            "role",
+            term=member_state.curr_term,
+            role=member_state.role.value,
+            leader=member_state.leader_id,
+        )
+        if was is Role.LEADER and member_state.role is not Role.LEADER:
             self._fail_proposals(DLedgerCode.TERM_CHANGED)
-        if ms.role is not Role.FOLLOWER:
+        if member_state.role is not Role.FOLLOWER:
             self.handler.clear(DLedgerCode.NOT_FOLLOWER)
-        if ms.role is Role.LEADER:
+        if member_state.role is Role.LEADER:
             self._on_become_leader(now_ms)
-        elif self._take is not None and ms.role is Role.FOLLOWER:
+        elif self._take is not None and member_state.role is Role.FOLLOWER:
             self._finish_take(DLedgerCode.TAKE_LEADERSHIP_FAILED)
 
     def commit_to(self, index: int) -> None:
@@ -249,25 +259,25 @@ class DLedgerCore:
         self._pump(now_ms, idle_commit=True)
         self._expire_proposals(now_ms)
 
-    def step(self, msg: Message, now_ms: int) -> None:
+    def step(self, msg: RaftMessage, now_ms: int) -> None:
         """Take one message from a peer. Requests are answered into ``ready().messages``."""
         self.now_ms = now_ms
-        ms = self.ms
+        member_state = self.member_state
         if (
-            msg.group != ms.group
-            or msg.remote_id != ms.self_id
-            or msg.local_id not in ms.peers
-            or msg.local_id == ms.self_id
+            msg.group != member_state.group
+            or msg.remote_id != member_state.self_id
+            or msg.local_id not in member_state.peers
+            or msg.local_id == member_state.self_id
         ):
             self.log_event("dropped", kind=type(msg).__name__, sender=msg.local_id)
             return
-        if msg.term > ms.curr_term + self.settings.max_term_jump or msg.term > MAX_TERM:
+        if msg.term > member_state.curr_term + self.settings.max_term_jump or msg.term > MAX_TERM:
             self.log_event(
                 "term_jump_refused",
                 kind=type(msg).__name__,
                 sender=msg.local_id,
                 term=msg.term,
-                ours=ms.curr_term,
+                ours=member_state.curr_term,
             )
             return
         if isinstance(msg, VoteRequest):
@@ -299,17 +309,17 @@ class DLedgerCore:
         this follower's leader, the elector pre-votes early (see ``elector``); the core
         decides, the transport only reports."""
         self.now_ms = now_ms
-        if peer_id in self.ms.peers and peer_id != self.ms.self_id:
+        if peer_id in self.member_state.peers and peer_id != self.member_state.self_id:
             self.elector.on_peer_connection_lost(peer_id, now_ms)
 
     def _note_term(self, term: int, pre_vote: bool, now_ms: int) -> None:
-        if pre_vote or term <= self.ms.curr_term:
+        if pre_vote or term <= self.member_state.curr_term:
             return
-        if self.ms.role is Role.LEADER:
+        if self.member_state.role is Role.LEADER:
             self.elector.change_role_to_candidate(term, now_ms)
 
     def _pump(self, now_ms: int, *, idle_commit: bool) -> None:
-        if self.ms.role is Role.LEADER:
+        if self.member_state.role is Role.LEADER:
             for d in self.dispatchers.values():
                 d.maintain(now_ms, idle_commit=idle_commit)
             self._check_quorum_ack()
@@ -321,7 +331,9 @@ class DLedgerCore:
         own = store.ledger_end_index
         if self.settings.flush == "sync":
             own = min(own, self.synced_index)  # count ourselves only for synced entries
-        index = self.checker.check(self.ms.curr_term, own, store.committed_index, store.term_at)
+        index = self.checker.check(
+            self.member_state.curr_term, own, store.committed_index, store.term_at
+        )
         if index is not None:
             self.commit_to(index)
 
@@ -384,11 +396,11 @@ class DLedgerCore:
     ) -> EntryDispatcher | None:
         """The dispatcher a peer's answer is for, if this node still leads; a higher
         term in the answer makes it step down instead."""
-        ms = self.ms
-        if resp.term > ms.curr_term:
+        member_state = self.member_state
+        if resp.term > member_state.curr_term:
             self._note_term(resp.term, False, now_ms)
             return None
-        if ms.role is not Role.LEADER:
+        if member_state.role is not Role.LEADER:
             return None
         self.elector.peer_heard_ms[resp.local_id] = now_ms
         return self.dispatchers.get(resp.local_id)
@@ -409,29 +421,31 @@ class DLedgerCore:
         """A NOOP at once, so entries of earlier terms commit without a client."""
         for d in self.dispatchers.values():
             d.term = -1  # start over with COMPARE
-        self.store.append_as_leader(self.ms.curr_term, [b""], MAGIC_NOOP)
+        self.store.append_as_leader(self.member_state.curr_term, [b""], MAGIC_NOOP)
         self.wrote_entries()
 
     def propose(self, bodies: Sequence[bytes | bytearray | memoryview], now_ms: int) -> Proposal:
         """``handleAppend`` (AP-01..AP-05): append as leader; the :class:`ProposalDone`
         arrives in a later ``ready()``. Raises :class:`DLedgerError` when refused."""
         self.now_ms = now_ms
-        ms = self.ms
-        if ms.role is not Role.LEADER:
-            raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {ms.leader_id}")
-        if ms.transferee is not None:
+        member_state = self.member_state
+        if member_state.role is not Role.LEADER:
+            raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {member_state.leader_id}")
+        if member_state.transferee is not None:
             raise DLedgerError(
-                DLedgerCode.LEADER_TRANSFERRING, f"handing leadership to {ms.transferee}"
+                DLedgerCode.LEADER_TRANSFERRING, f"handing leadership to {member_state.transferee}"
             )
         if len(self._proposals) >= self.settings.max_pending_proposals:
             raise DLedgerError(
                 DLedgerCode.LEADER_PENDING_FULL,
                 f"{len(self._proposals)} appends wait for a quorum",
             )
-        metas = self.store.append_as_leader(ms.curr_term, bodies)
+        metas = self.store.append_as_leader(member_state.curr_term, bodies)
         self.wrote_entries()
         self._proposal_seq += 1
-        p = Proposal(self._proposal_seq, ms.curr_term, metas[0].index, tuple(m.pos for m in metas))
+        p = Proposal(
+            self._proposal_seq, member_state.curr_term, metas[0].index, tuple(m.pos for m in metas)
+        )
         self._proposals.append((p, now_ms + self.settings.max_wait_ack_ms))
         self._pump(now_ms, idle_commit=False)
         return p
@@ -464,36 +478,39 @@ class DLedgerCore:
 
     def transfer_leadership(self, to: str, now_ms: int) -> int:
         """Hand leadership to ``to``; a :class:`TransferDone` reports the outcome."""
-        ms, s = self.ms, self.settings
-        if to not in ms.peers:
+        member_state, s = self.member_state, self.settings
+        if to not in member_state.peers:
             raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{to!r} is not a peer")
-        if ms.role is not Role.LEADER:
-            raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {ms.leader_id}")
-        if to == ms.self_id:
+        if member_state.role is not Role.LEADER:
+            raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {member_state.leader_id}")
+        if to == member_state.self_id:
             raise DLedgerError(DLedgerCode.UNEXPECTED_ARGUMENT, "already the leader")
-        if ms.transferee is not None:
-            raise DLedgerError(DLedgerCode.LEADER_TRANSFERRING, f"to {ms.transferee}")
-        lag = ms.ledger_end_index - self.dispatchers[to].match_index
+        if member_state.transferee is not None:
+            raise DLedgerError(DLedgerCode.LEADER_TRANSFERRING, f"to {member_state.transferee}")
+        lag = member_state.ledger_end_index - self.dispatchers[to].match_index
         if lag > s.max_leadership_transfer_wait_index:
             raise DLedgerError(DLedgerCode.FALL_BEHIND_TOO_MUCH, f"{to} is {lag} behind")
-        ms.transferee = to
+        member_state.transferee = to
         t = _Transfer(
-            self.next_req_id(), to, ms.curr_term, now_ms + s.leadership_transfer_timeout_ms * 2
+            self.next_req_id(),
+            to,
+            member_state.curr_term,
+            now_ms + s.leadership_transfer_timeout_ms * 2,
         )
         self._transfers.append(t)
         self.send(
             LeadershipTransferRequest(
-                group=ms.group,
-                local_id=ms.self_id,
+                group=member_state.group,
+                local_id=member_state.self_id,
                 remote_id=to,
-                term=ms.curr_term,
+                term=member_state.curr_term,
                 req_id=t.transfer_id,
-                transfer_id=ms.self_id,
+                transfer_id=member_state.self_id,
                 transferee_id=to,
-                take_leadership_ledger_index=ms.ledger_end_index,
+                take_leadership_ledger_index=member_state.ledger_end_index,
             )
         )
-        self.log_event("transfer", to=to, term=ms.curr_term)
+        self.log_event("transfer", to=to, term=member_state.curr_term)
         return t.transfer_id
 
     def _on_transfer_response(self, resp: LeadershipTransferResponse) -> None:
@@ -501,8 +518,8 @@ class DLedgerCore:
             if t.transfer_id == resp.req_id and t.to == resp.local_id:
                 self._transfers.remove(t)
                 self._ready.transfers.append(TransferDone(t.transfer_id, resp.code))
-                if self.ms.transferee == t.to:
-                    self.ms.transferee = None
+                if self.member_state.transferee == t.to:
+                    self.member_state.transferee = None
 
     def _expire_transfers(self, now_ms: int) -> None:
         for t in list(self._transfers):
@@ -511,15 +528,15 @@ class DLedgerCore:
                 self._ready.transfers.append(
                     TransferDone(t.transfer_id, DLedgerCode.TAKE_LEADERSHIP_FAILED)
                 )
-                if self.ms.transferee == t.to:
-                    self.ms.transferee = None
+                if self.member_state.transferee == t.to:
+                    self.member_state.transferee = None
 
     def _on_take_leadership(self, req: LeadershipTransferRequest, now_ms: int) -> None:
-        ms = self.ms
+        member_state = self.member_state
         if (
-            req.transferee_id != ms.self_id
-            or req.term != ms.curr_term
-            or (ms.role is not Role.FOLLOWER or ms.leader_id != req.local_id)
+            req.transferee_id != member_state.self_id
+            or req.term != member_state.curr_term
+            or (member_state.role is not Role.FOLLOWER or member_state.leader_id != req.local_id)
         ):
             self._answer_take(req.local_id, req.req_id, DLedgerCode.TAKE_LEADERSHIP_FAILED)
             return
@@ -533,20 +550,20 @@ class DLedgerCore:
         self._check_take_leadership(now_ms)
 
     def _check_take_leadership(self, now_ms: int) -> None:
-        t, ms = self._take, self.ms
+        t, member_state = self._take, self.member_state
         if t is None:
             return
         if t.started:
-            if ms.role is Role.LEADER:
+            if member_state.role is Role.LEADER:
                 self._finish_take(DLedgerCode.SUCCESS)
-            elif ms.curr_term > t.term + 1 or now_ms >= t.deadline_ms + 1000:
+            elif member_state.curr_term > t.term + 1 or now_ms >= t.deadline_ms + 1000:
                 self._finish_take(DLedgerCode.TAKE_LEADERSHIP_FAILED)
             return
-        if now_ms >= t.deadline_ms or ms.curr_term != t.term:
+        if now_ms >= t.deadline_ms or member_state.curr_term != t.term:
             self._finish_take(DLedgerCode.TAKE_LEADERSHIP_FAILED)
-        elif ms.ledger_end_index >= t.index:
+        elif member_state.ledger_end_index >= t.index:
             t.started = True
-            ms.term_to_take_leadership = t.term + 1
+            member_state.term_to_take_leadership = t.term + 1
             self.elector.raise_term_now(t.term + 1, now_ms)
             # Adopt term + 1 now, not at the next tick: until then a heartbeat or push
             # of the old leader's term would find a candidate without a leader in that
@@ -556,17 +573,17 @@ class DLedgerCore:
     def _finish_take(self, code: DLedgerCode) -> None:
         t, self._take = self._take, None
         assert t is not None
-        self.ms.term_to_take_leadership = -1
+        self.member_state.term_to_take_leadership = -1
         self._answer_take(t.leader_id, t.req_id, code)
 
     def _answer_take(self, to: str, req_id: int, code: DLedgerCode) -> None:
-        ms = self.ms
+        member_state = self.member_state
         self.send(
             LeadershipTransferResponse(
-                group=ms.group,
-                local_id=ms.self_id,
+                group=member_state.group,
+                local_id=member_state.self_id,
                 remote_id=to,
-                term=ms.curr_term,
+                term=member_state.curr_term,
                 req_id=req_id,
                 code=code,
             )
@@ -574,17 +591,21 @@ class DLedgerCore:
 
     def _check_preferred_leader(self, now_ms: int) -> None:
         """Preferred leader: hand over to the live preferred peer that lags least."""
-        s, ms = self.settings, self.ms
-        if not s.preferred_leader_ids or ms.role is not Role.LEADER or ms.transferee:
+        s, member_state = self.settings, self.member_state
+        if (
+            not s.preferred_leader_ids
+            or member_state.role is not Role.LEADER
+            or member_state.transferee
+        ):
             return
         if now_ms - self._last_preferred_check_ms < s.preferred_leader_check_ms:
             return
         self._last_preferred_check_ms = now_ms
-        if ms.self_id in s.preferred_leader_ids:
+        if member_state.self_id in s.preferred_leader_ids:
             return
         heard = self.elector.peer_heard_ms
         live = [
-            (ms.ledger_end_index - self.dispatchers[p].match_index, p)
+            (member_state.ledger_end_index - self.dispatchers[p].match_index, p)
             for p in sorted(s.preferred_leader_ids)
             if p in self.dispatchers and now_ms - heard.get(p, -(10**15)) <= s.election_timeout_ms
         ]
@@ -597,28 +618,28 @@ class DLedgerCore:
 
     def ready(self) -> Ready:
         """Everything produced since the last call; handle it in the documented order."""
-        ms = self.ms
-        if ms.hard_state_dirty:
-            self._ready.hard_state = ms.hard_state()
-            ms.hard_state_dirty = False
+        member_state = self.member_state
+        if member_state.hard_state_dirty:
+            self._ready.hard_state = member_state.hard_state()
+            member_state.hard_state_dirty = False
         r, self._ready = self._ready, Ready()
         return r
 
     def status(self) -> dict[str, Any]:
-        ms, store = self.ms, self.store
+        member_state, store = self.member_state, self.store
         return {
-            "group": ms.group,
-            "self_id": ms.self_id,
-            "role": ms.role.value,
-            "term": ms.curr_term,
-            "leader_id": ms.leader_id,
-            "voted_for": ms.curr_vote_for,
+            "group": member_state.group,
+            "self_id": member_state.self_id,
+            "role": member_state.role.value,
+            "term": member_state.curr_term,
+            "leader_id": member_state.leader_id,
+            "voted_for": member_state.curr_vote_for,
             "ledger_begin_index": store.ledger_begin_index,
             "ledger_end_index": store.ledger_end_index,
             "ledger_end_term": store.ledger_end_term,
             "committed_index": store.committed_index,
             "committed_pos": store.committed_pos,
-            "transferee": ms.transferee,
+            "transferee": member_state.transferee,
             "pending_proposals": len(self._proposals),
             "snapshot_index": self.snapshot.last_index if self.snapshot else -1,
             "installing_snapshot_index": self.installing.last_index if self.installing else -1,
@@ -633,6 +654,6 @@ class DLedgerCore:
                 }
                 for p, d in self.dispatchers.items()
             }
-            if ms.role is Role.LEADER
+            if member_state.role is Role.LEADER
             else {},
         }

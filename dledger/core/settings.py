@@ -2,7 +2,7 @@
 
 Names carry their unit last (``heartbeat_interval_ms``). ``CoreSettings.dledger()`` gives
 DLedger's own defaults (2 s heartbeats, 6 s election timeout) as the
-documented alternative profile; ours detect a lost leader in 3 x 200 ms.
+documented alternative profile; ours detect a lost leader in 3 x 200 member_state.
 """
 
 from __future__ import annotations

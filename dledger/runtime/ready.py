@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from ..core.messages import Message
+from ..core.messages import RaftMessage
 from ..core.node import DLedgerCore, Ready
 from ..core.snapshot import Snapshot
 from ..store.base import LogStore
@@ -56,7 +56,7 @@ def deliver_ready(
     ready: Ready,
     synced_index: int | None,
     *,
-    send: Callable[[Iterable[Message]], None],
+    send: Callable[[Iterable[RaftMessage]], None],
     on_ready: Callable[[Ready], None],
 ) -> None:
     """Send, then apply and notify (``on_ready`` sees commits, proposals, transfers and

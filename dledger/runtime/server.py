@@ -42,9 +42,9 @@ from ..core.messages import (
     AppendResponse,
     GetRequest,
     GetResponse,
-    Message,
     MetadataRequest,
     MetadataResponse,
+    RaftMessage,
     Role,
 )
 from ..core.node import DLedgerCore, Ready, RoleChange
@@ -113,7 +113,7 @@ class NotLeaderError(DLedgerError):
         self.leader_id = leader_id
 
 
-class UnknownOutcomeError(DLedgerError):
+class AppendOutcomeUnknownError(DLedgerError):
     """The append was proposed but its commit is unknown (leadership lost, quorum timeout):
     it may or may not be in the log. Retrying may duplicate."""
 
@@ -320,7 +320,7 @@ class DLedgerServer:
         commit elsewhere: an unknown outcome)."""
         for pfut in self._proposal_futs.values():
             if not pfut.done():
-                pfut.set_exception(UnknownOutcomeError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
+                pfut.set_exception(AppendOutcomeUnknownError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
         for tfut in self._transfer_futs.values():
             if not tfut.done():
                 tfut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
@@ -412,7 +412,7 @@ class DLedgerServer:
 
             asyncio.run_coroutine_threadsafe(run(), loop).result()
 
-    def _send(self, msgs: Iterable[Message]) -> None:
+    def _send(self, msgs: Iterable[RaftMessage]) -> None:
         assert self.transport is not None
         for m in msgs:
             self.transport.send(m)
@@ -434,7 +434,7 @@ class DLedgerServer:
                         observe(took, len(p.positions))
                 fut.set_result([(p.first_index + i, pos) for i, pos in enumerate(p.positions)])
             else:
-                fut.set_exception(UnknownOutcomeError(done.code, "commit unknown"))
+                fut.set_exception(AppendOutcomeUnknownError(done.code, "commit unknown"))
         for t in ready.transfers:
             tf = self._transfer_futs.pop(t.transfer_id, None)
             if tf is not None and not tf.done():
@@ -530,7 +530,7 @@ class DLedgerServer:
 
         A refusal (NotLeaderError, LEADER_PENDING_FULL, a store error) raises here, before
         anything is in the log; once this returns the entries are in the leader's log and
-        the future fails only with ``UnknownOutcomeError``. The broker relies on that
+        the future fails only with ``AppendOutcomeUnknownError``. The broker relies on that
         split to roll back queue offsets it assigned for a refused batch."""
         core = self._live_core()
         if self.failed is not None:
@@ -539,7 +539,7 @@ class DLedgerServer:
             p = core.propose(bodies, _now_ms())
         except DLedgerError as e:
             if e.code in (DLedgerCode.NOT_LEADER, DLedgerCode.LEADER_TRANSFERRING):
-                raise NotLeaderError(e.code, e.message, core.ms.leader_id) from None
+                raise NotLeaderError(e.code, e.message, core.member_state.leader_id) from None
             raise
         self.stats["proposals"] += 1
         fut: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
@@ -616,11 +616,11 @@ class DLedgerServer:
 
     @property
     def role(self) -> Role:
-        return self._live_core().ms.role
+        return self._live_core().member_state.role
 
     @property
     def leader_id(self) -> str | None:
-        return self._live_core().ms.leader_id
+        return self._live_core().member_state.leader_id
 
     def status(self) -> dict[str, Any]:
         st = self._live_core().status()
@@ -655,7 +655,7 @@ class DLedgerServer:
             "group": cfg.group,
             "local_id": cfg.self_id,
             "remote_id": m.local_id,
-            "term": self.core.ms.curr_term if self.core else -1,
+            "term": self.core.member_state.curr_term if self.core else -1,
             "req_id": m.req_id,
         }
         allowed = cfg.client_requests
@@ -686,7 +686,7 @@ class DLedgerServer:
         return resp
 
     async def _client_append(self, m: AppendRequest, base: dict[str, Any]) -> AppendResponse:
-        leader = (self.core.ms.leader_id if self.core else None) or ""
+        leader = (self.core.member_state.leader_id if self.core else None) or ""
         if m.group != self.config.group:
             return AppendResponse(**base, code=DLedgerCode.UNKNOWN_GROUP, leader_id=leader)
         try:

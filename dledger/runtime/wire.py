@@ -99,12 +99,12 @@ from ..core.messages import (
     InstallSnapshotResponse,
     LeadershipTransferRequest,
     LeadershipTransferResponse,
-    Message,
     MetadataRequest,
     MetadataResponse,
     PushEntryRequest,
     PushEntryResponse,
     PushType,
+    RaftMessage,
     VoteRequest,
     VoteResponse,
     VoteResult,
@@ -124,7 +124,7 @@ __all__ = [
     "encode_parts",
 ]
 
-WireMessage: TypeAlias = Message | ClientRequest | ClientResponse
+WireMessage: TypeAlias = RaftMessage | ClientRequest | ClientResponse
 """Every message the wire carries: the core's peer protocol and the client protocol."""
 
 Buffer: TypeAlias = bytes | bytearray | memoryview

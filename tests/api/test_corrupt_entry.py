@@ -17,7 +17,7 @@ from fastapi import FastAPI
 
 from api.app import create_app
 from api.client import AsyncAdmin, AsyncConsumer
-from broker.broker import Broker, ProduceMessage
+from broker.broker import Broker, NewMessage
 from broker.message import BODY_POS
 from tests.broker.harness import SMALL_STORE, BrokerCluster
 
@@ -55,7 +55,7 @@ async def test_a_damaged_copy_is_refused_counted_and_read_from_another_replica(
     await cluster.start_all()
     try:
         master = await cluster.master()
-        sent = [ProduceMessage(body=f"message {i}".encode(), keys=[f"k{i}"]) for i in range(4)]
+        sent = [NewMessage(body=f"message {i}".encode(), keys=[f"k{i}"]) for i in range(4)]
         results = await master.produce("orders", sent)
         await cluster.converged()
         victim_id = next(n for n, b in cluster.brokers.items() if b is not master)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from broker import errors
-from broker.broker import Broker, ProduceMessage
+from broker.broker import Broker, NewMessage
 from broker.settings import Limits
 from tests.broker.harness import BrokerCluster
 from tests.waiting import until
@@ -33,7 +33,7 @@ async def test_produce_then_pull_in_queue_order(tmp_path: Path) -> None:
         assert (await b.create_topic("orders", 2))[1] is False
         with pytest.raises(errors.TopicConflictError):
             await b.create_topic("orders", 3)
-        msgs = [ProduceMessage(f"m{i}".encode(), tags="A" if i % 2 else "B") for i in range(10)]
+        msgs = [NewMessage(f"m{i}".encode(), tags="A" if i % 2 else "B") for i in range(10)]
         results = await b.produce("orders", msgs)
         assert [r.queue_id for r in results] == [0, 1] * 5  # round-robin
         assert [r.queue_offset for r in results if r.queue_id == 0] == [0, 1, 2, 3, 4]
@@ -54,7 +54,7 @@ async def test_produce_then_pull_in_queue_order(tmp_path: Path) -> None:
 async def test_physical_offset_is_the_position_in_the_dledger_files(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        [res] = await b.produce("t", [ProduceMessage(b"hello", keys=["k1"])])
+        [res] = await b.produce("t", [NewMessage(b"hello", keys=["k1"])])
         entry = b.store.get(b.dispatcher.dispatched_index)
         assert entry.pos + 48 == res.commitlog_offset
         raw = b.store.read(res.commitlog_offset, len(entry.body))
@@ -68,16 +68,16 @@ async def test_tag_filter_sharding_key_and_pinned_queue(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
         await b.create_topic("t", 4)
-        msgs = [ProduceMessage(b"%d" % i, tags=("TagA", "TagB", "TagC")[i % 3]) for i in range(9)]
-        await b.produce("t", [ProduceMessage(m.body, m.tags, queue_id=2) for m in msgs])
+        msgs = [NewMessage(b"%d" % i, tags=("TagA", "TagB", "TagC")[i % 3]) for i in range(9)]
+        await b.produce("t", [NewMessage(m.body, m.tags, queue_id=2) for m in msgs])
         r = await b.pull("t", 2, 0, max_messages=32, tags="TagA||TagC")
         assert [m.tags for m in r.messages] == ["TagA", "TagC"] * 3
         none = await b.pull("t", 2, 0, max_messages=32, tags="TagZ")
         assert none.status == "NO_MATCHED_MSG" and none.next_offset == 9
-        res = await b.produce("t", [ProduceMessage(b"x", sharding_key="order-42")] * 5)
+        res = await b.produce("t", [NewMessage(b"x", sharding_key="order-42")] * 5)
         assert len({x.queue_id for x in res}) == 1
         with pytest.raises(errors.InvalidArgumentError):
-            await b.produce("t", [ProduceMessage(b"x", queue_id=4)])
+            await b.produce("t", [NewMessage(b"x", queue_id=4)])
     finally:
         await c.close()
 
@@ -90,7 +90,7 @@ async def test_long_poll_is_woken_by_dispatch(tmp_path: Path) -> None:
         waiter = asyncio.ensure_future(b.pull("t", 0, 0, max_messages=10, wait_ms=10_000))
         await asyncio.sleep(0)
         assert not waiter.done()
-        await b.produce("t", [ProduceMessage(b"late")])
+        await b.produce("t", [NewMessage(b"late")])
         r = await asyncio.wait_for(waiter, 5)
         assert r.status == "FOUND" and r.messages[0].body == b"late"
         assert time.monotonic() - started < 5
@@ -103,7 +103,7 @@ async def test_long_poll_is_woken_by_dispatch(tmp_path: Path) -> None:
 async def test_producer_session_answers_a_retry_with_the_original_results(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        batch = [ProduceMessage(b"a"), ProduceMessage(b"b")]
+        batch = [NewMessage(b"a"), NewMessage(b"b")]
         first = await b.produce("t", batch, producer_id="p1", sequence=7)
         again = await b.produce("t", batch, producer_id="p1", sequence=7)
         assert again == first
@@ -124,7 +124,7 @@ async def test_group_offsets_commit_reset_and_group_pull(tmp_path: Path) -> None
     c, b = await _single(tmp_path)
     try:
         await b.create_topic("t", 2)
-        await b.produce("t", [ProduceMessage(b"%d" % i) for i in range(6)])
+        await b.produce("t", [NewMessage(b"%d" % i) for i in range(6)])
         r = await b.group_pull("g", "t", max_messages=4, auto_commit=True)
         assert len(r.messages) == 4
         rest = await b.group_pull("g", "t", max_messages=10, auto_commit=True)
@@ -149,11 +149,11 @@ async def test_query_by_key_skips_a_deleted_incarnation_of_the_topic(tmp_path: P
     c, b = await _single(tmp_path)
     try:
         await b.create_topic("t", 1)
-        await b.produce("t", [ProduceMessage(b"old", keys=["k"])])
+        await b.produce("t", [NewMessage(b"old", keys=["k"])])
         await b.delete_topic("t")
         await b.create_topic("t", 2)
         assert b.query_by_key("t", "k") == []
-        await b.produce("t", [ProduceMessage(b"new", keys=["k"])])
+        await b.produce("t", [NewMessage(b"new", keys=["k"])])
         assert [m.body for m in b.query_by_key("t", "k")] == [b"new"]
     finally:
         await c.close()
@@ -164,7 +164,7 @@ async def test_query_by_key_and_offset_by_time(tmp_path: Path) -> None:
     try:
         await b.create_topic("t", 1)
         before = int(time.time() * 1000) - 1
-        await b.produce("t", [ProduceMessage(b"a", keys=["order-1"]), ProduceMessage(b"b")])
+        await b.produce("t", [NewMessage(b"a", keys=["order-1"]), NewMessage(b"b")])
         found = b.query_by_key("t", "order-1")
         assert [m.body for m in found] == [b"a"]
         uniq = found[0].uniq_key
@@ -185,7 +185,7 @@ async def test_bad_input_is_refused_and_writes_nothing(tmp_path: Path) -> None:
     try:
         end = b.store.ledger_end_index
         with pytest.raises(errors.TopicNotFoundError):
-            await b.produce("nope", [ProduceMessage(b"x")])
+            await b.produce("nope", [NewMessage(b"x")])
         with pytest.raises(errors.InvalidArgumentError):
             await b.create_topic("%SYS%mine", 1)
         with pytest.raises(errors.InvalidArgumentError):
@@ -194,15 +194,15 @@ async def test_bad_input_is_refused_and_writes_nothing(tmp_path: Path) -> None:
         end = b.store.ledger_end_index
         lim = b.settings.limits
         with pytest.raises(errors.PayloadTooLargeError):
-            await b.produce("t", [ProduceMessage(b"x" * (lim.max_body_bytes + 1))])
+            await b.produce("t", [NewMessage(b"x" * (lim.max_body_bytes + 1))])
         with pytest.raises(errors.PayloadTooLargeError):
-            await b.produce("t", [ProduceMessage(b"x")] * (lim.max_messages_per_request + 1))
+            await b.produce("t", [NewMessage(b"x")] * (lim.max_messages_per_request + 1))
         with pytest.raises(errors.InvalidArgumentError):
-            await b.produce("t", [ProduceMessage(b"x", properties={"TAGS": "sneaky"})])
+            await b.produce("t", [NewMessage(b"x", properties={"TAGS": "sneaky"})])
         with pytest.raises(errors.InvalidArgumentError):
-            await b.produce("t", [ProduceMessage(b"x", properties={"a\x01": "b"})])
+            await b.produce("t", [NewMessage(b"x", properties={"a\x01": "b"})])
         with pytest.raises(errors.InvalidArgumentError):
-            await b.produce("t", [ProduceMessage(b"x")], producer_id="p")
+            await b.produce("t", [NewMessage(b"x")], producer_id="p")
         assert b.store.ledger_end_index == end
     finally:
         await c.close()
@@ -212,14 +212,14 @@ async def test_topic_delete_drops_queues_and_recreate_starts_at_zero(tmp_path: P
     c, b = await _single(tmp_path)
     try:
         await b.create_topic("t", 1)
-        await b.produce("t", [ProduceMessage(b"old")] * 3)
+        await b.produce("t", [NewMessage(b"old")] * 3)
         await b.commit_offsets("g", "t", {0: 2})
         await b.delete_topic("t")
         assert "t" not in {t.name for t in b.list_topics()}
         with pytest.raises(errors.TopicNotFoundError):
             await b.pull("t", 0, 0)
         await b.create_topic("t", 1)
-        [res] = await b.produce("t", [ProduceMessage(b"new")])
+        [res] = await b.produce("t", [NewMessage(b"new")])
         assert res.queue_offset == 0
         assert b.meta.committed_offset("g", "t", 0) is None
     finally:
@@ -231,7 +231,7 @@ async def test_restart_rebuilds_deleted_consume_queues_identically(tmp_path: Pat
     try:
         await b.create_topic("t", 3)
         for i in range(5):
-            await b.produce("t", [ProduceMessage(b"%d" % i, keys=[f"k{i}"])] * 50)
+            await b.produce("t", [NewMessage(b"%d" % i, keys=[f"k{i}"])] * 50)
         await b.commit_offsets("g", "t", {0: 10})
         cq_dir = c.settings("n0").data_dir / "consumequeue"
         await c.stop("n0")
@@ -254,7 +254,7 @@ async def test_restart_rebuilds_deleted_consume_queues_identically(tmp_path: Pat
         assert [m.body for m in b.query_by_key("t", "k3")] == [b"3"] * 50
         [res] = await b.produce(
             "t",
-            [ProduceMessage(b"next")],
+            [NewMessage(b"next")],
         )
         assert res.queue_offset == 250 // 3 + (1 if res.queue_id < 250 % 3 else 0)
     finally:
@@ -266,7 +266,7 @@ async def test_retention_moves_min_offsets_never_past_dispatch(tmp_path: Path) -
     try:
         await b.create_topic("t", 2)
         for i in range(30):
-            await b.produce("t", [ProduceMessage(b"%04d" % i + b"x" * 1020)] * 100)
+            await b.produce("t", [NewMessage(b"%04d" % i + b"x" * 1020)] * 100)
         store = b.store
         # Nothing is deleted while neither a checkpoint nor a snapshot covers the head.
         b.dispatcher.snapshot_index = -1
@@ -292,7 +292,7 @@ async def test_retention_moves_min_offsets_never_past_dispatch(tmp_path: Path) -
         assert b.queue_bounds("t", 0) == (lo, hi)
         [res] = await b.produce(
             "t",
-            [ProduceMessage(b"after")],
+            [NewMessage(b"after")],
         )
         assert res.queue_offset == b.queue_bounds("t", res.queue_id)[1] - 1
     finally:
@@ -309,7 +309,7 @@ async def test_a_tag_filter_that_matches_nothing_scans_a_bounded_backlog(
     try:
         await b.create_topic("t", 1)
         for _batch in range(10):
-            await b.produce("t", [ProduceMessage(b"m", tags="A") for _ in range(1000)])
+            await b.produce("t", [NewMessage(b"m", tags="A") for _ in range(1000)])
         ticks = 0
 
         async def ticker() -> None:

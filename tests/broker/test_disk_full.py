@@ -17,7 +17,7 @@ import pytest
 import pytest_asyncio
 
 from broker import errors
-from broker.broker import Broker, ProduceMessage
+from broker.broker import Broker, NewMessage
 from dledger.runtime.local_cluster import free_ports
 from tests.waiting import until
 
@@ -49,8 +49,8 @@ async def _single(fs: Path, **overrides: object) -> Broker:
     return b
 
 
-def _msgs(n: int, tag: str) -> list[ProduceMessage]:
-    return [ProduceMessage(f"{tag}-{i}".encode() * 20, keys=[f"{tag}-{i}"]) for i in range(n)]
+def _msgs(n: int, tag: str) -> list[NewMessage]:
+    return [NewMessage(f"{tag}-{i}".encode() * 20, keys=[f"{tag}-{i}"]) for i in range(n)]
 
 
 async def _all_bodies(b: Broker, topic: str) -> list[bytes]:

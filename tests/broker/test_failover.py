@@ -15,7 +15,7 @@ from broker.broker import (
     NO_LEADER_RETRY_AFTER_MS,
     PROMOTING_RETRY_AFTER_MS,
     Broker,
-    ProduceMessage,
+    NewMessage,
 )
 from broker.role import BrokerRole
 from dledger.core.messages import PushEntryRequest
@@ -44,16 +44,16 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(tmp_pat
     try:
         m = await c.master()
         await m.create_topic("t", 2)
-        first = await m.produce("t", [ProduceMessage(b"a%d" % i) for i in range(20)])
+        first = await m.produce("t", [NewMessage(b"a%d" % i) for i in range(20)])
         await m.commit_offsets("grp", "t", {0: 4, 1: 3})
-        await m.produce("t", [ProduceMessage(b"s")], producer_id="p", sequence=1)
+        await m.produce("t", [NewMessage(b"s")], producer_id="p", sequence=1)
         await c.converged()
         for node, b in c.brokers.items():
             assert b.meta.committed_offset("grp", "t", 0) == 4, node
             assert len(await _bodies(c, node, "t", 0)) == 11, node
             if b is not m:
                 with pytest.raises(errors.NotMasterError) as ei:
-                    await b.produce("t", [ProduceMessage(b"x")])
+                    await b.produce("t", [NewMessage(b"x")])
                 assert ei.value.leader_id == m.settings.node_id
                 assert ei.value.leader_addr == m.settings.peer_map[m.settings.node_id]
                 # Every write redirects before it looks at its topic: a slave may not know
@@ -72,8 +72,8 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(tmp_pat
         m2 = await c.master(timeout_s=30)
         assert m2.settings.node_id != old
         # the retried session batch is answered from the replicated session table
-        again = await m2.produce("t", [ProduceMessage(b"s")], producer_id="p", sequence=1)
-        second = await m2.produce("t", [ProduceMessage(b"b%d" % i) for i in range(20)])
+        again = await m2.produce("t", [NewMessage(b"s")], producer_id="p", sequence=1)
+        second = await m2.produce("t", [NewMessage(b"b%d" % i) for i in range(20)])
         assert again[0].queue_offset == 10 and again[0].queue_id == 0
         q0 = [r.queue_offset for r in first + second if r.queue_id == 0]
         assert sorted(q0) == [*range(10), *range(11, 21)]
@@ -94,7 +94,7 @@ async def test_consume_queue_files_are_byte_identical_on_every_replica(tmp_path:
         m = await c.master()
         await m.create_topic("t", 3)
         for i in range(10):
-            await m.produce("t", [ProduceMessage(b"x" * i, keys=[f"k{i}"])] * 30)
+            await m.produce("t", [NewMessage(b"x" * i, keys=[f"k{i}"])] * 30)
         await c.converged()
         for b in c.brokers.values():
             await b.dispatcher.checkpoint()
@@ -142,19 +142,19 @@ async def test_a_slave_redirects_to_the_new_master_the_moment_it_follows_it(
         rest = [b for b in c.brokers.values() if b.settings.node_id != old_id]
 
         def new_leader() -> str | None:
-            ids = {b.server.core.ms.leader_id for b in rest if b.server.core is not None}
+            ids = {b.server.core.member_state.leader_id for b in rest if b.server.core is not None}
             return ids.pop() if len(ids) == 1 and not ids & {None, old_id} else None
 
         new = await until(new_leader, what="both survivors follow one new leader")
         slave = next(b for b in rest if b.settings.node_id != new)
         with pytest.raises(errors.NotMasterError) as ei:
-            await slave.produce("t", [ProduceMessage(b"x")])
+            await slave.produce("t", [NewMessage(b"x")])
         assert ei.value.leader_id == new
         assert ei.value.leader_url == slave.settings.peer_urls.get(new)
         leader = c.brokers[new]
         if leader.role is not BrokerRole.MASTER:  # still promoting (a few ms)
             with pytest.raises(errors.NoMasterError) as nm:
-                await leader.produce("t", [ProduceMessage(b"x")])
+                await leader.produce("t", [NewMessage(b"x")])
             assert nm.value.fields["retry_after_ms"] == PROMOTING_RETRY_AFTER_MS
         await until(lambda: leader.role is BrokerRole.MASTER, what="the new MASTER")
         assert leader.role_handler.last_promotion["promotion_total_ms"] >= 0
@@ -175,22 +175,22 @@ async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
     try:
         m = await c.master()
         await m.create_topic("t", 1)
-        first = await m.produce("t", [ProduceMessage(b"a")], producer_id="p", sequence=0)
+        first = await m.produce("t", [NewMessage(b"a")], producer_id="p", sequence=0)
         term = m.role_term
         followers = [b for b in c.brokers.values() if b is not m]
         blocked = _drop_appends(followers)
         with pytest.raises(errors.UnknownOutcomeError):
-            await m.produce("t", [ProduceMessage(b"b")], producer_id="p", sequence=1)
+            await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
         end = m.store.ledger_end_index
         with pytest.raises(errors.UnknownOutcomeError) as retry:
-            await m.produce("t", [ProduceMessage(b"b")], producer_id="p", sequence=1)
+            await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
         assert m.store.ledger_end_index == end, "the retry appended the batch again"
         assert "not settled yet" in str(retry.value)
         blocked.clear()  # the followers take appends again: the first copy commits
         # (the leader re-pushes after max_wait_ack_ms; on a loaded machine that may take
         # longer than one settle wait, so wait for it rather than race it)
         await until(lambda: m.dispatched_index >= end, what="the first copy is dispatched")
-        again = await m.produce("t", [ProduceMessage(b"b")], producer_id="p", sequence=1)
+        again = await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
         assert (m.role_term, m.is_master) == (term, True), "the test needs one master term"
         assert again[0].queue_offset == first[0].queue_offset + 1
         await c.converged()

@@ -40,8 +40,8 @@ from broker.message import (
     SYSTEM_PROPERTIES,
     TOTAL_SIZE_POS,
     DispatchInfo,
-    Message,
     MessageFormatError,
+    StoredMessage,
     bytes_to_host,
     decode_message,
     decode_properties,
@@ -215,7 +215,7 @@ def test_encode_decode_round_trip(
         reconsume_times=reconsume_times,
         prepared_tx_offset=prepared_tx_offset,
     )
-    assert decode_message(raw) == Message(
+    assert decode_message(raw) == StoredMessage(
         size=len(raw),
         body_crc=zlib.crc32(body),
         queue_id=queue_id,

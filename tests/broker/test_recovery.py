@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.broker import Broker, ProduceMessage
+from broker.broker import Broker, NewMessage
 from tests.broker.harness import BrokerCluster
 from tests.waiting import until
 
@@ -34,7 +34,7 @@ async def _churn(b: Broker) -> bytes:
     offset commit. Returns the dispatch checkpoint file as it was half-way."""
     await b.create_topic("t", 2)
     for i in range(40):
-        await b.produce("t", [ProduceMessage(b"old%d" % i, keys=[f"k{i % 7}", f"o{i}"])])
+        await b.produce("t", [NewMessage(b"old%d" % i, keys=[f"k{i % 7}", f"o{i}"])])
         if i == 20:
             await b.dispatcher.snapshot()
             await b.dispatcher.checkpoint()
@@ -42,7 +42,7 @@ async def _churn(b: Broker) -> bytes:
     await b.delete_topic("t")
     await b.create_topic("t", 3)
     for i in range(30):
-        await b.produce("t", [ProduceMessage(b"new%d" % i, keys=[f"k{i % 7}"])] * 2)
+        await b.produce("t", [NewMessage(b"new%d" % i, keys=[f"k{i % 7}"])] * 2)
     await b.commit_offsets("g", "t", {1: 5})
     return half_way
 
@@ -87,7 +87,7 @@ async def test_restart_after_delete_and_recreate_rebuilds_the_same_files(
         assert b.topic("t") == topic and b.meta.committed_offset("g", "t", 1) == 5
         assert [b.queue_bounds("t", q) for q in range(3)] == [(0, 20)] * 3
         assert [m.body for m in b.query_by_key("t", "k3")][:2] == [b"new24", b"new24"]
-        [res] = await b.produce("t", [ProduceMessage(b"next")], producer_id="p", sequence=0)
+        [res] = await b.produce("t", [NewMessage(b"next")], producer_id="p", sequence=0)
         assert res.queue_offset == 20
     finally:
         await c.close()
@@ -108,7 +108,7 @@ async def test_a_damaged_metadata_snapshot_never_stops_a_restart(
     try:
         await until(lambda: b.is_master, what="master")
         await b.create_topic("t", 2)
-        await b.produce("t", [ProduceMessage(b"a%d" % i) for i in range(10)])
+        await b.produce("t", [NewMessage(b"a%d" % i) for i in range(10)])
         await b.commit_offsets("g", "t", {0: 3})
         await b.dispatcher.snapshot()
     finally:

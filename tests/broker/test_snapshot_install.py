@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from broker.broker import Broker, ProduceMessage
+from broker.broker import Broker, NewMessage
 from broker.metadata import MetadataState
 from dledger.core.settings import CoreSettings
 from dledger.store import FileStore
@@ -27,9 +27,9 @@ from tests.waiting import until
 pytestmark = pytest.mark.asyncio
 
 
-def _msgs(tag: str, n: int) -> list[ProduceMessage]:
+def _msgs(tag: str, n: int) -> list[NewMessage]:
     return [
-        ProduceMessage(b"%s-%04d" % (tag.encode(), i) + b"x" * 1000, keys=[f"{tag}{i}"])
+        NewMessage(b"%s-%04d" % (tag.encode(), i) + b"x" * 1000, keys=[f"{tag}{i}"])
         for i in range(n)
     ]
 
@@ -95,7 +95,7 @@ async def _start_lagging_follower(
     await m.delete_topic("gone")
     await m.create_topic("gone", 3)  # another incarnation
     await m.commit_offsets("grp", "t", {0: 700})
-    await m.produce("t", [ProduceMessage(b"s")], producer_id="p1", sequence=7)
+    await m.produce("t", [NewMessage(b"s")], producer_id="p1", sequence=7)
     begin = await _delete_head(m)
     assert begin > 0, "retention deleted nothing"
     return c, m, lag
@@ -111,11 +111,11 @@ async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Pa
         assert f.store.ledger_begin_index == snap_index + 1
         st = f.status()
         assert st.snapshots_installed == 1 and st.snapshot_index >= snap_index
-        ms = m.store
+        master_store = m.store
         head = (
-            ms.get_meta(snap_index + 1).pos
-            if snap_index < ms.ledger_end_index
-            else ms.ledger_end_pos
+            master_store.get_meta(snap_index + 1).pos
+            if snap_index < master_store.ledger_end_index
+            else master_store.ledger_end_pos
         )
         assert f.store.ledger_begin_pos == head
         assert _state(f) == _state(m)
@@ -138,14 +138,14 @@ async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Pa
         assert [x.body for x in found] == [_msgs("after", 10)[3].body]
         # The retried session batch is answered from the installed session table.
         await c.converged()
-        again = await m.produce("t", [ProduceMessage(b"s")], producer_id="p1", sequence=7)
+        again = await m.produce("t", [NewMessage(b"s")], producer_id="p1", sequence=7)
         assert f.meta.sessions["p1"].results[0][1] == again[0].queue_offset
 
         # The installed node takes over: offsets continue without gap or duplicate.
         before = {q: f.queue_bounds("t", q)[1] for q in (0, 1)}
         await m.transfer_leadership(lag, timeout_s=10)
         await until(lambda: f.is_master, 20, "installed node is master")
-        res = await f.produce("t", [ProduceMessage(b"n%d" % i) for i in range(10)])
+        res = await f.produce("t", [NewMessage(b"n%d" % i) for i in range(10)])
         for q in (0, 1):
             got = sorted(r.queue_offset for r in res if r.queue_id == q)
             assert got == list(range(before[q], before[q] + len(got)))
@@ -266,10 +266,10 @@ async def test_a_rebuild_over_a_deleted_log_head_starts_queues_at_their_next_off
             assert hi == bounds[q][1] and bounds[q][0] <= lo < hi
             first = m.cq.queue("t", q).get(lo)
             assert first is not None and first[0] >= m.store.ledger_begin_pos
-        again = await m.produce("idle", [ProduceMessage(b"next")])
+        again = await m.produce("idle", [NewMessage(b"next")])
         assert again[0].queue_offset == 5
         for q in (0, 1):  # the rebuilt queues continue where they were too
-            res = await m.produce("t", [ProduceMessage(b"n", queue_id=q)])
+            res = await m.produce("t", [NewMessage(b"n", queue_id=q)])
             assert res[0].queue_offset == bounds[q][1]
     finally:
         await c.close()

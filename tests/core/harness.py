@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 
 from dledger.core.messages import (
     HeartBeatRequest,
-    Message,
     PushEntryRequest,
     PushType,
+    RaftMessage,
     Role,
     VoteRequest,
 )
@@ -56,12 +56,12 @@ class Cluster:
         self.now_ms = 0
         self.generation = dict.fromkeys(self.ids, 0)
         self.down: set[str] = set()
-        self.queue: deque[Message] = deque()
+        self.queue: deque[RaftMessage] = deque()
         self.cuts: set[tuple[str, str]] = set()  # (from, to)
-        self.drops: list[Callable[[Message], bool]] = []
+        self.drops: list[Callable[[RaftMessage], bool]] = []
         # what happened, for assertions
-        self.sent: list[tuple[int, Message]] = []  # (time, message) put on the wire
-        self.dropped: list[Message] = []
+        self.sent: list[tuple[int, RaftMessage]] = []  # (time, message) put on the wire
+        self.dropped: list[RaftMessage] = []
         self.readies: list[tuple[str, Ready]] = []
         self.commits: dict[str, list[int]] = {i: [] for i in self.ids}
         self.done: dict[str, list[tuple[int, ProposalDone]]] = {i: [] for i in self.ids}
@@ -108,17 +108,17 @@ class Cluster:
     def leader(self) -> str | None:
         """The live leader of the highest term, if any."""
         leads = [
-            (c.ms.curr_term, i)
+            (c.member_state.curr_term, i)
             for i, c in self.cores.items()
-            if i not in self.down and c.ms.role is Role.LEADER
+            if i not in self.down and c.member_state.role is Role.LEADER
         ]
         return max(leads)[1] if leads else None
 
     def role(self, nid: str) -> Role:
-        return self.cores[nid].ms.role
+        return self.cores[nid].member_state.role
 
     def term(self, nid: str) -> int:
-        return self.cores[nid].ms.curr_term
+        return self.cores[nid].member_state.curr_term
 
     # ---- network -------------------------------------------------------------------------
 
@@ -130,19 +130,19 @@ class Cluster:
             if other != nid:
                 self.cut(nid, other)
 
-    def drop(self, pred: Callable[[Message], bool]) -> Callable[[Message], bool]:
+    def drop(self, pred: Callable[[RaftMessage], bool]) -> Callable[[RaftMessage], bool]:
         """Lose every message ``pred`` matches until ``undrop``/``heal``."""
         self.drops.append(pred)
         return pred
 
-    def undrop(self, pred: Callable[[Message], bool]) -> None:
+    def undrop(self, pred: Callable[[RaftMessage], bool]) -> None:
         self.drops.remove(pred)
 
     def heal(self) -> None:
         self.cuts.clear()
         self.drops.clear()
 
-    def _lost(self, m: Message) -> bool:
+    def _lost(self, m: RaftMessage) -> bool:
         return (
             m.remote_id in self.down
             or (m.local_id, m.remote_id) in self.cuts
@@ -162,7 +162,7 @@ class Cluster:
             self.run(m.remote_id, lambda c: c.step(m, self.now_ms), deliver=False)  # noqa: B023
         return n
 
-    def inject(self, msg: Message) -> list[Message]:
+    def inject(self, msg: RaftMessage) -> list[RaftMessage]:
         """Step one hand-made message into its receiver; return what the receiver sent
         (also left in the queue, undelivered)."""
         before = len(self.sent)

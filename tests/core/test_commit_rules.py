@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from dledger.core.messages import Message, PushEntryRequest, PushEntryResponse, PushType, Role
+from dledger.core.messages import PushEntryRequest, PushEntryResponse, PushType, RaftMessage, Role
 from dledger.core.settings import CoreSettings
 from dledger.store import MAGIC_NOOP
 
 from .harness import Cluster
 
 
-def acks_from(frm: str, to: str) -> Callable[[Message], bool]:
-    def match(m: Message) -> bool:
+def acks_from(frm: str, to: str) -> Callable[[RaftMessage], bool]:
+    def match(m: RaftMessage) -> bool:
         return isinstance(m, PushEntryResponse) and (m.local_id, m.remote_id) == (frm, to)
 
     return match

@@ -118,7 +118,7 @@ def test_a_close_of_another_peer_or_on_a_candidate_changes_nothing() -> None:
     c.run(f, lambda core: core.peer_connection_lost("stranger", c.now_ms))
     c.tick(200)
     assert not c.events_of("leader_connection_lost")
-    assert c.cores[f].ms.role is Role.FOLLOWER
+    assert c.cores[f].member_state.role is Role.FOLLOWER
 
 
 def test_a_voter_that_saw_the_close_grants_and_does_not_campaign_itself() -> None:

@@ -42,5 +42,5 @@ def test_drop_and_cut_lose_exactly_what_they_name() -> None:
     c.heal()
     c.tick(2000)
     assert c.leader() is not None
-    assert {c.cores[i].ms.leader_id for i in c.ids} == {c.leader()}
+    assert {c.cores[i].member_state.leader_id for i in c.ids} == {c.leader()}
     assert c.role(a) is Role.FOLLOWER

@@ -49,8 +49,8 @@ def test_le_40_same_term_without_a_leader_makes_the_candidate_a_follower() -> No
     c.now_ms = 500
     resp = beat(c, 4)
     assert (resp.code, resp.term) == (DLedgerCode.SUCCESS, 4)
-    ms = c.cores["n0"].ms
-    assert (ms.role, ms.leader_id, ms.curr_term) == (Role.FOLLOWER, "n1", 4)
+    state = c.cores["n0"].member_state
+    assert (state.role, state.leader_id, state.curr_term) == (Role.FOLLOWER, "n1", 4)
     assert c.cores["n0"].elector.last_leader_heartbeat_ms == 500
 
 
@@ -68,7 +68,7 @@ def test_cv_43_le_40_a_second_leader_in_the_term_gets_inconsistent_leader_with_t
     resp = beat(c, 4, frm="n2")
     assert resp.code is DLedgerCode.INCONSISTENT_LEADER
     assert resp.term == 4  # DLedger's reply carries no term
-    assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n1")
+    assert (c.role("n0"), c.cores["n0"].member_state.leader_id) == (Role.FOLLOWER, "n1")
 
 
 def test_le_40_higher_term_is_term_not_ready_and_makes_a_candidate() -> None:
@@ -77,7 +77,11 @@ def test_le_40_higher_term_is_term_not_ready_and_makes_a_candidate() -> None:
     resp = beat(c, 6, frm="n2")
     assert (resp.code, resp.term) == (DLedgerCode.TERM_NOT_READY, 4)
     core = c.cores["n0"]
-    assert (core.ms.role, core.ms.curr_term, core.ms.known_max_term) == (Role.CANDIDATE, 4, 6)
+    assert (
+        core.member_state.role,
+        core.member_state.curr_term,
+        core.member_state.known_max_term,
+    ) == (Role.CANDIDATE, 4, 6)
     assert core.elector.need_increase_term_immediately
 
 
@@ -116,8 +120,8 @@ def test_cv_42_le_39_a_higher_term_answer_deposes_the_leader_despite_a_success_q
     reply(c, lead, r, p3, DLedgerCode.SUCCESS, term)  # 3 of 5 successful: the round closes
     core = c.cores[lead]
     assert core.elector.heartbeat_round is None
-    assert core.ms.role is Role.CANDIDATE
-    assert core.ms.known_max_term == term + 5
+    assert core.member_state.role is Role.CANDIDATE
+    assert core.member_state.known_max_term == term + 5
 
 
 def test_cv_31_the_heartbeat_round_keeps_the_highest_term_not_the_last() -> None:
@@ -130,7 +134,7 @@ def test_cv_31_the_heartbeat_round_keeps_the_highest_term_not_the_last() -> None
     reply(c, lead, r, p3, DLedgerCode.SUCCESS, term)
     reply(c, lead, r, p4, DLedgerCode.SUCCESS, term)
     assert c.role(lead) is Role.CANDIDATE
-    assert c.cores[lead].ms.known_max_term == term + 9
+    assert c.cores[lead].member_state.known_max_term == term + 9
 
 
 def test_le_39_success_plus_not_ready_quorum_sends_the_next_heartbeat_at_once() -> None:
@@ -169,7 +173,7 @@ def test_le_39_inconsistent_leader_without_a_quorum_steps_down_in_the_same_term(
     c.drop(lambda m: isinstance(m, VoteRequest))
     assert c.tick_until(lambda: c.cores[lead].elector.heartbeat_round is None, 500) is not None
     assert c.role(lead) is Role.CANDIDATE
-    assert c.cores[lead].ms.known_max_term == term
+    assert c.cores[lead].member_state.known_max_term == term
 
 
 def test_le_39_a_round_without_answers_keeps_a_recently_successful_leader() -> None:

@@ -15,10 +15,10 @@ from dledger.core.elector import LeaderElector
 from dledger.core.handler import EntryHandler
 from dledger.core.member_state import MemberState
 from dledger.core.messages import (
-    Message,
     PushEntryRequest,
     PushEntryResponse,
     PushType,
+    RaftMessage,
     Role,
     VoteRequest,
     VoteResult,
@@ -36,7 +36,7 @@ class FakeHost:
     """Every host of ``dledger.core.host`` at once, recording what it is asked."""
 
     def __init__(self) -> None:
-        self.sent: list[Message] = []
+        self.sent: list[RaftMessage] = []
         self.events: list[tuple[str, dict[str, Any]]] = []
         self.req_seq = 0
         self.installing: Snapshot | None = None
@@ -47,7 +47,7 @@ class FakeHost:
         self.writes = 0
         self.store: MemoryStore | None = None
 
-    def send(self, msg: Message) -> None:
+    def send(self, msg: RaftMessage) -> None:
         self.sent.append(msg)
 
     def log_event(self, name: str, **fields: Any) -> None:
@@ -81,8 +81,8 @@ def _member_state(self_id: str, store: MemoryStore) -> MemberState:
 
 def test_elector_campaigns_through_its_host() -> None:
     store = make_store([1, 1], term=1)
-    ms, host = _member_state("n0", store), FakeHost()
-    el = LeaderElector(ms, CoreSettings(pre_vote=False), random.Random(0), host)
+    state, host = _member_state("n0", store), FakeHost()
+    el = LeaderElector(state, CoreSettings(pre_vote=False), random.Random(0), host)
     for now_ms in range(0, 2000, 10):
         el.maintain(now_ms)
         if host.sent:
@@ -90,7 +90,7 @@ def test_elector_campaigns_through_its_host() -> None:
     votes = [m for m in host.sent if isinstance(m, VoteRequest)]
     assert sorted(v.remote_id for v in votes) == ["n1", "n2"]
     assert {v.req_id for v in votes} == {host.req_seq}  # numbered by the host
-    assert votes[0].term == 1 and ms.curr_vote_for == "n0"  # voted for itself
+    assert votes[0].term == 1 and state.curr_vote_for == "n0"  # voted for itself
     # a vote request from a higher term: adopt it at the next beat, without a round
     result, _ = el.handle_vote(
         VoteRequest(
@@ -106,16 +106,16 @@ def test_elector_campaigns_through_its_host() -> None:
         now_ms=3000,
     )
     assert result is VoteResult.REJECT_TERM_NOT_READY and el.need_increase_term_immediately
-    assert ms.role is Role.CANDIDATE and ms.known_max_term == 5
+    assert state.role is Role.CANDIDATE and state.known_max_term == 5
 
 
 def test_handler_appends_answers_and_commits_through_its_host() -> None:
     leader_log = make_store([1, 1, 1])
     store = make_store(term=1)
-    ms, host = _member_state("n1", store), FakeHost()
+    state, host = _member_state("n1", store), FakeHost()
     host.store = store
-    ms.change_to_follower(1, "n0")
-    handler = EntryHandler(ms, store, CoreSettings(), host)
+    state.change_to_follower(1, "n0")
+    handler = EntryHandler(state, store, CoreSettings(), host)
     req = append_req("n0", "n1", 1, leader_log, 0, 3, req_id=7)
     handler.handle_push(replace(req, commit_index=1), now_ms=0)
     assert store.ledger_end_index == 2 and host.writes == 1
@@ -127,9 +127,9 @@ def test_handler_appends_answers_and_commits_through_its_host() -> None:
 
 def test_dispatcher_compares_then_reports_the_match_to_its_host() -> None:
     store = make_store([1, 1, 2], term=2)
-    ms, host = _member_state("n0", store), FakeHost()
-    ms.change_to_leader(2)
-    d = EntryDispatcher("n1", ms, store, CoreSettings(), host)
+    state, host = _member_state("n0", store), FakeHost()
+    state.change_to_leader(2)
+    d = EntryDispatcher("n1", state, store, CoreSettings(), host)
     d.maintain(now_ms=0, idle_commit=False)
     (compare,) = host.sent
     assert isinstance(compare, PushEntryRequest) and compare.type is PushType.COMPARE

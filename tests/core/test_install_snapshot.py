@@ -14,10 +14,10 @@ from dledger.core.dispatcher import DispatcherState
 from dledger.core.messages import (
     InstallSnapshotRequest,
     InstallSnapshotResponse,
-    Message,
     PushEntryRequest,
     PushEntryResponse,
     PushType,
+    RaftMessage,
     Role,
 )
 from dledger.core.node import Ready
@@ -200,7 +200,7 @@ def test_raft7_follower_restarts_its_log_after_the_snapshot_at_the_leaders_pos()
     s = c.stores["n0"]
     assert (s.ledger_begin_index, s.ledger_end_index, s.committed_index) == (41, 40, 40)
     assert (s.ledger_end_term, s.ledger_end_chain, s.ledger_end_pos) == (2, 0xABCD, 9000)
-    assert c.cores["n0"].ms.leader_id == "n1" and c.role("n0") is Role.FOLLOWER
+    assert c.cores["n0"].member_state.leader_id == "n1" and c.role("n0") is Role.FOLLOWER
     assert c.cores["n0"].snapshot == Snapshot(40, 2, 0xABCD, 9000, SNAP)  # can serve it on
     assert c.commits["n0"][-1] == 40
     # the answer left after the application had the data
@@ -227,7 +227,7 @@ def test_raft7_the_ready_contract_installs_then_resets_then_sends() -> None:
     core.step(install_req("n1", "n0", 2, 7, 2, next_pos=512), c.now_ms)
     ready = core.ready()
 
-    def send(msgs: Iterable[Message]) -> None:
+    def send(msgs: Iterable[RaftMessage]) -> None:
         log.extend(f"send {type(m).__name__} {getattr(m, 'code', '')!r}" for m in msgs)
 
     def install(snap: Snapshot) -> None:
@@ -357,7 +357,7 @@ def test_jr21_while_installing_pushes_are_refused_and_no_election_starts() -> No
     assert refused.code is DLedgerCode.NEWER_INSTALL_SNAPSHOT_REQUEST_EXIST
     for t in range(20, 3000, 10):  # five election timeouts: no vote request
         core.tick(t)
-    assert core.ms.role is Role.FOLLOWER and not core.ready().messages
+    assert core.member_state.role is Role.FOLLOWER and not core.ready().messages
     # a resend of the same snapshot meanwhile is answered, not installed twice
     core.step(install_req("n1", "n0", 2, 9, 2, next_pos=4096, req_id=3), 3000)
     r = core.ready()

@@ -36,10 +36,10 @@ def test_le_47_the_transferee_becomes_leader_in_the_next_term(seed: int) -> None
     assert took is not None and took <= 200  # a 30-100 ms vote timer, not 100-300
     assert c.transfers[lead] == [TransferDone(tid, DLedgerCode.SUCCESS)]
     assert (c.leader(), c.term(to)) == (to, term + 1)
-    assert c.cores[lead].ms.transferee is None
+    assert c.cores[lead].member_state.transferee is None
     c.tick(1000)
     assert c.leader() == to
-    assert {c.cores[i].ms.leader_id for i in c.ids} == {to}
+    assert {c.cores[i].member_state.leader_id for i in c.ids} == {to}
 
 
 def test_le_47_appends_and_other_transfers_are_refused_while_a_transfer_runs() -> None:
@@ -47,7 +47,7 @@ def test_le_47_appends_and_other_transfers_are_refused_while_a_transfer_runs() -
     lead = c.wait_leader()
     to, other = (i for i in c.ids if i != lead)
     transfer(c, lead, to, deliver=False)
-    assert c.cores[lead].ms.transferee == to
+    assert c.cores[lead].member_state.transferee == to
     for attempt in (lambda: c.propose([b"x"], lead), lambda: transfer(c, lead, other)):
         with pytest.raises(DLedgerError) as e:
             attempt()
@@ -67,7 +67,7 @@ def test_le_47_a_transferee_too_far_behind_is_refused() -> None:
     with pytest.raises(DLedgerError) as e:
         transfer(c, lead, slow)
     assert e.value.code is DLedgerCode.FALL_BEHIND_TOO_MUCH
-    assert c.cores[lead].ms.transferee is None
+    assert c.cores[lead].member_state.transferee is None
     c.propose([b"still leading"])
     transfer(c, lead, fresh)  # a peer that keeps up is fine
 
@@ -117,7 +117,7 @@ def test_le_47_the_transferee_waits_for_the_entries_it_lacks_before_it_campaigns
         take_leadership_ledger_index=req.take_leadership_ledger_index + 1,  # not there yet
     )
     c.inject(late)
-    assert (c.role(to), c.cores[to].ms.term_to_take_leadership) == (Role.FOLLOWER, -1)
+    assert (c.role(to), c.cores[to].member_state.term_to_take_leadership) == (Role.FOLLOWER, -1)
     assert c.tick_until(lambda: bool(c.transfers[lead]), 3000) is not None
     assert [t.code for t in c.transfers[lead]] == [DLedgerCode.TAKE_LEADERSHIP_FAILED]
     assert c.leader() == lead

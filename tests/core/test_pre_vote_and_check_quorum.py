@@ -37,7 +37,7 @@ def test_jr_05_a_node_back_from_a_long_partition_neither_raises_the_term_nor_dep
     c.tick(2000)
     assert c.leader() == lead
     assert {c.term(i) for i in c.ids} == {term}
-    assert (c.role(f), c.cores[f].ms.leader_id) == (Role.FOLLOWER, lead)
+    assert (c.role(f), c.cores[f].member_state.leader_id) == (Role.FOLLOWER, lead)
     assert [(n, rc.role) for _, n, rc in c.roles[changes:]] == [(f, Role.FOLLOWER)]
 
 
@@ -57,14 +57,14 @@ def test_jr_07_a_pre_vote_changes_nothing_on_a_voter_that_hears_its_leader() -> 
     c = Cluster(3, seed=1)
     lead = c.wait_leader()
     f, other = (i for i in c.ids if i != lead)
-    before = (c.role(other), c.term(other), c.cores[other].ms.curr_vote_for)
+    before = (c.role(other), c.term(other), c.cores[other].member_state.curr_vote_for)
     c.cut(lead, f)
     c.cores[f].elector.last_leader_heartbeat_ms = -(10**9)  # f's leader went quiet
     asked = c.tick_until(lambda: bool(c.sent_of(VoteResponse, local_id=other, pre_vote=True)), 1000)
     assert asked is not None
     (resp,) = c.sent_of(VoteResponse, local_id=other, pre_vote=True)
     assert resp.pre_vote and resp.vote_result is VoteResult.REJECT_ALREADY_HAS_LEADER
-    assert (c.role(other), c.term(other), c.cores[other].ms.curr_vote_for) == before
+    assert (c.role(other), c.term(other), c.cores[other].member_state.curr_vote_for) == before
     assert c.term(f) == before[1]
 
 

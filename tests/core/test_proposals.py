@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 
 from dledger.codes import DLedgerCode, DLedgerError
-from dledger.core.messages import Message, PushEntryRequest, PushType, Role
+from dledger.core.messages import PushEntryRequest, PushType, RaftMessage, Role
 from dledger.core.settings import CoreSettings
 
 from .harness import Cluster
 
 
-def is_append(m: Message) -> bool:
+def is_append(m: RaftMessage) -> bool:
     return isinstance(m, PushEntryRequest) and m.type is PushType.APPEND
 
 

@@ -11,10 +11,10 @@ import pytest
 from dledger.codes import DLedgerCode
 from dledger.core.dispatcher import DispatcherState, PendingPush
 from dledger.core.messages import (
-    Message,
     PushEntryRequest,
     PushEntryResponse,
     PushType,
+    RaftMessage,
     Role,
     VoteRequest,
     VoteResponse,
@@ -36,8 +36,8 @@ def pushes(c: Cluster, to: str, type_: PushType, since: int = 0) -> list[PushEnt
     ]
 
 
-def is_push(to: str, type_: PushType) -> Callable[[Message], bool]:
-    def match(m: Message) -> bool:
+def is_push(to: str, type_: PushType) -> Callable[[RaftMessage], bool]:
+    def match(m: RaftMessage) -> bool:
         return isinstance(m, PushEntryRequest) and m.remote_id == to and m.type is type_
 
     return match
@@ -248,7 +248,7 @@ def test_rp_14_fast_backup_never_truncates_an_entry_the_leader_holds(
 def follower_of_n1(entry_terms: tuple[int, ...], term: int) -> Cluster:
     c = Cluster(3, stores={"n0": make_store(entry_terms, term=term)})
     c.inject(heartbeat("n1", "n0", term))
-    assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n1")
+    assert (c.role("n0"), c.cores["n0"].member_state.leader_id) == (Role.FOLLOWER, "n1")
     return c
 
 
@@ -273,7 +273,7 @@ def test_rp_30_a_new_leader_starts_its_own_request_numbering() -> None:
     c.inject(heartbeat("n2", "n0", 3))  # n2 leads term 3
     c.tick(nodes=["n0"])
     c.inject(heartbeat("n2", "n0", 3))
-    assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n2")
+    assert (c.role("n0"), c.cores["n0"].member_state.leader_id) == (Role.FOLLOWER, "n2")
     out = c.inject(push("n2", "n0", 3, PushType.TRUNCATE, req_id=1, pre_log_index=1))
     assert [m.code for m in out if isinstance(m, PushEntryResponse)] == [DLedgerCode.SUCCESS]
     assert c.stores["n0"].ledger_end_index == 0
@@ -340,7 +340,7 @@ BIG_ENTRY_BYTES = 1048
 def follower_with(settings: CoreSettings) -> Cluster:
     c = Cluster(3, settings=settings, stores={"n0": make_store((), term=2)})
     c.inject(heartbeat("n1", "n0", 2))
-    assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n1")
+    assert (c.role("n0"), c.cores["n0"].member_state.leader_id) == (Role.FOLLOWER, "n1")
     return c
 
 
@@ -468,8 +468,8 @@ def test_cv_32_votes_use_the_ledger_end_left_by_a_follower_truncate() -> None:
     c, lead = with_stale_follower((1,) * 5, (1,) * 7, term=1, voted_for="n0")
     c.drop(is_push("n2", PushType.APPEND))
     assert c.tick_until(lambda: bool(pushes(c, "n2", PushType.TRUNCATE)), 2000) is not None
-    ms = c.cores["n2"].ms
-    assert (ms.ledger_end_index, ms.ledger_end_term) == (4, 1)  # was (6, 1)
+    state = c.cores["n2"].member_state
+    assert (state.ledger_end_index, state.ledger_end_term) == (4, 1)  # was (6, 1)
     # a candidate with (5, 1) is as up to date now; with the stale end it was not
     term = c.term(lead)
     out = c.inject(vote_req("n1", "n2", term + 1, end_index=5, end_term=1, req_id=77))

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import pytest
 
-from dledger.core.messages import Message, VoteRequest, VoteResponse, VoteResult
+from dledger.core.messages import RaftMessage, VoteRequest, VoteResponse, VoteResult
 from dledger.runtime.ready import deliver_ready, persist_ready
 from dledger.store import MemoryStore, TermVote
 
@@ -41,7 +41,7 @@ def test_cv_23_a_vote_survives_a_restart() -> None:
     (resp,) = c.inject(vote_req("n1", "n0", 4, end_index=0, end_term=1))
     assert isinstance(resp, VoteResponse) and resp.vote_result is VoteResult.ACCEPT
     c.restart("n0")
-    assert (c.term("n0"), c.cores["n0"].ms.curr_vote_for) == (4, "n1")
+    assert (c.term("n0"), c.cores["n0"].member_state.curr_vote_for) == (4, "n1")
     (resp,) = c.inject(vote_req("n2", "n0", 4, end_index=0, end_term=1, req_id=2))
     assert isinstance(resp, VoteResponse)
     assert resp.vote_result is VoteResult.REJECT_ALREADY_VOTED
@@ -53,7 +53,7 @@ def test_cv_23_an_adopted_term_survives_a_restart() -> None:
     c.tick(nodes=["n0"])
     assert c.term("n0") == 7
     c.restart("n0")
-    assert (c.term("n0"), c.cores["n0"].ms.curr_vote_for) == (7, None)
+    assert (c.term("n0"), c.cores["n0"].member_state.curr_vote_for) == (7, None)
 
 
 class RecordingStore(MemoryStore):
@@ -77,7 +77,7 @@ def test_the_ready_contract_persists_the_vote_before_sending_the_answer() -> Non
     core.step(vote_req("n1", "n0", 4), c.now_ms)
     ready = core.ready()
 
-    def send(msgs: Iterable[Message]) -> None:
+    def send(msgs: Iterable[RaftMessage]) -> None:
         for m in msgs:
             assert isinstance(m, VoteResponse)
             log.append(f"send {type(m).__name__} {m.vote_result.name}")

@@ -41,8 +41,8 @@ def cluster(
 
 def test_le_06_a_node_starts_as_candidate_with_the_stored_term_and_vote() -> None:
     c = cluster((1, 2), term=4, voted_for="n2")
-    ms = c.cores["n0"].ms
-    assert (ms.role, ms.curr_term, ms.curr_vote_for, ms.leader_id) == (
+    state = c.cores["n0"].member_state
+    assert (state.role, state.curr_term, state.curr_vote_for, state.leader_id) == (
         Role.CANDIDATE,
         4,
         "n2",
@@ -70,8 +70,8 @@ def test_le_23_older_last_log_term_is_rejected_before_any_term_comparison() -> N
     # a higher request term would give TERM_NOT_READY, were the log not checked first
     resp = answer(c, 9, end_index=5, end_term=1)
     assert resp.vote_result is VoteResult.REJECT_EXPIRED_LEDGER_TERM
-    ms = c.cores["n0"].ms
-    assert (ms.role, ms.curr_term, ms.known_max_term) == (Role.CANDIDATE, 2, 2)
+    state = c.cores["n0"].member_state
+    assert (state.role, state.curr_term, state.known_max_term) == (Role.CANDIDATE, 2, 2)
     assert not c.cores["n0"].elector.need_increase_term_immediately
 
 
@@ -93,13 +93,13 @@ def test_le_25_voted_for_another_without_a_leader_is_already_voted() -> None:
     c = cluster((1,), term=3, voted_for="n2")
     resp = answer(c, 3, end_index=0, end_term=1)
     assert resp.vote_result is VoteResult.REJECT_ALREADY_VOTED
-    assert c.cores["n0"].ms.curr_vote_for == "n2"
+    assert c.cores["n0"].member_state.curr_vote_for == "n2"
 
 
 def test_le_25_voted_for_another_with_a_known_leader_is_already_has_leader() -> None:
     c = cluster((1,), term=3, voted_for="n2")
     c.inject(heartbeat("n2", "n0", 3))  # n2 leads term 3: n0 follows it
-    assert (c.role("n0"), c.cores["n0"].ms.leader_id) == (Role.FOLLOWER, "n2")
+    assert (c.role("n0"), c.cores["n0"].member_state.leader_id) == (Role.FOLLOWER, "n2")
     resp = answer(c, 3, end_index=0, end_term=1)
     assert resp.vote_result is VoteResult.REJECT_ALREADY_HAS_LEADER
 
@@ -118,9 +118,9 @@ def test_le_26_higher_term_vote_gets_term_not_ready_and_voter_becomes_candidate(
     assert resp.vote_result is VoteResult.REJECT_TERM_NOT_READY
     assert resp.term == 3  # the voter's old term
     core = c.cores["n0"]
-    ms = core.ms
+    state = core.member_state
     # a candidate, not a follower; the term is adopted by the candidate loop
-    assert (ms.role, ms.curr_term, ms.curr_vote_for, ms.known_max_term) == (
+    assert (state.role, state.curr_term, state.curr_vote_for, state.known_max_term) == (
         Role.CANDIDATE,
         3,
         "n2",
@@ -131,7 +131,7 @@ def test_le_26_higher_term_vote_gets_term_not_ready_and_voter_becomes_candidate(
     c.queue.clear()
     sent = len(c.sent)
     c.tick(nodes=["n0"])
-    assert (ms.curr_term, ms.curr_vote_for) == (7, None)
+    assert (state.curr_term, state.curr_vote_for) == (7, None)
     assert not c.cores["n0"].elector.need_increase_term_immediately
     assert c.sent[sent:] == []
     assert c.stores["n0"].load_term_vote().term == 7
@@ -144,12 +144,12 @@ def test_le_27_term_below_the_voters_ledger_end_term_carries_that_ledger_term() 
     resp = answer(c, 4, end_index=1, end_term=6)
     assert resp.vote_result is VoteResult.REJECT_TERM_SMALL_THAN_LEDGER
     assert resp.term == 6  # the voter's ledger end term, not its current term
-    assert c.cores["n0"].ms.curr_vote_for is None
+    assert c.cores["n0"].member_state.curr_vote_for is None
 
 
 def test_le_28_a_transfer_target_rejects_a_rival_with_no_better_log() -> None:
     c = cluster((1, 1), term=4)
-    c.cores["n0"].ms.term_to_take_leadership = 4  # n0 is taking leadership
+    c.cores["n0"].member_state.term_to_take_leadership = 4  # n0 is taking leadership
     resp = answer(c, 4, end_index=1, end_term=1)
     assert resp.vote_result is VoteResult.REJECT_TAKING_LEADERSHIP
     # a rival with a strictly longer log still gets the vote
@@ -161,7 +161,7 @@ def test_le_29_accept_records_the_vote_in_the_same_ready_as_the_answer() -> None
     c = cluster((1,), term=4)
     resp = answer(c, 4, end_index=0, end_term=1)
     assert resp.vote_result is VoteResult.ACCEPT and resp.term == 4
-    assert c.cores["n0"].ms.curr_vote_for == "n1"
+    assert c.cores["n0"].member_state.curr_vote_for == "n1"
     _, ready = c.readies[-1]
     assert resp in ready.messages
     assert ready.hard_state is not None
@@ -175,5 +175,5 @@ def test_le_21_a_sender_outside_the_group_is_dropped_unanswered() -> None:
     c = cluster((1,), term=4)
     assert c.inject(vote_req("n9", "n0", 4, end_index=0, end_term=1)) == []
     assert c.inject(heartbeat("n9", "n0", 4)) == []
-    assert c.cores["n0"].ms.curr_vote_for is None
+    assert c.cores["n0"].member_state.curr_vote_for is None
     assert c.role("n0") is Role.CANDIDATE

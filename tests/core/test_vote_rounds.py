@@ -98,9 +98,9 @@ def test_1_8_parse_vote_round_branch(branch: str) -> None:
 
     assert el.last_parse_result is expected
     assert c.cores["n0"].elector.vote_round is None  # (not ``el``: mypy narrowed it)
-    assert core.ms.role is role
-    assert core.ms.curr_term == 4  # no branch changes the term itself
-    assert core.ms.known_max_term == max(known_max, 4)
+    assert core.member_state.role is role
+    assert core.member_state.curr_term == 4  # no branch changes the term itself
+    assert core.member_state.known_max_term == max(known_max, 4)
     want = {
         "next": nxt,
         "next+election_timeout": nxt + s.election_timeout_ms,
@@ -116,7 +116,7 @@ def test_1_8_a_round_gone_stale_is_dropped_unread() -> None:
     el = c.cores["n0"].elector
     el.vote_round = VoteRound(term=4, req_id=99, deadline_ms=300, known_max_term=4)
     el.vote_round.accepted_num = el.vote_round.valid_num = el.vote_round.all_num = 3
-    c.cores["n0"].ms.change_to_follower(4, "n1")
+    c.cores["n0"].member_state.change_to_follower(4, "n1")
     el._parse_vote_round(c.now_ms)
     assert c.role("n0") is Role.FOLLOWER
     assert el.last_parse_result is ParseResult.WAIT_TO_REVOTE  # the initial value
@@ -184,7 +184,11 @@ def test_1_7_term_small_than_ledger_answer_moves_the_candidate_past_its_term() -
     c.inject(answer("n2", r, VoteResult.ACCEPT, 4))
     core = c.cores["n0"]
     assert core.elector.last_parse_result is ParseResult.WAIT_TO_VOTE_NEXT
-    assert (core.ms.role, core.ms.curr_term, core.ms.known_max_term) == (Role.CANDIDATE, 4, 6)
+    assert (
+        core.member_state.role,
+        core.member_state.curr_term,
+        core.member_state.known_max_term,
+    ) == (Role.CANDIDATE, 4, 6)
     sent = len(c.sent)
     assert c.tick_until(lambda: len(c.sent) > sent, 1000, nodes=["n0"]) is not None
     reqs = [m for _, m in c.sent[sent:] if isinstance(m, VoteRequest)]

@@ -105,7 +105,7 @@ def _addr(server: DLedgerServer) -> tuple[str, int]:
 def _max_term(server: DLedgerServer) -> int:
     """The highest term the node knows of: its own, or one it will campaign in."""
     assert server.core is not None
-    return max(server.core.ms.curr_term, server.core.ms.known_max_term)
+    return max(server.core.member_state.curr_term, server.core.member_state.known_max_term)
 
 
 def _refused(server: DLedgerServer) -> int:

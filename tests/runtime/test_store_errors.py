@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from dledger.runtime import server as server_module
-from dledger.runtime.server import DLedgerServer, UnknownOutcomeError
+from dledger.runtime.server import AppendOutcomeUnknownError, DLedgerServer
 from dledger.store import StoreCorruptionError
 
 from .test_peer_secret import _group, _until, _wait_leader
@@ -67,7 +67,7 @@ async def test_a_proposal_waiting_when_the_node_fails_is_answered_at_once(
 
         monkeypatch.setattr(server_module, "persist_ready", broken)
         fut = node.append_nowait([b"never committed here"])
-        with pytest.raises(UnknownOutcomeError, match="node failed"):
+        with pytest.raises(AppendOutcomeUnknownError, match="node failed"):
             async with asyncio.timeout(20):
                 await fut
         assert isinstance(node.failed, RuntimeError)

@@ -120,8 +120,8 @@ from broker.message import (
     PROP_BATCH_SIZE,
     PROP_PRODUCER_ID,
     PROP_PRODUCER_SEQ,
-    Message,
     MessageFormatError,
+    StoredMessage,
     decode_message,
     encode_message,
     encode_properties,
@@ -436,7 +436,9 @@ class LogModel:
             e.index, key, m.topic, m.queue_id, m.queue_offset, len(e.body), keys, placed
         )
 
-    def _record_session(self, pid: str, seq: int, k: int, size: int, m: Message, clo: int) -> None:
+    def _record_session(
+        self, pid: str, seq: int, k: int, size: int, m: StoredMessage, clo: int
+    ) -> None:
         s = self.sessions.get(pid)
         if s is None or seq > s[0]:
             s = (seq, size, [])
@@ -680,8 +682,13 @@ class BrokerChecker(Checker):
                 continue
             core = n.core
             assert core is not None
-            if core.ms.role is not Role.LEADER or core.ms.curr_term != bn.role_term:
-                self.fail(f"{n.node_id} is MASTER of term {bn.role_term} but {core.ms.role}")
+            if (
+                core.member_state.role is not Role.LEADER
+                or core.member_state.curr_term != bn.role_term
+            ):
+                self.fail(
+                    f"{n.node_id} is MASTER of term {bn.role_term} but {core.member_state.role}"
+                )
             other = masters.setdefault(bn.role_term, n.node_id)
             if other != n.node_id:
                 self.fail(f"two masters in term {bn.role_term}: {other} and {n.node_id}")
@@ -1208,7 +1215,9 @@ class BrokerSimulation(Simulation):
         """A follower goes down for ``away_ms[1]`` ms: long enough, often, for the
         leader's retention to delete log it needs (it then installs a snapshot)."""
         followers = [
-            n for n in self.nodes if n.core is not None and n.core.ms.role is not Role.LEADER
+            n
+            for n in self.nodes
+            if n.core is not None and n.core.member_state.role is not Role.LEADER
         ]
         if not followers or not self.faults_on:
             return
@@ -1374,7 +1383,7 @@ class BrokerSimulation(Simulation):
         if p is None or core is None:
             return
         step = p.advance(
-            leading=core.ms.role is Role.LEADER and core.ms.curr_term == p.term,
+            leading=core.member_state.role is Role.LEADER and core.member_state.curr_term == p.term,
             own_term_committed=own_term_committed(bn.store, p.term),
             committed_index=bn.store.committed_index,
             dispatched=bn.dispatcher.dispatched_index,
@@ -1875,7 +1884,7 @@ class BrokerSimulation(Simulation):
             assert n.store is not None and n.core is not None
             if bn is None or bn.dispatcher.dispatched_index != n.store.committed_index:
                 return False
-            if n.core.ms.role is Role.LEADER and bn.role is not BrokerRole.MASTER:
+            if n.core.member_state.role is Role.LEADER and bn.role is not BrokerRole.MASTER:
                 return False
         busy = any(p.batch is not None for p in self.producers)
         busy |= any(c.attempt for c in self.consumers)

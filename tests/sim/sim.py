@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from dledger.codes import DLedgerCode, DLedgerError
-from dledger.core.messages import InstallSnapshotRequest, Message, PushEntryRequest, Role
+from dledger.core.messages import InstallSnapshotRequest, PushEntryRequest, RaftMessage, Role
 from dledger.core.node import DLedgerCore, Ready
 from dledger.core.settings import CoreSettings
 from dledger.core.snapshot import Snapshot
@@ -185,7 +185,7 @@ class SimNode:
     store: FileStore | None = None
     core: DLedgerCore | None = None
     paused: bool = False
-    inbox: list[Message] = field(default_factory=list)  # held while paused
+    inbox: list[RaftMessage] = field(default_factory=list)  # held while paused
     closed: list[str] = field(default_factory=list)  # peers whose close came while paused
     restarts: int = 0
     applied: int = -1  # the highest committed index this incarnation reported
@@ -232,7 +232,7 @@ class Checker:
                 self.fail(f"{node.node_id} applied {e.term}/{e.chain_crc} at {i}, seen {seen}")
             self.committed_body.setdefault(i, e.body if e.magic == MAGIC_NORMAL else None)
         self.max_committed = max(self.max_committed, new)
-        term = node.core.ms.curr_term if node.core is not None else -1
+        term = node.core.member_state.curr_term if node.core is not None else -1
         self.committed_in_term[term] = max(self.committed_in_term.get(term, -1), new)
 
     def on_acked(self, first_index: int, bodies: Iterable[bytes]) -> None:
@@ -244,14 +244,14 @@ class Checker:
         for n in alive:
             core, store = n.core, n.store
             assert core is not None and store is not None
-            if core.ms.role is Role.LEADER:
+            if core.member_state.role is Role.LEADER:
                 self._check_leader(n, core, store)
             else:
                 self.leader_mark.pop(n.node_id, None)
         self._check_log_matching(alive)
 
     def _check_leader(self, n: SimNode, core: DLedgerCore, store: FileStore) -> None:
-        term = core.ms.curr_term
+        term = core.member_state.curr_term
         other = self.leader_of_term.setdefault(term, n.node_id)
         if other != n.node_id:
             self.fail(f"two leaders in term {term}: {other} and {n.node_id}")
@@ -367,7 +367,9 @@ class Simulation:
             now_ms=self.now_ms,
             event_log=lambda name, fields: self._core_event(n, name, fields),
         )
-        self.trace(f"start {n.node_id} end={n.store.ledger_end_index} term={n.core.ms.curr_term}")
+        self.trace(
+            f"start {n.node_id} end={n.store.ledger_end_index} term={n.core.member_state.curr_term}"
+        )
         self.at(
             self.now_ms + self.rng.randint(1, TICK_MS),
             f"tick {n.node_id}",
@@ -587,7 +589,7 @@ class Simulation:
 
     # ---- network -----------------------------------------------------------------------
 
-    def send(self, src: SimNode, msgs: Iterable[Message]) -> None:
+    def send(self, src: SimNode, msgs: Iterable[RaftMessage]) -> None:
         k = self.knobs
         for m in msgs:
             dst = m.remote_id
@@ -598,7 +600,7 @@ class Simulation:
                 delay = self.rng.randint(*k.delay_ms) + self.clog.get((src.node_id, dst), 0)
                 self.at(self.now_ms + delay, "deliver", lambda m=m: self._deliver(m))
 
-    def _deliver(self, m: Message) -> None:
+    def _deliver(self, m: RaftMessage) -> None:
         n = self.by_id[m.remote_id]
         if n.core is None:
             return
@@ -643,7 +645,7 @@ class Simulation:
         leaders = [
             n
             for n in self.nodes
-            if n.core is not None and not n.paused and n.core.ms.role is Role.LEADER
+            if n.core is not None and not n.paused and n.core.member_state.role is Role.LEADER
         ]
         if leaders:
             n = self.rng.choice(leaders)
@@ -806,15 +808,15 @@ class Simulation:
         cores = [n.core for n in self.nodes]
         if any(c is None for c in cores):
             return False
-        leaders = [c for c in cores if c is not None and c.ms.role is Role.LEADER]
+        leaders = [c for c in cores if c is not None and c.member_state.role is Role.LEADER]
         if len(leaders) != 1:
             return False
         lead = leaders[0]
         end = lead.store.ledger_end_index
         return all(
             c is not None
-            and c.ms.curr_term == lead.ms.curr_term
-            and c.ms.leader_id == lead.ms.self_id
+            and c.member_state.curr_term == lead.member_state.curr_term
+            and c.member_state.leader_id == lead.member_state.self_id
             and c.store.ledger_end_index == end
             and c.store.committed_index == end
             for c in cores
@@ -873,7 +875,7 @@ class Simulation:
                 n.store.close()
 
 
-def _describe(m: Message) -> str:
+def _describe(m: RaftMessage) -> str:
     kind = type(m).__name__
     if isinstance(m, PushEntryRequest):
         return f"{kind} {m.type.name} t={m.term} #{m.req_id} first={m.first_index} n={m.count}"
