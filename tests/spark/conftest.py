@@ -14,8 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ import pytest
 from api.client import Admin, Producer
 from api.cluster import LocalBrokerCluster
 from tests.api.conftest import CLUSTER_ARGS
+from tests.waiting import wait_until
 
 SPARK_ENV = {
     "PYSPARK_PYTHON": sys.executable,
@@ -78,17 +78,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerClu
     finally:
         c.stop_all()
         shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def wait_until(cond: Callable[[], Any], timeout_s: float = 60.0, what: str = "condition") -> Any:
-    """Poll ``cond`` until it is truthy (bounded; no fixed sleeps)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = cond()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} not met within {timeout_s} s"
-        time.sleep(0.05)
 
 
 def produce(

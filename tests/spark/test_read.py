@@ -19,7 +19,8 @@ import pytest
 from api.client import Admin, Message, Producer
 from api.cluster import LocalBrokerCluster
 from api.spark.source import SPARK_SCHEMA
-from tests.spark.conftest import df_rows, expected_rows, produce, wait_until
+from tests.spark.conftest import df_rows, expected_rows, produce
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,8 @@ import pytest
 
 from api.client import Admin
 from api.cluster import LocalBrokerCluster
-from tests.spark.conftest import expected_rows, produce, settled, wait_until
+from tests.spark.conftest import expected_rows, produce, settled
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.spark
 
