@@ -42,7 +42,9 @@ once), ``drivers`` (the I/O over httpx) and ``fronts`` (the public classes). Imp
 from .consuming import Batch, ConsumerOps, Pacer, Start
 from .drivers import tls_context
 from .errors import (
+    CLIENT_CODES,
     ERROR_CLASSES,
+    UNTYPED_CODES,
     BrokerUnavailableError,
     BusyError,
     CorruptEntryError,
@@ -107,9 +109,11 @@ from .types import (
 
 __all__ = [
     "ARROW_STREAM",
+    "CLIENT_CODES",
     "ERROR_CLASSES",
     "PRODUCER_ID",
     "RETRIED",
+    "UNTYPED_CODES",
     "Action",
     "Admin",
     "AdminOps",

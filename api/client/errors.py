@@ -1,5 +1,10 @@
 """The client's errors: ``LedgerMQError``, one subclass per error code a caller tells
-apart, and the code → class table ``ERROR_CLASSES`` that ``make_error`` reads."""
+apart, and the code → class table ``ERROR_CLASSES`` that ``make_error`` reads.
+
+Invariant (tests/api/test_client_errors.py): the typed codes and ``UNTYPED_CODES``
+together are exactly the codes a node can answer (docs/operations.md), plus the
+client's own ``BROKER_UNAVAILABLE``. A code the broker gains makes that test fail until
+it gets a class here or joins ``UNTYPED_CODES``."""
 
 from __future__ import annotations
 
@@ -151,3 +156,21 @@ def make_error(
 ) -> LedgerMQError:
     """The typed exception for an API error code (``LedgerMQError`` for others)."""
     return ERROR_CLASSES.get(code, LedgerMQError)(code, message, status, fields)
+
+
+# Codes a node can answer that arrive as a plain ``LedgerMQError`` (``code`` says which):
+# none is retried, and a caller does nothing different for one than for another.
+UNTYPED_CODES = frozenset(
+    {
+        "INTERNAL",  # a bug on the node
+        "STORAGE_ERROR",  # the store refused a write (a full disk is DISK_FULL)
+        "UNKNOWN_NODE",  # a leadership transfer to a node outside the group
+        "NOT_ACCEPTABLE",  # an Arrow pull from a node without pyarrow
+        "NOT_FOUND",  # the HTTP layer's: no such path
+        "METHOD_NOT_ALLOWED",  # nor such method
+        "HTTP_ERROR",  # another refusal of the HTTP layer
+        "CLIENT_DISCONNECT",  # the client went away: only the node's logs see it
+    }
+)
+# The client's own: no broker answered.
+CLIENT_CODES = frozenset({BrokerUnavailableError.CODE})
