@@ -69,6 +69,15 @@ def _common(
 
 def add_client_commands(sub: Any) -> None:
     """Register the client commands on ``ledgermq``'s subparsers."""
+    _add_topic_commands(sub)
+    _add_produce_command(sub)
+    _add_consume_command(sub)
+    _add_status_command(sub)
+    _add_group_commands(sub)
+    _add_leader_commands(sub)
+
+
+def _add_topic_commands(sub: Any) -> None:
     topic = sub.add_parser("topic", help="create, list, describe or delete topics")
     tsub = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION")
     p = tsub.add_parser("create", help="create a topic (again: no change)")
@@ -84,6 +93,8 @@ def add_client_commands(sub: Any) -> None:
     p.add_argument("name")
     _common(p, _topic_delete, json_output=False)
 
+
+def _add_produce_command(sub: Any) -> None:
     p = sub.add_parser("produce", help="send messages (args, stdin '-', or --file)")
     p.add_argument("topic")
     p.add_argument("messages", nargs="*", help="message bodies; '-' reads stdin")
@@ -105,6 +116,8 @@ def add_client_commands(sub: Any) -> None:
     )
     _common(p, _produce)
 
+
+def _add_consume_command(sub: Any) -> None:
     p = sub.add_parser("consume", help="receive messages (a group's, or --from)")
     p.add_argument("topic")
     add_option(p, "--consumer-group", "-g", "--group", default=None, help="commit as this group")
@@ -125,6 +138,8 @@ def add_client_commands(sub: Any) -> None:
     )
     _common(p, _consume)
 
+
+def _add_status_command(sub: Any) -> None:
     p = sub.add_parser("status", help="every node: roles, term, indexes, lag")
     p.add_argument(  # no environment variable: a stray LEDGERMQ_MASTER must not change it
         "--master",
@@ -133,6 +148,8 @@ def add_client_commands(sub: Any) -> None:
     )
     _common(p, _status, timeout_s=2.0)
 
+
+def _add_group_commands(sub: Any) -> None:
     group = sub.add_parser("group", help="consumer groups")
     gsub = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
     p = gsub.add_parser("list", help="list consumer groups")
@@ -142,6 +159,8 @@ def add_client_commands(sub: Any) -> None:
     add_option(p, "--topic", default=None, help="only this topic")
     _common(p, _group_lag)
 
+
+def _add_leader_commands(sub: Any) -> None:
     leader = sub.add_parser("leader", help="Raft leadership")
     lsub = leader.add_subparsers(dest="leader_command", required=True, metavar="ACTION")
     p = lsub.add_parser("transfer", help="make another node the master")

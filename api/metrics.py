@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from broker.broker import Broker
+from broker.status import BrokerStatus
 
 # Seconds, from one fsync'd local append (~1 ms) to a slow quorum (seconds).
 LATENCY_BUCKETS = (
@@ -79,93 +80,107 @@ class _StateCollector(Collector):
         if b.server.core is None or b.dispatcher is None:
             return
         st = b.status()
-
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, value=value)
-
-        yield gauge("ledgermq_raft_term", "current Raft term", st.term)
-        role = GaugeMetricFamily(
-            "ledgermq_raft_role", "1 for this node's Raft role", labels=["role"]
-        )
-        for name in RAFT_ROLES:
-            role.add_metric([name], 1.0 if st.raft_role == name else 0.0)
-        yield role
-        yield gauge("ledgermq_broker_master", "1 when MASTER", 1.0 if b.is_master else 0.0)
-        if b.server.transport is not None:
-            yield CounterMetricFamily(
-                "ledgermq_raft_auth_failures",
-                "inbound Raft connections refused by the peer-secret handshake",
-                value=b.server.transport.auth_failures,
-            )
-        refused = CounterMetricFamily(
-            "ledgermq_raft_refused",
-            "inbound Raft frames refused: undecodable, not from a member, client requests"
-            " this node does not serve",
-            labels=["reason"],
-        )
-        for reason in ("bad_frames", "stranger_frames", "client_requests", "limited"):
-            refused.add_metric([reason], st.refused.get(reason, 0))
-        yield refused
-        yield CounterMetricFamily(
-            "ledgermq_corrupt_entry_reads",
-            "reads refused because this replica's copy of the entry is damaged"
-            " (CORRUPT_ENTRY: the client reads another replica)",
-            value=st.stats.get("corrupt_reads", 0),
-        )
-        yield gauge(
-            "ledgermq_dispatch_stalled",
-            "1 while dispatch is stalled on a disk error (writes are refused meanwhile)",
-            0.0 if st.dispatch_stall is None else 1.0,
-        )
-        yield gauge(
-            "ledgermq_node_failed",
-            "1 once the node stopped working (crash-only: it is exiting)",
-            0.0 if st.failed is None else 1.0,
-        )
-        yield gauge("ledgermq_ledger_begin_index", "first log index kept", st.ledger_begin_index)
-        yield gauge("ledgermq_ledger_end_index", "last log index", st.ledger_end_index)
-        yield gauge("ledgermq_committed_index", "quorum-committed index", st.committed_index)
-        yield gauge("ledgermq_dispatched_index", "dispatched index", st.dispatched_index)
-        yield gauge(
-            "ledgermq_dispatch_lag_entries",
-            "committed entries not yet in the consume queues",
-            max(0, st.committed_index - st.dispatched_index),
-        )
-        match = GaugeMetricFamily(
-            "ledgermq_peer_match_index", "leader's view of each peer's log", labels=["peer"]
-        )
-        for peer, info in sorted(st.peers.items()):
-            match.add_metric([peer], info.match_index)
-        yield match
-        lo_g = GaugeMetricFamily(
-            "ledgermq_queue_min_offset", "first retained offset", labels=["topic", "queue_id"]
-        )
-        hi_g = GaugeMetricFamily(
-            "ledgermq_queue_max_offset", "next offset to write", labels=["topic", "queue_id"]
-        )
-        bounds: dict[tuple[str, int], int] = {}
+        yield from _node_metrics(b, st)
+        yield from _log_metrics(st)
         if b.dispatcher.installing:  # the queues are being replaced: no per-queue series
             return
-        for t in b.list_topics():
-            for qid in range(t.queues):
-                lo, hi = b.queue_bounds(t.name, qid)
-                bounds[t.name, qid] = hi
-                lo_g.add_metric([t.name, str(qid)], lo)
-                hi_g.add_metric([t.name, str(qid)], hi)
-        yield lo_g
-        yield hi_g
-        lag = GaugeMetricFamily(
-            "ledgermq_consumer_lag",
-            "max offset minus the group's committed offset",
-            labels=["group", "topic", "queue_id"],
+        yield from _queue_metrics(b, self.lag_limit)
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=value)
+
+
+def _node_metrics(b: Broker, st: BrokerStatus) -> Iterator[Metric]:
+    """The node's Raft term and role, and what it refused or failed on."""
+    yield _gauge("ledgermq_raft_term", "current Raft term", st.term)
+    role = GaugeMetricFamily("ledgermq_raft_role", "1 for this node's Raft role", labels=["role"])
+    for name in RAFT_ROLES:
+        role.add_metric([name], 1.0 if st.raft_role == name else 0.0)
+    yield role
+    yield _gauge("ledgermq_broker_master", "1 when MASTER", 1.0 if b.is_master else 0.0)
+    if b.server.transport is not None:
+        yield CounterMetricFamily(
+            "ledgermq_raft_auth_failures",
+            "inbound Raft connections refused by the peer-secret handshake",
+            value=b.server.transport.auth_failures,
         )
-        series = 0
-        for group, topics in sorted(b.meta.offsets.items()):
-            for topic, offsets in sorted(topics.items()):
-                for qid, committed in sorted(offsets.items()):
-                    top = bounds.get((topic, qid))
-                    if top is None or series >= self.lag_limit:
-                        continue
-                    series += 1
-                    lag.add_metric([group, topic, str(qid)], max(0, top - committed))
-        yield lag
+    refused = CounterMetricFamily(
+        "ledgermq_raft_refused",
+        "inbound Raft frames refused: undecodable, not from a member, client requests"
+        " this node does not serve",
+        labels=["reason"],
+    )
+    for reason in ("bad_frames", "stranger_frames", "client_requests", "limited"):
+        refused.add_metric([reason], st.refused.get(reason, 0))
+    yield refused
+    yield CounterMetricFamily(
+        "ledgermq_corrupt_entry_reads",
+        "reads refused because this replica's copy of the entry is damaged"
+        " (CORRUPT_ENTRY: the client reads another replica)",
+        value=st.stats.get("corrupt_reads", 0),
+    )
+    yield _gauge(
+        "ledgermq_dispatch_stalled",
+        "1 while dispatch is stalled on a disk error (writes are refused meanwhile)",
+        0.0 if st.dispatch_stall is None else 1.0,
+    )
+    yield _gauge(
+        "ledgermq_node_failed",
+        "1 once the node stopped working (crash-only: it is exiting)",
+        0.0 if st.failed is None else 1.0,
+    )
+
+
+def _log_metrics(st: BrokerStatus) -> Iterator[Metric]:
+    """The log's indexes, the dispatch lag, and the leader's view of each peer."""
+    yield _gauge("ledgermq_ledger_begin_index", "first log index kept", st.ledger_begin_index)
+    yield _gauge("ledgermq_ledger_end_index", "last log index", st.ledger_end_index)
+    yield _gauge("ledgermq_committed_index", "quorum-committed index", st.committed_index)
+    yield _gauge("ledgermq_dispatched_index", "dispatched index", st.dispatched_index)
+    yield _gauge(
+        "ledgermq_dispatch_lag_entries",
+        "committed entries not yet in the consume queues",
+        max(0, st.committed_index - st.dispatched_index),
+    )
+    match = GaugeMetricFamily(
+        "ledgermq_peer_match_index", "leader's view of each peer's log", labels=["peer"]
+    )
+    for peer, info in sorted(st.peers.items()):
+        match.add_metric([peer], info.match_index)
+    yield match
+
+
+def _queue_metrics(b: Broker, lag_limit: int) -> Iterator[Metric]:
+    """Every queue's offsets, and each group's lag behind them (at most ``lag_limit``
+    series: a bound on the scrape)."""
+    lo_g = GaugeMetricFamily(
+        "ledgermq_queue_min_offset", "first retained offset", labels=["topic", "queue_id"]
+    )
+    hi_g = GaugeMetricFamily(
+        "ledgermq_queue_max_offset", "next offset to write", labels=["topic", "queue_id"]
+    )
+    bounds: dict[tuple[str, int], int] = {}
+    for t in b.list_topics():
+        for qid in range(t.queues):
+            lo, hi = b.queue_bounds(t.name, qid)
+            bounds[t.name, qid] = hi
+            lo_g.add_metric([t.name, str(qid)], lo)
+            hi_g.add_metric([t.name, str(qid)], hi)
+    yield lo_g
+    yield hi_g
+    lag = GaugeMetricFamily(
+        "ledgermq_consumer_lag",
+        "max offset minus the group's committed offset",
+        labels=["group", "topic", "queue_id"],
+    )
+    series = 0
+    for group, topics in sorted(b.meta.offsets.items()):
+        for topic, offsets in sorted(topics.items()):
+            for qid, committed in sorted(offsets.items()):
+                top = bounds.get((topic, qid))
+                if top is None or series >= lag_limit:
+                    continue
+                series += 1
+                lag.add_metric([group, topic, str(qid)], max(0, top - committed))
+    yield lag

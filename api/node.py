@@ -293,6 +293,37 @@ def _peer_urls(spec: str) -> dict[str, str]:
 
 def add_broker_options(p: argparse.ArgumentParser) -> None:
     """The options of ``ledgermq broker`` (docs/operations.md), each also ``LEDGERMQ_<NAME>``."""
+    _add_membership_options(p)
+    _add_data_options(p)
+    _add_raft_timing_options(p)
+    _add_disk_options(p)
+    add_option(
+        p,
+        "--peer-address-check",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="a member's Raft frames must come from its configured host (off behind NAT)",
+    )
+    _add_limit_options(p)
+    _add_logging_options(p)
+    _add_security_options(p)
+    add_option(
+        p,
+        "--max-http-connections",
+        type=int,
+        default=HttpSettings().max_connections,
+        help="open HTTP connections and requests in flight before 503 (uvicorn's "
+        "limit_concurrency)",
+    )
+    p.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the parent process goes away (local clusters, tests)",
+    )
+
+
+def _add_membership_options(p: argparse.ArgumentParser) -> None:
+    """This node, its group, its peers, and the URLs redirects name."""
     add_option(p, "--node-id", default="n0", help="this node's id among --peers")
     add_option(p, "--group", default="g0", help="the DLedger group (broker name)")
     add_option(
@@ -305,6 +336,10 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     add_option(p, "--http", default="127.0.0.1:8080", help="HTTP listen address host:port")
     add_option(p, "--advertised-url", default=None, help="this node's URL for redirects")
     add_option(p, "--peer-urls", default="", help='"n0=http://h0:8080,n1=..." for redirects')
+
+
+def _add_data_options(p: argparse.ArgumentParser) -> None:
+    """Where the data lives, how appends are synced, and new topics."""
     add_option(p, "--data-dir", type=Path, default=Path("ledgermq-data"))
     add_option(p, "--flush", choices=("sync", "async"), default="sync")
     add_option(
@@ -315,6 +350,10 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         help="create unknown topics on first produce",
     )
     add_option(p, "--default-queues", type=int, default=8, help="queues of a new topic")
+
+
+def _add_raft_timing_options(p: argparse.ArgumentParser) -> None:
+    """Election and heartbeat timing."""
     add_option(
         p,
         "--profile",
@@ -323,6 +362,10 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         help="Raft timing: fast failover (ours) or DLedger's 2 s / 6 s",
     )
     add_option(p, "--heartbeat-ms", type=int, default=None, help="overrides the profile")
+
+
+def _add_disk_options(p: argparse.ArgumentParser) -> None:
+    """Commitlog segments, retention by age, and the full-disk guard."""
     add_option(p, "--data-file-mb", type=int, default=1024, help="commitlog segment size")
     add_option(p, "--file-reserved-hours", type=float, default=72.0, help="retention by age")
     add_option(
@@ -340,13 +383,10 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         help="writes are refused while less is free (default: one key-index file and four"
         " consume-queue segments, ~66 MiB)",
     )
-    add_option(
-        p,
-        "--peer-address-check",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="a member's Raft frames must come from its configured host (off behind NAT)",
-    )
+
+
+def _add_limit_options(p: argparse.ArgumentParser) -> None:
+    """The request limits (``Limits``), one option each."""
     limits = Limits()
     for name in LIMIT_OPTIONS:
         add_option(
@@ -356,8 +396,16 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
             default=getattr(limits, name),
             help="request limit",
         )
+
+
+def _add_logging_options(p: argparse.ArgumentParser) -> None:
+    """Log level and format."""
     add_option(p, "--log-level", default="INFO")
     add_option(p, "--log-format", choices=("text", "json"), default="text")
+
+
+def _add_security_options(p: argparse.ArgumentParser) -> None:
+    """TLS, bearer tokens, the Raft peer secret, and who may read /metrics."""
     add_option(
         p,
         "--ssl-certfile",
@@ -391,19 +439,6 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         default=None,
         help="/metrics needs a token too (default: when the node has tokens; "
         "--no-metrics-auth opens it)",
-    )
-    add_option(
-        p,
-        "--max-http-connections",
-        type=int,
-        default=HttpSettings().max_connections,
-        help="open HTTP connections and requests in flight before 503 (uvicorn's "
-        "limit_concurrency)",
-    )
-    p.add_argument(
-        "--exit-with-parent",
-        action="store_true",
-        help="stop when the parent process goes away (local clusters, tests)",
     )
 
 

@@ -31,8 +31,20 @@ def queue_ids(offsets: dict[str, int]) -> dict[int, int]:
     return out
 
 
+def offsets_out(offsets: dict[int, int]) -> dict[str, int]:
+    """``{0: 12}`` as a body's ``{"0": 12}``, by queue id."""
+    return {str(q): o for q, o in sorted(offsets.items())}
+
+
 def build() -> APIRouter:
     router = APIRouter(tags=["groups"])
+    add_offset_routes(router)
+    add_group_pull(router)
+    return router
+
+
+def add_offset_routes(router: APIRouter) -> None:
+    """The groups and their committed offsets: list, read, commit, reset."""
 
     @router.get("/v1/groups", response_model=models.GroupList)
     async def list_groups(broker: BrokerDep, access: AccessDep) -> Response:
@@ -65,7 +77,7 @@ def build() -> APIRouter:
         access.need("consume", body.topic)
         offsets = queue_ids(body.offsets)
         await broker.commit_offsets(group, body.topic, offsets)
-        return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
+        return JSONBytes({"offsets": offsets_out(offsets)})
 
     @router.post(
         "/v1/groups/{group}/offsets/reset",
@@ -78,7 +90,11 @@ def build() -> APIRouter:
     ) -> Response:
         access.need("consume", body.topic)
         offsets = await broker.reset_offsets(group, body.topic, body.to)
-        return JSONBytes({"offsets": {str(q): o for q, o in sorted(offsets.items())}})
+        return JSONBytes({"offsets": offsets_out(offsets)})
+
+
+def add_group_pull(router: APIRouter) -> None:
+    """``POST /v1/groups/{group}/pull``: from the group's committed offsets."""
 
     @router.post(
         "/v1/groups/{group}/pull",
@@ -108,8 +124,6 @@ def build() -> APIRouter:
         return JSONBytes(
             {
                 "messages": messages_out(metrics, body.topic, r.messages, body.encoding),
-                "next_offsets": {str(q): o for q, o in sorted(r.next_offsets.items())},
+                "next_offsets": offsets_out(r.next_offsets),
             }
         )
-
-    return router

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from broker import errors
-from broker.broker import NewMessage, PulledMessage
+from broker.broker import NewMessage, ProduceResult, PulledMessage
 from broker.settings import Limits
 
 from .. import media, models
@@ -171,7 +171,31 @@ _PRODUCE_OPENAPI: dict[str, Any] = {
 def build(limits: Limits) -> APIRouter:
     """The routes, with this node's limits in their parameters (and OpenAPI)."""
     router = APIRouter()
-    max_pull_any = max(limits.max_pull_messages, limits.max_arrow_pull_messages)
+    add_produce(router, limits)
+    add_pull(router, limits)
+    add_offset_for_time(router)
+    return router
+
+
+def produce_answer(results: Sequence[ProduceResult]) -> JSONBytes:
+    """The produce answer: one result per message, in batch order."""
+    return JSONBytes(
+        {
+            "results": [
+                {
+                    "msg_id": r.msg_id,
+                    "queue_id": r.queue_id,
+                    "queue_offset": r.queue_offset,
+                    "commitlog_offset": r.commitlog_offset,
+                }
+                for r in results
+            ]
+        }
+    )
+
+
+def add_produce(router: APIRouter, limits: Limits) -> None:
+    """``POST /v1/topics/{topic}/messages``: a batch, JSON or NDJSON, after quorum commit."""
 
     @router.post(
         "/v1/topics/{topic}/messages",
@@ -203,19 +227,12 @@ def build(limits: Limits) -> APIRouter:
         metrics.produce_latency.observe(time.monotonic() - started)
         metrics.produced_messages.labels(topic).inc(len(batch))
         metrics.produced_bytes.labels(topic).inc(sum(len(m.body) for m in batch))
-        return JSONBytes(
-            {
-                "results": [
-                    {
-                        "msg_id": r.msg_id,
-                        "queue_id": r.queue_id,
-                        "queue_offset": r.queue_offset,
-                        "commitlog_offset": r.commitlog_offset,
-                    }
-                    for r in results
-                ]
-            }
-        )
+        return produce_answer(results)
+
+
+def add_pull(router: APIRouter, limits: Limits) -> None:
+    """``GET /v1/topics/{topic}/queues/{queue_id}/messages``: one queue, JSON or Arrow."""
+    max_pull_any = max(limits.max_pull_messages, limits.max_arrow_pull_messages)
 
     @router.get(
         "/v1/topics/{topic}/queues/{queue_id}/messages",
@@ -271,6 +288,10 @@ def build(limits: Limits) -> APIRouter:
             }
         )
 
+
+def add_offset_for_time(router: APIRouter) -> None:
+    """``GET /v1/topics/{topic}/queues/{queue_id}/offset``: an offset by store time."""
+
     @router.get(
         "/v1/topics/{topic}/queues/{queue_id}/offset",
         tags=["consume"],
@@ -287,5 +308,3 @@ def build(limits: Limits) -> APIRouter:
     ) -> Response:
         access.need("consume", topic)
         return JSONBytes({"offset": broker.offset_for_time(topic, queue_id, timestamp)})
-
-    return router

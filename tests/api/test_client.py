@@ -107,10 +107,10 @@ WRITE = mq.Call("POST", "/v1/topics", body={"name": "t"}, write=True)
 READ = mq.Call("GET", "/v1/topics")
 
 
-@pytest.mark.parametrize("code", sorted(mq._ERROR_CLASSES))
+@pytest.mark.parametrize("code", sorted(mq.ERROR_CLASSES))
 def test_error_codes_map_to_typed_exceptions(code: str) -> None:
     e = mq.error_from_reply(error(409, code, leader_url="http://x:1", extra=5))
-    assert type(e) is mq._ERROR_CLASSES[code]
+    assert type(e) is mq.ERROR_CLASSES[code]
     assert (e.code, e.status, e.message) == (code, 409, code.lower())
     assert e.fields == {"leader_url": "http://x:1", "extra": 5}
     assert isinstance(e, mq.LedgerMQError)

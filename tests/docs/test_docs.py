@@ -7,23 +7,11 @@ import re
 import subprocess
 from pathlib import Path
 
-import api.app  # noqa: F401  # loads every error class (api.media adds NOT_ACCEPTABLE)
-from broker import errors
+from tests.error_codes import HTTP_LAYER_CODES, node_codes
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-# Codes the HTTP layer answers for requests the broker never saw (api/app.py).
-HTTP_LAYER_CODES = {"NOT_FOUND", "METHOD_NOT_ALLOWED", "HTTP_ERROR", "CLIENT_DISCONNECT"}
-
-
-def broker_codes() -> set[str]:
-    found, todo = set(), [errors.BrokerError]
-    while todo:
-        cls = todo.pop()
-        found.add(cls.code)
-        todo.extend(cls.__subclasses__())
-    return found
 
 
 def test_every_relative_link_resolves() -> None:
@@ -44,7 +32,7 @@ def test_the_error_code_table_lists_every_code_and_only_those() -> None:
     documented = set(re.findall(r"^\| `([A-Z_]+)` \|", table, re.MULTILINE))
     app_source = (ROOT / "api" / "app.py").read_text(encoding="utf-8")
     assert all(f'"{code}"' in app_source for code in HTTP_LAYER_CODES)
-    assert documented == broker_codes() | HTTP_LAYER_CODES
+    assert documented == node_codes()
 
 
 # What pointed outside the repository before docs/ existed: the design documents beside

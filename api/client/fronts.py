@@ -1,0 +1,248 @@
+"""The public classes: ``Admin``, ``Producer``, ``Consumer`` and their async twins. Each
+is a driver (``api.client.drivers``) holding one operations object, whose operations it
+binds as its methods; the twins share their constructor and properties (the ``*Front``
+classes)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+from typing import Unpack as UnpackKw
+
+from .consuming import ConsumerOps, Pacer, Start
+from .drivers import AsyncDriver, Front, SyncDriver, awaiting, blocking
+from .operations import AdminOps, ProducerOps
+from .settings import ClientOptions, ClientSettings
+from .types import ReceivedMessage
+
+
+def _settings(settings: ClientSettings | None, options: ClientOptions) -> ClientSettings:
+    return replace(settings or ClientSettings(), **options)
+
+
+class _AdminFront(Front):
+    _ops: AdminOps
+    _serialize = False
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        *,
+        settings: ClientSettings | None = None,
+        transport: Any = None,
+        **options: UnpackKw[ClientOptions],
+    ) -> None:
+        ex = self._open(brokers, _settings(settings, options), transport)
+        self._ops = AdminOps(ex)
+
+
+class Admin(SyncDriver[AdminOps], _AdminFront):
+    """Topics, groups, cluster status, leadership and queries (blocking)."""
+
+    create_topic = blocking(AdminOps.create_topic)
+    list_topics = blocking(AdminOps.list_topics)
+    describe_topic = blocking(AdminOps.describe_topic)
+    delete_topic = blocking(AdminOps.delete_topic)
+    cluster = blocking(AdminOps.cluster)
+    cluster_all = blocking(AdminOps.cluster_all)
+    transfer_leadership = blocking(AdminOps.transfer_leadership)
+    groups = blocking(AdminOps.groups)
+    group_offsets = blocking(AdminOps.group_offsets)
+    commit_offsets = blocking(AdminOps.commit_offsets)
+    reset_offsets = blocking(AdminOps.reset_offsets)
+    get_message = blocking(AdminOps.get_message)
+    query_by_key = blocking(AdminOps.query_by_key)
+    offset_for_timestamp = blocking(AdminOps.offset_for_timestamp)
+    pull = blocking(AdminOps.pull)
+    pull_arrow = blocking(AdminOps.pull_arrow)
+
+
+class AsyncAdmin(AsyncDriver[AdminOps], _AdminFront):
+    """``Admin`` for asyncio."""
+
+    create_topic = awaiting(AdminOps.create_topic)
+    list_topics = awaiting(AdminOps.list_topics)
+    describe_topic = awaiting(AdminOps.describe_topic)
+    delete_topic = awaiting(AdminOps.delete_topic)
+    cluster = awaiting(AdminOps.cluster)
+    cluster_all = awaiting(AdminOps.cluster_all)
+    transfer_leadership = awaiting(AdminOps.transfer_leadership)
+    groups = awaiting(AdminOps.groups)
+    group_offsets = awaiting(AdminOps.group_offsets)
+    commit_offsets = awaiting(AdminOps.commit_offsets)
+    reset_offsets = awaiting(AdminOps.reset_offsets)
+    get_message = awaiting(AdminOps.get_message)
+    query_by_key = awaiting(AdminOps.query_by_key)
+    offset_for_timestamp = awaiting(AdminOps.offset_for_timestamp)
+    pull = awaiting(AdminOps.pull)
+    pull_arrow = awaiting(AdminOps.pull_arrow)
+
+
+class _ProducerFront(Front):
+    _ops: ProducerOps
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        *,
+        producer_id: str | None = None,
+        first_sequence: int = 0,
+        settings: ClientSettings | None = None,
+        transport: Any = None,
+        **options: UnpackKw[ClientOptions],
+    ) -> None:
+        """``producer_id`` names the session (default: a fresh ``p-<uuid4>``); a caller
+        resuming a session after a restart passes its id and the sequence after the
+        last one it used as ``first_sequence``."""
+        ex = self._open(brokers, _settings(settings, options), transport)
+        self._ops = ProducerOps(ex, producer_id, first_sequence)
+
+    @property
+    def producer_id(self) -> str:
+        return self._ops.producer_id
+
+    @property
+    def sequence(self) -> int:
+        """The sequence number the next batch will carry."""
+        return self._ops.sequence
+
+
+class Producer(SyncDriver[ProducerOps], _ProducerFront):
+    """Sends batches through the master, deduplicated across retries (blocking)."""
+
+    send = blocking(ProducerOps.send)
+    send_one = blocking(ProducerOps.send_one)
+
+
+class AsyncProducer(AsyncDriver[ProducerOps], _ProducerFront):
+    """``Producer`` for asyncio."""
+
+    send = awaiting(ProducerOps.send)
+    send_one = awaiting(ProducerOps.send_one)
+
+
+class _ConsumerFront(Front):
+    _ops: ConsumerOps
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        group: str | None,
+        topic: str,
+        *,
+        queue_ids: Sequence[int] | None = None,
+        auto_commit: bool = True,
+        start: Start = "earliest",
+        settings: ClientSettings | None = None,
+        transport: Any = None,
+        **options: UnpackKw[ClientOptions],
+    ) -> None:
+        """``group=None`` reads without a group from ``start`` and commits nothing.
+        With ``auto_commit`` (the default) every poll first commits what the previous
+        polls returned, and ``close()`` commits the rest: at-least-once delivery."""
+        if start not in ("earliest", "latest"):
+            raise ValueError(f"start is earliest or latest, not {start!r}")
+        ex = self._open(brokers, _settings(settings, options), transport)
+        self._ops = ConsumerOps(
+            ex, group, topic, queue_ids=queue_ids, auto_commit=auto_commit, start=start
+        )
+
+    @property
+    def group(self) -> str | None:
+        return self._ops.group
+
+    @property
+    def topic(self) -> str:
+        return self._ops.topic
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Per queue, the offset after the last message delivered."""
+        return dict(self._ops.positions)
+
+    @property
+    def committed(self) -> dict[int, int]:
+        """Per queue, the committed offset as this consumer knows it."""
+        return dict(self._ops.committed)
+
+
+class Consumer(SyncDriver[ConsumerOps], _ConsumerFront):
+    """Long-poll consumption of a topic by a group, with commits (blocking).
+    ``for m in consumer`` runs until the caller breaks; ``messages(max_idle_s=...)``
+    stops by itself."""
+
+    poll = blocking(ConsumerOps.poll)
+    commit = blocking(ConsumerOps.commit)
+    pull = blocking(ConsumerOps.pull)
+
+    def messages(
+        self,
+        *,
+        max_idle_s: float | None = None,
+        max_messages: int | None = None,
+        wait_ms: int = 1000,
+        batch: int = 32,
+    ) -> Iterator[ReceivedMessage]:
+        """Messages one by one; a message counts as delivered when it is yielded, so a
+        caller that breaks out commits (at ``close``) only what it has seen."""
+        pacer = Pacer(self._exchange.clock, max_idle_s, max_messages, wait_ms, batch)
+        while (want := pacer.next_fetch()) is not None:
+            yield from self._ops.hand_out(self._run(self._ops.fetch(*want)), pacer)
+
+    def __iter__(self) -> Iterator[ReceivedMessage]:
+        return self.messages()
+
+    def close(self) -> None:
+        """Commit what was delivered (with ``auto_commit``), then close."""
+        try:
+            if self._ops.auto_commit:
+                self.commit()
+        finally:
+            super().close()
+
+    def __exit__(self, *exc: object) -> None:
+        if exc and exc[0] is not None:  # failing: commit nothing more
+            super().close()
+        else:
+            self.close()
+
+
+class AsyncConsumer(AsyncDriver[ConsumerOps], _ConsumerFront):
+    """``Consumer`` for asyncio; ``async for m in consumer``."""
+
+    poll = awaiting(ConsumerOps.poll)
+    commit = awaiting(ConsumerOps.commit)
+    pull = awaiting(ConsumerOps.pull)
+
+    async def messages(
+        self,
+        *,
+        max_idle_s: float | None = None,
+        max_messages: int | None = None,
+        wait_ms: int = 1000,
+        batch: int = 32,
+    ) -> AsyncIterator[ReceivedMessage]:
+        """As ``Consumer.messages``."""
+        clock = self._exchange.clock
+        pacer = Pacer(clock, max_idle_s, max_messages, wait_ms, batch)
+        while (want := pacer.next_fetch()) is not None:
+            fetched = await self._run(self._ops.fetch(*want))
+            for m in self._ops.hand_out(fetched, pacer):
+                yield m
+
+    def __aiter__(self) -> AsyncIterator[ReceivedMessage]:
+        return self.messages()
+
+    async def close(self) -> None:
+        try:
+            if self._ops.auto_commit:
+                await self.commit()
+        finally:
+            await super().close()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if exc and exc[0] is not None:
+            await super().close()
+        else:
+            await self.close()

@@ -1,0 +1,230 @@
+"""What the client sends and gets back: ``Message`` and its encoding into a produce body,
+``ReceivedMessage`` and its decoding, and the operations' results (``SendResult``,
+``PullResult``, ``ArrowPage``, topics, group offsets, cluster status). Plain data, no I/O."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias
+
+
+@dataclass(slots=True)
+class Message:
+    """A message to send. ``str`` bodies travel as UTF-8, ``bytes`` as base64."""
+
+    body: bytes | str
+    key: str | None = None
+    keys: Sequence[str] = ()
+    tags: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    queue_id: int | None = None
+    sharding_key: str | None = None
+
+
+MessageLike: TypeAlias = Message | Mapping[str, Any] | bytes | str
+
+_MESSAGE_FIELDS = ("key", "keys", "tags", "properties", "queue_id", "sharding_key")
+
+
+def encode_body(body: bytes | str) -> dict[str, Any]:
+    if isinstance(body, str):
+        return {"body": body, "encoding": "utf-8"}
+    if isinstance(body, bytes | bytearray | memoryview):
+        return {"body": base64.b64encode(body).decode("ascii"), "encoding": "base64"}
+    raise TypeError(f"a message body is bytes or str, not {type(body).__name__}")
+
+
+def encode_message(m: MessageLike) -> dict[str, Any]:
+    """One message object of the produce body (docs/http.md)."""
+    if isinstance(m, str | bytes | bytearray | memoryview):
+        return encode_body(m)
+    if isinstance(m, Message):
+        out = encode_body(m.body)
+        if m.key is not None:
+            out["key"] = m.key
+        if m.keys:
+            out["keys"] = list(m.keys)
+        if m.tags is not None:
+            out["tags"] = m.tags
+        if m.properties:
+            out["properties"] = dict(m.properties)
+        if m.queue_id is not None:
+            out["queue_id"] = m.queue_id
+        if m.sharding_key is not None:
+            out["sharding_key"] = m.sharding_key
+        return out
+    if isinstance(m, Mapping):
+        if "body" not in m:
+            raise ValueError("a message object needs a body")
+        unknown = set(m) - {"body", "encoding", *_MESSAGE_FIELDS}
+        if unknown:
+            raise ValueError(f"unknown message fields: {sorted(unknown)}")
+        body = m["body"]
+        if isinstance(body, str) and m.get("encoding") == "base64":
+            out = {"body": body, "encoding": "base64"}  # already encoded by the caller
+        else:
+            out = encode_body(body)
+        out.update({k: m[k] for k in _MESSAGE_FIELDS if m.get(k) is not None})
+        return out
+    raise TypeError(f"cannot send a {type(m).__name__} as a message")
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    msg_id: str
+    queue_id: int
+    queue_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReceivedMessage:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    body: bytes
+    key: str | None = None
+    keys: tuple[str, ...] = ()
+    tags: str | None = None
+    properties: Mapping[str, str] = field(default_factory=dict)
+    born_timestamp: int = 0
+    store_timestamp: int = 0
+
+    @property
+    def text(self) -> str:
+        """The body as text (invalid UTF-8 replaced)."""
+        return self.body.decode("utf-8", errors="replace")
+
+
+def decode_message(d: Mapping[str, Any]) -> ReceivedMessage:
+    raw = d.get("body") or ""
+    body = base64.b64decode(raw) if d.get("encoding") == "base64" else str(raw).encode()
+    keys = d.get("keys") or ()
+    return ReceivedMessage(
+        topic=str(d.get("topic", "")),
+        queue_id=int(d["queue_id"]),
+        queue_offset=int(d["queue_offset"]),
+        msg_id=str(d.get("msg_id", "")),
+        body=body,
+        key=d.get("key"),
+        keys=tuple(str(k) for k in keys),
+        tags=d.get("tags"),
+        properties=dict(d.get("properties") or {}),
+        born_timestamp=int(d.get("born_timestamp") or 0),
+        store_timestamp=int(d.get("store_timestamp") or 0),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    status: str  # FOUND | NO_NEW_MSG | NO_MATCHED_MSG | OFFSET_ILLEGAL
+    messages: list[ReceivedMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ArrowPage:
+    """A pull answered as an Arrow IPC stream: ``content`` holds ``count`` messages."""
+
+    status: str
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    count: int
+    content: bytes | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    queues: int
+    created: bool | None = None  # from create_topic: False when it already existed
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    queue_id: int
+    min_offset: int
+    max_offset: int  # the next offset to be written
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    name: str
+    queues: list[QueueInfo]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOffset:
+    topic: str
+    queue_id: int
+    committed_offset: int | None
+    max_offset: int
+    lag: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterNode:
+    node_id: str
+    raft_addr: str
+    http_url: str | None
+    match_index: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """``GET /v1/cluster`` of one node."""
+
+    group: str
+    node_id: str
+    raft_role: str
+    broker_role: str
+    term: int
+    leader_id: str | None
+    leader_url: str | None
+    nodes: list[ClusterNode]
+    ledger_begin_index: int
+    ledger_end_index: int
+    committed_index: int
+    dispatched_index: int
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """One node as ``cluster_all`` saw it: its status, or why there is none."""
+
+    node_id: str | None
+    url: str | None
+    status: ClusterStatus | None
+    error: str | None = None
+
+
+def parse_cluster(d: Mapping[str, Any]) -> ClusterStatus:
+    return ClusterStatus(
+        group=str(d.get("group", "")),
+        node_id=str(d["node_id"]),
+        raft_role=str(d.get("raft_role", "")),
+        broker_role=str(d.get("broker_role", "")),
+        term=int(d.get("term", -1)),
+        leader_id=d.get("leader_id"),
+        leader_url=d.get("leader_url"),
+        nodes=[
+            ClusterNode(
+                node_id=str(n["node_id"]),
+                raft_addr=str(n.get("raft_addr", "")),
+                http_url=n.get("http_url"),
+                match_index=n.get("match_index"),
+            )
+            for n in d.get("nodes") or ()
+        ],
+        ledger_begin_index=int(d.get("ledger_begin_index", -1)),
+        ledger_end_index=int(d.get("ledger_end_index", -1)),
+        committed_index=int(d.get("committed_index", -1)),
+        dispatched_index=int(d.get("dispatched_index", -1)),
+        raw=dict(d),
+    )
