@@ -46,7 +46,6 @@ from typing import NoReturn
 from ..codes import DLedgerCode
 from .base import (
     AppendHook,
-    CorruptEntryError,
     StoreCorruptionError,
     StoreError,
     StoreFailedError,
@@ -56,24 +55,27 @@ from .base import (
 from .entry import (
     BODY_OFFSET,
     ENTRY_MAGICS,
-    HEADER,
-    INDEX_UNIT,
     INDEX_UNIT_SIZE,
     MAGIC_NORMAL,
-    CodecError,
     Entry,
     EntryHeader,
     EntryMeta,
     IndexUnit,
-    crc32,
-    decode_entry,
     decode_header,
-    decode_index_unit,
     first_index_of_term,
 )
 from .flush_service import FlushService
 from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
 from .mmapfile import MmapFileList, StoreFileError
+from .reads import (
+    batch_extent,
+    check_body,
+    checked_entry,
+    find_entry_at,
+    index_unit,
+    unit_bytes,
+    view_segment,
+)
 from .recovery import log_begin_pos, recover_log
 from .retention import LogHead, delete_head_segments, disk_usage_ratio, retention_floor_pos
 from .runs import Run, encode_leader_runs, split_follower_runs
@@ -352,7 +354,7 @@ class FileStore:
             self._sync_data()
         return metas
 
-    # ---- reads -------------------------------------------------------------------------
+    # ---- reads (the checks themselves are ``reads``) ------------------------------------
 
     def _unit(self, index: int) -> IndexUnit:
         if not self._begin_index <= index <= self._end_index:
@@ -360,7 +362,7 @@ class FileStore:
                 DLedgerCode.INDEX_OUT_OF_RANGE,
                 f"index {index} outside [{self._begin_index}, {self._end_index}]",
             )
-        return decode_index_unit(self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
+        return index_unit(self._index, index)
 
     def get_meta(self, index: int) -> EntryMeta:
         with self._lock:
@@ -372,14 +374,8 @@ class FileStore:
         body with its CRC, else ``CorruptEntryError`` (this copy is damaged)."""
         with self._lock:
             u = self._unit(index)
-            raw = self._unit_bytes(u)
-        try:
-            e = decode_entry(raw)
-        except CodecError as err:
-            raise self._corrupt(index, u.pos, str(err)) from err
-        if (e.index, e.pos, e.term, e.magic) != (index, u.pos, u.term, u.magic):
-            raise self._corrupt(index, u.pos, "its header disagrees with its index unit")
-        return e
+            raw = unit_bytes(self._data, u)
+        return checked_entry(self._data, raw, index, u)
 
     def read_entry_at(
         self, pos: int, body_size: int | None = None, max_end: int | None = None
@@ -396,65 +392,18 @@ class FileStore:
         "no entry there" (``INDEX_OUT_OF_RANGE``), and only an entry found there whose
         bytes fail a check is ``CorruptEntryError``."""
         with self._lock:
-            begin, limit, end_index = self.ledger_begin_pos, self._data.end, self._end_index
-            if max_end is not None:
-                limit = min(limit, max_end)
-            if pos < begin or pos + BODY_OFFSET > limit:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"no entry at pos {pos}: outside [{begin}, {limit})",
-                )
-            try:
-                head = HEADER.unpack_from(self._data.read(pos, BODY_OFFSET))
-            except IndexError:  # a header there would cross its segment's end
-                head = None
-            unit = None
-            if head is not None and head[4] == pos and self._begin_index <= head[2] <= end_index:
-                unit = INDEX_UNIT.unpack_from(
-                    self._index.read(head[2] * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
-                )
-            if head is None or unit is None or unit[1] != pos:
-                if body_size is None:
-                    raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"no entry starts at {pos}")
-                raise self._corrupt(-1, pos, "no intact entry header there")
-            magic, size, index, term, _pos, channel, _chain, body_crc, head_body_size = head
-            # The index unit was written from these very fields: any difference, or a
-            # header that breaks its own rules, is damage the body CRC does not cover.
-            if unit != (magic, pos, size, index, term) or (channel, size) != (
-                0,
-                BODY_OFFSET + head_body_size,
-            ):
-                raise self._corrupt(index, pos, "its header disagrees with its index unit")
-            if body_size is not None and size != BODY_OFFSET + body_size:
-                raise self._corrupt(
-                    index, pos, f"a body of {head_body_size} bytes where {body_size} are expected"
-                )
-            if pos + size > limit:
-                raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"entry {index} ends past {limit}")
-            try:
-                raw = self._data.read(pos, size)
-            except IndexError:
-                raise self._corrupt(index, pos, f"its size {size} crosses its segment") from None
-        if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
-            raise self._corrupt(index, pos, "body CRC mismatch")
-        return raw
-
-    def _unit_bytes(self, u: IndexUnit) -> bytes:
-        """The bytes an index unit points at; ``CorruptEntryError`` if they are not there."""
-        try:
-            return self._data.read(u.pos, u.size)
-        except IndexError:
-            raise self._corrupt(
-                u.index, u.pos, f"its index unit points outside the data (size {u.size})"
-            ) from None
-
-    def _corrupt(self, index: int, pos: int, problem: str) -> CorruptEntryError:
-        return CorruptEntryError(
-            index,
-            pos,
-            f"{self._where(pos)}: entry {index} is damaged ({problem}); this replica cannot"
-            " serve it (the other replicas can; restore this one from a peer to repair it)",
-        )
+            limit = self._data.end if max_end is None else min(self._data.end, max_end)
+            raw, index, body_crc = find_entry_at(
+                self._data,
+                self._index,
+                pos,
+                body_size,
+                begin_pos=self.ledger_begin_pos,
+                limit=limit,
+                begin_index=self._begin_index,
+                end_index=self._end_index,
+            )
+        return check_body(self._data, raw, index, pos, body_crc)
 
     def _header(self, index: int) -> EntryHeader:
         u = self._unit(index)
@@ -490,17 +439,7 @@ class FileStore:
         a buffer made from it gets the ``BufferError`` of the release."""
         with self._lock:
             end = self._data.end if limit_pos is None else min(self._data.end, limit_pos)
-            f = self._data.segment_for(pos)
-            if size < 0 or pos < self.ledger_begin_pos or pos + size > end or f is None:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"view [{pos}, {pos + size}) outside [{self.ledger_begin_pos}, {end})",
-                )
-            if pos + size > f.end:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"view [{pos}, {pos + size}) crosses the end of a segment ({f.end})",
-                )
+            f = view_segment(self._data, pos, size, self.ledger_begin_pos, end)
             with memoryview(f.mm) as whole, whole[pos - f.start : pos - f.start + size] as part:
                 yield part
 
@@ -517,28 +456,15 @@ class FileStore:
         with self._lock:
             first = self._unit(from_index)
             last_index = min(self._end_index, from_index + max(1, max_entries) - 1)
-            seg = self.settings.data_file_size
-            seg_limit = first.pos - first.pos % seg + seg
-            start = end = first.pos
-            count, last_term = 0, first.term
-            for _magic, pos, size, _index, term in self._units(from_index, last_index):
-                too_big = count and end + size - start > max_bytes
-                if pos != end or pos + size > seg_limit or too_big:
-                    break
-                end += size
-                count += 1
-                last_term = term
-            return self._data.read(start, end - start), count, last_term
-
-    def _units(self, first: int, last: int) -> Iterator[tuple[int, int, int, int, int]]:
-        """Decode index units ``first..last``, one read per index segment."""
-        isz = self.settings.index_file_size
-        i = first
-        while i <= last:
-            unit_pos = i * INDEX_UNIT_SIZE
-            n = min(last - i + 1, (isz - unit_pos % isz) // INDEX_UNIT_SIZE)
-            yield from INDEX_UNIT.iter_unpack(self._index.read(unit_pos, n * INDEX_UNIT_SIZE))
-            i += n
+            end, count, last_term = batch_extent(
+                self._index,
+                from_index,
+                first,
+                last_index,
+                segment_size=self.settings.data_file_size,
+                max_bytes=max_bytes,
+            )
+            return self._data.read(first.pos, end - first.pos), count, last_term
 
     def first_index_of_term(self, term: int, end_index: int) -> int:
         """``getFirstLogOfTargetTerm``: the first entry of ``term`` at or before
@@ -546,10 +472,6 @@ class FileStore:
         with self._lock:
             hi = min(end_index, self._end_index)
             return first_index_of_term(lambda i: self._unit(i).term, self._begin_index, hi, term)
-
-    def _where(self, pos: int) -> str:
-        f = self._data.segment_for(pos)
-        return f"{f.path} at byte {pos - f.start} (pos {pos})" if f else f"pos {pos}"
 
     # ---- truncate, reset, commit -------------------------------------------------------
 
