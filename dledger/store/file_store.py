@@ -46,7 +46,6 @@ from typing import NoReturn
 from ..codes import DLedgerCode
 from .base import (
     AppendHook,
-    StoreCorruptionError,
     StoreError,
     StoreFailedError,
     StoreSettings,
@@ -79,6 +78,7 @@ from .reads import (
 from .recovery import log_begin_pos, recover_log
 from .retention import LogHead, delete_head_segments, disk_usage_ratio, retention_floor_pos
 from .runs import Run, encode_leader_runs, split_follower_runs
+from .state_files import checkpoint_claim, finish_reset, load_term_vote, reset_files
 
 log = logging.getLogger(__name__)
 
@@ -128,10 +128,7 @@ class FileStore:
         self._checkpoint_lock = threading.RLock()
         self._hooks: list[AppendHook] = []
 
-        self._begin_index = 0
-        self._begin_pos = 0
-        self._before_begin_term = -1
-        self._before_begin_chain = 0
+        self._head = LogHead(0, 0, -1, 0)  # replaced whole: by reset, retention, recovery
         self._end_chain = 0  # chain CRC of the last entry (the next entry's seed)
         self._end_index = -1
         self._end_term = -1
@@ -169,19 +166,19 @@ class FileStore:
 
     @property
     def ledger_begin_index(self) -> int:
-        return self._begin_index
+        return self._head.begin_index
 
     @property
     def ledger_before_begin_index(self) -> int:
-        return self._begin_index - 1
+        return self._head.begin_index - 1
 
     @property
     def ledger_before_begin_term(self) -> int:
-        return self._before_begin_term
+        return self._head.before_begin_term
 
     @property
     def ledger_before_begin_chain(self) -> int:
-        return self._before_begin_chain
+        return self._head.before_begin_chain
 
     @property
     def ledger_end_index(self) -> int:
@@ -197,7 +194,7 @@ class FileStore:
 
     @property
     def ledger_begin_pos(self) -> int:
-        return log_begin_pos(self._data, self._begin_pos)
+        return log_begin_pos(self._data, self._head.begin_pos)
 
     @property
     def ledger_end_pos(self) -> int:
@@ -357,10 +354,10 @@ class FileStore:
     # ---- reads (the checks themselves are ``reads``) ------------------------------------
 
     def _unit(self, index: int) -> IndexUnit:
-        if not self._begin_index <= index <= self._end_index:
+        if not self._head.begin_index <= index <= self._end_index:
             raise StoreError(
                 DLedgerCode.INDEX_OUT_OF_RANGE,
-                f"index {index} outside [{self._begin_index}, {self._end_index}]",
+                f"index {index} outside [{self._head.begin_index}, {self._end_index}]",
             )
         return index_unit(self._index, index)
 
@@ -400,7 +397,7 @@ class FileStore:
                 body_size,
                 begin_pos=self.ledger_begin_pos,
                 limit=limit,
-                begin_index=self._begin_index,
+                begin_index=self._head.begin_index,
                 end_index=self._end_index,
             )
         return check_body(self._data, raw, index, pos, body_crc)
@@ -411,8 +408,8 @@ class FileStore:
 
     def term_at(self, index: int) -> int:
         """Term of the entry at ``index``; the before-begin term for ``begin - 1``."""
-        if index == self._begin_index - 1:
-            return self._before_begin_term
+        if index == self._head.begin_index - 1:
+            return self._head.before_begin_term
         return self.get_meta(index).term
 
     def read(self, pos: int, size: int) -> bytes:
@@ -470,8 +467,8 @@ class FileStore:
         """``getFirstLogOfTargetTerm``: the first entry of ``term`` at or before
         ``end_index``; -1 if that term has no entry there."""
         with self._lock:
-            hi = min(end_index, self._end_index)
-            return first_index_of_term(lambda i: self._unit(i).term, self._begin_index, hi, term)
+            lo, hi = self._head.begin_index, min(end_index, self._end_index)
+            return first_index_of_term(lambda i: self._unit(i).term, lo, hi, term)
 
     # ---- truncate, reset, commit -------------------------------------------------------
 
@@ -491,17 +488,18 @@ class FileStore:
                     f"truncate from {from_index} would drop committed entry"
                     f" {self._committed_index}",
                 )
-            if from_index < self._begin_index:
+            if from_index < self._head.begin_index:
                 raise StoreError(
                     DLedgerCode.INDEX_LESS_THAN_LOCAL_BEGIN,
-                    f"truncate from {from_index} below ledger begin {self._begin_index}",
+                    f"truncate from {from_index} below ledger begin {self._head.begin_index}",
                 )
             # The log ends where its last entry ends: cutting at the entry that opened a
             # segment also removes the blank padding before it, so the next placement is
             # the same as on a replica that never had the entry.
-            if from_index == self._begin_index:
+            if from_index == self._head.begin_index:
                 pos = self.ledger_begin_pos
-                self._end_term, self._end_chain = self._before_begin_term, self._before_begin_chain
+                self._end_term = self._head.before_begin_term
+                self._end_chain = self._head.before_begin_chain
             else:
                 prev = self._header(from_index - 1)
                 pos = prev.pos + prev.size
@@ -524,33 +522,11 @@ class FileStore:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "negative begin index or pos")
         with self._checkpoint_lock, self._lock:
             self._check_open()
-            cp = Checkpoint(
-                begin_index=begin_index,
-                begin_pos=begin_pos,
-                before_begin_term=before_begin_term,
-                before_begin_chain=before_begin_chain,
-                committed_index=begin_index - 1,
-                committed_pos=begin_pos,
-                end_index=begin_index - 1,
-                pending_reset=True,
-            )
-            # First the intent: a crash from here on leaves the new begin in force, and
-            # recovery deletes whatever segments it still finds (it knows they are old).
-            # Then the segments go, durably, and the checkpoint says so: from then on a
-            # segment on disk is the new log's, and recovery keeps it.
-            self._checkpoint.save(cp)
-            self._data.reset(begin_pos)
-            self._index.reset(begin_index * INDEX_UNIT_SIZE)
-            self._data.fsync_dir()
-            self._index.fsync_dir()
-            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
-            self._begin_index = begin_index
-            self._begin_pos = begin_pos
-            self._before_begin_term = before_begin_term
-            self._before_begin_chain = self._end_chain = before_begin_chain
-            self._end_index = self._durable_index = begin_index - 1
-            self._end_term = before_begin_term
-            self._committed_index = begin_index - 1
+            head = LogHead(begin_index, begin_pos, before_begin_term, before_begin_chain)
+            reset_files(self._data, self._index, self._checkpoint, head)
+            self._head = head
+            self._end_index = self._durable_index = self._committed_index = begin_index - 1
+            self._end_term, self._end_chain = before_begin_term, before_begin_chain
             self._committed_pos = begin_pos
             self._generation += 1
 
@@ -571,32 +547,15 @@ class FileStore:
     # ---- term and vote -----------------------------------------------------------------
 
     def load_term_vote(self) -> TermVote:
-        """The durable term and vote (``currterm``). A new node gets term 0 and no vote,
-        and the file is made at once: from then on a missing one means a lost one.
-
-        A node with a past (entries, a log that begins past 0, a checkpoint) and no
-        ``currterm`` lost the file: it may have voted in any term up to the group's
-        current one, and starting again at term 0 with no vote it could vote a second
-        time in one of them (two leaders in a term). No rule of Raft derives that vote
-        back, so this refuses (``StoreCorruptionError``, saying how to recover)."""
-        path = self._term_vote.path
-        if path.exists():
-            return self._term_vote.load()
-        if self._end_index >= 0 or self._begin_index > 0 or self._checkpoint.path.exists():
-            raise StoreCorruptionError(
-                f"{path} is missing, but this node has a past (its log holds entries up"
-                f" to {self._end_index}, of term {self._end_term}): it may have voted,"
-                " and starting at term 0 with no vote it could vote twice in a term."
-                " Refusing to start. To recover, stop this node and read currTerm in the"
-                " currterm file of every other node of the group (stopped ones too);"
-                f" write 'currTerm=<the highest of them + 1>' and 'voteLeader=' into {path}"
-                " (no candidate can have asked this node for a vote in a term no node has"
-                " reached). Or wipe this node's data directory: it rejoins empty and"
-                " catches up from the leader."
-            )
-        tv = TermVote()
-        self._term_vote.save(tv)
-        return tv
+        """The durable term and vote (``currterm``); refused when the file is lost
+        (``state_files.load_term_vote``)."""
+        past = self._end_index >= 0 or self._head.begin_index > 0
+        return load_term_vote(
+            self._term_vote,
+            has_past=past or self._checkpoint.path.exists(),
+            end_index=self._end_index,
+            end_term=self._end_term,
+        )
 
     def save_term_vote(self, tv: TermVote) -> None:
         self._term_vote.save(tv)
@@ -641,32 +600,22 @@ class FileStore:
         self._write_checkpoint()
 
     def _checkpoint_state(self, head: LogHead | None = None) -> Checkpoint:
-        """The checkpoint the store may write now (the store lock held): it never claims
-        more committed than is durable. ``head``: the log's begin as it will be once
+        """The checkpoint the store may write now (the store lock held; see
+        ``state_files.checkpoint_claim``). ``head``: the log's begin as it will be once
         retention has deleted the first segment, which its checkpoint must say first."""
         if head is None:
-            head = LogHead(
-                self._begin_index,
-                self.ledger_begin_pos,
-                self._before_begin_term,
-                self._before_begin_chain,
-            )
-        committed = min(self._committed_index, self._durable_index)
-        committed_pos = self._committed_pos
-        if committed < head.begin_index:
-            committed_pos = head.begin_pos
-        elif committed != self._committed_index:
-            u = self._unit(committed)
-            committed_pos = u.pos + u.size
-        return Checkpoint(
-            begin_index=head.begin_index,
-            begin_pos=head.begin_pos,
-            before_begin_term=head.before_begin_term,
-            before_begin_chain=head.before_begin_chain,
-            committed_index=max(committed, head.begin_index - 1),
-            committed_pos=committed_pos,
-            end_index=self._durable_index,
+            head = dataclasses.replace(self._head, begin_pos=self.ledger_begin_pos)
+        return checkpoint_claim(
+            head,
+            committed_index=self._committed_index,
+            committed_pos=self._committed_pos,
+            durable_index=self._durable_index,
+            entry_end=self._entry_end,
         )
+
+    def _entry_end(self, index: int) -> int:
+        u = self._unit(index)
+        return u.pos + u.size
 
     def _write_checkpoint(self) -> None:
         """Write the checkpoint: its state taken under the store lock, its write and two
@@ -699,12 +648,7 @@ class FileStore:
             deleted = delete_head_segments(
                 self._data,
                 self._index,
-                LogHead(
-                    self._begin_index,
-                    self._begin_pos,
-                    self._before_begin_term,
-                    self._before_begin_chain,
-                ),
+                self._head,
                 end_index=self._end_index,
                 floor_pos=retention_floor_pos(self._committed_pos, self._retention_floor),
                 now_s=self._clock(),
@@ -726,9 +670,7 @@ class FileStore:
         self._checkpoint.save(self._checkpoint_state(head))
 
     def _adopt_head(self, head: LogHead) -> None:
-        self._begin_index, self._begin_pos = head.begin_index, head.begin_pos
-        self._before_begin_term = head.before_begin_term
-        self._before_begin_chain = head.before_begin_chain
+        self._head = head
 
     # ---- recovery (the scan itself is ``recovery.recover_log``) ---------------------------
 
@@ -750,14 +692,8 @@ class FileStore:
         if cp is not None and cp.pending_reset:
             # recover_log finished the reset: make that durable before anything is
             # written, or a later recovery would take the new entries for old ones.
-            self._data.fsync_dir()
-            self._index.fsync_dir()
-            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
-        self._begin_index, self._begin_pos = r.begin_index, r.begin_pos
-        self._before_begin_term, self._before_begin_chain = (
-            r.before_begin_term,
-            r.before_begin_chain,
-        )
+            finish_reset(self._data, self._index, self._checkpoint, cp)
+        self._head = LogHead(r.begin_index, r.begin_pos, r.before_begin_term, r.before_begin_chain)
         self._end_index = self._durable_index = r.end_index
         self._end_term, self._end_chain = r.end_term, r.end_chain
         self._committed_index, self._committed_pos = r.committed_index, r.committed_pos
@@ -769,7 +705,7 @@ class FileStore:
         log.info(
             "recovered %s: entries [%d, %d], committed %d, scanned %d in %.3f s",
             self.dir,
-            self._begin_index,
+            self._head.begin_index,
             self._end_index,
             self._committed_index,
             r.scanned_entries,

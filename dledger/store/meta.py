@@ -9,6 +9,8 @@ Invariants:
   (the Raft layer calls :meth:`TermVoteFile.save` and only then replies);
 - ``checkpoint`` never claims more than is durable in the data files: the store writes a
   committed index only after the data up to that entry has been synced.
+
+What the store writes into them, and in which order, is :mod:`dledger.store.state_files`.
 """
 
 from __future__ import annotations
