@@ -77,7 +77,7 @@ from .reads import (
 )
 from .recovery import log_begin_pos, recover_log
 from .retention import LogHead, delete_head_segments, disk_usage_ratio, retention_floor_pos
-from .runs import Run, encode_leader_runs, split_follower_runs
+from .runs import Run, UndoFailedError, encode_leader_runs, split_follower_runs, write_runs
 from .state_files import checkpoint_claim, finish_reset, load_term_vote, reset_files
 
 log = logging.getLogger(__name__)
@@ -278,26 +278,17 @@ class FileStore:
         units: bytes | bytearray,
         end_chain: int,
     ) -> None:
-        """Write pre-placed runs of entries and their index units; update ledger end.
-
-        All or nothing: a write that fails part-way (``ENOSPC`` when blocks are
-        reserved, ``EIO`` anywhere) is undone (segments created since deleted, bytes
-        after the old end zeroed) and raises ``StoreError`` with the ledger end as it
-        was, so no orphan bytes shift the next entry's pos and recovery adopts nothing.
-        If the undo fails too, the store fails (``StoreFailedError``)."""
-        data_end, data_files = self._data.end, len(self._data.files)
-        index_end, index_files = self._index.end, len(self._index.files)
+        """Write pre-placed runs of entries and their index units (``runs.write_runs``:
+        all or nothing); update the ledger end. A write that fails raises ``StoreError``
+        with the ledger end as it was; if its undo fails too, the store fails
+        (``StoreFailedError``)."""
+        data_end = self._data.end
         try:
-            for pos, data in runs:
-                self._data_write(pos, data)
-            self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
+            write_runs(self._data, self._index, runs, metas[0].index * INDEX_UNIT_SIZE, units)
+        except UndoFailedError as e:
+            # Part of the batch may now be in the log: the outcome is unknown.
+            self._fail(f"undoing a failed write at pos {data_end} ({e.error})", e.undo_error)
         except OSError as e:
-            try:
-                self._data.undo_append(data_end, data_files)
-                self._index.undo_append(index_end, index_files)
-            except OSError as again:
-                # Part of the batch may now be in the log: the outcome is unknown.
-                self._fail(f"undoing a failed write at pos {data_end} ({e})", again)
             full = e.errno in (errno.ENOSPC, errno.EDQUOT)
             raise StoreError(
                 DLedgerCode.DISK_FULL if full else DLedgerCode.DISK_ERROR,
@@ -307,24 +298,6 @@ class FileStore:
         self._end_index = metas[-1].index
         self._end_term = metas[-1].term
         self._end_chain = end_chain
-
-    def _data_write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        files = self._data.files
-        if not files and pos != self._data.end:
-            # After a reset right behind an entry that ended near a segment's end (an
-            # installed snapshot): open that segment so it gets the leader's padding.
-            self._data.new_segment()
-        if files and pos != files[-1].end:
-            # place_entry decided this run starts the next segment: pad the current one.
-            assert pos == files[-1].limit, (pos, files[-1].end, files[-1].limit)
-            self._data.pad_to_limit()
-        if not files or files[-1].free == 0:
-            self._data.new_segment()
-        self._data.write_at_end(data)
-
-    def _index_write(self, index_pos: int, units: bytes | bytearray) -> None:
-        assert index_pos == self._index.end, (index_pos, self._index.end)
-        self._index.append_rolling(units)
 
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]:
         """Write the leader's raw entry bytes exactly where the leader wrote them.
