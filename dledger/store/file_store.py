@@ -24,9 +24,12 @@ retention. Checkpoint writers also take ``self._checkpoint_lock`` (always before
 ``self._lock``): the periodic checkpoint holds only that one across its fsyncs.
 
 The store owns the ledger state and its lock; the jobs that can be read alone live beside
-it: ``runs`` lays out a batch for writing (leader encoding, follower checking),
-``recovery`` scans and repairs the files on open, ``retention`` decides which head
-segments go, ``mmapfile`` holds the segments.
+it: ``runs`` lays out a batch (leader encoding, follower checking) and writes it all or
+nothing, ``reads`` checks every entry a read returns, ``state_files`` says what the
+checkpoint and ``currterm`` may claim and in which order they are written, ``recovery``
+scans and repairs the files on open, ``retention`` decides which head segments go (and
+refuses appends to a full disk), ``flush_service`` syncs in the background,
+``mmapfile`` holds the segments.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -53,7 +55,6 @@ from .base import (
 )
 from .entry import (
     BODY_OFFSET,
-    ENTRY_MAGICS,
     INDEX_UNIT_SIZE,
     MAGIC_NORMAL,
     Entry,
@@ -65,20 +66,27 @@ from .entry import (
 )
 from .flush_service import FlushService
 from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
-from .mmapfile import MmapFileList, StoreFileError
+from .mmapfile import MmapFileList
 from .reads import (
     batch_extent,
     check_body,
     checked_entry,
     find_entry_at,
     index_unit,
+    read_span,
     unit_bytes,
     view_segment,
 )
-from .recovery import log_begin_pos, recover_log
-from .retention import LogHead, delete_head_segments, disk_usage_ratio, retention_floor_pos
+from .recovery import log_begin_pos, open_log
+from .retention import (
+    DiskFullCheck,
+    LogHead,
+    delete_head_segments,
+    disk_usage_ratio,
+    retention_floor_pos,
+)
 from .runs import Run, UndoFailedError, encode_leader_runs, split_follower_runs, write_runs
-from .state_files import checkpoint_claim, finish_reset, load_term_vote, reset_files
+from .state_files import checkpoint_claim, load_term_vote, lock_directory, reset_files
 
 log = logging.getLogger(__name__)
 
@@ -86,18 +94,6 @@ log = logging.getLogger(__name__)
 def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
     """``<data_dir>/dledger/<group>/<node_id>`` (docs/formats.md)."""
     return Path(data_dir) / "dledger" / group / node_id
-
-
-def _lock_directory(directory: Path) -> int:
-    """Hold an exclusive lock on ``<dir>/lock`` for the store's lifetime: two processes
-    writing one log would corrupt it."""
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreFileError(f"{directory} is in use by another process") from None
-    return fd
 
 
 class FileStore:
@@ -115,12 +111,12 @@ class FileStore:
         self.dir = Path(directory)
         self.settings = s = settings or StoreSettings()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_directory(self.dir)
+        self._lock_fd = lock_directory(self.dir)
         self._data = MmapFileList(self.dir / "data", s.data_file_size)
         self._index = MmapFileList(self.dir / "index", s.index_file_size)
         self._term_vote = TermVoteFile(self.dir / "currterm")
         self._checkpoint = CheckpointFile(self.dir / "checkpoint")
-        self._disk_usage = disk_usage or (lambda: disk_usage_ratio(self.dir))
+        self._disk = DiskFullCheck(disk_usage or (lambda: disk_usage_ratio(self.dir)), s)
         self._clock = clock
         self._lock = threading.RLock()
         # Orders checkpoint writers (taken before ``_lock``, never after it): see
@@ -137,8 +133,6 @@ class FileStore:
         self._durable_index = -1  # every entry up to here is synced (data and index)
         self._generation = 0  # bumped by truncate/reset: a sync snapshot taken before is stale
         self._retention_floor: int | None = None
-        self._disk_ratio = 0.0
-        self._disk_checked_at = -1e18
         self._closed = False
         self._failed: StoreFailedError | None = None
 
@@ -146,16 +140,14 @@ class FileStore:
         try:
             self._recover()
         except BaseException:
-            self._data.close()
-            self._index.close()
-            os.close(self._lock_fd)
+            self._release()
             raise
         self._flusher: FlushService | None = None
         if background:  # off for deterministic simulations, which call sync() themselves
             self._flusher = FlushService(
                 self.dir,
                 s,
-                sync=self._sync_now,
+                sync=self.sync,
                 write_checkpoint=self._write_checkpoint,
                 clean=self.clean,
                 failed=lambda: self._failed is not None,
@@ -167,10 +159,6 @@ class FileStore:
     @property
     def ledger_begin_index(self) -> int:
         return self._head.begin_index
-
-    @property
-    def ledger_before_begin_index(self) -> int:
-        return self._head.begin_index - 1
 
     @property
     def ledger_before_begin_term(self) -> int:
@@ -224,17 +212,6 @@ class FileStore:
 
     # ---- appends -----------------------------------------------------------------------
 
-    def _check_disk(self) -> None:
-        now = time.monotonic()
-        if now - self._disk_checked_at >= self.settings.disk_check_interval_ms / 1000:
-            self._disk_ratio = self._disk_usage()
-            self._disk_checked_at = now
-        if self._disk_ratio > self.settings.disk_full_ratio:
-            raise StoreError(
-                DLedgerCode.DISK_FULL,
-                f"disk usage {self._disk_ratio:.1%} is above {self.settings.disk_full_ratio:.0%}",
-            )
-
     def append_as_leader(
         self,
         term: int,
@@ -245,12 +222,10 @@ class FileStore:
 
         All-or-nothing: every check and every hook runs before the first byte is written,
         so a refused or failed batch leaves the log unchanged (AP-08, AP-10)."""
-        check_leader_bodies(bodies, self.settings)
-        if magic not in ENTRY_MAGICS:
-            raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, f"invalid entry magic {magic}")
+        check_leader_bodies(bodies, magic, self.settings)
         with self._lock:
             self._check_open()
-            self._check_disk()
+            self._disk.check()
             if term < self._end_term:
                 raise StoreError(
                     DLedgerCode.INCONSISTENT_TERM,
@@ -308,7 +283,7 @@ class FileStore:
         view = memoryview(data)
         with self._lock:
             self._check_open()
-            self._check_disk()
+            self._disk.check()
             runs, metas, units, chain = split_follower_runs(
                 view,
                 end_pos=self._data.end,
@@ -324,15 +299,10 @@ class FileStore:
             self._sync_data()
         return metas
 
-    # ---- reads (the checks themselves are ``reads``) ------------------------------------
+    # ---- reads (the checks themselves are in ``reads``) ---------------------------------
 
     def _unit(self, index: int) -> IndexUnit:
-        if not self._head.begin_index <= index <= self._end_index:
-            raise StoreError(
-                DLedgerCode.INDEX_OUT_OF_RANGE,
-                f"index {index} outside [{self._head.begin_index}, {self._end_index}]",
-            )
-        return index_unit(self._index, index)
+        return index_unit(self._index, index, self._head.begin_index, self._end_index)
 
     def get_meta(self, index: int) -> EntryMeta:
         with self._lock:
@@ -388,16 +358,7 @@ class FileStore:
     def read(self, pos: int, size: int) -> bytes:
         """Raw bytes at ``[pos, pos + size)`` within written data of one segment."""
         with self._lock:
-            if size < 0 or pos < self.ledger_begin_pos or pos + size > self._data.end:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"read [{pos}, {pos + size}) outside [{self.ledger_begin_pos},"
-                    f" {self._data.end})",
-                )
-            try:
-                return self._data.read(pos, size)
-            except IndexError as e:
-                raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, str(e)) from e
+            return read_span(self._data, pos, size, self.ledger_begin_pos)
 
     @contextlib.contextmanager
     def view(self, pos: int, size: int, limit_pos: int | None = None) -> Iterator[memoryview]:
@@ -513,9 +474,8 @@ class FileStore:
                     DLedgerCode.INDEX_OUT_OF_RANGE,
                     f"committed index {index} beyond ledger end {self._end_index}",
                 )
-            u = self._unit(index)
+            self._committed_pos = self._entry_end(index)
             self._committed_index = index
-            self._committed_pos = u.pos + u.size
 
     # ---- term and vote -----------------------------------------------------------------
 
@@ -547,7 +507,8 @@ class FileStore:
         except OSError as e:
             self._fail("fsync of the data segments", e)
 
-    def _sync_now(self) -> None:
+    def sync(self) -> None:
+        """Sync every written byte now (data and index), without a checkpoint."""
         with self._lock:
             self._check_open()
             todo_d = self._data.unflushed()
@@ -563,13 +524,9 @@ class FileStore:
             if self._generation == generation:
                 self._durable_index = max(self._durable_index, end_index)
 
-    def sync(self) -> None:
-        """Sync every written byte now (data and index), without a checkpoint."""
-        self._sync_now()
-
     def flush(self) -> None:
         """Sync every written byte now and write the checkpoint."""
-        self._sync_now()
+        self.sync()
         self._write_checkpoint()
 
     def _checkpoint_state(self, head: LogHead | None = None) -> Checkpoint:
@@ -626,7 +583,7 @@ class FileStore:
                 floor_pos=retention_floor_pos(self._committed_pos, self._retention_floor),
                 now_s=self._clock(),
                 settings=self.settings,
-                disk_usage=self._disk_usage,
+                disk_usage=self._disk.usage,
                 force=force,
                 header_at=self._header,
                 before_delete=self._save_head,
@@ -645,45 +602,28 @@ class FileStore:
     def _adopt_head(self, head: LogHead) -> None:
         self._head = head
 
-    # ---- recovery (the scan itself is ``recovery.recover_log``) ---------------------------
+    # ---- recovery (the scan itself is ``recovery``) ---------------------------------------
 
     def _recover(self) -> None:
-        """Rebuild ledger state from the files on open (docs/formats.md): load the
-        segments and the checkpoint, scan and repair (:func:`recover_log`), adopt what
-        it found. Damage in the committed prefix raises :class:`StoreCorruptionError`."""
-        t0 = time.monotonic()
-        cp = self._checkpoint.load()
-        self._data.load()
-        self._index.load()
-        r = recover_log(
+        """Rebuild ledger state from the files on open (docs/formats.md): load and repair
+        them (:func:`open_log`), adopt what it found. Damage in the committed prefix
+        raises :class:`StoreCorruptionError`."""
+        r = open_log(
             self._data,
             self._index,
-            cp,
+            self._checkpoint,
             segment_size=self.settings.data_file_size,
             verify=self.settings.recovery_verify,
         )
-        if cp is not None and cp.pending_reset:
-            # recover_log finished the reset: make that durable before anything is
-            # written, or a later recovery would take the new entries for old ones.
-            finish_reset(self._data, self._index, self._checkpoint, cp)
         self._head = LogHead(r.begin_index, r.begin_pos, r.before_begin_term, r.before_begin_chain)
         self._end_index = self._durable_index = r.end_index
         self._end_term, self._end_chain = r.end_term, r.end_chain
         self._committed_index, self._committed_pos = r.committed_index, r.committed_pos
         self.recovery_stats = {
-            "seconds": time.monotonic() - t0,
+            "seconds": r.seconds,
             "scanned_entries": r.scanned_entries,
             "rebuilt_index_from": r.rebuilt_index_from,
         }
-        log.info(
-            "recovered %s: entries [%d, %d], committed %d, scanned %d in %.3f s",
-            self.dir,
-            self._head.begin_index,
-            self._end_index,
-            self._committed_index,
-            r.scanned_entries,
-            self.recovery_stats["seconds"],
-        )
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -717,7 +657,7 @@ class FileStore:
             return
         if self._flusher is not None:
             self._flusher.stop()
-        self._sync_now()
+        self.sync()
         try:
             self._write_checkpoint()
         except OSError as e:  # a full disk: the older checkpoint stays valid (recovery
@@ -725,9 +665,7 @@ class FileStore:
             log.warning("closing %s without a new checkpoint: %s", self.dir, e)
         with self._lock:
             self._closed = True
-            self._data.close()
-            self._index.close()
-            os.close(self._lock_fd)
+            self._release()
 
     def abandon(self) -> None:
         """Let go of the files without syncing anything: a process that died. Tests and
@@ -738,9 +676,13 @@ class FileStore:
             self._flusher.stop()
         with self._lock:
             self._closed = True
-            self._data.close()
-            self._index.close()
-            os.close(self._lock_fd)
+            self._release()
+
+    def _release(self) -> None:
+        """Unmap the files and let go of the directory's lock."""
+        self._data.close()
+        self._index.close()
+        os.close(self._lock_fd)
 
     @property
     def index_flushed_pos(self) -> int:
@@ -760,6 +702,3 @@ class FileStore:
 
     def index_files(self) -> list[Path]:
         return [f.path for f in self._index.files]
-
-    def disk_bytes(self) -> int:
-        return sum(os.path.getsize(p) for p in self.data_files() + self.index_files())

@@ -32,8 +32,13 @@ from .entry import (
 from .mmapfile import MmapFile, MmapFileList
 
 
-def index_unit(index: MmapFileList, i: int) -> IndexUnit:
-    """Index unit ``i`` as written (the caller checked ``i`` is in the log)."""
+def index_unit(index: MmapFileList, i: int, begin_index: int, end_index: int) -> IndexUnit:
+    """Index unit ``i`` as written, of a log holding entries ``begin_index..end_index``;
+    ``StoreError(INDEX_OUT_OF_RANGE)`` for any other ``i``."""
+    if not begin_index <= i <= end_index:
+        raise StoreError(
+            DLedgerCode.INDEX_OUT_OF_RANGE, f"index {i} outside [{begin_index}, {end_index}]"
+        )
     return decode_index_unit(index.read(i * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
 
 
@@ -169,6 +174,20 @@ def check_body(data: MmapFileList, raw: bytes, index: int, pos: int, body_crc: i
     if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
         raise damaged(data, index, pos, "body CRC mismatch")
     return raw
+
+
+def read_span(data: MmapFileList, pos: int, size: int, begin_pos: int) -> bytes:
+    """A copy of ``[pos, pos + size)``, which must lie within ``[begin_pos, data.end)``
+    and one segment (``FileStore.read``); else ``StoreError(INDEX_OUT_OF_RANGE)``."""
+    if size < 0 or pos < begin_pos or pos + size > data.end:
+        raise StoreError(
+            DLedgerCode.INDEX_OUT_OF_RANGE,
+            f"read [{pos}, {pos + size}) outside [{begin_pos}, {data.end})",
+        )
+    try:
+        return data.read(pos, size)
+    except IndexError as e:
+        raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, str(e)) from e
 
 
 def view_segment(data: MmapFileList, pos: int, size: int, begin_pos: int, end: int) -> MmapFile:

@@ -11,17 +11,22 @@ may claim, and the order of the writes around them that keeps a crash anywhere s
   (``finish_reset`` then makes recovery's deletions durable the same way).
 - ``load_term_vote``: a node with a past and no ``currterm`` lost it, and is refused: it
   could vote twice in a term.
+- ``lock_directory``: one process at a time has a node directory (its ``lock`` file):
+  two writing one log would corrupt it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from .base import StoreCorruptionError
 from .entry import INDEX_UNIT_SIZE
 from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
-from .mmapfile import MmapFileList
+from .mmapfile import MmapFileList, StoreFileError
 from .retention import LogHead
 
 
@@ -113,3 +118,15 @@ def load_term_vote(
     tv = TermVote()
     term_vote.save(tv)
     return tv
+
+
+def lock_directory(directory: Path) -> int:
+    """Hold an exclusive lock on ``<dir>/lock`` for the store's lifetime (the returned
+    descriptor's): two processes writing one log would corrupt it."""
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreFileError(f"{directory} is in use by another process") from None
+    return fd
