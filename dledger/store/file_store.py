@@ -46,13 +46,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..codes import DLedgerCode
-from .base import (
-    AppendHook,
-    StoreError,
-    StoreFailedError,
-    StoreSettings,
-    check_leader_bodies,
-)
+from .base import AppendHook, StoreError, StoreFailedError, StoreSettings, check_leader_bodies
 from .entry import (
     BODY_OFFSET,
     INDEX_UNIT_SIZE,
@@ -61,6 +55,7 @@ from .entry import (
     EntryHeader,
     EntryMeta,
     IndexUnit,
+    crc32,
     decode_header,
     first_index_of_term,
 )
@@ -69,8 +64,8 @@ from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
 from .mmapfile import MmapFileList
 from .reads import (
     batch_extent,
-    check_body,
     checked_entry,
+    damaged,
     find_entry_at,
     index_unit,
     read_span,
@@ -338,12 +333,14 @@ class FileStore:
                 self._index,
                 pos,
                 body_size,
-                begin_pos=self.ledger_begin_pos,
-                limit=limit,
-                begin_index=self._head.begin_index,
-                end_index=self._end_index,
+                self.ledger_begin_pos,
+                limit,
+                self._head.begin_index,
+                self._end_index,
             )
-        return check_body(self._data, raw, index, pos, body_crc)
+        if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
+            raise damaged(self._data, index, pos, "body CRC mismatch")
+        return raw
 
     def _header(self, index: int) -> EntryHeader:
         u = self._unit(index)
