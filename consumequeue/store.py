@@ -18,11 +18,12 @@ another thread (it works on a snapshot of the open queues).
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+
+from dledger.store.meta import fsync_dir
 
 from .errors import ConsumeQueueError
 from .queue import ConsumeQueue, ConsumeQueueSettings
@@ -128,14 +129,7 @@ class ConsumeQueueStore:
                 q.flush()
         dirs, self._dirs_dirty = self._dirs_dirty, set()
         for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):  # leaves first
-            try:
-                fd = os.open(d, os.O_RDONLY)
-            except FileNotFoundError:
-                continue  # deleted since: its parent is in the set too
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(d, missing_ok=True)  # one deleted since: its parent is in the set too
 
     def close(self) -> None:
         for q in self._queues.values():

@@ -2,7 +2,8 @@
 
 One object per node, driven by ``maintain(now_ms)`` on every tick and by
 the vote and heartbeat messages the node routes to it. Rounds replace DLedger's latches:
-a round collects answers paired by ``req_id`` and is read (``_parse_vote_round``,
+a round (``elector_rounds``: its counters and what DLedger reads from them) collects
+answers paired by ``req_id`` and is read (``_parse_vote_round``,
 ``_finish_heartbeat_round``) as soon as the latch would open or its deadline passes.
 
 Departures from DLedger, each for Raft safety or failover time (docs/architecture.md):
@@ -32,10 +33,10 @@ its leader as not alive (it grants pre-votes), nothing else.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..codes import DLedgerCode
+from .elector_rounds import HeartbeatRound, PreVoteRound, VoteRound, parse_vote_round
 from .messages import (
     MAX_TERM,
     HeartBeatRequest,
@@ -53,49 +54,6 @@ if TYPE_CHECKING:
     from .host import ElectorHost
     from .member_state import MemberState
     from .settings import CoreSettings
-
-
-@dataclass(slots=True)
-class VoteRound:
-    """The candidate's counters for one round."""
-
-    term: int
-    req_id: int
-    deadline_ms: int
-    known_max_term: int
-    all_num: int = 0
-    valid_num: int = 0
-    accepted_num: int = 0
-    not_ready_term_num: int = 0
-    bigger_ledger_num: int = 0
-    already_has_leader: bool = False
-    answered: set[str] = field(default_factory=set)
-
-
-@dataclass(slots=True)
-class PreVoteRound:
-    term: int  # the term the candidate would move to
-    req_id: int
-    deadline_ms: int
-    granted: set[str] = field(default_factory=set)
-    answered: set[str] = field(default_factory=set)
-    max_term: int = -1
-    early: bool = False  # a follower's, after its leader's connection closed (issue 18)
-
-
-@dataclass(slots=True)
-class HeartbeatRound:
-    """``sendHeartbeats`` counters; self counts as answered and successful."""
-
-    term: int
-    req_id: int
-    deadline_ms: int
-    all_num: int = 1
-    succ_num: int = 1
-    not_ready_num: int = 0
-    max_term: int = -1
-    inconsistent_leader: bool = False
-    answered: set[str] = field(default_factory=set)
 
 
 class LeaderElector:
@@ -346,65 +304,30 @@ class LeaderElector:
         self._tally(r, resp.local_id, resp.vote_result, resp.term, now_ms)
 
     def _tally(self, r: VoteRound, voter: str, result: VoteResult, term: int, now_ms: int) -> None:
-        """The per-answer callback: each of DLedger's vote result codes counted."""
-        r.answered.add(voter)
-        r.all_num += 1
-        if result is not VoteResult.UNKNOWN:
-            r.valid_num += 1
-        if result is VoteResult.ACCEPT:
-            r.accepted_num += 1
-        elif result is VoteResult.REJECT_ALREADY_HAS_LEADER:
-            r.already_has_leader = True
-        elif result in (
-            VoteResult.REJECT_TERM_SMALL_THAN_LEDGER,
-            VoteResult.REJECT_EXPIRED_VOTE_TERM,
-        ):
-            r.known_max_term = max(r.known_max_term, term)
-        elif result in (
-            VoteResult.REJECT_EXPIRED_LEDGER_TERM,
-            VoteResult.REJECT_SMALL_LEDGER_END_INDEX,
-        ):
-            r.bigger_ledger_num += 1
-        elif result is VoteResult.REJECT_TERM_NOT_READY:
-            r.not_ready_term_num += 1
-        q = self.member_state.is_quorum
-        if (
-            r.already_has_leader
-            or q(r.accepted_num)
-            or q(r.accepted_num + r.not_ready_term_num)
-            or r.all_num == len(self.member_state.peer_ids)
-        ):
+        r.count(voter, result, term)
+        if r.complete(self.member_state.is_quorum, len(self.member_state.peer_ids)):
             self._parse_vote_round(now_ms)
 
     def _parse_vote_round(self, now_ms: int) -> None:
-        """From tally to ``ParseResult``, in DLedger's order."""
+        """Close the round and act on what it says (``parse_vote_round``): the next
+        round's time, a higher term to adopt, or leadership."""
         r, self.vote_round = self.vote_round, None
         assert r is not None
         member_state = self.member_state
         if member_state.role is not Role.CANDIDATE or member_state.curr_term != r.term:
             return  # the round went stale: a heartbeat or a higher term got here first
-        q, s = member_state.is_quorum, self.settings
+        # Drawn whatever the result: the node's seeded rng sequence depends on it.
         nxt = self.next_time_to_request_vote(now_ms)
+        result, wait_ms = parse_vote_round(
+            r,
+            member_state.is_quorum,
+            election_timeout_ms=self.settings.election_timeout_ms,
+            max_vote_interval_ms=self.settings.max_vote_interval_ms,
+        )
+        if wait_ms is not None:
+            self.next_time_to_request_vote_ms = nxt + wait_ms
         if r.known_max_term > r.term:
-            result = ParseResult.WAIT_TO_VOTE_NEXT
-            self.next_time_to_request_vote_ms = nxt
             self.change_role_to_candidate(r.known_max_term, now_ms)
-        elif r.already_has_leader:
-            result = ParseResult.WAIT_TO_REVOTE
-            self.next_time_to_request_vote_ms = nxt + s.election_timeout_ms
-        elif not q(r.valid_num):
-            result = ParseResult.WAIT_TO_REVOTE
-            self.next_time_to_request_vote_ms = nxt
-        elif not q(r.valid_num - r.bigger_ledger_num):
-            result = ParseResult.WAIT_TO_REVOTE
-            self.next_time_to_request_vote_ms = nxt + s.max_vote_interval_ms
-        elif q(r.accepted_num):
-            result = ParseResult.PASSED
-        elif q(r.accepted_num + r.not_ready_term_num):
-            result = ParseResult.REVOTE_IMMEDIATELY  # same term, next tick
-        else:
-            result = ParseResult.WAIT_TO_VOTE_NEXT
-            self.next_time_to_request_vote_ms = nxt
         self.last_parse_result = result
         self.host.log_event(
             "vote_round",
@@ -452,18 +375,13 @@ class LeaderElector:
         r = self.pre_vote_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
             return
-        r.answered.add(resp.local_id)
-        r.max_term = max(r.max_term, resp.term)
-        if resp.vote_result is VoteResult.ACCEPT:
-            r.granted.add(resp.local_id)
+        r.count(resp.local_id, resp.vote_result, resp.term)
         self._check_pre_vote_round(now_ms)
 
     def _check_pre_vote_round(self, now_ms: int) -> None:
         r = self.pre_vote_round
         assert r is not None
-        if self.member_state.is_quorum(len(r.granted)) or len(r.answered) == len(
-            self.member_state.peer_ids
-        ):
+        if r.complete(self.member_state.is_quorum, len(self.member_state.peer_ids)):
             self._finish_pre_vote_round(now_ms)
 
     def _finish_pre_vote_round(self, now_ms: int) -> None:
@@ -637,22 +555,8 @@ class LeaderElector:
         r = self.heartbeat_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
             return
-        r.answered.add(resp.local_id)
-        r.all_num += 1
-        if resp.code is DLedgerCode.SUCCESS:
-            r.succ_num += 1
-        elif resp.code is DLedgerCode.EXPIRED_TERM:
-            r.max_term = max(r.max_term, resp.term)  # the fix of DLedger's bug: keep the maximum
-        elif resp.code is DLedgerCode.INCONSISTENT_LEADER:
-            r.inconsistent_leader = True
-        elif resp.code is DLedgerCode.TERM_NOT_READY:
-            r.not_ready_num += 1
-        q = self.member_state.is_quorum
-        if (
-            q(r.succ_num)
-            or q(r.succ_num + r.not_ready_num)
-            or r.all_num == len(self.member_state.peer_ids)
-        ):
+        r.count(resp.local_id, resp.code, resp.term)
+        if r.complete(self.member_state.is_quorum, len(self.member_state.peer_ids)):
             self._finish_heartbeat_round(now_ms)
 
     def _finish_heartbeat_round(self, now_ms: int) -> None:

@@ -373,11 +373,14 @@ def _ip(text: str) -> _IPAddress | None:
 
 @dataclass(slots=True)
 class _Inbound:
-    """One inbound connection, as the limits see it."""
+    """One inbound connection: what the limits see of it, and what its serving task keeps."""
 
     writer: asyncio.StreamWriter
+    peer: object  # its peername
     last_active: float  # monotonic time of its last complete frame (or its accept)
-    member: bool = False  # it sent a member's frame
+    member: str | None = None  # the member it speaks for, once it sent a member's frame
+    client: bool = False  # it sent client requests
+    pending: set[asyncio.Task[None]] = field(default_factory=set)  # client answers in flight
 
 
 class Transport:
@@ -453,9 +456,9 @@ class Transport:
         if link is not None:
             link.send(msg)
 
-    async def _serve(  # noqa: PLR0911, PLR0912, PLR0915  # a connection's whole life, in order
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A connection's whole life, in order: admission (the connection limit), the
+        handshake, then its frames until EOF, an error or a limit closes it."""
         task = asyncio.current_task()
         assert task is not None
         peer = writer.get_extra_info("peername")
@@ -463,9 +466,7 @@ class Transport:
             self._limit(peer, f"{len(self._conns)} members' connections already")
             writer.close()
             return
-        conn = self._conns[task] = _Inbound(writer, time.monotonic())
-        pending: set[asyncio.Task[None]] = set()
-        member: str | None = None  # the peer this connection speaks for, once known
+        conn = self._conns[task] = _Inbound(writer, peer, time.monotonic())
         try:
             # Authenticate before the decoder exists: an unauthenticated peer's bytes
             # are never parsed, so no frame of theirs (a vote with a huge term, a bogus
@@ -475,62 +476,10 @@ class Transport:
                 reader, writer, peer
             ):
                 return
-            s = self.settings
-            decoder = FrameDecoder(s.max_frame_bytes)
-            client = False  # it sent client requests
-            while True:
-                if decoder.buffered:
-                    timeout_s: float | None = s.partial_frame_timeout_ms / 1000
-                elif client:
-                    timeout_s = s.client_idle_timeout_ms / 1000
-                else:
-                    timeout_s = None  # a link may idle between terms (eviction bounds it)
-                try:
-                    async with asyncio.timeout(timeout_s):
-                        data = await reader.read(READ_CHUNK)
-                except TimeoutError:
-                    self._limit(
-                        peer, "a frame begun and not finished" if decoder.buffered else "idle"
-                    )
-                    return
-                if not data:
-                    if member is not None:
-                        self._peer_lost(member)  # EOF: the peer closed (or died)
-                    return
-                held = sum(self._buffered.values()) - self._buffered.get(task, 0)
-                if held + decoder.buffered + len(data) > s.max_inbound_buffer_bytes:
-                    self._limit(peer, f"partial frames would pass {s.max_inbound_buffer_bytes} B")
-                    return
-                try:
-                    msgs = decoder.feed(data)
-                except FrameError as e:
-                    self.bad_frames += 1
-                    log.warning("closing connection from %s: %s", peer, e)
-                    return
-                self._buffered[task] = decoder.buffered
-                if msgs:
-                    conn.last_active = time.monotonic()
-                for m in msgs:
-                    if self._is_peer(m):
-                        why = await self._stranger(m, member, peer)
-                        if why is not None:
-                            self.stranger_frames += 1
-                            self._refused(peer, why, counted=True)
-                            return
-                        member = m.local_id
-                        conn.member = True
-                        self._on_peer(m)
-                    elif len(pending) >= s.max_client_requests_per_connection:
-                        log.warning("client %s exceeds its in-flight limit; closing", peer)
-                        return
-                    else:
-                        client = True
-                        t = asyncio.create_task(self._answer(m, writer))
-                        pending.add(t)
-                        t.add_done_callback(pending.discard)
+            await self._read_frames(reader, conn, task)
         except (ConnectionError, OSError):
-            if member is not None:
-                self._peer_lost(member)  # reset
+            if conn.member is not None:
+                self._peer_lost(conn.member)  # reset
             return
         except Exception:  # a bug: this connection ends, the node and its core go on
             log.exception("serving the connection from %s failed", _address(peer))
@@ -538,9 +487,83 @@ class Transport:
         finally:
             self._conns.pop(task, None)
             self._buffered.pop(task, None)
-            for t in pending:
+            for t in conn.pending:
                 t.cancel()
             writer.close()
+
+    async def _read_frames(
+        self, reader: asyncio.StreamReader, conn: _Inbound, task: asyncio.Task[None]
+    ) -> None:
+        """Decode the connection's bytes and take each message, until EOF, a bad frame,
+        a stranger's frame or a limit ends it."""
+        s = self.settings
+        decoder = FrameDecoder(s.max_frame_bytes)
+        while True:
+            data = await self._read_chunk(reader, decoder, conn)
+            if data is None:
+                return
+            if not data:
+                if conn.member is not None:
+                    self._peer_lost(conn.member)  # EOF: the peer closed (or died)
+                return
+            held = sum(self._buffered.values()) - self._buffered.get(task, 0)
+            if held + decoder.buffered + len(data) > s.max_inbound_buffer_bytes:
+                self._limit(conn.peer, f"partial frames would pass {s.max_inbound_buffer_bytes} B")
+                return
+            try:
+                msgs = decoder.feed(data)
+            except FrameError as e:
+                self.bad_frames += 1
+                log.warning("closing connection from %s: %s", conn.peer, e)
+                return
+            self._buffered[task] = decoder.buffered
+            if msgs:
+                conn.last_active = time.monotonic()
+            for m in msgs:
+                if not await self._take(m, conn):
+                    return
+
+    async def _read_chunk(
+        self, reader: asyncio.StreamReader, decoder: FrameDecoder, conn: _Inbound
+    ) -> bytes | None:
+        """The next bytes (``b""`` at EOF); None when the connection waited too long for
+        them (a frame begun and not finished, or a client idle) and a limit closes it."""
+        s = self.settings
+        if decoder.buffered:
+            timeout_s: float | None = s.partial_frame_timeout_ms / 1000
+        elif conn.client:
+            timeout_s = s.client_idle_timeout_ms / 1000
+        else:
+            timeout_s = None  # a link may idle between terms (eviction bounds it)
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await reader.read(READ_CHUNK)
+        except TimeoutError:
+            what = "a frame begun and not finished" if decoder.buffered else "idle"
+            self._limit(conn.peer, what)
+            return None
+
+    async def _take(self, m: WireMessage, conn: _Inbound) -> bool:
+        """Route one message: a member's peer frame to the core, a client request to a
+        task that answers it. False: the connection must close (a peer frame not from a
+        member, or a client over its in-flight limit)."""
+        if self._is_peer(m):
+            why = await self._stranger(m, conn.member, conn.peer)
+            if why is not None:
+                self.stranger_frames += 1
+                self._refused(conn.peer, why, counted=True)
+                return False
+            conn.member = m.local_id
+            self._on_peer(m)
+        elif len(conn.pending) >= self.settings.max_client_requests_per_connection:
+            log.warning("client %s exceeds its in-flight limit; closing", conn.peer)
+            return False
+        else:
+            conn.client = True
+            t = asyncio.create_task(self._answer(m, conn.writer))
+            conn.pending.add(t)
+            t.add_done_callback(conn.pending.discard)
+        return True
 
     async def _authenticate(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
@@ -623,7 +646,7 @@ class Transport:
     def _evict_one(self) -> bool:
         """Close the longest-idle inbound connection that is not a member's; False if
         there is none."""
-        idle = [(c.last_active, t) for t, c in self._conns.items() if not c.member]
+        idle = [(c.last_active, t) for t, c in self._conns.items() if c.member is None]
         if not idle:
             return False
         _, victim = min(idle, key=lambda x: x[0])

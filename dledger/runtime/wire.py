@@ -432,10 +432,11 @@ def _truncated(what: str, need: int, at: int, left: int) -> FrameError:
     )
 
 
-def _decode_from(  # noqa: PLR0912, PLR0915  # one bounds check per field kind, inline for speed
-    buf: Buffer, start: int, end: int
-) -> WireMessage:
-    """Decode the frame body ``buf[start:end]``; offsets in errors are relative to start."""
+def _decode_from(buf: Buffer, start: int, end: int) -> WireMessage:
+    """Decode the frame body ``buf[start:end]``; offsets in errors are relative to start.
+
+    Every frame passes here, so the fixed fields and the strings are checked inline; only
+    a tail (a few message classes) costs a call."""
     if end - start < _MIN_BODY:
         raise _truncated("code and kind", _MIN_BODY, 0, end - start)
     code, kind = _CODE_KIND.unpack_from(buf, start)
@@ -483,55 +484,72 @@ def _decode_from(  # noqa: PLR0912, PLR0915  # one bounds check per field kind, 
                     f"invalid UTF-8 in string {name!r} at body byte {off - start + e.start}"
                 ) from None
             off += n
-        tail = spec.tail
-        if tail is not _Tail.NONE:
-            what = spec.tail_name
-            if off + 4 > end:
-                raise _truncated(f"length of {what!r}", 4, off - start, end - off)
-            (n,) = _U32.unpack_from(buf, off)
-            off += 4
-            if tail is _Tail.BYTES:
-                if off + n > end:
-                    raise _truncated(repr(what), n, off - start, end - off)
-                kwargs[what] = bytes(view[off : off + n])
-                off += n
-            elif tail is _Tail.BODIES:
-                if n * 4 > end - off:  # every body needs at least its length
-                    raise FrameError(
-                        f"count {n} of {what!r} at body byte {off - start - 4} cannot fit"
-                        f" in the {end - off} bytes left"
-                    )
-                bodies: list[bytes] = []
-                for k in range(n):
-                    if off + 4 > end:
-                        raise _truncated(f"length of {what}[{k}]", 4, off - start, end - off)
-                    (m,) = _U32.unpack_from(buf, off)
-                    off += 4
-                    if off + m > end:
-                        raise _truncated(f"{what}[{k}]", m, off - start, end - off)
-                    bodies.append(bytes(view[off : off + m]))
-                    off += m
-                kwargs[what] = tuple(bodies)
-            else:  # POSITIONS
-                if n * 8 > end - off:
-                    raise FrameError(
-                        f"count {n} of {what!r} at body byte {off - start - 4} cannot fit"
-                        f" in the {end - off} bytes left"
-                    )
-                positions = struct.unpack_from(f">{n}q", buf, off)
-                if positions and not (min(positions) >= -1 and max(positions) <= MAX_INDEX):
-                    raise FrameError(
-                        f"a position of {what!r} at body byte {off - start} is outside"
-                        f" [-1, {MAX_INDEX}]"
-                    )
-                kwargs[what] = positions
-                off += n * 8
+        if spec.tail is not _Tail.NONE:
+            kwargs[spec.tail_name], off = _decode_tail(spec, view, off, start, end)
     if off != end:
         raise FrameError(
             f"{end - off} trailing bytes after {spec.cls.__name__} at body byte {off - start}"
         )
     msg: WireMessage = spec.cls(**kwargs)
     return msg
+
+
+def _decode_tail(
+    spec: _Spec, view: memoryview, off: int, start: int, end: int
+) -> tuple[object, int]:
+    """The tail of ``spec``'s message at ``view[off:end]``: (its value, the offset after
+    it). Offsets in errors are relative to ``start``, the frame body's."""
+    what = spec.tail_name
+    if off + 4 > end:
+        raise _truncated(f"length of {what!r}", 4, off - start, end - off)
+    (n,) = _U32.unpack_from(view, off)
+    off += 4
+    if spec.tail is _Tail.BYTES:
+        if off + n > end:
+            raise _truncated(repr(what), n, off - start, end - off)
+        return bytes(view[off : off + n]), off + n
+    if spec.tail is _Tail.BODIES:
+        return _decode_bodies(what, n, view, off, start=start, end=end)
+    return _decode_positions(what, n, view, off, start=start, end=end)
+
+
+def _decode_bodies(
+    what: str, n: int, view: memoryview, off: int, *, start: int, end: int
+) -> tuple[tuple[bytes, ...], int]:
+    """``n`` bodies, each a u32 length and its bytes, from ``view[off:end]``."""
+    if n * 4 > end - off:  # every body needs at least its length
+        raise FrameError(
+            f"count {n} of {what!r} at body byte {off - start - 4} cannot fit"
+            f" in the {end - off} bytes left"
+        )
+    bodies: list[bytes] = []
+    for k in range(n):
+        if off + 4 > end:
+            raise _truncated(f"length of {what}[{k}]", 4, off - start, end - off)
+        (m,) = _U32.unpack_from(view, off)
+        off += 4
+        if off + m > end:
+            raise _truncated(f"{what}[{k}]", m, off - start, end - off)
+        bodies.append(bytes(view[off : off + m]))
+        off += m
+    return tuple(bodies), off
+
+
+def _decode_positions(
+    what: str, n: int, view: memoryview, off: int, *, start: int, end: int
+) -> tuple[tuple[int, ...], int]:
+    """``n`` i64 positions from ``view[off:end]``, each in ``[-1, MAX_INDEX]``."""
+    if n * 8 > end - off:
+        raise FrameError(
+            f"count {n} of {what!r} at body byte {off - start - 4} cannot fit"
+            f" in the {end - off} bytes left"
+        )
+    positions: tuple[int, ...] = struct.unpack_from(f">{n}q", view, off)
+    if positions and not (min(positions) >= -1 and max(positions) <= MAX_INDEX):
+        raise FrameError(
+            f"a position of {what!r} at body byte {off - start} is outside [-1, {MAX_INDEX}]"
+        )
+    return positions, off + n * 8
 
 
 def decode(frame_body: Buffer) -> WireMessage:

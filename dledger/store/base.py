@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..codes import DLedgerCode, DLedgerError
-from .entry import INDEX_UNIT_SIZE, MIN_BLANK_LEN, Entry, EntryMeta, place_entry
+from .entry import ENTRY_MAGICS, INDEX_UNIT_SIZE, MIN_BLANK_LEN, Entry, EntryMeta, place_entry
 from .meta import TermVote
 
 __all__ = ["place_entry"]  # re-exported: the placement rule lives with the codec
@@ -162,8 +162,10 @@ class LogStore(Protocol):
 
 
 def check_leader_bodies(
-    bodies: Sequence[bytes | bytearray | memoryview], settings: StoreSettings
+    bodies: Sequence[bytes | bytearray | memoryview], magic: int, settings: StoreSettings
 ) -> None:
+    """A leader's batch before anything of it is encoded: bodies, each within the limit,
+    and an entry magic; else ``StoreError`` (nothing is written)."""
     if not bodies:
         raise StoreError(DLedgerCode.REQUEST_WITH_EMPTY_BODYS, "append with no bodies")
     limit = settings.max_entry_bytes - 48
@@ -173,3 +175,5 @@ def check_leader_bodies(
             DLedgerCode.UNEXPECTED_ARGUMENT,
             f"body {i} is {len(bodies[i])} bytes, over the limit of {limit}",
         )
+    if magic not in ENTRY_MAGICS:
+        raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, f"invalid entry magic {magic}")

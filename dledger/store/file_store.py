@@ -24,9 +24,12 @@ retention. Checkpoint writers also take ``self._checkpoint_lock`` (always before
 ``self._lock``): the periodic checkpoint holds only that one across its fsyncs.
 
 The store owns the ledger state and its lock; the jobs that can be read alone live beside
-it: ``runs`` lays out a batch for writing (leader encoding, follower checking),
-``recovery`` scans and repairs the files on open, ``retention`` decides which head
-segments go, ``mmapfile`` holds the segments.
+it: ``runs`` lays out a batch (leader encoding, follower checking) and writes it all or
+nothing, ``reads`` checks every entry a read returns, ``state_files`` says what the
+checkpoint and ``currterm`` may claim and in which order they are written, ``recovery``
+scans and repairs the files on open, ``retention`` decides which head segments go (and
+refuses appends to a full disk), ``flush_service`` syncs in the background,
+``mmapfile`` holds the segments.
 """
 
 from __future__ import annotations
@@ -34,7 +37,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -44,39 +46,42 @@ from pathlib import Path
 from typing import NoReturn
 
 from ..codes import DLedgerCode
-from .base import (
-    AppendHook,
-    CorruptEntryError,
-    StoreCorruptionError,
-    StoreError,
-    StoreFailedError,
-    StoreSettings,
-    check_leader_bodies,
-)
+from .base import AppendHook, StoreError, StoreFailedError, StoreSettings, check_leader_bodies
 from .entry import (
     BODY_OFFSET,
-    ENTRY_MAGICS,
-    HEADER,
-    INDEX_UNIT,
     INDEX_UNIT_SIZE,
     MAGIC_NORMAL,
-    CodecError,
     Entry,
     EntryHeader,
     EntryMeta,
     IndexUnit,
     crc32,
-    decode_entry,
     decode_header,
-    decode_index_unit,
     first_index_of_term,
 )
 from .flush_service import FlushService
 from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
-from .mmapfile import MmapFileList, StoreFileError
-from .recovery import log_begin_pos, recover_log
-from .retention import LogHead, delete_head_segments, disk_usage_ratio, retention_floor_pos
-from .runs import Run, encode_leader_runs, split_follower_runs
+from .mmapfile import MmapFileList
+from .reads import (
+    batch_extent,
+    checked_entry,
+    damaged,
+    find_entry_at,
+    index_unit,
+    read_span,
+    unit_bytes,
+    view_segment,
+)
+from .recovery import log_begin_pos, open_log
+from .retention import (
+    DiskFullCheck,
+    LogHead,
+    delete_head_segments,
+    disk_usage_ratio,
+    retention_floor_pos,
+)
+from .runs import Run, UndoFailedError, encode_leader_runs, split_follower_runs, write_runs
+from .state_files import checkpoint_claim, load_term_vote, lock_directory, reset_files
 
 log = logging.getLogger(__name__)
 
@@ -84,18 +89,6 @@ log = logging.getLogger(__name__)
 def node_dir(data_dir: Path | str, group: str, node_id: str) -> Path:
     """``<data_dir>/dledger/<group>/<node_id>`` (docs/formats.md)."""
     return Path(data_dir) / "dledger" / group / node_id
-
-
-def _lock_directory(directory: Path) -> int:
-    """Hold an exclusive lock on ``<dir>/lock`` for the store's lifetime: two processes
-    writing one log would corrupt it."""
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreFileError(f"{directory} is in use by another process") from None
-    return fd
 
 
 class FileStore:
@@ -113,12 +106,12 @@ class FileStore:
         self.dir = Path(directory)
         self.settings = s = settings or StoreSettings()
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_directory(self.dir)
+        self._lock_fd = lock_directory(self.dir)
         self._data = MmapFileList(self.dir / "data", s.data_file_size)
         self._index = MmapFileList(self.dir / "index", s.index_file_size)
         self._term_vote = TermVoteFile(self.dir / "currterm")
         self._checkpoint = CheckpointFile(self.dir / "checkpoint")
-        self._disk_usage = disk_usage or (lambda: disk_usage_ratio(self.dir))
+        self._disk = DiskFullCheck(disk_usage or (lambda: disk_usage_ratio(self.dir)), s)
         self._clock = clock
         self._lock = threading.RLock()
         # Orders checkpoint writers (taken before ``_lock``, never after it): see
@@ -126,10 +119,7 @@ class FileStore:
         self._checkpoint_lock = threading.RLock()
         self._hooks: list[AppendHook] = []
 
-        self._begin_index = 0
-        self._begin_pos = 0
-        self._before_begin_term = -1
-        self._before_begin_chain = 0
+        self._head = LogHead(0, 0, -1, 0)  # replaced whole: by reset, retention, recovery
         self._end_chain = 0  # chain CRC of the last entry (the next entry's seed)
         self._end_index = -1
         self._end_term = -1
@@ -138,8 +128,6 @@ class FileStore:
         self._durable_index = -1  # every entry up to here is synced (data and index)
         self._generation = 0  # bumped by truncate/reset: a sync snapshot taken before is stale
         self._retention_floor: int | None = None
-        self._disk_ratio = 0.0
-        self._disk_checked_at = -1e18
         self._closed = False
         self._failed: StoreFailedError | None = None
 
@@ -147,16 +135,14 @@ class FileStore:
         try:
             self._recover()
         except BaseException:
-            self._data.close()
-            self._index.close()
-            os.close(self._lock_fd)
+            self._release()
             raise
         self._flusher: FlushService | None = None
         if background:  # off for deterministic simulations, which call sync() themselves
             self._flusher = FlushService(
                 self.dir,
                 s,
-                sync=self._sync_now,
+                sync=self.sync,
                 write_checkpoint=self._write_checkpoint,
                 clean=self.clean,
                 failed=lambda: self._failed is not None,
@@ -167,19 +153,15 @@ class FileStore:
 
     @property
     def ledger_begin_index(self) -> int:
-        return self._begin_index
-
-    @property
-    def ledger_before_begin_index(self) -> int:
-        return self._begin_index - 1
+        return self._head.begin_index
 
     @property
     def ledger_before_begin_term(self) -> int:
-        return self._before_begin_term
+        return self._head.before_begin_term
 
     @property
     def ledger_before_begin_chain(self) -> int:
-        return self._before_begin_chain
+        return self._head.before_begin_chain
 
     @property
     def ledger_end_index(self) -> int:
@@ -195,7 +177,7 @@ class FileStore:
 
     @property
     def ledger_begin_pos(self) -> int:
-        return log_begin_pos(self._data, self._begin_pos)
+        return log_begin_pos(self._data, self._head.begin_pos)
 
     @property
     def ledger_end_pos(self) -> int:
@@ -225,17 +207,6 @@ class FileStore:
 
     # ---- appends -----------------------------------------------------------------------
 
-    def _check_disk(self) -> None:
-        now = time.monotonic()
-        if now - self._disk_checked_at >= self.settings.disk_check_interval_ms / 1000:
-            self._disk_ratio = self._disk_usage()
-            self._disk_checked_at = now
-        if self._disk_ratio > self.settings.disk_full_ratio:
-            raise StoreError(
-                DLedgerCode.DISK_FULL,
-                f"disk usage {self._disk_ratio:.1%} is above {self.settings.disk_full_ratio:.0%}",
-            )
-
     def append_as_leader(
         self,
         term: int,
@@ -246,12 +217,10 @@ class FileStore:
 
         All-or-nothing: every check and every hook runs before the first byte is written,
         so a refused or failed batch leaves the log unchanged (AP-08, AP-10)."""
-        check_leader_bodies(bodies, self.settings)
-        if magic not in ENTRY_MAGICS:
-            raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, f"invalid entry magic {magic}")
+        check_leader_bodies(bodies, magic, self.settings)
         with self._lock:
             self._check_open()
-            self._check_disk()
+            self._disk.check()
             if term < self._end_term:
                 raise StoreError(
                     DLedgerCode.INCONSISTENT_TERM,
@@ -279,26 +248,17 @@ class FileStore:
         units: bytes | bytearray,
         end_chain: int,
     ) -> None:
-        """Write pre-placed runs of entries and their index units; update ledger end.
-
-        All or nothing: a write that fails part-way (``ENOSPC`` when blocks are
-        reserved, ``EIO`` anywhere) is undone (segments created since deleted, bytes
-        after the old end zeroed) and raises ``StoreError`` with the ledger end as it
-        was, so no orphan bytes shift the next entry's pos and recovery adopts nothing.
-        If the undo fails too, the store fails (``StoreFailedError``)."""
-        data_end, data_files = self._data.end, len(self._data.files)
-        index_end, index_files = self._index.end, len(self._index.files)
+        """Write pre-placed runs of entries and their index units (``runs.write_runs``:
+        all or nothing); update the ledger end. A write that fails raises ``StoreError``
+        with the ledger end as it was; if its undo fails too, the store fails
+        (``StoreFailedError``)."""
+        data_end = self._data.end
         try:
-            for pos, data in runs:
-                self._data_write(pos, data)
-            self._index_write(metas[0].index * INDEX_UNIT_SIZE, units)
+            write_runs(self._data, self._index, runs, metas[0].index * INDEX_UNIT_SIZE, units)
+        except UndoFailedError as e:
+            # Part of the batch may now be in the log: the outcome is unknown.
+            self._fail(f"undoing a failed write at pos {data_end} ({e.error})", e.undo_error)
         except OSError as e:
-            try:
-                self._data.undo_append(data_end, data_files)
-                self._index.undo_append(index_end, index_files)
-            except OSError as again:
-                # Part of the batch may now be in the log: the outcome is unknown.
-                self._fail(f"undoing a failed write at pos {data_end} ({e})", again)
             full = e.errno in (errno.ENOSPC, errno.EDQUOT)
             raise StoreError(
                 DLedgerCode.DISK_FULL if full else DLedgerCode.DISK_ERROR,
@@ -309,24 +269,6 @@ class FileStore:
         self._end_term = metas[-1].term
         self._end_chain = end_chain
 
-    def _data_write(self, pos: int, data: bytes | bytearray | memoryview) -> None:
-        files = self._data.files
-        if not files and pos != self._data.end:
-            # After a reset right behind an entry that ended near a segment's end (an
-            # installed snapshot): open that segment so it gets the leader's padding.
-            self._data.new_segment()
-        if files and pos != files[-1].end:
-            # place_entry decided this run starts the next segment: pad the current one.
-            assert pos == files[-1].limit, (pos, files[-1].end, files[-1].limit)
-            self._data.pad_to_limit()
-        if not files or files[-1].free == 0:
-            self._data.new_segment()
-        self._data.write_at_end(data)
-
-    def _index_write(self, index_pos: int, units: bytes | bytearray) -> None:
-        assert index_pos == self._index.end, (index_pos, self._index.end)
-        self._index.append_rolling(units)
-
     def append_as_follower(self, data: bytes | bytearray | memoryview) -> list[EntryMeta]:
         """Write the leader's raw entry bytes exactly where the leader wrote them.
 
@@ -336,7 +278,7 @@ class FileStore:
         view = memoryview(data)
         with self._lock:
             self._check_open()
-            self._check_disk()
+            self._disk.check()
             runs, metas, units, chain = split_follower_runs(
                 view,
                 end_pos=self._data.end,
@@ -352,15 +294,10 @@ class FileStore:
             self._sync_data()
         return metas
 
-    # ---- reads -------------------------------------------------------------------------
+    # ---- reads (the checks themselves are in ``reads``) ---------------------------------
 
     def _unit(self, index: int) -> IndexUnit:
-        if not self._begin_index <= index <= self._end_index:
-            raise StoreError(
-                DLedgerCode.INDEX_OUT_OF_RANGE,
-                f"index {index} outside [{self._begin_index}, {self._end_index}]",
-            )
-        return decode_index_unit(self._index.read(index * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
+        return index_unit(self._index, index, self._head.begin_index, self._end_index)
 
     def get_meta(self, index: int) -> EntryMeta:
         with self._lock:
@@ -372,14 +309,8 @@ class FileStore:
         body with its CRC, else ``CorruptEntryError`` (this copy is damaged)."""
         with self._lock:
             u = self._unit(index)
-            raw = self._unit_bytes(u)
-        try:
-            e = decode_entry(raw)
-        except CodecError as err:
-            raise self._corrupt(index, u.pos, str(err)) from err
-        if (e.index, e.pos, e.term, e.magic) != (index, u.pos, u.term, u.magic):
-            raise self._corrupt(index, u.pos, "its header disagrees with its index unit")
-        return e
+            raw = unit_bytes(self._data, u)
+        return checked_entry(self._data, raw, index, u)
 
     def read_entry_at(
         self, pos: int, body_size: int | None = None, max_end: int | None = None
@@ -396,65 +327,20 @@ class FileStore:
         "no entry there" (``INDEX_OUT_OF_RANGE``), and only an entry found there whose
         bytes fail a check is ``CorruptEntryError``."""
         with self._lock:
-            begin, limit, end_index = self.ledger_begin_pos, self._data.end, self._end_index
-            if max_end is not None:
-                limit = min(limit, max_end)
-            if pos < begin or pos + BODY_OFFSET > limit:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"no entry at pos {pos}: outside [{begin}, {limit})",
-                )
-            try:
-                head = HEADER.unpack_from(self._data.read(pos, BODY_OFFSET))
-            except IndexError:  # a header there would cross its segment's end
-                head = None
-            unit = None
-            if head is not None and head[4] == pos and self._begin_index <= head[2] <= end_index:
-                unit = INDEX_UNIT.unpack_from(
-                    self._index.read(head[2] * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE)
-                )
-            if head is None or unit is None or unit[1] != pos:
-                if body_size is None:
-                    raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"no entry starts at {pos}")
-                raise self._corrupt(-1, pos, "no intact entry header there")
-            magic, size, index, term, _pos, channel, _chain, body_crc, head_body_size = head
-            # The index unit was written from these very fields: any difference, or a
-            # header that breaks its own rules, is damage the body CRC does not cover.
-            if unit != (magic, pos, size, index, term) or (channel, size) != (
-                0,
-                BODY_OFFSET + head_body_size,
-            ):
-                raise self._corrupt(index, pos, "its header disagrees with its index unit")
-            if body_size is not None and size != BODY_OFFSET + body_size:
-                raise self._corrupt(
-                    index, pos, f"a body of {head_body_size} bytes where {body_size} are expected"
-                )
-            if pos + size > limit:
-                raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"entry {index} ends past {limit}")
-            try:
-                raw = self._data.read(pos, size)
-            except IndexError:
-                raise self._corrupt(index, pos, f"its size {size} crosses its segment") from None
+            limit = self._data.end if max_end is None else min(self._data.end, max_end)
+            raw, index, body_crc = find_entry_at(
+                self._data,
+                self._index,
+                pos,
+                body_size,
+                self.ledger_begin_pos,
+                limit,
+                self._head.begin_index,
+                self._end_index,
+            )
         if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
-            raise self._corrupt(index, pos, "body CRC mismatch")
+            raise damaged(self._data, index, pos, "body CRC mismatch")
         return raw
-
-    def _unit_bytes(self, u: IndexUnit) -> bytes:
-        """The bytes an index unit points at; ``CorruptEntryError`` if they are not there."""
-        try:
-            return self._data.read(u.pos, u.size)
-        except IndexError:
-            raise self._corrupt(
-                u.index, u.pos, f"its index unit points outside the data (size {u.size})"
-            ) from None
-
-    def _corrupt(self, index: int, pos: int, problem: str) -> CorruptEntryError:
-        return CorruptEntryError(
-            index,
-            pos,
-            f"{self._where(pos)}: entry {index} is damaged ({problem}); this replica cannot"
-            " serve it (the other replicas can; restore this one from a peer to repair it)",
-        )
 
     def _header(self, index: int) -> EntryHeader:
         u = self._unit(index)
@@ -462,23 +348,14 @@ class FileStore:
 
     def term_at(self, index: int) -> int:
         """Term of the entry at ``index``; the before-begin term for ``begin - 1``."""
-        if index == self._begin_index - 1:
-            return self._before_begin_term
+        if index == self._head.begin_index - 1:
+            return self._head.before_begin_term
         return self.get_meta(index).term
 
     def read(self, pos: int, size: int) -> bytes:
         """Raw bytes at ``[pos, pos + size)`` within written data of one segment."""
         with self._lock:
-            if size < 0 or pos < self.ledger_begin_pos or pos + size > self._data.end:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"read [{pos}, {pos + size}) outside [{self.ledger_begin_pos},"
-                    f" {self._data.end})",
-                )
-            try:
-                return self._data.read(pos, size)
-            except IndexError as e:
-                raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, str(e)) from e
+            return read_span(self._data, pos, size, self.ledger_begin_pos)
 
     @contextlib.contextmanager
     def view(self, pos: int, size: int, limit_pos: int | None = None) -> Iterator[memoryview]:
@@ -490,17 +367,7 @@ class FileStore:
         a buffer made from it gets the ``BufferError`` of the release."""
         with self._lock:
             end = self._data.end if limit_pos is None else min(self._data.end, limit_pos)
-            f = self._data.segment_for(pos)
-            if size < 0 or pos < self.ledger_begin_pos or pos + size > end or f is None:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"view [{pos}, {pos + size}) outside [{self.ledger_begin_pos}, {end})",
-                )
-            if pos + size > f.end:
-                raise StoreError(
-                    DLedgerCode.INDEX_OUT_OF_RANGE,
-                    f"view [{pos}, {pos + size}) crosses the end of a segment ({f.end})",
-                )
+            f = view_segment(self._data, pos, size, self.ledger_begin_pos, end)
             with memoryview(f.mm) as whole, whole[pos - f.start : pos - f.start + size] as part:
                 yield part
 
@@ -517,39 +384,22 @@ class FileStore:
         with self._lock:
             first = self._unit(from_index)
             last_index = min(self._end_index, from_index + max(1, max_entries) - 1)
-            seg = self.settings.data_file_size
-            seg_limit = first.pos - first.pos % seg + seg
-            start = end = first.pos
-            count, last_term = 0, first.term
-            for _magic, pos, size, _index, term in self._units(from_index, last_index):
-                too_big = count and end + size - start > max_bytes
-                if pos != end or pos + size > seg_limit or too_big:
-                    break
-                end += size
-                count += 1
-                last_term = term
-            return self._data.read(start, end - start), count, last_term
-
-    def _units(self, first: int, last: int) -> Iterator[tuple[int, int, int, int, int]]:
-        """Decode index units ``first..last``, one read per index segment."""
-        isz = self.settings.index_file_size
-        i = first
-        while i <= last:
-            unit_pos = i * INDEX_UNIT_SIZE
-            n = min(last - i + 1, (isz - unit_pos % isz) // INDEX_UNIT_SIZE)
-            yield from INDEX_UNIT.iter_unpack(self._index.read(unit_pos, n * INDEX_UNIT_SIZE))
-            i += n
+            end, count, last_term = batch_extent(
+                self._index,
+                from_index,
+                first,
+                last_index,
+                segment_size=self.settings.data_file_size,
+                max_bytes=max_bytes,
+            )
+            return self._data.read(first.pos, end - first.pos), count, last_term
 
     def first_index_of_term(self, term: int, end_index: int) -> int:
         """``getFirstLogOfTargetTerm``: the first entry of ``term`` at or before
         ``end_index``; -1 if that term has no entry there."""
         with self._lock:
-            hi = min(end_index, self._end_index)
-            return first_index_of_term(lambda i: self._unit(i).term, self._begin_index, hi, term)
-
-    def _where(self, pos: int) -> str:
-        f = self._data.segment_for(pos)
-        return f"{f.path} at byte {pos - f.start} (pos {pos})" if f else f"pos {pos}"
+            lo, hi = self._head.begin_index, min(end_index, self._end_index)
+            return first_index_of_term(lambda i: self._unit(i).term, lo, hi, term)
 
     # ---- truncate, reset, commit -------------------------------------------------------
 
@@ -569,17 +419,18 @@ class FileStore:
                     f"truncate from {from_index} would drop committed entry"
                     f" {self._committed_index}",
                 )
-            if from_index < self._begin_index:
+            if from_index < self._head.begin_index:
                 raise StoreError(
                     DLedgerCode.INDEX_LESS_THAN_LOCAL_BEGIN,
-                    f"truncate from {from_index} below ledger begin {self._begin_index}",
+                    f"truncate from {from_index} below ledger begin {self._head.begin_index}",
                 )
             # The log ends where its last entry ends: cutting at the entry that opened a
             # segment also removes the blank padding before it, so the next placement is
             # the same as on a replica that never had the entry.
-            if from_index == self._begin_index:
+            if from_index == self._head.begin_index:
                 pos = self.ledger_begin_pos
-                self._end_term, self._end_chain = self._before_begin_term, self._before_begin_chain
+                self._end_term = self._head.before_begin_term
+                self._end_chain = self._head.before_begin_chain
             else:
                 prev = self._header(from_index - 1)
                 pos = prev.pos + prev.size
@@ -602,33 +453,11 @@ class FileStore:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "negative begin index or pos")
         with self._checkpoint_lock, self._lock:
             self._check_open()
-            cp = Checkpoint(
-                begin_index=begin_index,
-                begin_pos=begin_pos,
-                before_begin_term=before_begin_term,
-                before_begin_chain=before_begin_chain,
-                committed_index=begin_index - 1,
-                committed_pos=begin_pos,
-                end_index=begin_index - 1,
-                pending_reset=True,
-            )
-            # First the intent: a crash from here on leaves the new begin in force, and
-            # recovery deletes whatever segments it still finds (it knows they are old).
-            # Then the segments go, durably, and the checkpoint says so: from then on a
-            # segment on disk is the new log's, and recovery keeps it.
-            self._checkpoint.save(cp)
-            self._data.reset(begin_pos)
-            self._index.reset(begin_index * INDEX_UNIT_SIZE)
-            self._data.fsync_dir()
-            self._index.fsync_dir()
-            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
-            self._begin_index = begin_index
-            self._begin_pos = begin_pos
-            self._before_begin_term = before_begin_term
-            self._before_begin_chain = self._end_chain = before_begin_chain
-            self._end_index = self._durable_index = begin_index - 1
-            self._end_term = before_begin_term
-            self._committed_index = begin_index - 1
+            head = LogHead(begin_index, begin_pos, before_begin_term, before_begin_chain)
+            reset_files(self._data, self._index, self._checkpoint, head)
+            self._head = head
+            self._end_index = self._durable_index = self._committed_index = begin_index - 1
+            self._end_term, self._end_chain = before_begin_term, before_begin_chain
             self._committed_pos = begin_pos
             self._generation += 1
 
@@ -642,39 +471,21 @@ class FileStore:
                     DLedgerCode.INDEX_OUT_OF_RANGE,
                     f"committed index {index} beyond ledger end {self._end_index}",
                 )
-            u = self._unit(index)
+            self._committed_pos = self._entry_end(index)
             self._committed_index = index
-            self._committed_pos = u.pos + u.size
 
     # ---- term and vote -----------------------------------------------------------------
 
     def load_term_vote(self) -> TermVote:
-        """The durable term and vote (``currterm``). A new node gets term 0 and no vote,
-        and the file is made at once: from then on a missing one means a lost one.
-
-        A node with a past (entries, a log that begins past 0, a checkpoint) and no
-        ``currterm`` lost the file: it may have voted in any term up to the group's
-        current one, and starting again at term 0 with no vote it could vote a second
-        time in one of them (two leaders in a term). No rule of Raft derives that vote
-        back, so this refuses (``StoreCorruptionError``, saying how to recover)."""
-        path = self._term_vote.path
-        if path.exists():
-            return self._term_vote.load()
-        if self._end_index >= 0 or self._begin_index > 0 or self._checkpoint.path.exists():
-            raise StoreCorruptionError(
-                f"{path} is missing, but this node has a past (its log holds entries up"
-                f" to {self._end_index}, of term {self._end_term}): it may have voted,"
-                " and starting at term 0 with no vote it could vote twice in a term."
-                " Refusing to start. To recover, stop this node and read currTerm in the"
-                " currterm file of every other node of the group (stopped ones too);"
-                f" write 'currTerm=<the highest of them + 1>' and 'voteLeader=' into {path}"
-                " (no candidate can have asked this node for a vote in a term no node has"
-                " reached). Or wipe this node's data directory: it rejoins empty and"
-                " catches up from the leader."
-            )
-        tv = TermVote()
-        self._term_vote.save(tv)
-        return tv
+        """The durable term and vote (``currterm``); refused when the file is lost
+        (``state_files.load_term_vote``)."""
+        past = self._end_index >= 0 or self._head.begin_index > 0
+        return load_term_vote(
+            self._term_vote,
+            has_past=past or self._checkpoint.path.exists(),
+            end_index=self._end_index,
+            end_term=self._end_term,
+        )
 
     def save_term_vote(self, tv: TermVote) -> None:
         self._term_vote.save(tv)
@@ -693,7 +504,8 @@ class FileStore:
         except OSError as e:
             self._fail("fsync of the data segments", e)
 
-    def _sync_now(self) -> None:
+    def sync(self) -> None:
+        """Sync every written byte now (data and index), without a checkpoint."""
         with self._lock:
             self._check_open()
             todo_d = self._data.unflushed()
@@ -709,42 +521,28 @@ class FileStore:
             if self._generation == generation:
                 self._durable_index = max(self._durable_index, end_index)
 
-    def sync(self) -> None:
-        """Sync every written byte now (data and index), without a checkpoint."""
-        self._sync_now()
-
     def flush(self) -> None:
         """Sync every written byte now and write the checkpoint."""
-        self._sync_now()
+        self.sync()
         self._write_checkpoint()
 
     def _checkpoint_state(self, head: LogHead | None = None) -> Checkpoint:
-        """The checkpoint the store may write now (the store lock held): it never claims
-        more committed than is durable. ``head``: the log's begin as it will be once
+        """The checkpoint the store may write now (the store lock held; see
+        ``state_files.checkpoint_claim``). ``head``: the log's begin as it will be once
         retention has deleted the first segment, which its checkpoint must say first."""
         if head is None:
-            head = LogHead(
-                self._begin_index,
-                self.ledger_begin_pos,
-                self._before_begin_term,
-                self._before_begin_chain,
-            )
-        committed = min(self._committed_index, self._durable_index)
-        committed_pos = self._committed_pos
-        if committed < head.begin_index:
-            committed_pos = head.begin_pos
-        elif committed != self._committed_index:
-            u = self._unit(committed)
-            committed_pos = u.pos + u.size
-        return Checkpoint(
-            begin_index=head.begin_index,
-            begin_pos=head.begin_pos,
-            before_begin_term=head.before_begin_term,
-            before_begin_chain=head.before_begin_chain,
-            committed_index=max(committed, head.begin_index - 1),
-            committed_pos=committed_pos,
-            end_index=self._durable_index,
+            head = dataclasses.replace(self._head, begin_pos=self.ledger_begin_pos)
+        return checkpoint_claim(
+            head,
+            committed_index=self._committed_index,
+            committed_pos=self._committed_pos,
+            durable_index=self._durable_index,
+            entry_end=self._entry_end,
         )
+
+    def _entry_end(self, index: int) -> int:
+        u = self._unit(index)
+        return u.pos + u.size
 
     def _write_checkpoint(self) -> None:
         """Write the checkpoint: its state taken under the store lock, its write and two
@@ -777,17 +575,12 @@ class FileStore:
             deleted = delete_head_segments(
                 self._data,
                 self._index,
-                LogHead(
-                    self._begin_index,
-                    self._begin_pos,
-                    self._before_begin_term,
-                    self._before_begin_chain,
-                ),
+                self._head,
                 end_index=self._end_index,
                 floor_pos=retention_floor_pos(self._committed_pos, self._retention_floor),
                 now_s=self._clock(),
                 settings=self.settings,
-                disk_usage=self._disk_usage,
+                disk_usage=self._disk.usage,
                 force=force,
                 header_at=self._header,
                 before_delete=self._save_head,
@@ -804,55 +597,30 @@ class FileStore:
         self._checkpoint.save(self._checkpoint_state(head))
 
     def _adopt_head(self, head: LogHead) -> None:
-        self._begin_index, self._begin_pos = head.begin_index, head.begin_pos
-        self._before_begin_term = head.before_begin_term
-        self._before_begin_chain = head.before_begin_chain
+        self._head = head
 
-    # ---- recovery (the scan itself is ``recovery.recover_log``) ---------------------------
+    # ---- recovery (the scan itself is ``recovery``) ---------------------------------------
 
     def _recover(self) -> None:
-        """Rebuild ledger state from the files on open (docs/formats.md): load the
-        segments and the checkpoint, scan and repair (:func:`recover_log`), adopt what
-        it found. Damage in the committed prefix raises :class:`StoreCorruptionError`."""
-        t0 = time.monotonic()
-        cp = self._checkpoint.load()
-        self._data.load()
-        self._index.load()
-        r = recover_log(
+        """Rebuild ledger state from the files on open (docs/formats.md): load and repair
+        them (:func:`open_log`), adopt what it found. Damage in the committed prefix
+        raises :class:`StoreCorruptionError`."""
+        r = open_log(
             self._data,
             self._index,
-            cp,
+            self._checkpoint,
             segment_size=self.settings.data_file_size,
             verify=self.settings.recovery_verify,
         )
-        if cp is not None and cp.pending_reset:
-            # recover_log finished the reset: make that durable before anything is
-            # written, or a later recovery would take the new entries for old ones.
-            self._data.fsync_dir()
-            self._index.fsync_dir()
-            self._checkpoint.save(dataclasses.replace(cp, pending_reset=False))
-        self._begin_index, self._begin_pos = r.begin_index, r.begin_pos
-        self._before_begin_term, self._before_begin_chain = (
-            r.before_begin_term,
-            r.before_begin_chain,
-        )
+        self._head = LogHead(r.begin_index, r.begin_pos, r.before_begin_term, r.before_begin_chain)
         self._end_index = self._durable_index = r.end_index
         self._end_term, self._end_chain = r.end_term, r.end_chain
         self._committed_index, self._committed_pos = r.committed_index, r.committed_pos
         self.recovery_stats = {
-            "seconds": time.monotonic() - t0,
+            "seconds": r.seconds,
             "scanned_entries": r.scanned_entries,
             "rebuilt_index_from": r.rebuilt_index_from,
         }
-        log.info(
-            "recovered %s: entries [%d, %d], committed %d, scanned %d in %.3f s",
-            self.dir,
-            self._begin_index,
-            self._end_index,
-            self._committed_index,
-            r.scanned_entries,
-            self.recovery_stats["seconds"],
-        )
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -886,7 +654,7 @@ class FileStore:
             return
         if self._flusher is not None:
             self._flusher.stop()
-        self._sync_now()
+        self.sync()
         try:
             self._write_checkpoint()
         except OSError as e:  # a full disk: the older checkpoint stays valid (recovery
@@ -894,9 +662,7 @@ class FileStore:
             log.warning("closing %s without a new checkpoint: %s", self.dir, e)
         with self._lock:
             self._closed = True
-            self._data.close()
-            self._index.close()
-            os.close(self._lock_fd)
+            self._release()
 
     def abandon(self) -> None:
         """Let go of the files without syncing anything: a process that died. Tests and
@@ -907,9 +673,13 @@ class FileStore:
             self._flusher.stop()
         with self._lock:
             self._closed = True
-            self._data.close()
-            self._index.close()
-            os.close(self._lock_fd)
+            self._release()
+
+    def _release(self) -> None:
+        """Unmap the files and let go of the directory's lock."""
+        self._data.close()
+        self._index.close()
+        os.close(self._lock_fd)
 
     @property
     def index_flushed_pos(self) -> int:
@@ -929,6 +699,3 @@ class FileStore:
 
     def index_files(self) -> list[Path]:
         return [f.path for f in self._index.files]
-
-    def disk_bytes(self) -> int:
-        return sum(os.path.getsize(p) for p in self.data_files() + self.index_files())

@@ -25,7 +25,6 @@ from .entry import (
     BODY_CRC_OFFSET,
     BODY_OFFSET,
     CHAIN_CRC_OFFSET,
-    ENTRY_MAGICS,
     HEADER,
     MAGIC_NORMAL,
     CodecError,
@@ -116,9 +115,7 @@ class MemoryStore:
         bodies: Sequence[bytes | bytearray | memoryview],
         magic: int = MAGIC_NORMAL,
     ) -> Sequence[EntryMeta]:
-        check_leader_bodies(bodies, self.settings)
-        if magic not in ENTRY_MAGICS:
-            raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, f"invalid entry magic {magic}")
+        check_leader_bodies(bodies, magic, self.settings)
         if term < self.ledger_end_term:
             raise StoreError(DLedgerCode.INCONSISTENT_TERM, f"leader term {term} went back")
         seg = self.settings.data_file_size

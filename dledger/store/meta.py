@@ -9,6 +9,8 @@ Invariants:
   (the Raft layer calls :meth:`TermVoteFile.save` and only then replies);
 - ``checkpoint`` never claims more than is durable in the data files: the store writes a
   committed index only after the data up to that entry has been synced.
+
+What the store writes into them, and in which order, is :mod:`dledger.store.state_files`.
 """
 
 from __future__ import annotations
@@ -43,9 +45,17 @@ def write_atomic(path: Path, content: str | bytes) -> None:
     fsync_dir(path.parent)
 
 
-def fsync_dir(directory: Path) -> None:
-    """fsync a directory, so that names created, renamed or deleted in it are durable."""
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_dir(directory: Path, *, missing_ok: bool = False) -> None:
+    """fsync a directory, so that names created, renamed or deleted in it are durable.
+    The one copy for every package (the consume queues and the broker use it too).
+    ``missing_ok``: a directory deleted meanwhile is skipped (its parent's fsync is what
+    makes that deletion durable)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise
     try:
         os.fsync(fd)
     finally:

@@ -325,6 +325,23 @@ class MmapFileList:
         last.write(last.wrote, data)
         last.wrote += len(data)
 
+    def write_run(self, pos: int, data: bytes | bytearray | memoryview) -> None:
+        """Write a run of records at ``pos``, where the writer's placement rule put it:
+        the end, or (the run did not fit) the start of the next segment, the current one
+        padded with a blank record first."""
+        files = self.files
+        if not files and pos != self.end:
+            # After a reset right behind an entry that ended near a segment's end (an
+            # installed snapshot): open that segment so it gets the leader's padding.
+            self.new_segment()
+        if files and pos != files[-1].end:
+            # The placement rule decided this run starts the next segment: pad this one.
+            assert pos == files[-1].limit, (pos, files[-1].end, files[-1].limit)
+            self.pad_to_limit()
+        if not files or files[-1].free == 0:
+            self.new_segment()
+        self.write_at_end(data)
+
     def append_rolling(self, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` at the end, rolling to new segments as each fills: for records
         of a size that divides the segment size (index units), which never straddle."""

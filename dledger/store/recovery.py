@@ -31,7 +31,9 @@ from that entry on, and the store then restarts the chain at 0.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
@@ -53,8 +55,9 @@ from .entry import (
     decode_header,
     decode_index_unit,
 )
-from .meta import Checkpoint
+from .meta import Checkpoint, CheckpointFile
 from .mmapfile import MmapFile, MmapFileList
+from .state_files import finish_reset
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +79,7 @@ class RecoveredLog:
     committed_pos: int
     scanned_entries: int
     rebuilt_index_from: int  # -1: every index unit agreed with the data
+    seconds: float = 0.0  # how long opening the log took (``open_log``)
 
 
 class _Cursor(NamedTuple):
@@ -92,6 +96,37 @@ def log_begin_pos(data: MmapFileList, begin_pos: int) -> int:
     """Where the log's bytes begin: ``begin_pos``, or the first segment's start when
     retention deleted the segment it was in."""
     return max(data.begin, begin_pos) if data.files else begin_pos
+
+
+def open_log(
+    data: MmapFileList,
+    index: MmapFileList,
+    checkpoint: CheckpointFile,
+    *,
+    segment_size: int,
+    verify: Literal["checkpoint", "all"],
+) -> RecoveredLog:
+    """Load the checkpoint and both segment lists, then :func:`recover_log`. A reset that
+    crashed part-way, which the scan finished, is made durable before anything is
+    written, or a later recovery would take the new entries for old ones."""
+    t0 = time.monotonic()
+    cp = checkpoint.load()
+    data.load()
+    index.load()
+    r = recover_log(data, index, cp, segment_size=segment_size, verify=verify)
+    if cp is not None and cp.pending_reset:
+        finish_reset(data, index, checkpoint, cp)
+    r = dataclasses.replace(r, seconds=time.monotonic() - t0)
+    log.info(
+        "recovered %s: entries [%d, %d], committed %d, scanned %d in %.3f s",
+        data.dir.parent,
+        r.begin_index,
+        r.end_index,
+        r.committed_index,
+        r.scanned_entries,
+        r.seconds,
+    )
+    return r
 
 
 def recover_log(

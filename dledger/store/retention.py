@@ -14,16 +14,21 @@ The rule, for the oldest segment first (``head_segment_due``, a pure function):
 Deleting the head moves the log's begin to the next segment's first entry; the term and
 chain CRC of the entry before it are kept (``LogHead``) so that a COMPARE or a snapshot
 at the new before-begin entry still checks exactly.
+
+Above ``disk_full_ratio`` appends are refused instead (``DiskFullCheck``, DLedger's
+``isDiskFull``, which its ``CleanSpaceService`` sets).
 """
 
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import StoreSettings
+from ..codes import DLedgerCode
+from .base import StoreError, StoreSettings
 from .entry import INDEX_UNIT_SIZE, EntryHeader, decode_header
 from .mmapfile import MmapFileList
 
@@ -32,6 +37,30 @@ def disk_usage_ratio(path: Path) -> float:
     """The used fraction of the file system holding ``path``."""
     u = shutil.disk_usage(path)
     return (u.total - u.free) / u.total if u.total else 0.0
+
+
+class DiskFullCheck:
+    """Refuses appends while disk usage is above ``disk_full_ratio``; ``usage`` (the used
+    fraction) is asked at most every ``disk_check_interval_ms``."""
+
+    def __init__(self, usage: Callable[[], float], settings: StoreSettings) -> None:
+        self.usage = usage
+        self._settings = settings
+        self._ratio = 0.0
+        self._checked_at = -1e18
+
+    def check(self) -> None:
+        """``StoreError(DISK_FULL)`` if the disk is too full to append to."""
+        now = time.monotonic()
+        s = self._settings
+        if now - self._checked_at >= s.disk_check_interval_ms / 1000:
+            self._ratio = self.usage()
+            self._checked_at = now
+        if self._ratio > s.disk_full_ratio:
+            raise StoreError(
+                DLedgerCode.DISK_FULL,
+                f"disk usage {self._ratio:.1%} is above {s.disk_full_ratio:.0%}",
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,8 +11,9 @@ replicas byte-identical:
   entry (next index, term not lower, the pos the placement rule gives, body and chain CRC)
   and splits them where the leader started a new segment.
 
-Nothing here touches a file: the store writes the runs (all or nothing) and only then
-moves its ledger end. A refused batch raises before anything is written.
+Laying out touches no file, so a refused batch raises before anything is written;
+``write_runs`` then writes the runs, all or nothing, and only after it returns does the
+store move its ledger end.
 """
 
 from __future__ import annotations
@@ -34,10 +35,21 @@ from .entry import (
     EntryRejectedError,
     check_next_entry,
 )
+from .mmapfile import MmapFileList
 
 _CRCS = struct.Struct(">II")  # chain crc, body crc: adjacent header fields
 
 Run = tuple[int, bytes | bytearray | memoryview]  # (pos of its first byte, its bytes)
+
+
+class UndoFailedError(Exception):
+    """A write of runs failed (``error``), and so did undoing it (the ``__cause__``): part
+    of the batch may be in the log now, so the outcome is unknown."""
+
+    def __init__(self, error: OSError, undo_error: OSError) -> None:
+        super().__init__(f"{error}; undoing it failed: {undo_error}")
+        self.error = error
+        self.undo_error = undo_error
 
 
 def encode_leader_runs(
@@ -153,3 +165,32 @@ def split_follower_runs(
     if run_pos >= 0:
         runs.append((run_pos, view[run_start:off]))
     return runs, metas, units, chain
+
+
+def write_runs(
+    data: MmapFileList,
+    index: MmapFileList,
+    runs: Sequence[Run],
+    unit_pos: int,
+    units: bytes | bytearray,
+) -> None:
+    """Write pre-placed ``runs`` and their index ``units`` (the first at ``unit_pos``).
+
+    All or nothing: a write that fails part-way (``ENOSPC`` when blocks are reserved,
+    ``EIO`` anywhere) is undone (segments created since deleted, bytes after the old end
+    zeroed) and its ``OSError`` raised, so no orphan bytes shift the next entry's pos and
+    recovery adopts nothing. If the undo fails too: :class:`UndoFailedError`."""
+    data_end, data_files = data.end, len(data.files)
+    index_end, index_files = index.end, len(index.files)
+    try:
+        for pos, run in runs:
+            data.write_run(pos, run)
+        assert unit_pos == index.end, (unit_pos, index.end)
+        index.append_rolling(units)
+    except OSError as e:
+        try:
+            data.undo_append(data_end, data_files)
+            index.undo_append(index_end, index_files)
+        except OSError as again:
+            raise UndoFailedError(e, again) from again
+        raise

@@ -4,7 +4,7 @@ round."""
 from __future__ import annotations
 
 from dledger.codes import DLedgerCode
-from dledger.core.elector import HeartbeatRound
+from dledger.core.elector_rounds import HeartbeatRound
 from dledger.core.messages import HeartBeatRequest, HeartBeatResponse, Role, VoteRequest
 
 from .harness import GROUP, Cluster, heartbeat, make_store

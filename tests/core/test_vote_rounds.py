@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from dledger.core.elector import VoteRound
+from dledger.core.elector_rounds import VoteRound
 from dledger.core.messages import ParseResult, Role, VoteRequest, VoteResponse, VoteResult
 from dledger.core.settings import CoreSettings
 
