@@ -54,6 +54,7 @@ from typing import Any
 import orjson
 
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex, tags_hash
+from dledger.runtime.watermark import Watermark
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, FileStore, write_atomic
 from dledger.store.meta import fsync_dir
 
@@ -111,7 +112,8 @@ class ReputService:
         self.served_index = -1  # the snapshot Raft holds (with serve_snapshot set)
         self._unserved: tuple[int, bytes] | None = None
         self._snapshot_queues: Any = None  # the queue table of the snapshot recovered
-        self.dispatched_index = -1  # every committed entry up to here is dispatched
+        # Every committed entry up to its index is dispatched (``dispatched_index``).
+        self._dispatched = Watermark()
         self.snapshot_index = -1  # the newest metadata snapshot on disk
         self.checkpoint_index = -1
         # The consume queues hold every entry up to here already: recovery's replay below
@@ -133,12 +135,12 @@ class ReputService:
         # change in a thread, and nobody on the loop may touch them (``install``).
         self.installing = False
         self._stall_logged_at = self._persist_logged_at = -1e18
-        self._progress = asyncio.Event()
         self._persist_lock = asyncio.Lock()
-        self._queue_events: dict[tuple[str, int], asyncio.Event] = {}
+        # Each waited-on queue's next offset (``wait_queue``); a queue's entry goes when
+        # a dispatch step finds nobody waiting on it.
+        self._queue_marks: dict[tuple[str, int], Watermark] = {}
         self._last_checkpoint = self._last_snapshot = time.monotonic()
         self._begin_pos_seen = -1
-        self._commit_event: Callable[[], asyncio.Event] | None = None
 
     # ---- recovery ----------------------------------------------------------------------
 
@@ -174,7 +176,7 @@ class ReputService:
             keys_index = self._last_index_within(self.keys.last_commitlog_offset, index)
             log.warning("key index restored up to entry %d only: indexing the rest", keys_index)
         self.derived_index = index
-        self.dispatched_index = max(begin - 1, min(self.meta.applied_index, keys_index, index))
+        self._dispatched.reset(max(begin - 1, min(self.meta.applied_index, keys_index, index)))
         self._replay(index)
         if keys_index < index:
             # Keys the checkpoint says are durable were indexed again: make them so before
@@ -425,7 +427,8 @@ class ReputService:
                 if (new := loaded.topics.get(name)) is None or new.created_index != t.created_index
             ]
             self._adopt_meta(loaded)
-            self.dispatched_index = self.derived_index = last_index
+            self._dispatched.reset(last_index)
+            self.derived_index = last_index
             self.snapshot_index = self.served_index = last_index  # the core keeps it too
             self._unserved = None
             self.rebuild_until = -1
@@ -434,12 +437,9 @@ class ReputService:
         for name in gone:
             if self.on_topic_deleted is not None:
                 self.on_topic_deleted(name)
-        # Wake every reader: their queues restarted.
-        ev, self._progress = self._progress, asyncio.Event()
-        ev.set()
-        for qev in self._queue_events.values():
-            qev.set()
-        self._queue_events.clear()
+        # Every waited-on queue restarted: its readers wait on from its new next offset.
+        for key in list(self._queue_marks):
+            self._mark_queue(key)
         log.info("installed the snapshot of entry %d (%d queues)", last_index, len(table))
 
     def _install_files(self, table: dict[tuple[str, int], int], last_index: int) -> None:
@@ -532,24 +532,24 @@ class ReputService:
             done = self.dispatched_index - start
             if done:
                 self.stats["entries"] += done
-                ev, self._progress = self._progress, asyncio.Event()
-                ev.set()
                 for key in touched:
-                    qev = self._queue_events.pop(key, None)
-                    if qev is not None:
-                        qev.set()
+                    self._mark_queue(key)
         return done
 
     def _dispatch_raw(self, raw: bytes, count: int, touched: set[tuple[str, int]]) -> None:
         off = 0
         unpack_head = _ENTRY_HEAD.unpack_from
-        for _ in range(count):
-            head = unpack_head(raw, off)
-            # An OSError leaves this entry undispatched; its retry repeats only the
-            # steps that did not happen (each is idempotent: see the module docstring).
-            self._dispatch_entry(raw, off, head, touched)
-            self.dispatched_index = head[2]
-            off += head[1]
+        done = self.dispatched_index
+        try:
+            for _ in range(count):
+                head = unpack_head(raw, off)
+                # An OSError leaves this entry undispatched; its retry repeats only the
+                # steps that did not happen (each is idempotent: see the module docstring).
+                self._dispatch_entry(raw, off, head, touched)
+                done = head[2]
+                off += head[1]
+        finally:
+            self._dispatched.advance(done)  # wakes wait_dispatched
 
     def _dispatch_entry(
         self,
@@ -658,8 +658,8 @@ class ReputService:
 
     def _drop_topic(self, name: str) -> None:
         self.cq.delete_topic(name)
-        for key in [k for k in self._queue_events if k[0] == name]:
-            self._queue_events.pop(key).set()
+        for key in [k for k in self._queue_marks if k[0] == name]:
+            self._mark_queue(key)  # gone: back to 0, as a topic made again starts
         if self.on_topic_deleted is not None:
             self.on_topic_deleted(name)
 
@@ -772,32 +772,43 @@ class ReputService:
 
     # ---- waiting -------------------------------------------------------------------------
 
-    async def wait_dispatched(self, index: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self.dispatched_index < index:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):  # not wait_for: it can swallow a cancel
-                    await self._progress.wait()
-        return True
+    @property
+    def dispatched_index(self) -> int:
+        """Every committed entry up to here is dispatched."""
+        return self._dispatched.index
 
-    async def wait_queue(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
-        """Wait until the queue holds a message at ``offset`` (long polling); False on
-        timeout. Woken by the dispatch step that puts it, never by polling."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            q = self.cq.find(topic, queue_id)
-            if q is not None and q.max_offset > offset:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            ev = self._queue_events.setdefault((topic, queue_id), asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await ev.wait()
+    async def wait_dispatched(self, index: int, timeout_s: float) -> bool:
+        """Wait until ``dispatched_index >= index``; False on timeout."""
+        return await self._dispatched.wait(index, timeout_s)
+
+    async def wait_queue(
+        self, topic: str, queue_id: int, queue_offset: int, timeout_s: float
+    ) -> bool:
+        """Wait until the queue holds a message at ``queue_offset`` (long polling); False
+        on timeout. Woken by the dispatch step that puts it, never by polling."""
+        key = (topic, queue_id)
+        mark = self._queue_marks.get(key)
+        if mark is None:
+            mark = self._queue_marks[key] = Watermark(self._next_offset(key))
+        return await mark.wait(queue_offset + 1, timeout_s)
+
+    def waiting_on(self, topic: str, queue_id: int) -> int:
+        """How many readers wait for the queue's next message."""
+        mark = self._queue_marks.get((topic, queue_id))
+        return 0 if mark is None else mark.waiting
+
+    def _next_offset(self, key: tuple[str, int]) -> int:
+        q = self.cq.find(*key)
+        return 0 if q is None else q.max_offset  # a queue not made yet starts at 0
+
+    def _mark_queue(self, key: tuple[str, int]) -> None:
+        """The queue changed (grew, or was deleted or restarted): tell its waiters, and
+        forget it when none is left (``wait_queue`` looks at the queue again)."""
+        mark = self._queue_marks.get(key)
+        if mark is not None:
+            mark.reset(self._next_offset(key))
+            if not mark.waiting:
+                del self._queue_marks[key]
 
 
 def _parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
