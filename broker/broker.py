@@ -47,10 +47,7 @@ from .message import (
     decode_message,
     encode_message,
     encode_properties,
-    make_msg_id,
     message_properties,
-    new_uniq_key,
-    parse_msg_id,
 )
 from .metadata import (
     GROUP_NAME,
@@ -65,6 +62,7 @@ from .metadata import (
     op_create_topic,
     op_delete_topic,
 )
+from .msgid import make_msg_id, new_uniq_key, parse_msg_id
 from .pages import RawPage, RawPullResult, damaged_record, units_within
 from .promotion import own_term_committed, queue_table_from
 from .reput import ReputService

@@ -16,11 +16,11 @@ from broker.message import (
     decode_properties,
     encode_message,
     encode_properties,
-    parse_msg_id,
     peek_dispatch,
     tags_and_keys,
 )
 from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
+from broker.msgid import parse_msg_id
 from broker.reput import ReputService, _parse_queue_table
 
 from .reader import Reader, Writer
