@@ -37,6 +37,7 @@ that cannot be trusted (missing, outside the local log, or naming a queue that i
 or short) restarts dispatch from the log head: the queues and the key index are rebuilt
 from the commitlog (each queue from its next offset before the head, which the metadata
 snapshot's queue table gives, when retention or an install deleted entries before it).
+The files' side of a restart, and the checkpoint's format, are ``broker/recovery.py``.
 """
 
 from __future__ import annotations
@@ -45,13 +46,10 @@ import asyncio
 import contextlib
 import errno
 import logging
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-
-import orjson
 
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex, tags_hash
 from dledger.runtime.watermark import Watermark
@@ -70,10 +68,10 @@ from .message import (
     tags_and_keys,
 )
 from .metadata import SYS_TOPIC, MetadataState, SnapshotFiles
+from .recovery import ENTRY_HEAD, Recovery, checkpoint_bytes, parse_queue_table, pos_of
 
 log = logging.getLogger(__name__)
 
-_ENTRY_HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos (docs/formats.md)
 STALL_RETRY_MAX_S = 1.0  # backoff cap while a disk error stalls dispatch
 STALL_LOG_INTERVAL_S = 10.0  # a stall, or failing checkpoints, are logged this often
 _SESSION_MARK = PROP_PRODUCER_ID.encode() + b"\x01"
@@ -111,7 +109,6 @@ class ReputService:
         self.serve_snapshot = serve_snapshot
         self.served_index = -1  # the snapshot Raft holds (with serve_snapshot set)
         self._unserved: tuple[int, bytes] | None = None
-        self._snapshot_queues: Any = None  # the queue table of the snapshot recovered
         # Every committed entry up to its index is dispatched (``dispatched_index``).
         self._dispatched = Watermark()
         self.snapshot_index = -1  # the newest metadata snapshot on disk
@@ -120,7 +117,6 @@ class ReputService:
         # it changes no queue (set by ``recover``).
         self.derived_index = -1
         self.rebuild_until = -1  # entries up to here are a rebuild (see _put_unit)
-        self._keys_restored = True
         self.stats = {
             "entries": 0,
             "messages": 0,
@@ -153,27 +149,33 @@ class ReputService:
         metadata comes from the newest snapshot, which may be older than the checkpoint
         (its entries are replayed here for the metadata alone) or newer (then dispatch
         judges each later message by the topic incarnation it belongs to, see
-        ``_dispatch_raw``). Keys the index lost are indexed again by the same replay."""
+        ``_dispatch_raw``). Keys the index lost are indexed again by the same replay.
+        The files' side of it: ``broker/recovery.py``."""
         store = self.store
         begin = store.ledger_begin_index
-        self._load_snapshot()
-        index = self._restore_checkpoint()
+        r = Recovery(
+            store,
+            self.cq,
+            self.keys,
+            self.meta,
+            self.snapshots,
+            checkpoint_path=self.checkpoint_path,
+        )
+        snap = r.load_snapshot()
+        if snap is not None:
+            self.snapshot_index = snap.index
+            if snap.servable:
+                self._unserved = (snap.index, snap.raw)
+        index = r.restore_checkpoint()
         if index is None:
-            index = begin - 1
-            # The old checkpoint goes first, durably: the rebuilt files are not synced,
-            # and a later restart must not take them for what it recorded.
-            self.checkpoint_path.unlink(missing_ok=True)
-            fsync_dir(self.checkpoint_path.parent)
-            self.cq.delete_all()
-            self.keys.clear()
-            self._start_queues_at_head()
+            index = keys_index = begin - 1
+            r.start_over(snap)
             self.rebuild_until = store.committed_index
             self.stats["rebuilds"] += 1
-            keys_index = index
-        elif self._keys_restored:
+        elif r.keys_restored:
             keys_index = index
         else:  # key index files dropped as damaged: index again what is not there
-            keys_index = self._last_index_within(self.keys.last_commitlog_offset, index)
+            keys_index = r.last_index_within(self.keys.last_commitlog_offset, index)
             log.warning("key index restored up to entry %d only: indexing the rest", keys_index)
         self.derived_index = index
         self._dispatched.reset(max(begin - 1, min(self.meta.applied_index, keys_index, index)))
@@ -182,7 +184,7 @@ class ReputService:
             # Keys the checkpoint says are durable were indexed again: make them so before
             # anything relies on it (the next checkpoint waits for the next entry).
             self.keys.flush()
-        self._drop_stale_topics(index)
+        r.drop_stale_topics(index)
         self.checkpoint_index = index
         self._update_retention_floor()
         self._correct_min_offsets()
@@ -194,162 +196,6 @@ class ReputService:
             self.stats["rebuilds"],
         )
 
-    def _load_snapshot(self) -> None:
-        """Adopt the newest readable metadata snapshot the local log can continue."""
-        store = self.store
-        for index in reversed(self.snapshots.indexes()):
-            if index > store.ledger_end_index:
-                # No local log continues it: an install that crashed before the log was
-                # reset (Raft sends it again), or entries a power loss took. Kept, it
-                # would crowd the usable snapshots out of the few that are kept.
-                log.warning("metadata snapshot %d is past the log end: deleted", index)
-                self.snapshots.path(index).unlink(missing_ok=True)
-                continue
-            if index < store.ledger_begin_index - 1:
-                break  # the entries after it are gone
-            try:
-                raw = self.snapshots.path(index).read_bytes()
-                loaded, extra = MetadataState.from_snapshot(raw, self.meta.max_sessions)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("metadata snapshot %d unusable, trying an older one: %s", index, e)
-                continue
-            self._adopt_meta(loaded)
-            self.snapshot_index = index
-            if "queues" in extra:  # older snapshots lack the queue table: not servable
-                self._unserved = (index, raw)
-                self._snapshot_queues = extra["queues"]
-            return
-        if store.ledger_begin_index > 0:
-            log.error(
-                "no metadata snapshot for a log that begins at entry %d", store.ledger_begin_index
-            )
-
-    def _start_queues_at_head(self) -> None:
-        """A rebuild over a log whose head is gone (retention, an install) starts every
-        queue at its next offset before the log's first entry. Rebuilt from the log
-        alone, a queue none of whose messages the log still holds came back empty at 0:
-        a message of it committed later was a gap (the dispatcher stopped) and, as
-        master, this node handed out its queue offsets again (broker simulation seed 35:
-        a power loss between an install and the log reset, then a rebuild). The snapshot
-        loaded (at ``s``, never before the log head: retention keeps it) has every
-        queue's next offset at ``s``; the messages the log holds up to ``s`` come off.
-        Only when entries up to ``s`` are committed here: otherwise they may not be the
-        ones the snapshot saw (the leader sends its snapshot again)."""
-        store = self.store
-        begin, s, raw_table = store.ledger_begin_index, self.snapshot_index, self._snapshot_queues
-        if begin == 0 or raw_table is None or s > store.committed_index:
-            return
-        try:
-            table = _parse_queue_table(raw_table)
-        except ValueError as e:
-            log.warning("metadata snapshot %d: %s; queues restart from the log alone", s, e)
-            return
-        held: dict[tuple[str, int], int] = {}  # messages up to ``s`` in the log, per queue
-        index = begin
-        while index <= s:
-            raw, count, _ = store.read_batch(index, 4 << 20, s - index + 1)
-            assert count > 0, f"committed entry {index} is not in the log"
-            off = 0
-            for _ in range(count):
-                magic, size, i, _term, pos = _ENTRY_HEAD.unpack_from(raw, off)
-                key = self._queue_of(raw, off + BODY_OFFSET, magic, i, pos)
-                off += size
-                if key is not None:
-                    held[key] = held.get(key, 0) + 1
-            index += count
-        for key, next_offset in sorted(table.items()):
-            first = next_offset - held.get(key, 0)
-            if first > 0:
-                self.cq.queue(*key).reset(first)
-
-    def _queue_of(
-        self, raw: bytes, body_at: int, magic: int, index: int, pos: int
-    ) -> tuple[str, int] | None:
-        """The queue the entry at ``raw[body_at - 48:]`` goes into, by the metadata held:
-        ``_dispatch_raw``'s rule (a message of the topic's incarnation it names)."""
-        if magic != MAGIC_NORMAL:
-            return None
-        try:
-            info = peek_dispatch(raw, body_at)
-        except MessageFormatError:
-            return None
-        if info.physical_offset != pos + BODY_OFFSET or not self._queued(
-            info.topic, info.queue_id, index
-        ):
-            return None
-        return info.topic, info.queue_id
-
-    def _queued(self, topic_name: str, queue_id: int, index: int) -> bool:
-        """Does the message at entry ``index`` go into its queue? Iff the topic's current
-        incarnation existed then (created before it) and has that queue. The metadata
-        can be ahead of the entry (a newer snapshot after a restart): a message of an
-        incarnation deleted by now goes nowhere (its queues are gone)."""
-        topic = self.meta.topics.get(topic_name)
-        return topic is not None and topic.created_index < index and queue_id < topic.queues
-
-    def _adopt_meta(self, loaded: MetadataState) -> None:
-        # The broker holds a reference to self.meta: update it in place.
-        m = self.meta
-        m.applied_index = loaded.applied_index
-        m.topics = loaded.topics
-        m.offsets = loaded.offsets
-        m.sessions = loaded.sessions
-
-    def _restore_checkpoint(self) -> int | None:
-        """Cut the consume queues and the key index back to exactly what the checkpoint
-        recorded; its dispatched index, or None when it cannot be trusted."""
-        checkpoint = self._read_checkpoint()
-        try:
-            self.cq.load()
-        except ConsumeQueueError as e:  # derived data: never a reason not to start
-            log.warning("consume queues do not load (%s): rebuilding them", e)
-            return None
-        if checkpoint is None:
-            return None
-        store = self.store
-        index, queues, keys = checkpoint
-        if not store.ledger_begin_index - 1 <= index <= store.committed_index:
-            # Entries it covers are not all in the local log, or not known committed here
-            # (``checkpoint`` makes the store's commit point durable first, so only a
-            # damaged store gets here).
-            log.warning("dispatch checkpoint %d is outside the local log: rebuilding", index)
-            return None
-        cut = self._pos_of(index + 1)  # where the first entry after the checkpoint starts
-        for q in list(self.cq):
-            length = queues.pop(f"{q.topic}/{q.queue_id}", None)
-            if length is None:
-                # No queue at the checkpoint: made since (all its units are later) or a
-                # deleted one a power loss brought back.
-                self.cq.delete_queue(q.topic, q.queue_id)
-            elif q.truncate(length) != length or q.max_commitlog_offset_end > cut:
-                # Short, or not the queue it recorded: the topic was deleted and made
-                # again since, and the new queue has as many units (all later ones).
-                log.warning("consume queue %s does not match its checkpoint: rebuilding", q)
-                return None
-        if any(queues.values()):
-            log.warning("consume queues of the checkpoint are missing: rebuilding")
-            return None
-        self._keys_restored = self.keys.restore(keys)
-        if self.keys.last_commitlog_offset >= cut:  # not the files it recorded: index anew
-            self.keys.clear()
-            self._keys_restored = False
-        return index
-
-    def _read_checkpoint(self) -> tuple[int, dict[str, int], tuple[int, int]] | None:
-        try:
-            d = orjson.loads(self.checkpoint_path.read_bytes())
-            file, count = d["keys"]
-            return (
-                int(d["dispatched_index"]),
-                {str(k): int(v) for k, v in d["queues"].items()},
-                (int(file), int(count)),
-            )
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            log.warning("unusable dispatch checkpoint %s: %s", self.checkpoint_path, e)
-            return None
-
     def _replay(self, until: int) -> None:
         """Dispatch the entries up to ``until``, which the queues hold already: for the
         metadata an older snapshot lacks and the keys a damaged index lost."""
@@ -359,36 +205,6 @@ class ReputService:
             raw, count, _ = store.read_batch(first, 4 << 20, until - first + 1)
             assert count > 0, f"committed entry {first} is not in the log"
             self._dispatch_raw(raw, count, set())
-
-    def _drop_stale_topics(self, index: int) -> None:
-        """Drop the queues of topics the metadata says were deleted (or deleted and
-        created anew) after ``index``: a newer snapshot's deletes are not replayed."""
-        for name in list(self.cq.topics()):
-            t = self.meta.topics.get(name)
-            if t is None or t.created_index >= index:
-                self.cq.delete_topic(name)
-
-    def _last_index_within(self, commitlog_offset: int, hi: int) -> int:
-        """The last entry up to ``hi`` whose message starts at or before
-        ``commitlog_offset`` (``begin - 1`` when none): a binary search over the log."""
-        store = self.store
-        lo = store.ledger_begin_index - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if store.get_meta(mid).pos + BODY_OFFSET <= commitlog_offset:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _pos_of(self, index: int) -> int:
-        """The byte position of entry ``index`` (or of the ledger end past the last)."""
-        store = self.store
-        if index > store.ledger_end_index:
-            return store.ledger_end_pos
-        if index < store.ledger_begin_index:
-            return store.ledger_begin_pos
-        return store.get_meta(index).pos
 
     # ---- installing a leader's snapshot ------------------------------------------------
 
@@ -405,7 +221,7 @@ class ReputService:
         deletes the snapshot and rebuilds from the old log, and the leader, which still
         finds this node behind its head, sends the snapshot again."""
         loaded, extra = MetadataState.from_snapshot(data, self.meta.max_sessions)
-        table = _parse_queue_table(extra.get("queues"))
+        table = parse_queue_table(extra.get("queues"))
         if loaded.applied_index != last_index:
             raise ValueError(f"snapshot of entry {loaded.applied_index} sent as {last_index}")
         # Not pruned here: until the log restarts, the older snapshots are the ones a
@@ -426,7 +242,7 @@ class ReputService:
                 for name, t in self.meta.topics.items()
                 if (new := loaded.topics.get(name)) is None or new.created_index != t.created_index
             ]
-            self._adopt_meta(loaded)
+            self.meta.adopt(loaded)
             self._dispatched.reset(last_index)
             self.derived_index = last_index
             self.snapshot_index = self.served_index = last_index  # the core keeps it too
@@ -538,7 +354,7 @@ class ReputService:
 
     def _dispatch_raw(self, raw: bytes, count: int, touched: set[tuple[str, int]]) -> None:
         off = 0
-        unpack_head = _ENTRY_HEAD.unpack_from
+        unpack_head = ENTRY_HEAD.unpack_from
         done = self.dispatched_index
         try:
             for _ in range(count):
@@ -598,7 +414,7 @@ class ReputService:
             keys.put(msg_keys, commitlog_offset, info.store_timestamp)
         if index <= self.derived_index:
             return  # recovery's replay: the queues hold this entry already
-        if not self._queued(info.topic, info.queue_id, index):
+        if not self.meta.queued(info.topic, info.queue_id, index):
             return  # an incarnation deleted by now (``recover`` dropped its queues)
         key = (info.topic, info.queue_id)
         self._put_unit(
@@ -695,13 +511,7 @@ class ReputService:
             self._update_retention_floor()
 
     def _checkpoint_data(self, index: int) -> bytes:
-        return orjson.dumps(
-            {
-                "dispatched_index": index,
-                "queues": self.queue_table(),
-                "keys": list(self.keys.position()),
-            }
-        )
+        return checkpoint_bytes(index, self.queue_table(), self.keys.position())
 
     def _flush_derived(self) -> None:
         # The store's checkpoint first: it makes the commit point durable, and recovery
@@ -754,7 +564,7 @@ class ReputService:
         keep_from = min(self.checkpoint_index, self.snapshot_index)
         if self.serve_snapshot is not None:
             keep_from = min(keep_from, self.served_index)
-        self.store.set_retention_floor(self._pos_of(keep_from + 1))
+        self.store.set_retention_floor(pos_of(self.store, keep_from + 1))
 
     def _correct_min_offsets(self) -> None:
         begin_pos = self.store.ledger_begin_pos
@@ -809,16 +619,3 @@ class ReputService:
             mark.reset(self._next_offset(key))
             if not mark.waiting:
                 del self._queue_marks[key]
-
-
-def _parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
-    """``{"topic/queue_id": next_offset}`` → ``{(topic, queue_id): next_offset}``."""
-    if not isinstance(raw, dict):
-        raise ValueError("the snapshot has no queue table")
-    out: dict[tuple[str, int], int] = {}
-    for key, offset in raw.items():
-        topic, _, queue_id = str(key).rpartition("/")
-        if not topic or not queue_id.isdigit() or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"bad queue table entry {key!r}: {offset!r}")
-        out[topic, int(queue_id)] = offset
-    return out
