@@ -140,9 +140,9 @@ class MetadataState:
             return  # deleted in between: nothing to commit to
         table = self.offsets.setdefault(group, {}).setdefault(topic, {})
         for q, o in offsets.items():
-            qid, off = _int(q, "queue id"), _int(o, "offset")
-            if 0 <= qid < meta.queues and off >= 0:
-                table[qid] = off
+            qid, queue_offset = _int(q, "queue id"), _int(o, "offset")
+            if 0 <= qid < meta.queues and queue_offset >= 0:
+                table[qid] = queue_offset
 
     def record_session(
         self,
