@@ -11,11 +11,12 @@ Invariants:
   deleted with its topic, or restarted by a snapshot install): waiters whose target is
   then above the index go on waiting for it;
 - every change of ``index`` wakes, in the same call, every waiter whose target is
-  reached, and only those: a waiter never wakes to find its target unreached, and one
-  move costs nothing for waiters that stay (targets are kept in a heap);
-- ``wait`` is bounded: it returns True once ``index >= target``, False when
-  ``timeout_s`` passes first (checked again at the end, so a target reached as the
-  timeout fires is True). A target reached already returns True without suspending;
+  reached, and only those; one move costs nothing for waiters that stay (targets are
+  kept in a heap);
+- ``wait`` is bounded: it answers whether ``index >= target`` when it ends, which is
+  when the target is reached or ``timeout_s`` has passed (so a target reached as the
+  timeout fires is True, and one a ``reset`` took back before the waiter ran is
+  False). A target reached already returns True without suspending;
 - cancelling a waiting task leaves nothing behind (its future is removed), and a
   cancelled or timed-out waiter is never woken;
 - waiters wake in the order they started waiting, per target and targets in increasing
