@@ -99,10 +99,10 @@ class DLedgerCommitLog:
             key = (topic.name, qid)
             if key not in saved:
                 saved[key] = table.get(key)
-            off = table.get(key, 0)
-            set_queue_id_and_offset(m.record, qid, off)
-            table[key] = off + 1
-            placed.append((qid, off))
+            queue_offset = table.get(key, 0)
+            set_queue_id_and_offset(m.record, qid, queue_offset)
+            table[key] = queue_offset + 1
+            placed.append((qid, queue_offset))
 
         def undo() -> None:
             for key, old in saved.items():
@@ -130,8 +130,8 @@ class DLedgerCommitLog:
             raise
         placed = await fut
         return [
-            PutResult(qid, off, pos + BODY_OFFSET, index)
-            for (index, pos), (qid, off) in zip(placed, queues, strict=True)
+            PutResult(qid, queue_offset, pos + BODY_OFFSET, index)
+            for (index, pos), (qid, queue_offset) in zip(placed, queues, strict=True)
         ]
 
     async def append_system(self, record: bytearray) -> tuple[int, int]:

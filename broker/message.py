@@ -24,10 +24,8 @@ Invariants:
   ``STOREHOSTADDRESS_V6_FLAG``) would make the host fields 20 bytes, so they are refused;
   a host string that is not a dotted-quad IPv4 address is stored as 0.0.0.0 (no DNS on
   the produce path);
-- PROPERTIES are ``name\\x01value\\x02`` pairs (UTF-8); names are non-empty and unique,
-  and neither names nor values contain ``\\x01``/``\\x02``. TAGS, KEYS (space-separated)
-  and UNIQ_KEY are RocketMQ's; PRODUCER_ID/PRODUCER_SEQ/BATCH_INDEX/BATCH_SIZE are the
-  broker's producer-session properties. All of them are ``SYSTEM_PROPERTIES``.
+- PROPERTIES are ``name\\x01value\\x02`` pairs (``broker.properties``: their codec and
+  the system properties, re-exported here with ``MessageFormatError``).
 
 Every malformed input raises ``MessageFormatError`` (a ``ValueError``) naming the field;
 ``IndexError``/``struct.error``/``UnicodeError`` never leak out of this module.
@@ -35,17 +33,33 @@ Every malformed input raises ``MessageFormatError`` (a ``ValueError``) naming th
 
 from __future__ import annotations
 
-import itertools
-import mmap
-import os
-import re
 import socket
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final, NamedTuple, TypeAlias
+
+from .properties import (
+    NAME_VALUE_SEPARATOR,
+    PROP_BATCH_INDEX,
+    PROP_BATCH_SIZE,
+    PROP_KEYS,
+    PROP_PRODUCER_ID,
+    PROP_PRODUCER_SEQ,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    PROPERTY_SEPARATOR,
+    SYSTEM_PROPERTIES,
+    Buffer,
+    MessageFormatError,
+    decode_properties,
+    encode_properties,
+    message_properties,
+    split_keys,
+    tags_and_keys,
+)
 
 __all__ = [
     "BODY_CRC_POS",
@@ -92,24 +106,18 @@ __all__ = [
     "encode_message",
     "encode_properties",
     "host_to_bytes",
-    "make_msg_id",
+    "message_properties",
     "message_size",
-    "new_uniq_key",
-    "parse_msg_id",
     "peek_dispatch",
     "set_physical_offset",
+    "set_queue_id_and_offset",
     "set_queue_offset",
     "set_store_host",
     "set_store_timestamp",
     "tags_and_keys",
 ]
 
-Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 Host: TypeAlias = tuple[str, int]
-
-
-class MessageFormatError(ValueError):
-    """A message record, property block or message id that violates the format."""
 
 
 # --- Layout -------------------------------------------------------------------------------
@@ -164,139 +172,6 @@ def message_size(body_len: int, topic_len: int, properties_len: int) -> int:
     return FIXED_HEADER_SIZE + body_len + 1 + topic_len + 2 + properties_len
 
 
-# --- Properties ---------------------------------------------------------------------------
-
-NAME_VALUE_SEPARATOR: Final = "\x01"
-PROPERTY_SEPARATOR: Final = "\x02"
-
-PROP_TAGS: Final = "TAGS"
-PROP_KEYS: Final = "KEYS"
-PROP_UNIQ_KEY: Final = "UNIQ_KEY"
-PROP_PRODUCER_ID: Final = "PRODUCER_ID"
-PROP_PRODUCER_SEQ: Final = "PRODUCER_SEQ"
-PROP_BATCH_INDEX: Final = "BATCH_INDEX"
-PROP_BATCH_SIZE: Final = "BATCH_SIZE"
-SYSTEM_PROPERTIES: Final = frozenset(
-    {
-        PROP_TAGS,
-        PROP_KEYS,
-        PROP_UNIQ_KEY,
-        PROP_PRODUCER_ID,
-        PROP_PRODUCER_SEQ,
-        PROP_BATCH_INDEX,
-        PROP_BATCH_SIZE,
-    }
-)
-_KEY_SEPARATOR: Final = " "
-
-
-def _bad_property(name: str, value: str) -> str | None:
-    """Why the pair cannot be encoded, or None. The slow path, run only on failure."""
-    if not name:
-        return "PROPERTIES: empty property name"
-    for what, text in (("name", name), ("value", value)):
-        for sep in (NAME_VALUE_SEPARATOR, PROPERTY_SEPARATOR):
-            if sep in text:
-                return f"PROPERTIES: property {what} {text!r} contains the separator {sep!r}"
-    return None
-
-
-def message_properties(
-    user: Mapping[str, str],
-    *,
-    tags: str | None,
-    keys: Sequence[str],
-    uniq_key: str,
-    session: tuple[str, int, int, int] | None = None,
-) -> dict[str, str]:
-    """A message's properties: the user's, then TAGS, KEYS, UNIQ_KEY and, for a producer
-    session, (producer id, sequence, index in the batch, batch size)."""
-    props = dict(user)
-    if tags:
-        props[PROP_TAGS] = tags
-    if keys:
-        props[PROP_KEYS] = " ".join(keys)
-    props[PROP_UNIQ_KEY] = uniq_key
-    if session is not None:
-        pid, seq, index_in_batch, size = session
-        props[PROP_PRODUCER_ID] = pid
-        props[PROP_PRODUCER_SEQ] = str(seq)
-        props[PROP_BATCH_INDEX] = str(index_in_batch)
-        props[PROP_BATCH_SIZE] = str(size)
-    return props
-
-
-def encode_properties(props: Mapping[str, str]) -> bytes:
-    """``name\\x01value\\x02`` for every pair, UTF-8 (not length-checked; see encode_message).
-
-    Raises ``MessageFormatError`` for an empty name or a name/value holding a separator.
-    """
-    if not props:
-        return b""
-    text = "".join([f"{k}\x01{v}\x02" for k, v in props.items()])
-    # One count per separator checks every name and value at once: exactly one \x01 and
-    # one \x02 per pair means none was smuggled inside a name or a value.
-    n = len(props)
-    if (
-        text.count(NAME_VALUE_SEPARATOR) != n
-        or text.count(PROPERTY_SEPARATOR) != n
-        or ("" in props)
-    ):
-        for k, v in props.items():
-            reason = _bad_property(k, v)
-            if reason:
-                raise MessageFormatError(reason)
-    try:
-        return text.encode()
-    except UnicodeEncodeError as e:  # lone surrogates
-        raise MessageFormatError(f"PROPERTIES: not encodable as UTF-8 ({e.reason})") from None
-
-
-def decode_properties(raw: Buffer) -> dict[str, str]:
-    """The inverse of ``encode_properties``.
-
-    Strict, because every record was written by ``encode_properties``: each pair must be
-    ``name\\x01value`` with a non-empty, unique name. The final ``\\x02`` is optional, as
-    in RocketMQ's ``string2messageProperties``.
-    """
-    if not raw:
-        return {}
-    try:
-        text = str(raw, "utf-8")
-    except UnicodeDecodeError as e:
-        raise MessageFormatError(
-            f"PROPERTIES: not valid UTF-8 ({e.reason} at byte {e.start})"
-        ) from None
-    items = text.split(PROPERTY_SEPARATOR)
-    if not items[-1]:
-        items.pop()
-    try:
-        props = dict([item.split(NAME_VALUE_SEPARATOR) for item in items])
-    except ValueError:
-        bad = next(i for i in items if i.count(NAME_VALUE_SEPARATOR) != 1)
-        raise MessageFormatError(
-            f"PROPERTIES: pair {bad!r} is not name\\x01value with one separator"
-        ) from None
-    if len(props) != len(items) or "" in props:
-        raise MessageFormatError("PROPERTIES: empty or duplicate property name")
-    return props
-
-
-def _split_keys(keys: str | None) -> list[str]:
-    # RocketMQ's IndexService splits KEYS on a single space and skips empty pieces.
-    return [k for k in keys.split(_KEY_SEPARATOR) if k] if keys else []
-
-
-def tags_and_keys(properties_raw: Buffer) -> tuple[str | None, list[str]]:
-    """TAGS and every key to index: KEYS split on spaces, then UNIQ_KEY (no duplicates)."""
-    props = decode_properties(properties_raw)
-    keys = _split_keys(props.get(PROP_KEYS))
-    uniq = props.get(PROP_UNIQ_KEY)
-    if uniq and uniq not in keys:
-        keys.append(uniq)
-    return props.get(PROP_TAGS), keys
-
-
 # --- Hosts --------------------------------------------------------------------------------
 
 _ANY_IP: Final = b"\x00\x00\x00\x00"
@@ -340,16 +215,61 @@ def bytes_to_host(raw: Buffer, offset: int = 0) -> Host:
 # --- Encoding -----------------------------------------------------------------------------
 
 
-def _diagnose(fields: Mapping[str, tuple[int, int, int]]) -> str:
-    """Name the integer field that made struct.pack_into fail (slow path only)."""
-    for name, (value, lo, hi) in fields.items():
+_I32_RANGE = (-(2**31), 2**31 - 1)
+_I64_RANGE = (-(2**63), 2**63 - 1)
+# The header's integers that can fail to pack, in the order ``_header_error`` takes them.
+_HEADER_INTS = (
+    ("QUEUEID", _I32_RANGE),
+    ("FLAG", _I32_RANGE),
+    ("QUEUEOFFSET", _I64_RANGE),
+    ("PHYSICALOFFSET", _I64_RANGE),
+    ("SYSFLAG", _I32_RANGE),
+    ("BORNTIMESTAMP", _I64_RANGE),
+    ("STORETIMESTAMP", _I64_RANGE),
+    ("RECONSUMETIMES", _I32_RANGE),
+    ("PREPAREDTXOFFSET", _I64_RANGE),
+)
+
+
+def _header_error(*values: object) -> MessageFormatError:
+    """Name the integer field that made ``_HEADER.pack_into`` fail (the slow path only:
+    the fixed-width integers, ``_HEADER_INTS`` in order, are all that can fail there)."""
+    for (name, (lo, hi)), value in zip(_HEADER_INTS, values, strict=True):
         if not isinstance(value, int) or not lo <= value <= hi:
-            return f"{name}: {value!r} is outside {lo}..{hi}"
-    return "header: a field does not fit its type"
+            return MessageFormatError(f"{name}: {value!r} is outside {lo}..{hi}")
+    return MessageFormatError("header: a field does not fit its type")
 
 
-_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
-_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
+def _checked_parts(
+    topic: str,
+    properties: Mapping[str, str] | bytes,
+    sys_flag: int,
+    born_port: int,
+    store_port: int,
+) -> tuple[bytes, bytes | bytearray | memoryview]:
+    """``encode_message``'s checks before the header: the topic and properties as stored
+    (1..127 UTF-8 bytes; at most 65535 bytes), IPv4 only, ports in 0..65535."""
+    try:
+        topic_b = topic.encode()
+    except UnicodeEncodeError as e:
+        raise MessageFormatError(f"TOPIC: {topic!r} is not encodable ({e.reason})") from None
+    if not 0 < len(topic_b) <= MAX_TOPIC_SIZE:
+        raise MessageFormatError(f"TOPIC: {len(topic_b)} UTF-8 bytes, must be 1..{MAX_TOPIC_SIZE}")
+    props_b = (
+        properties
+        if isinstance(properties, bytes | bytearray | memoryview)
+        else encode_properties(properties)
+    )
+    if len(props_b) > MAX_PROPERTIES_SIZE:
+        raise MessageFormatError(
+            f"PROPERTIES: {len(props_b)} bytes, at most {MAX_PROPERTIES_SIZE} fit the u16 length"
+        )
+    if sys_flag & SYS_FLAG_V6_MASK:
+        raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
+    if not (0 <= born_port <= 0xFFFF and 0 <= store_port <= 0xFFFF):
+        _check_port(born_port)
+        _check_port(store_port)
+    return topic_b, props_b
 
 
 def encode_message(
@@ -376,29 +296,9 @@ def encode_message(
     1..127 UTF-8 bytes, properties over 65535 bytes, a record over the i32 size, IPv6
     SYSFLAG bits, a port outside 0..65535 or an integer field that does not fit.
     """
-    try:
-        topic_b = topic.encode()
-    except UnicodeEncodeError as e:
-        raise MessageFormatError(f"TOPIC: {topic!r} is not encodable ({e.reason})") from None
-    topic_len = len(topic_b)
-    if not 0 < topic_len <= MAX_TOPIC_SIZE:
-        raise MessageFormatError(f"TOPIC: {topic_len} UTF-8 bytes, must be 1..{MAX_TOPIC_SIZE}")
-    props_b = (
-        properties
-        if isinstance(properties, bytes | bytearray | memoryview)
-        else encode_properties(properties)
-    )
-    props_len = len(props_b)
-    if props_len > MAX_PROPERTIES_SIZE:
-        raise MessageFormatError(
-            f"PROPERTIES: {props_len} bytes, at most {MAX_PROPERTIES_SIZE} fit the u16 length"
-        )
-    if sys_flag & SYS_FLAG_V6_MASK:
-        raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
     born_port, store_port = born_host[1], store_host[1]
-    if not (0 <= born_port <= 0xFFFF and 0 <= store_port <= 0xFFFF):
-        _check_port(born_port)
-        _check_port(store_port)
+    topic_b, props_b = _checked_parts(topic, properties, sys_flag, born_port, store_port)
+    topic_len, props_len = len(topic_b), len(props_b)
     body_len = len(body)
     total = FIXED_HEADER_SIZE + body_len + 1 + topic_len + 2 + props_len
     if total > _MAX_TOTAL_SIZE:
@@ -428,22 +328,16 @@ def encode_message(
             body_len,
         )
     except struct.error:
-        # Only the fixed-width integers can fail here; find which one to name it.
-        i32, i64 = (_I32_MIN, _I32_MAX), (_I64_MIN, _I64_MAX)
-        raise MessageFormatError(
-            _diagnose(
-                {
-                    "QUEUEID": (queue_id, *i32),
-                    "FLAG": (flag, *i32),
-                    "QUEUEOFFSET": (queue_offset, *i64),
-                    "PHYSICALOFFSET": (physical_offset, *i64),
-                    "SYSFLAG": (sys_flag, *i32),
-                    "BORNTIMESTAMP": (born_timestamp, *i64),
-                    "STORETIMESTAMP": (store_timestamp, *i64),
-                    "RECONSUMETIMES": (reconsume_times, *i32),
-                    "PREPAREDTXOFFSET": (prepared_tx_offset, *i64),
-                }
-            )
+        raise _header_error(
+            queue_id,
+            flag,
+            queue_offset,
+            physical_offset,
+            sys_flag,
+            born_timestamp,
+            store_timestamp,
+            reconsume_times,
+            prepared_tx_offset,
         ) from None
     pos = BODY_POS + body_len
     buf[BODY_POS:pos] = body
@@ -541,7 +435,7 @@ class StoredMessage:
     @property
     def keys(self) -> list[str]:
         """KEYS split on spaces (empty pieces dropped); UNIQ_KEY is not included."""
-        return _split_keys(self.properties.get(PROP_KEYS))
+        return split_keys(self.properties.get(PROP_KEYS))
 
     @property
     def uniq_key(self) -> str | None:
@@ -688,71 +582,3 @@ def peek_dispatch(buf: Buffer, offset: int = 0) -> DispatchInfo:
         store_ts,
         bytes(buf[props_at : props_at + props_len]),
     )
-
-
-# --- Ids ----------------------------------------------------------------------------------
-
-_GROUP_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_HEX_RE: Final = re.compile(r"[0-9A-Fa-f]+")
-_OFFSET_HEX: Final = 16
-
-
-def make_msg_id(group: str, commitlog_offset: int) -> str:
-    """``HEX(group utf-8) + %016X offset`` (RocketMQ's offsetMsgId is host + offset).
-
-    Upper-case hex is URL-safe and the id alone locates the message: the DLedger group
-    names the replica set, the offset the record inside its data files.
-    """
-    if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
-        raise MessageFormatError(f"msg id: group {group!r} must match [A-Za-z0-9_-]{{1,64}}")
-    if not 0 <= commitlog_offset <= _I64_MAX:
-        raise MessageFormatError(f"msg id: commitlog offset {commitlog_offset} is not an i64 >= 0")
-    return f"{group.encode().hex().upper()}{commitlog_offset:016X}"
-
-
-def parse_msg_id(msg_id: str) -> tuple[str, int]:
-    """The inverse of ``make_msg_id``: (group, commitlog offset). Hex of either case."""
-    # _HEX_RE first: bytes.fromhex would otherwise accept spaces inside the id.
-    if (
-        not isinstance(msg_id, str)
-        or len(msg_id) % 2
-        or len(msg_id) < _OFFSET_HEX + 2
-        or not _HEX_RE.fullmatch(msg_id)
-    ):
-        raise MessageFormatError(
-            f"msg id: {msg_id!r} is not an even-length hex string of at least "
-            f"{_OFFSET_HEX + 2} characters"
-        )
-    try:
-        group = bytes.fromhex(msg_id[:-_OFFSET_HEX]).decode()
-    except UnicodeDecodeError:
-        raise MessageFormatError(f"msg id: {msg_id!r} has a group that is not UTF-8") from None
-    if not _GROUP_RE.fullmatch(group):
-        raise MessageFormatError(f"msg id: {msg_id!r} names the invalid group {group!r}")
-    offset = int(msg_id[-_OFFSET_HEX:], 16)
-    if offset > _I64_MAX:
-        raise MessageFormatError(f"msg id: {msg_id!r} has an offset beyond the i64 range")
-    return group, offset
-
-
-# A random per-process prefix plus a counter: unique within the process by construction
-# and across processes with 2**-64 collision odds per pair, at ~0.2 µs (os.urandom(16) is
-# a syscall, ~0.5 µs; uuid4 ~2 µs). A forked child draws a fresh prefix so that parent and
-# child do not hand out the same keys from the same counter value.
-_uniq_prefix = os.urandom(8).hex().upper()
-_uniq_counter = itertools.count()
-
-
-def _reseed_uniq() -> None:
-    global _uniq_prefix, _uniq_counter  # noqa: PLW0603 - per-process state by design
-    _uniq_prefix = os.urandom(8).hex().upper()
-    _uniq_counter = itertools.count()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reseed_uniq)
-
-
-def new_uniq_key() -> str:
-    """A unique message key (UNIQ_KEY): 32 upper-case hex chars, prefix + counter."""
-    return f"{_uniq_prefix}{next(_uniq_counter) & 0xFFFF_FFFF_FFFF_FFFF:016X}"

@@ -140,9 +140,9 @@ class MetadataState:
             return  # deleted in between: nothing to commit to
         table = self.offsets.setdefault(group, {}).setdefault(topic, {})
         for q, o in offsets.items():
-            qid, off = _int(q, "queue id"), _int(o, "offset")
-            if 0 <= qid < meta.queues and off >= 0:
-                table[qid] = off
+            qid, queue_offset = _int(q, "queue id"), _int(o, "offset")
+            if 0 <= qid < meta.queues and queue_offset >= 0:
+                table[qid] = queue_offset
 
     def record_session(
         self,
@@ -170,6 +170,14 @@ class MetadataState:
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         return self.offsets.get(group, {}).get(topic, {}).get(queue_id)
 
+    def queued(self, topic_name: str, queue_id: int, index: int) -> bool:
+        """Does the message at entry ``index`` go into its queue? Iff the topic's current
+        incarnation existed then (created before it) and has that queue. The metadata
+        can be ahead of the entry (a newer snapshot after a restart): a message of an
+        incarnation deleted by now goes nowhere (its queues are gone)."""
+        topic = self.topics.get(topic_name)
+        return topic is not None and topic.created_index < index and queue_id < topic.queues
+
     # ---- snapshots ----------------------------------------------------------------------
 
     def to_snapshot(self, extra: dict[str, Any] | None = None) -> bytes:
@@ -186,6 +194,14 @@ class MetadataState:
                 "extra": extra or {},
             }
         )
+
+    def adopt(self, loaded: MetadataState) -> None:
+        """Become ``loaded`` (a snapshot's), in place: the broker and the dispatcher
+        hold a reference to this object."""
+        self.applied_index = loaded.applied_index
+        self.topics = loaded.topics
+        self.offsets = loaded.offsets
+        self.sessions = loaded.sessions
 
     @classmethod
     def from_snapshot(cls, raw: bytes, max_sessions: int) -> tuple[MetadataState, dict[str, Any]]:

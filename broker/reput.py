@@ -37,6 +37,7 @@ that cannot be trusted (missing, outside the local log, or naming a queue that i
 or short) restarts dispatch from the log head: the queues and the key index are rebuilt
 from the commitlog (each queue from its next offset before the head, which the metadata
 snapshot's queue table gives, when retention or an install deleted entries before it).
+The files' side of a restart, and the checkpoint's format, are ``broker/recovery.py``.
 """
 
 from __future__ import annotations
@@ -45,15 +46,13 @@ import asyncio
 import contextlib
 import errno
 import logging
-import struct
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex, tags_hash
+from dledger.runtime.watermark import Watermark
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, FileStore, write_atomic
 from dledger.store.meta import fsync_dir
 
@@ -69,10 +68,10 @@ from .message import (
     tags_and_keys,
 )
 from .metadata import SYS_TOPIC, MetadataState, SnapshotFiles
+from .recovery import ENTRY_HEAD, Recovery, checkpoint_bytes, parse_queue_table, pos_of
 
 log = logging.getLogger(__name__)
 
-_ENTRY_HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos (docs/formats.md)
 STALL_RETRY_MAX_S = 1.0  # backoff cap while a disk error stalls dispatch
 STALL_LOG_INTERVAL_S = 10.0  # a stall, or failing checkpoints, are logged this often
 _SESSION_MARK = PROP_PRODUCER_ID.encode() + b"\x01"
@@ -110,15 +109,14 @@ class ReputService:
         self.serve_snapshot = serve_snapshot
         self.served_index = -1  # the snapshot Raft holds (with serve_snapshot set)
         self._unserved: tuple[int, bytes] | None = None
-        self._snapshot_queues: Any = None  # the queue table of the snapshot recovered
-        self.dispatched_index = -1  # every committed entry up to here is dispatched
+        # Every committed entry up to its index is dispatched (``dispatched_index``).
+        self._dispatched = Watermark()
         self.snapshot_index = -1  # the newest metadata snapshot on disk
         self.checkpoint_index = -1
         # The consume queues hold every entry up to here already: recovery's replay below
         # it changes no queue (set by ``recover``).
         self.derived_index = -1
         self.rebuild_until = -1  # entries up to here are a rebuild (see _put_unit)
-        self._keys_restored = True
         self.stats = {
             "entries": 0,
             "messages": 0,
@@ -133,12 +131,12 @@ class ReputService:
         # change in a thread, and nobody on the loop may touch them (``install``).
         self.installing = False
         self._stall_logged_at = self._persist_logged_at = -1e18
-        self._progress = asyncio.Event()
         self._persist_lock = asyncio.Lock()
-        self._queue_events: dict[tuple[str, int], asyncio.Event] = {}
+        # Each waited-on queue's next offset (``wait_queue``); a queue's entry goes when
+        # a dispatch step finds nobody waiting on it.
+        self._queue_marks: dict[tuple[str, int], Watermark] = {}
         self._last_checkpoint = self._last_snapshot = time.monotonic()
         self._begin_pos_seen = -1
-        self._commit_event: Callable[[], asyncio.Event] | None = None
 
     # ---- recovery ----------------------------------------------------------------------
 
@@ -151,36 +149,42 @@ class ReputService:
         metadata comes from the newest snapshot, which may be older than the checkpoint
         (its entries are replayed here for the metadata alone) or newer (then dispatch
         judges each later message by the topic incarnation it belongs to, see
-        ``_dispatch_raw``). Keys the index lost are indexed again by the same replay."""
+        ``_dispatch_raw``). Keys the index lost are indexed again by the same replay.
+        The files' side of it: ``broker/recovery.py``."""
         store = self.store
         begin = store.ledger_begin_index
-        self._load_snapshot()
-        index = self._restore_checkpoint()
+        r = Recovery(
+            store,
+            self.cq,
+            self.keys,
+            self.meta,
+            self.snapshots,
+            checkpoint_path=self.checkpoint_path,
+        )
+        snap = r.load_snapshot()
+        if snap is not None:
+            self.snapshot_index = snap.index
+            if snap.servable:
+                self._unserved = (snap.index, snap.raw)
+        index = r.restore_checkpoint()
         if index is None:
-            index = begin - 1
-            # The old checkpoint goes first, durably: the rebuilt files are not synced,
-            # and a later restart must not take them for what it recorded.
-            self.checkpoint_path.unlink(missing_ok=True)
-            fsync_dir(self.checkpoint_path.parent)
-            self.cq.delete_all()
-            self.keys.clear()
-            self._start_queues_at_head()
+            index = keys_index = begin - 1
+            r.start_over(snap)
             self.rebuild_until = store.committed_index
             self.stats["rebuilds"] += 1
-            keys_index = index
-        elif self._keys_restored:
+        elif r.keys_restored:
             keys_index = index
         else:  # key index files dropped as damaged: index again what is not there
-            keys_index = self._last_index_within(self.keys.last_commitlog_offset, index)
+            keys_index = r.last_index_within(self.keys.last_commitlog_offset, index)
             log.warning("key index restored up to entry %d only: indexing the rest", keys_index)
         self.derived_index = index
-        self.dispatched_index = max(begin - 1, min(self.meta.applied_index, keys_index, index))
+        self._dispatched.reset(max(begin - 1, min(self.meta.applied_index, keys_index, index)))
         self._replay(index)
         if keys_index < index:
             # Keys the checkpoint says are durable were indexed again: make them so before
             # anything relies on it (the next checkpoint waits for the next entry).
             self.keys.flush()
-        self._drop_stale_topics(index)
+        r.drop_stale_topics(index)
         self.checkpoint_index = index
         self._update_retention_floor()
         self._correct_min_offsets()
@@ -192,162 +196,6 @@ class ReputService:
             self.stats["rebuilds"],
         )
 
-    def _load_snapshot(self) -> None:
-        """Adopt the newest readable metadata snapshot the local log can continue."""
-        store = self.store
-        for index in reversed(self.snapshots.indexes()):
-            if index > store.ledger_end_index:
-                # No local log continues it: an install that crashed before the log was
-                # reset (Raft sends it again), or entries a power loss took. Kept, it
-                # would crowd the usable snapshots out of the few that are kept.
-                log.warning("metadata snapshot %d is past the log end: deleted", index)
-                self.snapshots.path(index).unlink(missing_ok=True)
-                continue
-            if index < store.ledger_begin_index - 1:
-                break  # the entries after it are gone
-            try:
-                raw = self.snapshots.path(index).read_bytes()
-                loaded, extra = MetadataState.from_snapshot(raw, self.meta.max_sessions)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("metadata snapshot %d unusable, trying an older one: %s", index, e)
-                continue
-            self._adopt_meta(loaded)
-            self.snapshot_index = index
-            if "queues" in extra:  # older snapshots lack the queue table: not servable
-                self._unserved = (index, raw)
-                self._snapshot_queues = extra["queues"]
-            return
-        if store.ledger_begin_index > 0:
-            log.error(
-                "no metadata snapshot for a log that begins at entry %d", store.ledger_begin_index
-            )
-
-    def _start_queues_at_head(self) -> None:
-        """A rebuild over a log whose head is gone (retention, an install) starts every
-        queue at its next offset before the log's first entry. Rebuilt from the log
-        alone, a queue none of whose messages the log still holds came back empty at 0:
-        a message of it committed later was a gap (the dispatcher stopped) and, as
-        master, this node handed out its queue offsets again (broker simulation seed 35:
-        a power loss between an install and the log reset, then a rebuild). The snapshot
-        loaded (at ``s``, never before the log head: retention keeps it) has every
-        queue's next offset at ``s``; the messages the log holds up to ``s`` come off.
-        Only when entries up to ``s`` are committed here: otherwise they may not be the
-        ones the snapshot saw (the leader sends its snapshot again)."""
-        store = self.store
-        begin, s, raw_table = store.ledger_begin_index, self.snapshot_index, self._snapshot_queues
-        if begin == 0 or raw_table is None or s > store.committed_index:
-            return
-        try:
-            table = _parse_queue_table(raw_table)
-        except ValueError as e:
-            log.warning("metadata snapshot %d: %s; queues restart from the log alone", s, e)
-            return
-        held: dict[tuple[str, int], int] = {}  # messages up to ``s`` in the log, per queue
-        index = begin
-        while index <= s:
-            raw, count, _ = store.read_batch(index, 4 << 20, s - index + 1)
-            assert count > 0, f"committed entry {index} is not in the log"
-            off = 0
-            for _ in range(count):
-                magic, size, i, _term, pos = _ENTRY_HEAD.unpack_from(raw, off)
-                key = self._queue_of(raw, off + BODY_OFFSET, magic, i, pos)
-                off += size
-                if key is not None:
-                    held[key] = held.get(key, 0) + 1
-            index += count
-        for key, next_offset in sorted(table.items()):
-            first = next_offset - held.get(key, 0)
-            if first > 0:
-                self.cq.queue(*key).reset(first)
-
-    def _queue_of(
-        self, raw: bytes, body_at: int, magic: int, index: int, pos: int
-    ) -> tuple[str, int] | None:
-        """The queue the entry at ``raw[body_at - 48:]`` goes into, by the metadata held:
-        ``_dispatch_raw``'s rule (a message of the topic's incarnation it names)."""
-        if magic != MAGIC_NORMAL:
-            return None
-        try:
-            info = peek_dispatch(raw, body_at)
-        except MessageFormatError:
-            return None
-        if info.physical_offset != pos + BODY_OFFSET or not self._queued(
-            info.topic, info.queue_id, index
-        ):
-            return None
-        return info.topic, info.queue_id
-
-    def _queued(self, topic_name: str, queue_id: int, index: int) -> bool:
-        """Does the message at entry ``index`` go into its queue? Iff the topic's current
-        incarnation existed then (created before it) and has that queue. The metadata
-        can be ahead of the entry (a newer snapshot after a restart): a message of an
-        incarnation deleted by now goes nowhere (its queues are gone)."""
-        topic = self.meta.topics.get(topic_name)
-        return topic is not None and topic.created_index < index and queue_id < topic.queues
-
-    def _adopt_meta(self, loaded: MetadataState) -> None:
-        # The broker holds a reference to self.meta: update it in place.
-        m = self.meta
-        m.applied_index = loaded.applied_index
-        m.topics = loaded.topics
-        m.offsets = loaded.offsets
-        m.sessions = loaded.sessions
-
-    def _restore_checkpoint(self) -> int | None:
-        """Cut the consume queues and the key index back to exactly what the checkpoint
-        recorded; its dispatched index, or None when it cannot be trusted."""
-        checkpoint = self._read_checkpoint()
-        try:
-            self.cq.load()
-        except ConsumeQueueError as e:  # derived data: never a reason not to start
-            log.warning("consume queues do not load (%s): rebuilding them", e)
-            return None
-        if checkpoint is None:
-            return None
-        store = self.store
-        index, queues, keys = checkpoint
-        if not store.ledger_begin_index - 1 <= index <= store.committed_index:
-            # Entries it covers are not all in the local log, or not known committed here
-            # (``checkpoint`` makes the store's commit point durable first, so only a
-            # damaged store gets here).
-            log.warning("dispatch checkpoint %d is outside the local log: rebuilding", index)
-            return None
-        cut = self._pos_of(index + 1)  # where the first entry after the checkpoint starts
-        for q in list(self.cq):
-            length = queues.pop(f"{q.topic}/{q.queue_id}", None)
-            if length is None:
-                # No queue at the checkpoint: made since (all its units are later) or a
-                # deleted one a power loss brought back.
-                self.cq.delete_queue(q.topic, q.queue_id)
-            elif q.truncate(length) != length or q.max_commitlog_offset_end > cut:
-                # Short, or not the queue it recorded: the topic was deleted and made
-                # again since, and the new queue has as many units (all later ones).
-                log.warning("consume queue %s does not match its checkpoint: rebuilding", q)
-                return None
-        if any(queues.values()):
-            log.warning("consume queues of the checkpoint are missing: rebuilding")
-            return None
-        self._keys_restored = self.keys.restore(keys)
-        if self.keys.last_commitlog_offset >= cut:  # not the files it recorded: index anew
-            self.keys.clear()
-            self._keys_restored = False
-        return index
-
-    def _read_checkpoint(self) -> tuple[int, dict[str, int], tuple[int, int]] | None:
-        try:
-            d = orjson.loads(self.checkpoint_path.read_bytes())
-            file, count = d["keys"]
-            return (
-                int(d["dispatched_index"]),
-                {str(k): int(v) for k, v in d["queues"].items()},
-                (int(file), int(count)),
-            )
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            log.warning("unusable dispatch checkpoint %s: %s", self.checkpoint_path, e)
-            return None
-
     def _replay(self, until: int) -> None:
         """Dispatch the entries up to ``until``, which the queues hold already: for the
         metadata an older snapshot lacks and the keys a damaged index lost."""
@@ -357,36 +205,6 @@ class ReputService:
             raw, count, _ = store.read_batch(first, 4 << 20, until - first + 1)
             assert count > 0, f"committed entry {first} is not in the log"
             self._dispatch_raw(raw, count, set())
-
-    def _drop_stale_topics(self, index: int) -> None:
-        """Drop the queues of topics the metadata says were deleted (or deleted and
-        created anew) after ``index``: a newer snapshot's deletes are not replayed."""
-        for name in list(self.cq.topics()):
-            t = self.meta.topics.get(name)
-            if t is None or t.created_index >= index:
-                self.cq.delete_topic(name)
-
-    def _last_index_within(self, commitlog_offset: int, hi: int) -> int:
-        """The last entry up to ``hi`` whose message starts at or before
-        ``commitlog_offset`` (``begin - 1`` when none): a binary search over the log."""
-        store = self.store
-        lo = store.ledger_begin_index - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if store.get_meta(mid).pos + BODY_OFFSET <= commitlog_offset:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def _pos_of(self, index: int) -> int:
-        """The byte position of entry ``index`` (or of the ledger end past the last)."""
-        store = self.store
-        if index > store.ledger_end_index:
-            return store.ledger_end_pos
-        if index < store.ledger_begin_index:
-            return store.ledger_begin_pos
-        return store.get_meta(index).pos
 
     # ---- installing a leader's snapshot ------------------------------------------------
 
@@ -403,7 +221,7 @@ class ReputService:
         deletes the snapshot and rebuilds from the old log, and the leader, which still
         finds this node behind its head, sends the snapshot again."""
         loaded, extra = MetadataState.from_snapshot(data, self.meta.max_sessions)
-        table = _parse_queue_table(extra.get("queues"))
+        table = parse_queue_table(extra.get("queues"))
         if loaded.applied_index != last_index:
             raise ValueError(f"snapshot of entry {loaded.applied_index} sent as {last_index}")
         # Not pruned here: until the log restarts, the older snapshots are the ones a
@@ -424,8 +242,9 @@ class ReputService:
                 for name, t in self.meta.topics.items()
                 if (new := loaded.topics.get(name)) is None or new.created_index != t.created_index
             ]
-            self._adopt_meta(loaded)
-            self.dispatched_index = self.derived_index = last_index
+            self.meta.adopt(loaded)
+            self._dispatched.reset(last_index)
+            self.derived_index = last_index
             self.snapshot_index = self.served_index = last_index  # the core keeps it too
             self._unserved = None
             self.rebuild_until = -1
@@ -434,12 +253,9 @@ class ReputService:
         for name in gone:
             if self.on_topic_deleted is not None:
                 self.on_topic_deleted(name)
-        # Wake every reader: their queues restarted.
-        ev, self._progress = self._progress, asyncio.Event()
-        ev.set()
-        for qev in self._queue_events.values():
-            qev.set()
-        self._queue_events.clear()
+        # Every waited-on queue restarted: its readers wait on from its new next offset.
+        for key in list(self._queue_marks):
+            self._mark_queue(key)
         log.info("installed the snapshot of entry %d (%d queues)", last_index, len(table))
 
     def _install_files(self, table: dict[tuple[str, int], int], last_index: int) -> None:
@@ -532,24 +348,24 @@ class ReputService:
             done = self.dispatched_index - start
             if done:
                 self.stats["entries"] += done
-                ev, self._progress = self._progress, asyncio.Event()
-                ev.set()
                 for key in touched:
-                    qev = self._queue_events.pop(key, None)
-                    if qev is not None:
-                        qev.set()
+                    self._mark_queue(key)
         return done
 
     def _dispatch_raw(self, raw: bytes, count: int, touched: set[tuple[str, int]]) -> None:
         off = 0
-        unpack_head = _ENTRY_HEAD.unpack_from
-        for _ in range(count):
-            head = unpack_head(raw, off)
-            # An OSError leaves this entry undispatched; its retry repeats only the
-            # steps that did not happen (each is idempotent: see the module docstring).
-            self._dispatch_entry(raw, off, head, touched)
-            self.dispatched_index = head[2]
-            off += head[1]
+        unpack_head = ENTRY_HEAD.unpack_from
+        done = self.dispatched_index
+        try:
+            for _ in range(count):
+                head = unpack_head(raw, off)
+                # An OSError leaves this entry undispatched; its retry repeats only the
+                # steps that did not happen (each is idempotent: see the module docstring).
+                self._dispatch_entry(raw, off, head, touched)
+                done = head[2]
+                off += head[1]
+        finally:
+            self._dispatched.advance(done)  # wakes wait_dispatched
 
     def _dispatch_entry(
         self,
@@ -598,7 +414,7 @@ class ReputService:
             keys.put(msg_keys, commitlog_offset, info.store_timestamp)
         if index <= self.derived_index:
             return  # recovery's replay: the queues hold this entry already
-        if not self._queued(info.topic, info.queue_id, index):
+        if not self.meta.queued(info.topic, info.queue_id, index):
             return  # an incarnation deleted by now (``recover`` dropped its queues)
         key = (info.topic, info.queue_id)
         self._put_unit(
@@ -658,8 +474,8 @@ class ReputService:
 
     def _drop_topic(self, name: str) -> None:
         self.cq.delete_topic(name)
-        for key in [k for k in self._queue_events if k[0] == name]:
-            self._queue_events.pop(key).set()
+        for key in [k for k in self._queue_marks if k[0] == name]:
+            self._mark_queue(key)  # gone: back to 0, as a topic made again starts
         if self.on_topic_deleted is not None:
             self.on_topic_deleted(name)
 
@@ -695,13 +511,7 @@ class ReputService:
             self._update_retention_floor()
 
     def _checkpoint_data(self, index: int) -> bytes:
-        return orjson.dumps(
-            {
-                "dispatched_index": index,
-                "queues": self.queue_table(),
-                "keys": list(self.keys.position()),
-            }
-        )
+        return checkpoint_bytes(index, self.queue_table(), self.keys.position())
 
     def _flush_derived(self) -> None:
         # The store's checkpoint first: it makes the commit point durable, and recovery
@@ -754,7 +564,7 @@ class ReputService:
         keep_from = min(self.checkpoint_index, self.snapshot_index)
         if self.serve_snapshot is not None:
             keep_from = min(keep_from, self.served_index)
-        self.store.set_retention_floor(self._pos_of(keep_from + 1))
+        self.store.set_retention_floor(pos_of(self.store, keep_from + 1))
 
     def _correct_min_offsets(self) -> None:
         begin_pos = self.store.ledger_begin_pos
@@ -772,42 +582,40 @@ class ReputService:
 
     # ---- waiting -------------------------------------------------------------------------
 
+    @property
+    def dispatched_index(self) -> int:
+        """Every committed entry up to here is dispatched."""
+        return self._dispatched.index
+
     async def wait_dispatched(self, index: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self.dispatched_index < index:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):  # not wait_for: it can swallow a cancel
-                    await self._progress.wait()
-        return True
+        """Wait until ``dispatched_index >= index``; False on timeout."""
+        return await self._dispatched.wait(index, timeout_s)
 
-    async def wait_queue(self, topic: str, queue_id: int, offset: int, timeout_s: float) -> bool:
-        """Wait until the queue holds a message at ``offset`` (long polling); False on
-        timeout. Woken by the dispatch step that puts it, never by polling."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            q = self.cq.find(topic, queue_id)
-            if q is not None and q.max_offset > offset:
-                return True
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            ev = self._queue_events.setdefault((topic, queue_id), asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):
-                    await ev.wait()
+    async def wait_queue(
+        self, topic: str, queue_id: int, queue_offset: int, timeout_s: float
+    ) -> bool:
+        """Wait until the queue holds a message at ``queue_offset`` (long polling); False
+        on timeout. Woken by the dispatch step that puts it, never by polling."""
+        key = (topic, queue_id)
+        mark = self._queue_marks.get(key)
+        if mark is None:
+            mark = self._queue_marks[key] = Watermark(self._next_offset(key))
+        return await mark.wait(queue_offset + 1, timeout_s)
 
+    def waiting_on(self, topic: str, queue_id: int) -> int:
+        """How many readers wait for the queue's next message."""
+        mark = self._queue_marks.get((topic, queue_id))
+        return 0 if mark is None else mark.waiting
 
-def _parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
-    """``{"topic/queue_id": next_offset}`` → ``{(topic, queue_id): next_offset}``."""
-    if not isinstance(raw, dict):
-        raise ValueError("the snapshot has no queue table")
-    out: dict[tuple[str, int], int] = {}
-    for key, offset in raw.items():
-        topic, _, queue_id = str(key).rpartition("/")
-        if not topic or not queue_id.isdigit() or not isinstance(offset, int) or offset < 0:
-            raise ValueError(f"bad queue table entry {key!r}: {offset!r}")
-        out[topic, int(queue_id)] = offset
-    return out
+    def _next_offset(self, key: tuple[str, int]) -> int:
+        q = self.cq.find(*key)
+        return 0 if q is None else q.max_offset  # a queue not made yet starts at 0
+
+    def _mark_queue(self, key: tuple[str, int]) -> None:
+        """The queue changed (grew, or was deleted or restarted): tell its waiters, and
+        forget it when none is left (``wait_queue`` looks at the queue again)."""
+        mark = self._queue_marks.get(key)
+        if mark is not None:
+            mark.reset(self._next_offset(key))
+            if not mark.waiting:
+                del self._queue_marks[key]

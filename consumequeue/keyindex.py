@@ -258,13 +258,15 @@ class _IndexFile:
     # ---- reading ---------------------------------------------------------------------------
 
     def entry(self, n: int) -> tuple[int, int, int, int]:
-        h, offset, delta, prev = ENTRY.unpack_from(self.mm, self.entries_pos + (n - 1) * ENTRY_SIZE)
-        return h, offset, delta, prev
+        h, commitlog_offset, delta, prev = ENTRY.unpack_from(
+            self.mm, self.entries_pos + (n - 1) * ENTRY_SIZE
+        )
+        return h, commitlog_offset, delta, prev
 
     def lookup(
         self, h: int, begin_ms: int, end_ms: int, *, limit: int, seen: set[int], out: list[int]
     ) -> None:
-        """Append to ``out`` the offsets of entries with hash ``h`` and store time in
+        """Append to ``out`` the commitlog offsets of entries with hash ``h`` and store time in
         ``[begin_ms, end_ms]``, newest first, until ``out`` holds ``limit``."""
         (n,) = SLOT.unpack_from(self.mm, HEADER_SIZE + (h % self.slot_count) * SLOT_SIZE)
         count = self.entry_count
@@ -272,10 +274,10 @@ class _IndexFile:
         while n and len(out) < limit:
             if not 0 < n <= count:
                 raise _corrupt(self.path, f"chain reaches entry {n} outside [1, {count}]")
-            eh, offset, delta, prev = self.entry(n)
-            if eh == h and lo <= delta <= hi and offset not in seen:
-                seen.add(offset)
-                out.append(offset)
+            eh, commitlog_offset, delta, prev = self.entry(n)
+            if eh == h and lo <= delta <= hi and commitlog_offset not in seen:
+                seen.add(commitlog_offset)
+                out.append(commitlog_offset)
             if prev >= n:
                 raise _corrupt(self.path, f"entry {n} chains forward to entry {prev}")
             n = prev

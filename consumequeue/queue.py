@@ -248,11 +248,11 @@ class ConsumeQueue:
             return None
         return self._unit(queue_offset)
 
-    def read(self, from_offset: int, max_units: int) -> list[tuple[int, int, int, int]]:
+    def read(self, from_queue_offset: int, max_units: int) -> list[tuple[int, int, int, int]]:
         """(queue_offset, commitlog_offset, size, tags_hash) for the offsets from
-        ``max(from_offset, min_offset)`` on, at most ``max_units`` (clamped to the
+        ``max(from_queue_offset, min_offset)`` on, at most ``max_units`` (clamped to the
         ``max_read_units`` setting); one slice per segment."""
-        queue_offset = max(from_offset, self._min_offset)
+        queue_offset = max(from_queue_offset, self._min_offset)
         end = min(self._max_offset, queue_offset + min(max_units, self.settings.max_read_units))
         out: list[tuple[int, int, int, int]] = []
         while queue_offset < end:
@@ -269,11 +269,11 @@ class ConsumeQueue:
             queue_offset = seg_end
         return out
 
-    def read_raw(self, from_offset: int, max_units: int) -> tuple[int, bytes]:
+    def read_raw(self, from_queue_offset: int, max_units: int) -> tuple[int, bytes]:
         """``read`` without unpacking: (first queue offset, the units' 20-byte big-endian
         bytes back to back). One copy per segment and no object per unit, for callers
         that decode a whole page at once (the Arrow pull)."""
-        queue_offset = first = max(from_offset, self._min_offset)
+        queue_offset = first = max(from_queue_offset, self._min_offset)
         end = min(self._max_offset, queue_offset + min(max_units, self.settings.max_read_units))
         parts: list[bytes] = []
         while queue_offset < end:

@@ -53,6 +53,7 @@ from ..core.snapshot import Snapshot
 from ..store import AppendHook, Entry, FileStore, StoreSettings, node_dir
 from .ready import deliver_ready, persist_ready
 from .transport import Transport, TransportSettings, is_loopback, parse_address
+from .watermark import Watermark
 from .wire import WireMessage
 
 log = logging.getLogger(__name__)
@@ -177,7 +178,7 @@ class DLedgerServer:
         # proposal: the commit-latency histogram of /metrics.
         self.commit_observers: list[Callable[[float, int], None]] = []
         self._transfer_futs: dict[int, asyncio.Future[DLedgerCode]] = {}
-        self._commit_changed = asyncio.Event()
+        self._committed = Watermark()  # the store's commit index, as last seen
         self._stopping = False
         self._installer: SnapshotInstaller | None = None
         self.failed: BaseException | None = None  # the node stopped working: see the log
@@ -419,8 +420,7 @@ class DLedgerServer:
 
     def _on_ready(self, ready: Ready) -> None:
         if ready.committed_index is not None:
-            self._commit_changed.set()
-            self._commit_changed = asyncio.Event()
+            self._committed.advance(self.committed_index)
         for done in ready.proposals:
             fut = self._proposal_futs.pop(done.proposal.proposal_id, None)
             started = self._proposal_started.pop(done.proposal.proposal_id, None)
@@ -594,16 +594,10 @@ class DLedgerServer:
         return self._store().committed_pos
 
     async def wait_committed(self, index: int, timeout_s: float) -> bool:
-        """Wait until ``committed_index >= index``; False on timeout."""
-        deadline = time.monotonic() + timeout_s
-        while self.committed_index < index:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(left):  # not wait_for: it can swallow a cancel
-                    await self._commit_changed.wait()
-        return True
+        """Wait until ``committed_index >= index``; False on timeout. The core moves the
+        store's commit index as it steps, before the Ready that reports it: look first."""
+        self._committed.advance(self.committed_index)
+        return await self._committed.wait(index, timeout_s)
 
     async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> DLedgerCode:
         core = self._live_core()

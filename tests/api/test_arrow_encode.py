@@ -24,10 +24,10 @@ from broker.message import (
     PROP_UNIQ_KEY,
     decode_message,
     encode_message,
-    make_msg_id,
     message_properties,
     set_physical_offset,
 )
+from broker.msgid import make_msg_id
 from broker.pages import RawPage
 from consumequeue.queue import UNIT
 

@@ -100,6 +100,35 @@ async def test_long_poll_is_woken_by_dispatch(tmp_path: Path) -> None:
         await c.close()
 
 
+async def test_a_long_poll_across_a_topic_delete_waits_for_the_new_incarnation(
+    tmp_path: Path,
+) -> None:
+    """``wait_queue`` is for a queue by name: its deletion sends the queue's next offset
+    back to 0 and the waiter waits on, until the topic made again reaches its offset."""
+    c, b = await _single(tmp_path)
+
+    async def still_waiting(w: asyncio.Future[bool]) -> bool:
+        for _ in range(5):
+            await asyncio.sleep(0)
+        return not w.done()
+
+    try:
+        await b.create_topic("t", 1)
+        await b.produce("t", [NewMessage(b"first")])
+        waiter = asyncio.ensure_future(b.dispatcher.wait_queue("t", 0, 1, 30))
+        assert await still_waiting(waiter) and b.dispatcher.waiting_on("t", 0) == 1
+        await b.delete_topic("t")
+        assert await still_waiting(waiter)
+        await b.create_topic("t", 1)
+        await b.produce("t", [NewMessage(b"again")])  # queue offset 0 of the new one
+        assert await still_waiting(waiter)
+        await b.produce("t", [NewMessage(b"wanted")])
+        assert await asyncio.wait_for(waiter, 5)
+        assert b.dispatcher.waiting_on("t", 0) == 0
+    finally:
+        await c.close()
+
+
 async def test_producer_session_answers_a_retry_with_the_original_results(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:

@@ -6,7 +6,6 @@ checkpoint."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, cast
 
 import orjson
 
@@ -16,12 +15,12 @@ from broker.message import (
     decode_properties,
     encode_message,
     encode_properties,
-    parse_msg_id,
     peek_dispatch,
     tags_and_keys,
 )
 from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
-from broker.reput import ReputService, _parse_queue_table
+from broker.msgid import parse_msg_id
+from broker.recovery import parse_queue_table, read_checkpoint
 
 from .reader import Reader, Writer
 from .registry import scratch_dir, target
@@ -97,7 +96,7 @@ def metadata_snapshot(data: bytes) -> None:
     )
     if "queues" in extra:
         with contextlib.suppress(ValueError):
-            _parse_queue_table(extra["queues"])
+            parse_queue_table(extra["queues"])
 
 
 def _op_seeds() -> list[bytes]:
@@ -138,9 +137,7 @@ def dispatch_checkpoint(data: bytes) -> None:
     with scratch_dir() as d:
         path = d / "checkpoint-g0"
         path.write_bytes(data)
-        none = cast(Any, None)  # reading the checkpoint touches none of the collaborators
-        dispatcher = ReputService(none, none, none, none, none, checkpoint_path=path)
-        got = dispatcher._read_checkpoint()
+        got = read_checkpoint(path)
     if got is not None:
         index, queues, (file, count) = got
         assert all(isinstance(v, int) for v in (index, file, count, *queues.values()))

@@ -1,0 +1,170 @@
+"""Consumer groups: the offsets each group committed per queue, and pulls from them.
+
+A group's offsets are replicated metadata (``%SYS%META`` entries, ``broker/metadata.py``):
+a commit is a write the master appends, and every replica answers reads of it alike. A
+group that committed nothing for a queue starts at the earliest retained message, and
+so does one whose offset retention passed. ``group_pull`` spends one response budget
+across the queues it reads, and long-polls all of them at once when none has news.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import errors
+from .host import GroupHost
+from .metadata import GROUP_NAME, MetadataState, op_commit_offsets
+from .reads import PulledMessage, Reads
+from .settings import BrokerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class GroupPullResult:
+    messages: list[PulledMessage]
+    next_offsets: dict[int, int]
+
+
+class ConsumerGroups:
+    """The broker's consumer groups (``Broker.list_groups``, ``group_offsets``,
+    ``commit_offsets``, ``reset_offsets``, ``group_pull`` delegate here)."""
+
+    def __init__(
+        self, host: GroupHost, *, settings: BrokerSettings, meta: MetadataState, reads: Reads
+    ) -> None:
+        self.host = host
+        self.settings = settings
+        self.meta = meta
+        self.reads = reads
+
+    def _check_group(self, group: str) -> None:
+        if not GROUP_NAME.fullmatch(group):
+            raise errors.InvalidArgumentError(f"invalid group name {group!r}")
+
+    def list_groups(self) -> list[str]:
+        return sorted(self.meta.offsets)
+
+    def group_offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        self._check_group(group)
+        topics = self.meta.offsets.get(group)
+        if topics is None:
+            raise errors.GroupNotFoundError(f"group {group} has committed no offsets")
+        out = []
+        for name in sorted(topics):
+            if topic is not None and name != topic:
+                continue
+            t = self.meta.topics.get(name)
+            if t is None:
+                continue
+            for qid in range(t.queues):
+                committed = topics[name].get(qid)
+                _, hi = self.reads.queue_bounds(name, qid)
+                out.append(
+                    {
+                        "topic": name,
+                        "queue_id": qid,
+                        "committed_offset": committed,
+                        "max_offset": hi,
+                        "lag": hi - (committed or 0),
+                    }
+                )
+        return out
+
+    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        self.host.require_master()  # a write: a slave may not know a topic the master made
+        self._check_group(group)
+        t = self.host.topic(topic)
+        clean: dict[int, int] = {}
+        for qid, queue_offset in offsets.items():
+            if not 0 <= qid < t.queues:
+                raise errors.InvalidArgumentError(f"queue_id {qid} is not in 0..{t.queues - 1}")
+            if queue_offset < 0:
+                raise errors.InvalidArgumentError(
+                    f"offset {queue_offset} for queue {qid} is negative"
+                )
+            clean[qid] = queue_offset
+        if not clean:
+            raise errors.InvalidArgumentError("no offsets")
+        await self.host.append_meta(op_commit_offsets(group, topic, clean))
+
+    async def reset_offsets(self, group: str, topic: str, to: str | int) -> dict[int, int]:
+        """Move a group's offsets to ``earliest``, ``latest`` or a store timestamp."""
+        self.host.require_master()  # a write: redirect before computing anything
+        t = self.host.topic(topic)
+        offsets = {}
+        for qid in range(t.queues):
+            lo, hi = self.reads.queue_bounds(topic, qid)
+            if to == "earliest":
+                offsets[qid] = lo
+            elif to == "latest":
+                offsets[qid] = hi
+            elif isinstance(to, int):
+                offsets[qid] = self.reads.offset_for_time(topic, qid, to)
+            else:
+                raise errors.InvalidArgumentError(
+                    f"reset to {to!r}: want earliest, latest or a time"
+                )
+        await self.commit_offsets(group, topic, offsets)
+        return offsets
+
+    async def group_pull(
+        self,
+        group: str,
+        topic: str,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        queue_ids: Sequence[int] | None = None,
+        auto_commit: bool = False,
+    ) -> GroupPullResult:
+        """Messages from the group's committed offsets (a new group starts at the
+        earliest retained message), across the chosen queues."""
+        if auto_commit:
+            self.host.require_master()  # the commit is a write: go to the master before pulling
+        self._check_group(group)
+        self.reads.check_pull_args(max_messages, wait_ms)
+        t = self.host.topic(topic)
+        qids = list(range(t.queues)) if queue_ids is None else list(queue_ids)
+        for qid in qids:
+            self.reads.check_queue(topic, qid)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            out: list[PulledMessage] = []
+            next_offsets: dict[int, int] = {}
+            # One response budget across the queues: once spent, the other queues wait
+            # for the next pull (a queue's one message may pass what is left of it).
+            budget = self.settings.limits.max_response_bytes
+            for qid in qids:
+                lo, _ = self.reads.queue_bounds(topic, qid)
+                start = self.meta.committed_offset(group, topic, qid)
+                start = lo if start is None or start < lo else start
+                r = await self.reads.pull(
+                    topic, qid, start, max_messages=max_messages - len(out), max_bytes=budget
+                )
+                next_offsets[qid] = r.next_offset
+                out.extend(r.messages)
+                budget -= sum(m.size for m in r.messages)
+                if len(out) >= max_messages or budget <= 0:
+                    break
+            left = deadline - time.monotonic()
+            if out or left <= 0:
+                break
+            await self._wait_any(topic, next_offsets, left)
+        if auto_commit and out:
+            await self.commit_offsets(group, topic, next_offsets)
+        return GroupPullResult(out, next_offsets)
+
+    async def _wait_any(self, topic: str, next_offsets: dict[int, int], timeout_s: float) -> None:
+        """Until one of the queues holds a message at its next offset (or the timeout)."""
+        waits = [
+            asyncio.ensure_future(self.host.wait_queue(topic, qid, queue_offset, timeout_s))
+            for qid, queue_offset in next_offsets.items()
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()

@@ -1,0 +1,461 @@
+"""Reading committed, dispatched messages: pulls by queue offset (JSON messages or raw
+pages for the Arrow encoders), and the lookups by store time, message id and key.
+
+Every read serves only what dispatch made visible, on every node alike, and only from
+committed log: the consume queues and the key index name records, the commit log holds
+them. A record whose entry fails its CRC is never served: it is counted, logged (at
+most every ``CORRUPT_LOG_INTERVAL_S``) and refused with ``CORRUPT_ENTRY``, and another
+replica serves it. While a leader's snapshot replaces the consume queues and the key
+index (in a thread), reads of them are refused with 429 BUSY.
+
+Bounds: a pull answers at most ``max_messages`` and, past its first message, at most
+``max_bytes`` of stored records; a tag filter passes over at most
+``max_filter_scan_units`` units per pull before it answers where it got to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expression
+from consumequeue.queue import UNIT as PAGE_UNIT
+from dledger.codes import DLedgerError
+from dledger.store import CorruptEntryError
+
+from . import errors
+from .commitlog import DLedgerCommitLog
+from .host import ReadHost
+from .message import STORE_TIMESTAMP_POS, MessageFormatError, StoredMessage, decode_message
+from .metadata import SYS_TOPIC, TopicMeta
+from .msgid import make_msg_id, parse_msg_id
+from .pages import RawPage, RawPullResult, damaged_record, units_within
+from .settings import BrokerSettings
+
+log = logging.getLogger(__name__)
+
+CORRUPT_LOG_INTERVAL_S = 10.0  # refused reads of damaged entries are logged this often
+
+
+@dataclass(frozen=True, slots=True)
+class PulledMessage:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    msg_id: str
+    commitlog_offset: int
+    body: bytes
+    tags: str | None
+    keys: list[str]
+    uniq_key: str | None
+    properties: dict[str, str]
+    born_timestamp: int
+    store_timestamp: int
+    size: int  # the stored record's bytes: what response budgets count
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    status: str  # FOUND | NO_NEW_MSG | NO_MATCHED_MSG | OFFSET_ILLEGAL
+    messages: list[PulledMessage]
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+_Found = TypeVar("_Found")
+_Found_co = TypeVar("_Found_co", covariant=True)
+
+
+class _Scan(Protocol[_Found_co]):
+    """One look at a queue: (what was found, how many messages, the next queue offset)."""
+
+    def __call__(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[_Found_co, int, int]: ...
+
+
+class Reads:
+    """The broker's reads (``Broker.pull``, ``pull_page``, ``offset_for_time``,
+    ``get_message``, ``query_by_key``, ``queue_bounds`` delegate here)."""
+
+    def __init__(
+        self,
+        host: ReadHost,
+        *,
+        settings: BrokerSettings,
+        commitlog: DLedgerCommitLog,
+        cq: ConsumeQueueStore,
+        keys: KeyIndex,
+        stats: dict[str, int],
+    ) -> None:
+        self.host = host
+        self.settings = settings
+        self.commitlog = commitlog
+        self.cq = cq
+        self.keys = keys
+        self.stats = stats  # the broker's: "pulled", "corrupt_reads" counted here
+        self._corrupt_logged_at = -1e18
+
+    def require_derived(self) -> None:
+        """Reads of the consume queues and the key index wait out a snapshot install
+        (its thread is replacing the files): 429 BUSY with a short Retry-After."""
+        if self.host.installing:
+            raise errors.BusyError(
+                "installing a snapshot from the leader; retry shortly", retry_after_ms=200
+            )
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        self.require_derived()
+        q = self.cq.find(topic, queue_id)
+        return (0, 0) if q is None else (q.min_offset, q.max_offset)
+
+    def _record(self, commitlog_offset: int, size: int | None = None) -> memoryview:
+        """A committed record, checked (``DLedgerCommitLog.read_record``: the entry CRC
+        covers the whole record, so the record's own BODYCRC adds nothing). A damaged
+        copy is counted, logged and refused with ``CORRUPT_ENTRY``: never served, and
+        another replica serves it."""
+        try:
+            return self.commitlog.read_record(commitlog_offset, size)
+        except CorruptEntryError as e:
+            raise self._damaged(commitlog_offset, e.index, e.message) from None
+
+    def _check_page(self, data: memoryview, units: bytes, base: int) -> None:
+        """The Arrow pull's check of a chunk of records (``RawPage.check``): the same
+        refusal as ``_record`` for the first damaged one."""
+        bad = damaged_record(data, units, base)
+        if bad is not None:
+            raise self._damaged(bad, -1, f"the entry holding commitlog offset {bad} fails its CRC")
+
+    def _damaged(self, commitlog_offset: int, index: int, why: str) -> errors.CorruptEntryError:
+        self.stats["corrupt_reads"] += 1
+        now = time.monotonic()
+        if now - self._corrupt_logged_at >= CORRUPT_LOG_INTERVAL_S:
+            self._corrupt_logged_at = now
+            log.error(
+                "refused to serve a damaged entry (%d such reads so far): %s",
+                self.stats["corrupt_reads"],
+                why,
+            )
+        return errors.CorruptEntryError(
+            f"the message at commitlog offset {commitlog_offset} is damaged on node"
+            f" {self.settings.node_id} (entry {index}: its CRC does not hold); read it"
+            " from another replica",
+            node_id=self.settings.node_id,
+            commitlog_offset=commitlog_offset,
+        )
+
+    def _read_message(self, commitlog_offset: int, size: int) -> StoredMessage:
+        return decode_message(self._record(commitlog_offset, size), verify_crc=False)
+
+    def _pulled(self, m: StoredMessage) -> PulledMessage:
+        return PulledMessage(
+            topic=m.topic,
+            queue_id=m.queue_id,
+            queue_offset=m.queue_offset,
+            msg_id=make_msg_id(self.settings.group, m.commitlog_offset),
+            commitlog_offset=m.commitlog_offset,
+            body=m.body,
+            tags=m.tags,
+            keys=m.keys,
+            uniq_key=m.uniq_key,
+            properties=m.user_properties,
+            born_timestamp=m.born_timestamp,
+            store_timestamp=m.store_timestamp,
+            size=m.size,
+        )
+
+    def check_queue(self, topic: str, queue_id: int) -> TopicMeta:
+        t = self.host.topic(topic)
+        if not 0 <= queue_id < t.queues:
+            raise errors.InvalidArgumentError(f"queue_id {queue_id} is not in 0..{t.queues - 1}")
+        return t
+
+    def check_pull_args(self, max_messages: int, wait_ms: int, limit: int | None = None) -> None:
+        lim = self.settings.limits
+        most = lim.max_pull_messages if limit is None else limit
+        if not 1 <= max_messages <= most:
+            raise errors.InvalidArgumentError(f"max_messages must be 1..{most}")
+        if not 0 <= wait_ms <= lim.max_wait_ms:
+            raise errors.InvalidArgumentError(f"wait_ms must be 0..{lim.max_wait_ms}")
+
+    async def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        tags: str | None = None,
+        max_bytes: int | None = None,
+    ) -> PullResult:
+        """Messages of one queue from ``queue_offset`` (RocketMQ's PullStatus vocabulary):
+        ``max_messages`` of them, fewer when their stored bytes would pass ``max_bytes``
+        (default ``max_response_bytes``), but always one: a message bigger than the
+        budget is answered alone, so a consumer never stalls on it."""
+        status, found, next_offset, lo, hi = await self._pull_loop(
+            self._scan,
+            topic,
+            queue_id,
+            queue_offset,
+            max_messages=max_messages,
+            max_bytes=self.settings.limits.max_response_bytes if max_bytes is None else max_bytes,
+            wait_ms=wait_ms,
+            tags=tags,
+        )
+        return PullResult(status, found or [], next_offset, lo, hi)
+
+    async def pull_page(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        tags: str | None = None,
+    ) -> RawPullResult:
+        """``pull``, with the messages as stored (``broker.pages``) for columnar encoders;
+        a page's records hold at most ``max_arrow_page_bytes`` (or one record)."""
+        status, page, next_offset, lo, hi = await self._pull_loop(
+            self._scan_page,
+            topic,
+            queue_id,
+            queue_offset,
+            max_messages=max_messages,
+            max_bytes=self.settings.limits.max_arrow_page_bytes,
+            wait_ms=wait_ms,
+            tags=tags,
+            limit=self.settings.limits.max_arrow_pull_messages,
+        )
+        return RawPullResult(status, page or RawPage(b""), next_offset, lo, hi)
+
+    async def _pull_loop(
+        self,
+        scan: _Scan[_Found],
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        wait_ms: int,
+        tags: str | None,
+        limit: int | None = None,
+    ) -> tuple[str, _Found | None, int, int, int]:
+        """The pull protocol, whatever form the messages take: (status, what ``scan``
+        found or None, next queue offset, min offset, max offset). ``limit`` bounds
+        ``max_messages`` (default: the JSON pull's ``max_pull_messages``)."""
+        # Yield once per pull: a caller pulling back to back in-process would otherwise
+        # hold the event loop (and the Raft node on it) for as long as data is there.
+        await asyncio.sleep(0)
+        self.check_queue(topic, queue_id)
+        self.check_pull_args(max_messages, wait_ms, limit)
+        hashes = parse_tag_expression(tags)
+        wanted = None
+        if hashes is not None and tags:
+            wanted = {t.strip() for t in tags.split("||") if t.strip()}
+        deadline = time.monotonic() + wait_ms / 1000
+        scanned = 0  # units a tag filter passed over: bounded per pull
+        while True:
+            lo, hi = self.queue_bounds(topic, queue_id)
+            if queue_offset < lo or queue_offset > hi:
+                return "OFFSET_ILLEGAL", None, lo if queue_offset < lo else hi, lo, hi
+            if queue_offset < hi:
+                found, count, next_offset = scan(
+                    topic,
+                    queue_id,
+                    queue_offset,
+                    max_messages=max_messages,
+                    max_bytes=max_bytes,
+                    hashes=hashes,
+                    wanted=wanted,
+                )
+                if count:
+                    self.stats["pulled"] += count
+                    return "FOUND", found, next_offset, lo, hi
+                scanned += next_offset - queue_offset
+                queue_offset = next_offset
+                status = "NO_MATCHED_MSG"
+                if scanned >= self.settings.limits.max_filter_scan_units:
+                    # A filter that matches nothing in a long backlog: answer where the
+                    # scan got to (the client goes on from there) instead of holding
+                    # the loop through all of it.
+                    return status, None, queue_offset, lo, hi
+                if queue_offset < hi:
+                    await asyncio.sleep(0)  # more backlog to scan: let the loop run first
+                    continue
+            else:
+                status = "NO_NEW_MSG"
+            left = deadline - time.monotonic()
+            if left <= 0:
+                lo, hi = self.queue_bounds(topic, queue_id)
+                return status, None, queue_offset, lo, hi
+            await self.host.wait_queue(topic, queue_id, queue_offset, left)
+
+    def _scan(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[list[PulledMessage], int, int]:
+        self.require_derived()
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return [], 0, queue_offset
+        scan_limit = max_messages if hashes is None else max(max_messages * 4, 1024)
+        units = q.read(queue_offset, scan_limit)
+        out: list[PulledMessage] = []
+        next_offset = queue_offset
+        budget = max_bytes
+        for unit_offset, commitlog_offset, size, thash in units:
+            if out and size > budget:
+                break  # the budget is spent: this message starts the next pull
+            next_offset = unit_offset + 1
+            if hashes is not None and thash not in hashes:
+                continue
+            m = self._read_message(commitlog_offset, size)
+            if wanted is not None and m.tags not in wanted:
+                continue  # a tags-hash collision: the exact tags decide
+            out.append(self._pulled(m))
+            budget -= size
+            if len(out) >= max_messages:
+                break
+        return out, len(out), next_offset
+
+    def _scan_page(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> tuple[RawPage, int, int]:
+        """``_scan`` for ``pull_page``: without a tag filter the units are taken as they
+        are, one slice, with no object per message; with one, unit by unit as ``_scan``."""
+        self.require_derived()
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return RawPage(b""), 0, queue_offset
+        if hashes is None:
+            first, units = q.read_raw(queue_offset, max_messages)
+            units = units_within(units, max_bytes)
+            count = len(units) // UNIT_SIZE
+            next_offset = first + count if count else queue_offset
+        else:
+            kept: list[bytes] = []
+            next_offset = queue_offset
+            budget = max_bytes
+            for unit_offset, commitlog_offset, size, thash in q.read(
+                queue_offset, max(max_messages * 4, 1024)
+            ):
+                if kept and size > budget:
+                    break  # the budget is spent: this message starts the next pull
+                next_offset = unit_offset + 1
+                if thash not in hashes:
+                    continue
+                exact = wanted is None or self._read_message(commitlog_offset, size).tags in wanted
+                if not exact:
+                    continue  # a tags-hash collision: the exact tags decide
+                kept.append(PAGE_UNIT.pack(commitlog_offset, size, thash))
+                budget -= size
+                if len(kept) >= max_messages:
+                    break
+            units, count = b"".join(kept), len(kept)
+        if not count:
+            return RawPage(b""), 0, next_offset
+        page = RawPage(
+            units, self.commitlog.view, self.settings.store.data_file_size, check=self._check_page
+        )
+        return page, count, next_offset
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose store time is at or after ``timestamp_ms``."""
+        self.check_queue(topic, queue_id)
+        self.require_derived()
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return 0
+
+        def reached(commitlog_offset: int, size: int) -> bool:
+            raw = self._record(commitlog_offset, size)[STORE_TIMESTAMP_POS:][:8]
+            return int.from_bytes(raw, "big", signed=True) >= timestamp_ms
+
+        return q.first_offset_at_or_after(reached)
+
+    def get_message(self, msg_id: str) -> PulledMessage:
+        try:
+            group, commitlog_offset = parse_msg_id(msg_id)
+        except MessageFormatError as e:
+            raise errors.InvalidArgumentError(f"invalid msg_id: {e}") from None
+        if group != self.settings.group:
+            raise errors.MessageNotFoundError(f"msg_id {msg_id} belongs to group {group}")
+        m = self._message_at(commitlog_offset)
+        if m is None:
+            raise errors.MessageNotFoundError(f"no message {msg_id}")
+        return self._pulled(m)
+
+    def _message_at(self, commitlog_offset: int) -> StoredMessage | None:
+        store = self.host.store
+        if commitlog_offset < store.ledger_begin_pos + 48 or commitlog_offset + 4 > (
+            store.committed_pos
+        ):
+            return None
+        try:
+            # No size: the offset is a client's (a message id), so no entry there is
+            # "not found", and only an entry found there and damaged is CORRUPT_ENTRY.
+            m = decode_message(self._record(commitlog_offset), verify_crc=False)
+        except (DLedgerError, MessageFormatError):
+            return None
+        if m.commitlog_offset != commitlog_offset or m.topic == SYS_TOPIC:
+            return None
+        return m
+
+    def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
+        t = self.host.topic(topic)
+        limit = self.settings.limits.max_key_query_results
+        if not 1 <= max_results <= limit:
+            raise errors.InvalidArgumentError(f"max must be 1..{limit}")
+        # The key index holds every message's keys, whatever became of its topic: a
+        # message before the current incarnation's create entry belongs to a deleted one.
+        store = self.host.store
+        floor = -1
+        if t.created_index >= store.ledger_begin_index:
+            floor = store.get_meta(t.created_index).pos
+        out: list[PulledMessage] = []
+        budget = self.settings.limits.max_response_bytes
+        self.require_derived()
+        for commitlog_offset in self.keys.query(key, max_results * 2):
+            if commitlog_offset <= floor:
+                continue
+            m = self._message_at(commitlog_offset)
+            if m is None or m.topic != topic:
+                continue
+            if key in m.keys or m.uniq_key == key:  # the index may return hash collisions
+                if out and m.size > budget:
+                    break  # the response budget is spent: fewer than asked
+                out.append(self._pulled(m))
+                budget -= m.size
+                if len(out) >= max_results:
+                    break
+        return out
