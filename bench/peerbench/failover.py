@@ -44,6 +44,7 @@ import httpx
 from api.client import LedgerMQError, Producer
 
 from . import procs
+from .loadgen import nats_connect
 from .systems import Etcd, LedgerMQ, Nats, PySyncObj, System
 
 PRODUCERS = 4
@@ -301,11 +302,9 @@ class NatsHooks(PeerHooks):
         self.pad = os.urandom(max(0, a.body_size - 16)).hex()[: max(0, a.body_size - 16)]
 
     async def _connect(self, i: int = 0) -> Any:
-        import nats  # noqa: PLC0415
-
         servers = self.s.servers[i % 3 :] + self.s.servers[: i % 3]
-        nc = await nats.connect(
-            servers=servers, connect_timeout=1, reconnect_time_wait=0.05, max_reconnect_attempts=-1
+        nc = await nats_connect(
+            servers, connect_timeout=1, reconnect_time_wait=0.05, max_reconnect_attempts=-1
         )
         self.closers.append(nc.close)
         return nc

@@ -81,6 +81,19 @@ class ChunkedConnection(RawConnection):
         return status, body
 
 
+async def _ignore(*_: object) -> None:
+    """nats-py's callbacks: it logs every reconnect with a traceback otherwise."""
+
+
+async def nats_connect(servers: list[str], **kw: Any) -> Any:
+    """A nats-py connection that reports errors by raising them, not by logging them."""
+    import nats  # noqa: PLC0415  # the `bench` extra
+
+    return await nats.connect(
+        servers=servers, error_cb=_ignore, disconnected_cb=_ignore, reconnected_cb=_ignore, **kw
+    )
+
+
 def _b64(data: bytes) -> bytes:
     return base64.b64encode(data)
 
@@ -224,14 +237,12 @@ class PeerLoadGen(LoadGen):
     # -- NATS JetStream --
 
     async def _nats_calls(self) -> list[Call]:
-        import nats  # noqa: PLC0415  # the `bench` extra
-
         s = self.spec
         body = os.urandom(s["body_size"])
         out: list[Call] = []
         for k in range(s["clients"]):
-            nc = await nats.connect(
-                servers=s["servers"][k % 3 :] + s["servers"][: k % 3],
+            nc = await nats_connect(
+                s["servers"][k % 3 :] + s["servers"][: k % 3],
                 connect_timeout=2,
                 reconnect_time_wait=0.05,
                 max_reconnect_attempts=-1,
@@ -258,11 +269,10 @@ class PeerLoadGen(LoadGen):
     async def _nats_fetch(self, q: int) -> Call:
         """A reader of subject ``<subject>.<q>`` of the stream from its start to its end,
         pages of ``batch`` (an ephemeral pull consumer, no acks)."""
-        import nats  # noqa: PLC0415
         from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: PLC0415
 
         s = self.spec
-        nc = await nats.connect(servers=s["servers"], connect_timeout=2)
+        nc = await nats_connect(s["servers"], connect_timeout=2)
         self._closers.append(nc.close)
         js = nc.jetstream(timeout=s["request_timeout"])
         cfg = ConsumerConfig(

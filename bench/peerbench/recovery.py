@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from .loadgen import nats_connect
 from .systems import Etcd, LedgerMQ, Nats, System
 
 
@@ -98,9 +99,7 @@ def nats_recovery(s: Nats) -> dict[str, Any]:
     s.group.start_all()
 
     async def publish() -> bool:
-        import nats  # noqa: PLC0415
-
-        nc = await nats.connect(servers=s.servers, connect_timeout=0.5, allow_reconnect=False)
+        nc = await nats_connect(s.servers, connect_timeout=0.5, allow_reconnect=False)
         try:
             await nc.jetstream(timeout=0.5).publish("bench.probe", b"probe")
             return True

@@ -171,8 +171,14 @@ def _throughput_table(results: dict[str, Any], phase: str) -> list[str]:
     )
 
 
+def _short(text: str, n: int = 90) -> str:
+    text = " ".join(str(text).split()).replace("|", "/")
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
 def _ratio_table(results: dict[str, Any]) -> list[str]:
-    rat = ratios(aggregate(results.get("runs", [])))
+    runs = [r for r in results.get("runs", []) if r["phase"] in ("produce", "consume")]
+    rat = ratios(aggregate(runs))
     cols: list[str] = []
     for row in rat.values():
         cols += [c for c in row if c not in cols]
@@ -218,8 +224,8 @@ def _recovery_table(results: dict[str, Any]) -> list[str]:
     rows = []
     for key, f in results.get("recovery", {}).items():
         if "not_measured" in f or "error" in f:
-            why = f.get("not_measured") or f.get("error")
-            rows.append([_label(results, key), "-", "-", "-", f"-  (not measured: {why})"])
+            why = _short(f.get("not_measured") or f.get("error") or "")
+            rows.append([_label(results, key), "-", "-", "-", f"not measured: {why}"])
             continue
         rows.append(
             [
@@ -247,7 +253,7 @@ def _targets_table(results: dict[str, Any]) -> list[str]:
     for t in targets(results):
         met = {True: "met", False: "not met", None: "-"}[t["met"]]
         rows.append([t["scenario"], t["target"], _fmt(t["value"], t["spec"]), met])
-    return _table(["scenario", "target (issue 15)", "LedgerMQ sync", ""], rows, right_from=2)
+    return _table(["scenario", "target (issue 15)", "LedgerMQ sync", "met"], rows, right_from=2)
 
 
 def loadgen_check(results: dict[str, Any]) -> dict[str, Any]:
@@ -260,6 +266,30 @@ def loadgen_check(results: dict[str, Any]) -> dict[str, Any]:
     return best
 
 
+def _section(title: str, intro: str, table: list[str]) -> list[str]:
+    """A section, or nothing if its table has no rows (the phase did not run)."""
+    if len(table) <= 2:
+        return []
+    return [f"## {title}", "", *([intro, ""] if intro else []), *table, ""]
+
+
+PRODUCE_INTRO = (
+    "b: messages per request, c: concurrent clients, each sending its next request when "
+    "the last one is answered (after the system acknowledged it: quorum commit). "
+    "LedgerMQ ran before every peer, the flush modes taking turns, so its figures are "
+    "the mean of its runs (runs). CPU: % of one core over the measured window; system: "
+    "the system's own processes; loadgen: the load generator process; machine busy: all "
+    "cores, anyone's work."
+)
+CONSUME_INTRO = (
+    "Reading the {n} messages the fill wrote, from the start, pages of {b}, 8 readers: "
+    "LedgerMQ one per queue from the master; NATS a pull consumer per subject, no acks; "
+    "etcd serializable ranges per key prefix on the leader. The floor row: `GET /blob` "
+    "answering a LedgerMQ pull answer's size (msg/s counts the messages such an answer "
+    "carried)."
+)
+
+
 def markdown(results: dict[str, Any]) -> str:
     s = results.get("settings", {})
     m = results.get("machine", {})
@@ -268,7 +298,8 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         f"`{results.get('command', 'bench/peers_bench.py')}` on {results.get('started', '?')}: "
         f"{m.get('cpus', '?')} CPUs shared by every process (servers and load generator), "
-        f"load average {m.get('loadavg_start', '?')} at the start, "
+        f"load average {m.get('loadavg_start', '?')} at the start and "
+        f"{m.get('loadavg_end', '?')} at the end, "
         f"{_fmt(results.get('seconds'), ',.0f')} s in all. "
         f"{s.get('body_size', 1024)} B messages, three replicas of every system on 127.0.0.1.",
         "",
@@ -280,63 +311,49 @@ def markdown(results: dict[str, Any]) -> str:
     lines += _table(
         ["system", "durability", "in this run"],
         [
-            [v.get("label", k), v.get("durability", ""), v.get("status", "")]
+            [v.get("label", k), v.get("durability", ""), _short(v.get("status", ""))]
             for k, v in results.get("systems", {}).items()
         ],
         right_from=99,
     )
-    lines += [
-        "",
-        "## Produce",
-        "",
-        "b: messages per request, c: concurrent clients, each sending its next request when "
-        "the last one is answered. LedgerMQ ran before every peer (the flush modes taking "
-        "turns), so its figures are the mean of its runs. CPU: % of one core over the "
-        "measured window; system: the system's own processes; loadgen: the load generator.",
-        "",
-        *_throughput_table(results, "produce"),
-        "",
-        "## Ratios: LedgerMQ msg/s / the peer's, same run",
-        "",
-        *_ratio_table(results),
-        "",
-        "## Consume catch-up",
-        "",
-        f"Reading {s.get('consume_messages', '?')} messages written before, pages of "
-        f"{s.get('consume_batch', '?')}, 8 readers (LedgerMQ: one per queue from the master; "
-        "NATS: a pull consumer per subject, no acks; etcd: serializable ranges per key "
-        "prefix on the leader). The floor row: `GET /blob` of a LedgerMQ pull answer's size "
-        "(msg/s counts the messages such an answer carried).",
-        "",
-        *_throughput_table(results, "consume"),
-        "",
-        "The fill (not a scenario: the writes that made the catch-up log):",
-        "",
-        *_throughput_table(results, "fill"),
-        "",
-        "## Failover: kill -9 of the leader under load",
-        "",
-        *_failover_table(results),
-        "",
-        "## Restart recovery",
-        "",
-        *_recovery_table(results),
-        "",
-        "## Issue 15's targets",
-        "",
-        *_targets_table(results),
-        "",
-        "## Is the load generator the bottleneck?",
-        "",
-    ]
+    lines.append("")
+    n, b = s.get("consume_messages", "?"), s.get("consume_batch", "?")
+    lines += _section("Produce", PRODUCE_INTRO, _throughput_table(results, "produce"))
+    lines += _section("Ratios: LedgerMQ msg/s / the peer's, same run", "", _ratio_table(results))
+    lines += _section(
+        "Consume catch-up",
+        CONSUME_INTRO.format(n=_fmt(n, ",") if isinstance(n, int) else n, b=b),
+        _throughput_table(results, "consume"),
+    )
+    lines += _section(
+        "The fill",
+        "The writes that made the catch-up log (not a scenario of the issue; "
+        f"{s.get('fill_batch', '?')} messages per request).",
+        _throughput_table(results, "fill"),
+    )
+    lines += _section(
+        "Failover: kill -9 of the leader under load",
+        "4 producers sending batches of 10 messages; unavailable: from the kill to the "
+        "first write the new leader acknowledged; lost: acknowledged, then not read back.",
+        _failover_table(results),
+    )
+    lines += _section("Restart recovery", "", _recovery_table(results))
+    lines += _section("Issue 15's targets", "", _targets_table(results))
     lg = loadgen_check(results)
     if lg["loadgen_cpu_pct"] is not None:
-        lines.append(
-            f"Its largest CPU share was {lg['loadgen_cpu_pct']:.0f} % of one core "
-            f"({lg['scenario']}, {_label(results, lg['system'])}); a load generator near "
-            "100 % would be the limit of that run. See each row's loadgen CPU %."
-        )
-    lines.append("")
+        lines += [
+            "## Is the load generator the bottleneck?",
+            "",
+            f"Its largest CPU share in any run was {lg['loadgen_cpu_pct']:.0f} % of one core "
+            f"({lg['scenario']}, {_label(results, lg['system'])}): a single-process load "
+            "generator at ~100 % would have been the limit of that run. Each row's loadgen "
+            "CPU % shows it per run.",
+            "",
+        ]
+    errors = results.get("errors", [])
+    if errors:
+        lines += ["## Errors", ""] + [f"- {e['system']}: {_short(e['error'], 300)}" for e in errors]
+        lines.append("")
     return "\n".join(lines)
 
 

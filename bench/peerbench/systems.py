@@ -33,6 +33,7 @@ from api.cluster import LocalBrokerCluster
 from dledger.runtime.local_cluster import free_ports
 
 from . import procs
+from .loadgen import nats_connect
 
 HOST = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent.parent
@@ -319,10 +320,9 @@ class Nats(System):
         asyncio.run(self._add_streams())
 
     async def _add_streams(self) -> None:
-        import nats  # noqa: PLC0415
         from nats.js.api import StorageType  # noqa: PLC0415
 
-        nc = await nats.connect(servers=self.servers, connect_timeout=2)
+        nc = await nats_connect(self.servers, connect_timeout=2)
         try:
             js = nc.jetstream(timeout=5)
             deadline = time.monotonic() + self.a.timeout
