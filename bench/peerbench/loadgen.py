@@ -94,6 +94,13 @@ async def nats_connect(servers: list[str], **kw: Any) -> Any:
     )
 
 
+def _refusal(status: int, data: bytes) -> str:
+    """``HTTP <status> <error code>`` of a refused request (LedgerMQ's error body)."""
+    i = data.find(b'"code":"')
+    code = data[i + 8 : data.find(b'"', i + 8)].decode(errors="replace") if i >= 0 else ""
+    return f"HTTP {status} {code}".strip()
+
+
 def _b64(data: bytes) -> bytes:
     return base64.b64encode(data)
 
@@ -217,7 +224,7 @@ class PeerLoadGen(LoadGen):
             if status == 307 and s["body"] == "ledgermq":
                 await self._follow(conn, data)  # a new master: the next request goes there
             if status != 200:
-                return f"HTTP {status}"
+                return _refusal(status, data)
             if data.count(marker) < want:
                 raise WrongAnswerError(f"{s['body']}: unexpected answer {data[:200]!r}")
             return s["batch"]
@@ -379,7 +386,7 @@ class PeerLoadGen(LoadGen):
                 conn.extend(await psb._open(members[state["leader"]].control_port, 2.0))
             i += 1
             try:
-                code, _ = await psb._exchange(conn[0], conn[1], frames[i % len(frames)], 3600)
+                code, why = await psb._exchange(conn[0], conn[1], frames[i % len(frames)], 3600)
             except BaseException:
                 conn[1].close()
                 conn.clear()
@@ -390,7 +397,7 @@ class PeerLoadGen(LoadGen):
                 state["leader"] = await psb.find_leader(members, self.spec["request_timeout"])
                 conn[1].close()
                 conn.clear()
-            return f"code {code}"
+            return f"code {code} {why[:40].decode(errors='replace')}".strip()
 
         return call
 

@@ -40,8 +40,8 @@ def _ints(text: str) -> list[int]:
 
 
 QUICK = {
-    "seconds": 2.0,
-    "warmup": 0.5,
+    "seconds": 3.0,
+    "warmup": 1.0,
     "consume_messages": 20_000,
     "kills": 2,
     "data_file_mb": 64,
