@@ -30,7 +30,7 @@ from typing import Any
 
 from . import install, plan, procs, report
 from .failover import run_failover
-from .machine import loadavg
+from .machine import Sampler, loadavg
 from .recovery import run_recovery
 from .runner import Runner
 from .systems import LedgerMQ, System, make_systems
@@ -121,19 +121,32 @@ class Run:
                 spec = self.guarded(key, "consume", s.consume_spec)
             self.one("consume", scenario, key, spec)
 
+    def sampled(self, key: str, what: str, fn: Any) -> dict[str, Any]:
+        """``fn()``'s figures with the machine's load while it ran (busy %, load avg)."""
+        sampler = Sampler({})
+        sampler.start()
+        out = self.guarded(key, what, fn)
+        if out is None:
+            return {"error": self.broken.get(key, "failed")}
+        m = sampler.stop()
+        out.update({k: m[k] for k in ("machine_busy_pct", "loadavg_start", "loadavg_end")})
+        return dict(out)
+
     def recovery(self) -> None:
         for key in plan.once_each(self.order()):
-            if key == "floor":
-                continue
-            out = self.guarded(key, "recovery", lambda k=key: run_recovery(self.systems[k]))
-            self.results["recovery"][key] = out or {"error": self.broken.get(key, "failed")}
+            if key != "floor":
+                s = self.systems[key]
+                self.results["recovery"][key] = self.sampled(
+                    key, "recovery", lambda s=s: run_recovery(s)
+                )
 
     def failover(self) -> None:
         for key in plan.once_each(self.order()):
-            if key == "floor":
-                continue
-            out = self.guarded(key, "failover", lambda k=key: run_failover(self.systems[k], self.a))
-            self.results["failover"][key] = out or {"error": self.broken.get(key, "failed")}
+            if key != "floor":
+                s = self.systems[key]
+                self.results["failover"][key] = self.sampled(
+                    key, "failover", lambda s=s: run_failover(s, self.a)
+                )
 
     def go(self) -> None:
         self.systems = make_systems(self.root, self.a)

@@ -29,6 +29,9 @@ import httpx
 from .loadgen import nats_connect
 from .systems import Etcd, LedgerMQ, Nats, System
 
+# A restart reads the whole log: its bound is longer than --timeout's.
+RECOVERY_TIMEOUT_S = 600.0
+
 
 def _until(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
     """Seconds until ``cond()`` holds, polled every 10 ms."""
@@ -52,14 +55,14 @@ def _ms(seconds: float) -> float:
 
 
 def ledgermq_recovery(s: LedgerMQ) -> dict[str, Any]:
-    c, timeout = s.cluster, s.a.timeout
+    c = s.cluster
     master = s.master()
     follower = next(n for n in c.ids if n != master)
     size = s.data_bytes()
     c.kill(follower)
     c.start(follower)
     t0 = time.monotonic()
-    ready = _until(lambda: c.ready(follower, 0.5), timeout, f"{s.key} {follower} ready")
+    ready = _until(lambda: c.ready(follower, 0.5), RECOVERY_TIMEOUT_S, f"{s.key} {follower} ready")
     s.wait_dispatched(follower)
     caught_up = time.monotonic() - t0
     c.stop_all()
@@ -76,7 +79,9 @@ def ledgermq_recovery(s: LedgerMQ) -> dict[str, Any]:
         )
         return r.status_code == 200
 
-    write = _until(lambda: _ok(produced), timeout, f"{s.key} first write after a restart")
+    write = _until(
+        lambda: _ok(produced), RECOVERY_TIMEOUT_S, f"{s.key} first write after a restart"
+    )
     return {
         "replica_bytes": size,
         "follower_ready_ms": _ms(ready),
@@ -94,7 +99,7 @@ def nats_recovery(s: Nats) -> dict[str, Any]:
     size = s.data_bytes()
     s.group.kill(follower)
     s.group.start(follower)
-    ready = _until(lambda: s.healthy(follower), s.a.timeout, f"nats{follower} healthy")
+    ready = _until(lambda: s.healthy(follower), RECOVERY_TIMEOUT_S, f"nats{follower} healthy")
     s.group.stop_all()
     s.group.start_all()
 
@@ -106,7 +111,9 @@ def nats_recovery(s: Nats) -> dict[str, Any]:
         finally:
             await nc.close()
 
-    write = _until(lambda: _ok(lambda: asyncio.run(publish())), s.a.timeout, "nats first write")
+    write = _until(
+        lambda: _ok(lambda: asyncio.run(publish())), RECOVERY_TIMEOUT_S, "nats first write"
+    )
     return {
         "replica_bytes": size,
         "follower_ready_ms": _ms(ready),
@@ -120,7 +127,9 @@ def etcd_recovery(s: Etcd) -> dict[str, Any]:
     size = s.data_bytes()
     s.group.kill(follower)
     s.group.start(follower)
-    ready = _until(lambda: _ok(lambda: s.healthy(follower)), s.a.timeout, f"etcd{follower} healthy")
+    ready = _until(
+        lambda: _ok(lambda: s.healthy(follower)), RECOVERY_TIMEOUT_S, f"etcd{follower} healthy"
+    )
     s.group.stop_all()
     s.group.start_all()
     body = {"key": base64.b64encode(b"probe").decode(), "value": ""}
@@ -132,7 +141,7 @@ def etcd_recovery(s: Etcd) -> dict[str, Any]:
                     return True
         return False
 
-    write = _until(put, s.a.timeout, "etcd first write")
+    write = _until(put, RECOVERY_TIMEOUT_S, "etcd first write")
     return {
         "replica_bytes": size,
         "follower_ready_ms": _ms(ready),

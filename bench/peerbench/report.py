@@ -196,9 +196,9 @@ def _failover_table(results: dict[str, Any]) -> list[str]:
     rows = []
     for key, f in results.get("failover", {}).items():
         if "not_measured" in f or "error" in f:
-            why = f.get("not_measured") or f.get("error")
+            why = _short(f.get("not_measured") or f.get("error") or "")
             rows.append(
-                [_label(results, key), "-", "-", "-", "-", "-", "-", f"not measured: {why}"]
+                [_label(results, key), "-", "-", "-", "-", "-", "-", f"not measured: {why}", "-"]
             )
             continue
         u = f.get("unavailable_ms") or {}
@@ -212,12 +212,27 @@ def _failover_table(results: dict[str, Any]) -> list[str]:
                 _fmt(f.get("acked_messages")),
                 _fmt(f.get("lost"), "d"),
                 f.get("lost_check", ""),
+                _load(f),
             ]
         )
     return _table(
-        ["system", "kills", "unavailable p50 ms", "p99 ms", "max ms", "acked msgs", "lost", "how"],
+        [
+            "system",
+            "kills",
+            "unavailable p50 ms",
+            "p99 ms",
+            "max ms",
+            "acked msgs",
+            "lost",
+            "how",
+            "machine busy %, load avg",
+        ],
         rows,
     )
+
+
+def _load(f: dict[str, Any]) -> str:
+    return f"{_fmt(f.get('machine_busy_pct'))} %, {_fmt(f.get('loadavg_end'), '.1f')}"
 
 
 def _recovery_table(results: dict[str, Any]) -> list[str]:
@@ -225,7 +240,7 @@ def _recovery_table(results: dict[str, Any]) -> list[str]:
     for key, f in results.get("recovery", {}).items():
         if "not_measured" in f or "error" in f:
             why = _short(f.get("not_measured") or f.get("error") or "")
-            rows.append([_label(results, key), "-", "-", "-", f"not measured: {why}"])
+            rows.append([_label(results, key), "-", "-", "-", f"not measured: {why}", "-"])
             continue
         rows.append(
             [
@@ -234,6 +249,7 @@ def _recovery_table(results: dict[str, Any]) -> list[str]:
                 _fmt(f.get("follower_ready_ms")),
                 _fmt(f.get("follower_caught_up_ms")),
                 _fmt(f.get("cluster_first_write_ms")),
+                _load(f),
             ]
         )
     return _table(
@@ -243,6 +259,7 @@ def _recovery_table(results: dict[str, Any]) -> list[str]:
             "follower kill -9: ready ms",
             "caught up ms",
             "whole cluster restart: first write ms",
+            "machine busy %, load avg",
         ],
         rows,
     )
