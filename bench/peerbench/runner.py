@@ -29,6 +29,10 @@ class Runner:
     def __init__(self, systems: dict[str, System], a: Any) -> None:
         self.systems = systems
         self.a = a
+        self.order = 0
+        self._start_worker()
+
+    def _start_worker(self) -> None:
         ctx = mp.get_context("spawn")
         self.counter = ctx.RawValue("q", 0)
         self.conn, child = ctx.Pipe()
@@ -36,7 +40,6 @@ class Runner:
             target=loadgen.main, args=(child, self.counter), name="loadgen", daemon=True
         )
         self.worker.start()
-        self.order = 0
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -55,6 +58,18 @@ class Runner:
         return out
 
     def run(
+        self, phase: str, scenario: str, system: System, spec: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One run; if it fails, a fresh load generator replaces the one that may still
+        be busy with it."""
+        try:
+            return self._run(phase, scenario, system, spec)
+        except Exception:
+            self.close()
+            self._start_worker()
+            raise
+
+    def _run(
         self, phase: str, scenario: str, system: System, spec: dict[str, Any]
     ) -> dict[str, Any]:
         system.check_alive()
