@@ -410,6 +410,12 @@ def charts(results: dict[str, Any], out: Path) -> list[Path]:
     return made
 
 
+def _color(results: dict[str, Any], system: str) -> str:
+    """The same colour for a system in every chart (matplotlib's C0, C1, ...)."""
+    keys = [*results.get("systems", {}), *LEDGERMQ, "nats", "etcd", "pysyncobj", "floor"]
+    return f"C{keys.index(system) % 10}" if system in keys else "C9"
+
+
 def _bars(
     ax: Any, results: dict[str, Any], agg: dict[str, dict[str, dict[str, Any]]], key: str
 ) -> None:
@@ -421,7 +427,7 @@ def _bars(
     for j, system in enumerate(systems):
         xs = [i + j * width for i in range(len(scenarios))]
         ys = [agg[s].get(system, {}).get(key) or 0 for s in scenarios]
-        ax.bar(xs, ys, width, label=_label(results, system))
+        ax.bar(xs, ys, width, label=_label(results, system), color=_color(results, system))
     ax.set_xticks([i + 0.4 - width / 2 for i in range(len(scenarios))])
     ax.set_xticklabels(
         [s.replace("produce ", "").replace("consume ", "") for s in scenarios], fontsize=8
