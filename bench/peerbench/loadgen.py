@@ -200,22 +200,35 @@ class PeerLoadGen(LoadGen):
         return out
 
     def _http_call(self, conn: ChunkedConnection, pool: list[bytes], k: int) -> Call:
+        """One client's request. In a fill (``max_messages``) a refused or failed request
+        is sent again as it was, so that it is stored once: LedgerMQ's carry a producer
+        session (the broker deduplicates a retried sequence), etcd's rewrite their keys."""
         s = self.spec
         host, port = conn.host, conn.port
         etcd = EtcdBodies(s, k) if s["body"] == "etcd" else None
+        fill = s.get("max_messages") is not None
         reqs = [(s["path"], _post_head(host, port, s["path"], len(b)), b) for b in pool]
         marker = {"ledgermq": b'"msg_id"', "echo": b'"ok"', "etcd": b'"revision"'}[s["body"]]
         want = s["batch"] if s["body"] == "ledgermq" else 1
         i = k
+        retry: list[Request] = []
 
-        async def call() -> int | str:
+        def next_request() -> Request:
             nonlocal i
+            i += 1
             if etcd is not None:
                 path, body = etcd.next()
-                req = (path, _post_head(host, port, path, len(body)), body)
-            else:
-                req = reqs[i % len(reqs)]
-                i += 1
+                return (path, _post_head(host, port, path, len(body)), body)
+            if fill and s["body"] == "ledgermq":
+                session = b',"producer_id":"fill-%d","sequence":%d}' % (k, i)
+                body = pool[i % len(pool)][:-1] + session
+                return (s["path"], _post_head(host, port, s["path"], len(body)), body)
+            return reqs[i % len(reqs)]
+
+        async def call() -> int | str:
+            req = retry.pop() if retry else next_request()
+            if fill:
+                retry.append(req)  # until it is acknowledged
             try:
                 status, data = await conn.request(req)
             except BaseException:
@@ -227,6 +240,7 @@ class PeerLoadGen(LoadGen):
                 return _refusal(status, data)
             if data.count(marker) < want:
                 raise WrongAnswerError(f"{s['body']}: unexpected answer {data[:200]!r}")
+            retry.clear()
             return s["batch"]
 
         return call

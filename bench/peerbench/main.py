@@ -225,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run.go()
         ok = True
+    except BaseException as e:  # Ctrl-C included: the report says the run is partial
+        why = f"{type(e).__name__}: {e}".rstrip(": ")
+        results["errors"].append({"system": "the run", "error": f"stopped early: {why}"})
+        raise
     finally:
         run.stop()
         results["seconds"] = round(time.monotonic() - t0, 1)
