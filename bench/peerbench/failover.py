@@ -133,16 +133,26 @@ def ledgermq_failover(s: LedgerMQ, a: argparse.Namespace) -> dict[str, Any]:
     load = CountingLoad(s.cluster, fa)
     load.start()
     rounds = []
+    stopped = None
     try:
         for k in range(a.kills):
             r = failover_bench._round(s.cluster, load, fa)
             rounds.append({"unavailable_ms": r["first_ms"], "all_ms": r["all_ms"], **r})
             print(f"failover | {s.key} round {k + 1}: {r['first_ms']} ms", file=sys.stderr)
+    except FAILURES as e:
+        stopped = f"round {len(rounds) + 1}: {type(e).__name__}: {e}"
     finally:
         load.close()
-    failover_bench._caught_up(s.cluster, a.timeout)
-    present = _ledgermq_ids(s)
-    return _verdict(s.key, rounds, load.acked_ids, present, load.errors)
+    present = None
+    try:
+        for n in s.cluster.ids:
+            if not s.cluster.alive(n):
+                s.cluster.start(n)
+        failover_bench._caught_up(s.cluster, a.timeout)
+        present = _ledgermq_ids(s)
+    except (*FAILURES, httpx.HTTPError) as e:
+        stopped = stopped or f"read back: {type(e).__name__}: {e}"
+    return _verdict(s.key, rounds, load.acked_ids, present, load.errors, None, stopped)
 
 
 def _verdict(
@@ -152,9 +162,12 @@ def _verdict(
     present: list[str] | None,
     errors: int,
     applied: int | None = None,
+    stopped: str | None = None,
 ) -> dict[str, Any]:
+    """The summary of the rounds done; ``stopped`` says why they ended early."""
     out: dict[str, Any] = {
         "kills": len(rounds),
+        "stopped": stopped,
         "unavailable_ms": summary([r["unavailable_ms"] for r in rounds]),
         "acked_messages": len(acked),
         "client_errors": errors,
@@ -169,7 +182,8 @@ def _verdict(
         out["lost"] = max(0, len(acked) - applied)
         out["lost_check"] = "count: acknowledged - applied entries"
     print(
-        f"failover | {key}: unavailable {out['unavailable_ms']}, lost {out.get('lost')}",
+        f"failover | {key}: unavailable {out['unavailable_ms']}, lost {out.get('lost')}"
+        + (f", stopped at {stopped}" if stopped else ""),
         file=sys.stderr,
     )
     return out
@@ -243,7 +257,8 @@ class PeerFailover:
         await hooks.begin()
         writers = [await hooks.writer(i) for i in range(PRODUCERS)]
         tasks = [asyncio.create_task(self.producer(i, w)) for i, w in enumerate(writers)]
-        rounds = []
+        rounds: list[dict[str, Any]] = []
+        stopped = None
         try:
             for k in range(self.a.kills):
                 await hooks.caught_up()
@@ -261,15 +276,44 @@ class PeerFailover:
                 rounds.append({"killed": leader, "unavailable_ms": ms})
                 print(f"failover | {self.s.key} round {k + 1}: {ms} ms", file=sys.stderr)
                 hooks.group.start(leader)
+        except FAILURES as e:
+            stopped = f"round {len(rounds) + 1}: {type(e).__name__}: {e}"
         finally:
             self.stop.set()
             await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
             for close in hooks.closers:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(close(), 5)
-        await hooks.caught_up()
-        present, applied = await hooks.read_back()
-        return _verdict(self.s.key, rounds, self.acked, present, self.errors, applied)
+        present, applied = None, None
+        try:
+            for i in range(len(hooks.group.commands)):
+                if not hooks.group.alive(i):
+                    hooks.group.start(i)
+            await hooks.caught_up()
+            present, applied = await hooks.read_back()
+        except FAILURES as e:
+            stopped = stopped or f"read back: {type(e).__name__}: {e}"
+        out = _verdict(self.s.key, rounds, self.acked, present, self.errors, applied, stopped)
+        out["server_log"] = _critical_lines(hooks.group)
+        return out
+
+
+FAILURES = (TimeoutError, RuntimeError, OSError)
+
+
+def _critical_lines(group: procs.Group, most: int = 3) -> list[str]:
+    """The first distinct CRITICAL/FATAL/panic lines of the replicas' logs (pysyncobj
+    says so when a restarted node's state machine diverged)."""
+    out: list[str] = []
+    for i in range(len(group.commands)):
+        try:
+            lines = group.log(i).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            if any(w in line for w in ("CRITICAL", "FATAL", "panic:")) and line not in out:
+                out.append(f"{group.name}{i}: {line[:300]}")
+    return out[:most]
 
 
 class PeerHooks:

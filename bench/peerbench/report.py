@@ -211,7 +211,9 @@ def _failover_table(results: dict[str, Any]) -> list[str]:
                 _fmt(u.get("max"), ".0f"),
                 _fmt(f.get("acked_messages")),
                 _fmt(f.get("lost"), "d"),
-                f.get("lost_check", ""),
+                f.get("lost_check", "")
+                + (f"; stopped at {_short(f['stopped'], 120)}" if f.get("stopped") else "")
+                + "".join(f"; log: {_short(x, 160)}" for x in f.get("server_log", [])),
                 _load(f),
             ]
         )
