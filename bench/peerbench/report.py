@@ -211,9 +211,7 @@ def _failover_table(results: dict[str, Any]) -> list[str]:
                 _fmt(u.get("max"), ".0f"),
                 _fmt(f.get("acked_messages")),
                 _fmt(f.get("lost"), "d"),
-                f.get("lost_check", "")
-                + (f"; stopped at {_short(f['stopped'], 120)}" if f.get("stopped") else "")
-                + "".join(f"; log: {_short(x, 160)}" for x in f.get("server_log", [])),
+                _how(f),
                 _load(f),
             ]
         )
@@ -231,6 +229,15 @@ def _failover_table(results: dict[str, Any]) -> list[str]:
         ],
         rows,
     )
+
+
+def _how(f: dict[str, Any]) -> str:
+    """How ``lost`` was counted, why the rounds stopped early, what the logs said."""
+    parts = [f.get("lost_check", "")]
+    if f.get("stopped"):
+        parts.append(f"stopped at {_short(f['stopped'], 120)}")
+    parts += [f"log: {_short(x, 160)}" for x in f.get("server_log", [])]
+    return "; ".join(p for p in parts if p)
 
 
 def _load(f: dict[str, Any]) -> str:

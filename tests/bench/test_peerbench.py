@@ -115,6 +115,14 @@ def results() -> dict[str, Any]:
                 "lost": 0,
                 "lost_check": "ids read back",
             },
+            "pysyncobj": {
+                "kills": 1,
+                "unavailable_ms": {"n": 1, "p50": 900.0, "p99": 900.0, "max": 900.0},
+                "acked_messages": 500,
+                "lost": None,
+                "stopped": "round 2: TimeoutError: not caught up",
+                "server_log": ["pso2: CRITICAL diverged"],
+            },
             "floor": {"not_measured": "no replicas"},
         },
         "recovery": {
@@ -175,6 +183,10 @@ def test_the_markdown_report_has_every_table(results: dict[str, Any]) -> None:
     assert "| etcd | - | not installed: etcd |" in md
     assert "| LedgerMQ sync | 2 | 80 | 90 | 90 | 1,000 | 0 | ids read back |" in md
     assert "not measured: no replicas" in md
+    assert (
+        "| pysyncobj | 1 | 900 | 900 | 900 | 500 | - | stopped at round 2: TimeoutError: not "
+        "caught up; log: pso2: CRITICAL diverged |"
+    ) in md
     assert "| LedgerMQ sync | 1.00 | 1,500 | 1,600 | 4,000 |" in md
     assert "95 % of one core (produce b=100 c=16, LedgerMQ sync)" in md
     # every table row has as many cells as its header
