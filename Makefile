@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http bench-spark bench-failover clean
+.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http bench-spark bench-failover bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ bench-failover: setup  # issue 18: kill -9 / SIGSTOP of the master, and no fault
 
 bench-spark: setup
 	$(PY) bench/spark_bench.py
+
+# LedgerMQ next to NATS JetStream, etcd, pysyncobj and the HTTP floor (issue 15): installs
+# the `bench` extra here, and nats-server / etcd-server with apt-get if they are missing.
+# ARGS=--quick: a smoke run of a few minutes; ARGS=--help: every option.
+bench-peers: setup
+	$(PY) -m pip install --quiet -e '.[bench]'
+	$(PY) bench/peers_bench.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
