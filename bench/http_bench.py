@@ -398,8 +398,10 @@ def _ms(x: float | None) -> float | None:
     return None if x is None else round(x * 1000, 2)
 
 
-def loadgen_main(conn: Connection, progress: Any) -> None:
-    """The load generator process: one scenario per message, until None."""
+def loadgen_main(conn: Connection, progress: Any, gen: type[LoadGen] | None = None) -> None:
+    """The load generator process: one scenario per message, until None. ``gen``: the
+    load generator class (``LoadGen``; bench/peerbench passes its subclass)."""
+    gen = gen or LoadGen
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
     import uvloop  # noqa: PLC0415
 
@@ -409,7 +411,7 @@ def loadgen_main(conn: Connection, progress: Any) -> None:
             if spec is None:
                 return
             try:
-                result = uvloop.run(LoadGen(spec, progress, conn).run())
+                result = uvloop.run(gen(spec, progress, conn).run())
             except Exception as e:
                 conn.send({"event": "error", "error": f"{type(e).__name__}: {e}"})
             else:

@@ -25,7 +25,6 @@ import asyncio
 import base64
 import contextlib
 import os
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from multiprocessing.connection import Connection
@@ -42,6 +41,7 @@ from http_bench import (
     _ms,
     _pct,
     _post_head,
+    loadgen_main,
 )
 
 Call = Callable[[], Awaitable[int | str]]  # one request: messages acknowledged, or why not
@@ -497,20 +497,7 @@ def _nats_errors() -> tuple[type[BaseException], ...]:
 
 
 def main(conn: Connection, progress: Any) -> None:
-    """The load generator process: one scenario per message, until None."""
+    """The load generator process: http_bench's loop over scenarios, with ``PeerLoadGen``."""
     global NATS_ERRORS  # noqa: PLW0603
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops us
-    import uvloop  # noqa: PLC0415
-
     NATS_ERRORS = _nats_errors()
-    with contextlib.suppress(EOFError, OSError):  # the parent is gone: so are we
-        while True:
-            spec = conn.recv()
-            if spec is None:
-                return
-            try:
-                result = uvloop.run(PeerLoadGen(spec, progress, conn).run())
-            except Exception as e:
-                conn.send({"event": "error", "error": f"{type(e).__name__}: {e}"})
-            else:
-                conn.send({"event": "result", "result": result})
+    loadgen_main(conn, progress, PeerLoadGen)
