@@ -50,11 +50,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from datetime import datetime
 
 import httpx
+from peerbench.procs import wait_until
 
 from api.client import ClientSettings, LedgerMQError, Producer
 from api.cluster import LocalBrokerCluster
 
 TOPIC = "fo"
+_POLL_S = 0.005  # between looks at the producers' acks
 SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
@@ -118,27 +120,17 @@ class Load:
             return sum(len(a) for a in self.acks)
 
 
-def _wait(cond: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.005)
-
-
 def _caught_up(c: LocalBrokerCluster, timeout_s: float) -> None:
     """Every node runs and dispatched what the master had committed when asked."""
     master = c.wait_ready(timeout_s=timeout_s)
     info = c.cluster_info(master) or {}
     target = info.get("committed_index", 0)
     for n in c.ids:
-        _wait(
+        wait_until(
             lambda n=n: (c.cluster_info(n) or {}).get("dispatched_index", -1) >= target,
             timeout_s,
             f"{n} catches up to {target}",
+            _POLL_S,
         )
 
 
@@ -184,11 +176,15 @@ def _round(c: LocalBrokerCluster, load: Load, a: argparse.Namespace) -> dict[str
     old = c.wait_ready(timeout_s=a.timeout)
     old_url = c.urls[old]
     before = load.acked()
-    _wait(lambda: load.acked() >= before + a.producers, a.timeout, "load before the fault")
+    wait_until(
+        lambda: load.acked() >= before + a.producers, a.timeout, "load before the fault", _POLL_S
+    )
     time.sleep(a.fault_after)
     t0, t_wall = time.monotonic(), time.time()
     os.kill(c.procs[old].pid, SIGNALS[a.mode])
-    acks = _wait(lambda: load.first_acks_after(t0, old_url), a.timeout, "acks from a new master")
+    acks = wait_until(
+        lambda: load.first_acks_after(t0, old_url), a.timeout, "acks from a new master", _POLL_S
+    )
     new = next(n for n, u in c.urls.items() if u == _newest_master(load, t0))
     out = {
         "fault": a.mode,
