@@ -220,6 +220,7 @@ class PeerLink:
         self.connected = False  # and authenticated, with a peer secret
         self.dropped = 0
         self.sent = 0
+        self.connect_failures = 0  # connects (or handshakes) that failed, in total
         self.auth_failures = 0  # handshakes that failed, in total
         self._failed_handshakes = 0  # in a row; the first one is logged
 
@@ -257,6 +258,7 @@ class PeerLink:
         while True:
             conn = await self._connect()
             if conn is None:
+                self.connect_failures += 1
                 self._lost()
                 self._clear()
                 await asyncio.sleep(backoff / 1000)
