@@ -291,6 +291,9 @@ class Broker:
     ) -> bool:
         return await self.dispatcher.wait_queue(topic, queue_id, queue_offset, timeout_s)
 
+    def correct_min_offsets(self) -> None:
+        self.dispatcher.correct_min_offsets()
+
     def _require_writable(self) -> None:
         """Refuse a write the node could not make readable: while dispatch is stalled on
         a disk error nothing new reaches the consume queues (it resumes by itself)."""

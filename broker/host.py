@@ -49,6 +49,11 @@ class ReadHost(Protocol):
         """Until the queue holds a message at ``queue_offset`` (long polling)."""
         ...
 
+    def correct_min_offsets(self) -> None:
+        """Move every queue's min offset past log retention has deleted (now, rather
+        than at the dispatcher's next beat)."""
+        ...
+
 
 class GroupHost(Protocol):
     """The broker as the consumer groups see it."""

@@ -23,7 +23,7 @@ from typing import Protocol, TypeVar
 
 from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expression
 from consumequeue.queue import UNIT as PAGE_UNIT
-from dledger.codes import DLedgerError
+from dledger.codes import DLedgerCode, DLedgerError
 from dledger.store import CorruptEntryError
 
 from . import errors
@@ -274,15 +274,20 @@ class Reads:
             if queue_offset < lo or queue_offset > hi:
                 return "OFFSET_ILLEGAL", None, lo if queue_offset < lo else hi, lo, hi
             if queue_offset < hi:
-                found, count, next_offset = scan(
-                    topic,
-                    queue_id,
-                    queue_offset,
-                    max_messages=max_messages,
-                    max_bytes=max_bytes,
-                    hashes=hashes,
-                    wanted=wanted,
-                )
+                try:
+                    found, count, next_offset = scan(
+                        topic,
+                        queue_id,
+                        queue_offset,
+                        max_messages=max_messages,
+                        max_bytes=max_bytes,
+                        hashes=hashes,
+                        wanted=wanted,
+                    )
+                except DLedgerError as e:
+                    if not self._deleted_under_us(e, topic, queue_id, lo):
+                        raise
+                    continue  # the bounds moved past what retention deleted: look again
                 if count:
                     self.stats["pulled"] += count
                     return "FOUND", found, next_offset, lo, hi
@@ -304,6 +309,17 @@ class Reads:
                 lo, hi = self.queue_bounds(topic, queue_id)
                 return status, None, queue_offset, lo, hi
             await self.host.wait_queue(topic, queue_id, queue_offset, left)
+
+    def _deleted_under_us(self, e: DLedgerError, topic: str, queue_id: int, lo: int) -> bool:
+        """A record the queue still listed was gone (retention deleted the log head
+        between the bounds check and the read, before the dispatcher's next beat moved
+        the min offsets): move them now. True when the queue's min offset moved, so the
+        pull checks its bounds again and answers ``OFFSET_ILLEGAL`` from the new head;
+        False for any other error, which is the caller's to raise."""
+        if e.code is not DLedgerCode.INDEX_OUT_OF_RANGE or isinstance(e, CorruptEntryError):
+            return False
+        self.host.correct_min_offsets()
+        return self.queue_bounds(topic, queue_id)[0] > lo
 
     def _scan(
         self,

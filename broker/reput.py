@@ -187,7 +187,7 @@ class ReputService:
         r.drop_stale_topics(index)
         self.checkpoint_index = index
         self._update_retention_floor()
-        self._correct_min_offsets()
+        self.correct_min_offsets()
         log.info(
             "dispatch resumes after entry %d (snapshot %d, committed %d, rebuilds %d)",
             index,
@@ -494,7 +494,7 @@ class ReputService:
         if self._unserved is not None:  # after a restart, until Raft's commit reaches it
             self.offer_snapshot()
             self._update_retention_floor()
-        self._correct_min_offsets()
+        self.correct_min_offsets()
 
     async def checkpoint(self) -> None:
         """fsync the consume queues and the key index, then record exactly what they hold
@@ -566,7 +566,10 @@ class ReputService:
             keep_from = min(keep_from, self.served_index)
         self.store.set_retention_floor(pos_of(self.store, keep_from + 1))
 
-    def _correct_min_offsets(self) -> None:
+    def correct_min_offsets(self) -> None:
+        """Retention moved the log head: every queue starts at its first unit at or after
+        it, and key files wholly below it go. Runs at each beat, and at once when a read
+        found its record deleted (``Reads``)."""
         begin_pos = self.store.ledger_begin_pos
         if begin_pos == self._begin_pos_seen:
             return

@@ -328,6 +328,32 @@ async def test_retention_moves_min_offsets_never_past_dispatch(tmp_path: Path) -
         await c.close()
 
 
+async def test_a_pull_that_races_retention_answers_offset_illegal(tmp_path: Path) -> None:
+    """Retention deletes the log head between a pull's bounds check and its read, before
+    the dispatcher's beat moved the queues' min offsets: the pull moves them itself and
+    answers OFFSET_ILLEGAL from the new head (it raised INDEX_OUT_OF_RANGE before)."""
+    c, b = await _single(tmp_path)
+    try:
+        await b.create_topic("t", 1)
+        for i in range(30):
+            await b.produce("t", [NewMessage(b"%04d" % i + b"x" * 1020)] * 100)
+        await b.dispatcher.snapshot()
+        await b.dispatcher.checkpoint()
+        store = b.store
+        # On the loop, so no beat runs between the deletion and the pull's bounds check.
+        assert store.clean(True) >= 1 and store.ledger_begin_index > 0
+        assert b.queue_bounds("t", 0)[0] == 0, "the min offset moved before the pull"
+        r = await b.pull("t", 0, 0)
+        lo = b.queue_bounds("t", 0)[0]
+        assert lo > 0
+        assert (r.status, r.next_offset, r.min_offset) == ("OFFSET_ILLEGAL", lo, lo)
+        first = await b.pull("t", 0, lo, max_messages=1)
+        assert first.status == "FOUND"
+        assert first.messages[0].commitlog_offset >= store.ledger_begin_pos
+    finally:
+        await c.close()
+
+
 async def test_a_tag_filter_that_matches_nothing_scans_a_bounded_backlog(
     tmp_path: Path,
 ) -> None:
