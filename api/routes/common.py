@@ -88,19 +88,22 @@ EncodingQuery = Annotated[models.Encoding, Query()]
 
 
 # ---- dependencies -------------------------------------------------------------------------
+# Every one is ``async def``: FastAPI runs a plain ``def`` dependency in its thread pool,
+# a thread hop per dependency per request (measured: produce b=1 ran at half the rate
+# with five of them; tests/api/test_routes_deps.py keeps them async).
 
 
-def _broker(request: Request) -> Broker:
+async def _broker(request: Request) -> Broker:
     broker: Broker = request.app.state.broker
     return broker
 
 
-def _settings(request: Request) -> BrokerSettings:
+async def _settings(request: Request) -> BrokerSettings:
     settings: BrokerSettings = request.app.state.settings
     return settings
 
 
-def _metrics(request: Request) -> NodeMetrics:
+async def _metrics(request: Request) -> NodeMetrics:
     metrics: NodeMetrics = request.app.state.metrics
     return metrics
 
@@ -217,7 +220,7 @@ def client_of(request: Request) -> str:
     return "addr:" + (request.client.host if request.client else "?")
 
 
-def _long_poll(request: Request) -> Callable[[int], contextlib.AbstractContextManager[None]]:
+async def _long_poll(request: Request) -> Callable[[int], contextlib.AbstractContextManager[None]]:
     polls: LongPolls = request.app.state.long_polls
     return functools.partial(polls.hold, client_of(request))
 
@@ -228,7 +231,7 @@ LongPollDep = Annotated[
 """``with long_poll(wait_ms):`` around a pull: a slot of this client's (or 429)."""
 
 
-def _access(request: Request) -> Access:
+async def _access(request: Request) -> Access:
     return Access(getattr(request.state, "grant", None))
 
 
