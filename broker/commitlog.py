@@ -153,6 +153,13 @@ class DLedgerCommitLog:
         raw = self.server.read_entry(commitlog_offset - BODY_OFFSET, size)
         return memoryview(raw)[BODY_OFFSET:]
 
+    def read_records(self, spans: Sequence[tuple[int, int]]) -> list[memoryview]:
+        """``read_record(commitlog_offset, size)`` for each ``(commitlog_offset, size)``
+        of a page (consume-queue units), checked the same way, in one read of the log
+        (``DLedgerServer.read_entries``); the first damaged or missing one raises."""
+        raws = self.server.read_entries([(off - BODY_OFFSET, size) for off, size in spans])
+        return [memoryview(raw)[BODY_OFFSET:] for raw in raws]
+
     def view(self, commitlog_offset: int, size: int) -> AbstractContextManager[memoryview]:
         """A zero-copy view of committed log bytes, for decoding in place: the log's lock
         is held while it is open (see ``FileStore.view``)."""

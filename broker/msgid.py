@@ -13,11 +13,12 @@ from __future__ import annotations
 import itertools
 import os
 import re
+from collections.abc import Callable
 from typing import Final
 
 from .message import MessageFormatError
 
-__all__ = ["make_msg_id", "new_uniq_key", "parse_msg_id"]
+__all__ = ["make_msg_id", "msg_id_maker", "new_uniq_key", "parse_msg_id"]
 
 _I64_MAX: Final = 2**63 - 1
 _GROUP_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -31,11 +32,24 @@ def make_msg_id(group: str, commitlog_offset: int) -> str:
     Upper-case hex is URL-safe and the id alone locates the message: the DLedger group
     names the replica set, the offset the record inside its data files.
     """
+    return msg_id_maker(group)(commitlog_offset)
+
+
+def msg_id_maker(group: str) -> Callable[[int], str]:
+    """``make_msg_id`` with ``group`` checked and hex-encoded once, for every id of a
+    pull or a produce answer."""
     if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
         raise MessageFormatError(f"msg id: group {group!r} must match [A-Za-z0-9_-]{{1,64}}")
-    if not 0 <= commitlog_offset <= _I64_MAX:
-        raise MessageFormatError(f"msg id: commitlog offset {commitlog_offset} is not an i64 >= 0")
-    return f"{group.encode().hex().upper()}{commitlog_offset:016X}"
+    prefix = group.encode().hex().upper()
+
+    def make(commitlog_offset: int) -> str:
+        if not 0 <= commitlog_offset <= _I64_MAX:
+            raise MessageFormatError(
+                f"msg id: commitlog offset {commitlog_offset} is not an i64 >= 0"
+            )
+        return f"{prefix}{commitlog_offset:016X}"
+
+    return make
 
 
 def parse_msg_id(msg_id: str) -> tuple[str, int]:

@@ -39,7 +39,7 @@ from .message import (
     message_properties,
 )
 from .metadata import PRODUCER_ID, MetadataState, TopicMeta
-from .msgid import make_msg_id, new_uniq_key
+from .msgid import msg_id_maker, new_uniq_key
 from .settings import BrokerSettings
 
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
@@ -90,6 +90,7 @@ class Producer:
         self.commitlog = commitlog
         self.meta = meta
         self.stats = stats  # the broker's: "produced", "deduplicated" counted here
+        self._msg_id = msg_id_maker(settings.group)
         # This master's attempts at session batches (the rule: broker/sessions.py), and
         # the answer each running one will give to the requests that join it.
         self.sessions = sessions.ProducerSessions(settings.max_producer_sessions)
@@ -297,7 +298,7 @@ class Producer:
 
     def _result(self, queue_id: int, queue_offset: int, commitlog_offset: int) -> ProduceResult:
         return ProduceResult(
-            make_msg_id(self.settings.group, commitlog_offset),
+            self._msg_id(commitlog_offset),
             queue_id,
             queue_offset,
             commitlog_offset,

@@ -24,14 +24,14 @@ from typing import Protocol, TypeVar
 from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expression
 from consumequeue.queue import UNIT as PAGE_UNIT
 from dledger.codes import DLedgerCode, DLedgerError
-from dledger.store import CorruptEntryError
+from dledger.store import BODY_OFFSET, CorruptEntryError
 
 from . import errors
 from .commitlog import DLedgerCommitLog
 from .host import ReadHost
 from .message import STORE_TIMESTAMP_POS, MessageFormatError, StoredMessage, decode_message
 from .metadata import SYS_TOPIC, TopicMeta
-from .msgid import make_msg_id, parse_msg_id
+from .msgid import msg_id_maker, parse_msg_id
 from .pages import RawPage, RawPullResult, damaged_record, units_within
 from .settings import BrokerSettings
 
@@ -107,6 +107,7 @@ class Reads:
         self.keys = keys
         self.stats = stats  # the broker's: "pulled", "corrupt_reads" counted here
         self._corrupt_logged_at = -1e18
+        self._msg_id = msg_id_maker(settings.group)
 
     def require_derived(self) -> None:
         """Reads of the consume queues and the key index wait out a snapshot install
@@ -159,12 +160,21 @@ class Reads:
     def _read_message(self, commitlog_offset: int, size: int) -> StoredMessage:
         return decode_message(self._record(commitlog_offset, size), verify_crc=False)
 
+    def _read_messages(self, spans: list[tuple[int, int]]) -> list[StoredMessage]:
+        """The messages of a page of ``(commitlog_offset, size)``, read in one go and
+        checked like ``_record``."""
+        try:
+            records = self.commitlog.read_records(spans)
+        except CorruptEntryError as e:
+            raise self._damaged(e.pos + BODY_OFFSET, e.index, e.message) from None
+        return [decode_message(r, verify_crc=False) for r in records]
+
     def _pulled(self, m: StoredMessage) -> PulledMessage:
         return PulledMessage(
             topic=m.topic,
             queue_id=m.queue_id,
             queue_offset=m.queue_offset,
-            msg_id=make_msg_id(self.settings.group, m.commitlog_offset),
+            msg_id=self._msg_id(m.commitlog_offset),
             commitlog_offset=m.commitlog_offset,
             body=m.body,
             tags=m.tags,
@@ -338,22 +348,22 @@ class Reads:
             return [], 0, queue_offset
         scan_limit = max_messages if hashes is None else max(max_messages * 4, 1024)
         units = q.read(queue_offset, scan_limit)
-        out: list[PulledMessage] = []
+        spans: list[tuple[int, int]] = []
         next_offset = queue_offset
         budget = max_bytes
         for unit_offset, commitlog_offset, size, thash in units:
-            if out and size > budget:
+            if spans and size > budget:
                 break  # the budget is spent: this message starts the next pull
             next_offset = unit_offset + 1
             if hashes is not None and thash not in hashes:
                 continue
-            m = self._read_message(commitlog_offset, size)
-            if wanted is not None and m.tags not in wanted:
-                continue  # a tags-hash collision: the exact tags decide
-            out.append(self._pulled(m))
+            spans.append((commitlog_offset, size))
             budget -= size
-            if len(out) >= max_messages:
+            if len(spans) >= max_messages:
                 break
+        out = [self._pulled(m) for m in self._read_messages(spans)]
+        if wanted is not None:  # a tags-hash collision: the exact tags decide
+            out = [m for m in out if m.tags in wanted]
         return out, len(out), next_offset
 
     def _scan_page(

@@ -580,6 +580,12 @@ class DLedgerServer:
         store = self._store()
         return store.read_entry_at(pos, body_size, max_end=store.committed_pos)
 
+    def read_entries(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
+        """``read_entry(pos, body_size)`` for each ``(pos, body_size)``, under one hold
+        of the store's lock (``FileStore.read_entries_at``): a page of committed entries."""
+        store = self._store()
+        return store.read_entries_at(spans, max_end=store.committed_pos)
+
     def _store(self) -> FileStore:
         if self.store is None:
             raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, "server not started")

@@ -67,6 +67,7 @@ from .reads import (
     checked_entry,
     damaged,
     find_entry_at,
+    find_sized_entry_at,
     index_unit,
     read_span,
     unit_bytes,
@@ -327,20 +328,51 @@ class FileStore:
         "no entry there" (``INDEX_OUT_OF_RANGE``), and only an entry found there whose
         bytes fail a check is ``CorruptEntryError``."""
         with self._lock:
-            limit = self._data.end if max_end is None else min(self._data.end, max_end)
-            raw, index, body_crc = find_entry_at(
-                self._data,
-                self._index,
-                pos,
-                body_size,
-                self.ledger_begin_pos,
-                limit,
-                self._head.begin_index,
-                self._end_index,
-            )
+            raw, index, body_crc = self._find_entry_at(pos, body_size, max_end)
         if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
             raise damaged(self._data, index, pos, "body CRC mismatch")
         return raw
+
+    def read_entries_at(
+        self, spans: Sequence[tuple[int, int]], max_end: int | None = None
+    ) -> list[bytes]:
+        """``read_entry_at(pos, body_size)`` for each ``(pos, body_size)`` of ``spans``,
+        under one hold of the lock (a pull's page of records), every entry checked the
+        same way; the first that fails raises what ``read_entry_at`` would, and nothing is
+        returned."""
+        found: list[tuple[bytes, int, int, int]] = []
+        with self._lock:
+            for pos, body_size in spans:
+                raw, index, body_crc = self._find_entry_at(pos, body_size, max_end)
+                found.append((raw, index, body_crc, pos))
+        out: list[bytes] = []
+        for raw, index, body_crc, pos in found:
+            if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
+                raise damaged(self._data, index, pos, "body CRC mismatch")
+            out.append(raw)
+        return out
+
+    def _find_entry_at(
+        self, pos: int, body_size: int | None, max_end: int | None
+    ) -> tuple[bytes, int, int]:
+        """Under the lock: the entry at ``pos`` with every check but its body CRC
+        (``find_sized_entry_at`` when the size is known, ``find_entry_at`` for the rest
+        and for every error)."""
+        limit = self._data.end if max_end is None else min(self._data.end, max_end)
+        begin_pos, begin_index, end_index = (
+            self.ledger_begin_pos,
+            self._head.begin_index,
+            self._end_index,
+        )
+        if body_size is not None:
+            hit = find_sized_entry_at(
+                self._data, self._index, pos, body_size, begin_pos, limit, begin_index, end_index
+            )
+            if hit is not None:
+                return hit
+        return find_entry_at(
+            self._data, self._index, pos, body_size, begin_pos, limit, begin_index, end_index
+        )
 
     def _header(self, index: int) -> EntryHeader:
         u = self._unit(index)

@@ -161,3 +161,38 @@ def test_the_memory_store_refuses_a_damaged_copy_alike() -> None:
     with pytest.raises(CorruptEntryError) as e:
         s.get(m.index)
     assert (e.value.index, e.value.pos) == (m.index, m.pos)
+
+
+@pytest.mark.parametrize(
+    ("where", "size_delta"),
+    [(BODY_OFFSET + 3, 0), (16, 0), (0, 0), (31, 0), (None, -1)],
+    ids=["body", "term", "magic", "pos", "size"],
+)
+def test_a_page_read_refuses_what_one_read_refuses(
+    store: FileStore, where: int | None, size_delta: int
+) -> None:
+    """``read_entries_at`` (a pull's page, one hold of the lock, a single read of header
+    and body where all is well) raises for a damaged entry in the page exactly what
+    ``read_entry_at`` raises for it, and reads an intact page as the single reads do."""
+    metas = _fill(store)
+    spans = [(m.pos, m.size - BODY_OFFSET) for m in metas]
+    assert store.read_entries_at(spans) == [store.read(m.pos, m.size) for m in metas]
+    victim = metas[6]
+    if where is not None:
+        _flip(store, victim.pos + where)
+    page = spans[4:6] + [(victim.pos, victim.size - BODY_OFFSET + size_delta)] + spans[7:]
+    with pytest.raises(StoreError) as one:
+        store.read_entry_at(*page[2])
+    with pytest.raises(StoreError) as many:
+        store.read_entries_at(page)
+    assert type(many.value) is type(one.value)
+    assert (many.value.code, many.value.message) == (one.value.code, one.value.message)
+
+
+def test_a_page_read_past_max_end_is_not_served(store: FileStore) -> None:
+    metas = _fill(store)
+    spans = [(m.pos, m.size - BODY_OFFSET) for m in metas]
+    with pytest.raises(StoreError) as e:
+        store.read_entries_at(spans, max_end=metas[-1].pos + 10)
+    assert e.value.code is DLedgerCode.INDEX_OUT_OF_RANGE
+    assert len(store.read_entries_at(spans[:-1], max_end=metas[-1].pos)) == len(metas) - 1
