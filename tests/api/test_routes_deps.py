@@ -37,7 +37,7 @@ def _is_async(call: Any) -> bool:
     if inspect.iscoroutinefunction(call):
         return True
     # a dependency class instance (fastapi.security's HTTPBearer): its __call__ counts
-    method = getattr(type(call), "__call__", None)
+    method = vars(type(call)).get("__call__")
     return not inspect.isfunction(call) and inspect.iscoroutinefunction(method)
 
 

@@ -180,7 +180,7 @@ def test_a_page_read_refuses_what_one_read_refuses(
     victim = metas[6]
     if where is not None:
         _flip(store, victim.pos + where)
-    page = spans[4:6] + [(victim.pos, victim.size - BODY_OFFSET + size_delta)] + spans[7:]
+    page = [*spans[4:6], (victim.pos, victim.size - BODY_OFFSET + size_delta), *spans[7:]]
     with pytest.raises(StoreError) as one:
         store.read_entry_at(*page[2])
     with pytest.raises(StoreError) as many:
