@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,7 +30,9 @@ from .cliutil import add_option
 from .demo import add_demo_options, run_demo
 from .node import add_broker_options, run_broker
 
-SERVER_COMMANDS = ("broker", "cluster", "demo", "store-demo")
+SERVER_COMMANDS = ("broker", "cluster", "demo", "store-demo", "bench")
+# ``ledgermq bench`` runs the comparison harness of the source checkout (make bench-peers)
+PEERS_BENCH = Path(__file__).resolve().parents[1] / "bench" / "peers_bench.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -69,8 +72,29 @@ def build_parser() -> argparse.ArgumentParser:
     sdemo.add_argument("--entries", type=int, default=200_000)
     sdemo.add_argument("--body-bytes", type=int, default=1024)
     sdemo.add_argument("--batch", type=int, default=100)
+    sub.add_parser(
+        "bench",
+        help="LedgerMQ next to NATS JetStream, etcd, pysyncobj and the HTTP floor (make"
+        " bench-peers; from a source checkout); every argument goes to it: bench --help",
+        add_help=False,
+        usage="ledgermq bench [--quick] [...]: the options of bench/peers_bench.py"
+        " (ledgermq bench --help)",
+    )
     add_client_commands(sub)
     return parser
+
+
+def run_bench(args: list[str]) -> int:
+    """``ledgermq bench ARGS``: ``bench/peers_bench.py ARGS`` of this checkout, which
+    installs the peers it compares with and prints where its report went."""
+    if not PEERS_BENCH.is_file():
+        print(
+            f"ledgermq bench: {PEERS_BENCH} not found; the comparison runs from a source"
+            " checkout (git clone, then make bench-peers)",
+            file=sys.stderr,
+        )
+        return 2
+    return subprocess.call([sys.executable, str(PEERS_BENCH), *args])
 
 
 def cluster_up(args: argparse.Namespace) -> int:
@@ -164,6 +188,9 @@ class _NodeWatch:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["bench"]:  # its options are the harness's, not parsed here
+        return run_bench(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "broker":
         return run_broker(args)

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -120,3 +121,30 @@ def test_ledgermq_cluster_up_until_ctrl_c(tmp_path: Path) -> None:
     assert f"restarting {master}".encode() in err
     for u in urls:  # every child is gone
         assert not ready(u)
+
+
+def test_bench_runs_the_checkouts_comparison_harness_with_its_own_options() -> None:
+    """``ledgermq bench ARGS`` is ``bench/peers_bench.py ARGS`` (its options are not
+    parsed by ledgermq): --help is the harness's, and a bad option is the harness's
+    refusal (exit 2), not ledgermq's."""
+    out = subprocess.run(
+        [LEDGERMQ, "bench", "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert "peers_bench.py" in out.stdout and "--quick" in out.stdout
+    bad = subprocess.run(
+        [LEDGERMQ, "bench", "--no-such-option"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert bad.returncode == 2 and "--no-such-option" in bad.stderr
+
+
+def test_bench_outside_a_checkout_says_where_it_runs(monkeypatch: Any, capsys: Any) -> None:
+    from api import cli  # noqa: PLC0415
+
+    monkeypatch.setattr(cli, "PEERS_BENCH", Path("/nonexistent/bench/peers_bench.py"))
+    assert cli.main(["bench", "--quick"]) == 2
+    assert "source checkout" in capsys.readouterr().err
