@@ -149,8 +149,8 @@ class DLedgerCommitLog:
         record starts there; without it the offset may be anyone's guess, a message id).
         Raises ``CorruptEntryError`` when this replica's copy is damaged (another
         replica's is not: read it there) and ``DLedgerError(INDEX_OUT_OF_RANGE)`` when no
-        committed entry starts there (see ``DLedgerServer.read_entry``)."""
-        raw = self.server.read_entry(commitlog_offset - BODY_OFFSET, size)
+        committed entry starts there (see ``DLedgerServer.read_entries``)."""
+        [raw] = self.server.read_entries([(commitlog_offset - BODY_OFFSET, size)])
         return memoryview(raw)[BODY_OFFSET:]
 
     def read_records(self, spans: Sequence[tuple[int, int]]) -> list[memoryview]:

@@ -99,8 +99,10 @@ __all__ = [
     "DispatchInfo",
     "Host",
     "MessageFormatError",
+    "PullFields",
     "StoredMessage",
     "bytes_to_host",
+    "decode_for_pull",
     "decode_message",
     "decode_properties",
     "encode_message",
@@ -162,6 +164,9 @@ _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
 # The dispatcher's fields only: total, magic, queue id, queue offset, physical offset,
 # store timestamp, body length; everything else is padding it never converts to ints.
+# TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP,
+# STORETIMESTAMP, BODY length: what a pull returns (decode_for_pull)
+_PULL = struct.Struct(">ii4xi4xqqiq8xq20xi")
 _PEEK = struct.Struct(">ii4xi4xqq20xq20xi")
 
 assert _HEADER.size == FIXED_HEADER_SIZE == _PEEK.size
@@ -546,6 +551,47 @@ def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> 
         body=body,
         topic=_topic(buf, topic_at, topic_at + topic_len),
         properties=decode_properties(buf[props_at : props_at + props_len]),
+    )
+
+
+class PullFields(NamedTuple):
+    """What a pull answers of a committed record (``decode_for_pull``): no host, no
+    flag, no reconsume count, the properties decoded once."""
+
+    size: int
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    born_timestamp: int
+    store_timestamp: int
+    body: bytes
+    topic: str
+    properties: dict[str, str]
+
+
+def decode_for_pull(buf: Buffer) -> PullFields:
+    """``decode_message`` for a read that checked the entry CRC (it covers the whole
+    record): the same size, magic and IPv4 checks, the same errors, one unpack of only
+    the fields a pull returns."""
+    _check_header(buf, 0)
+    total, magic, queue_id, queue_offset, physical_offset, sys_flag, born_ts, store_ts, body_len = (
+        _PULL.unpack_from(buf)
+    )
+    topic_len, props_len = _check_lengths(buf, 0, total, magic, body_len)
+    if sys_flag & SYS_FLAG_V6_MASK:
+        raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
+    topic_at = BODY_POS + body_len + 1
+    props_at = topic_at + topic_len + 2
+    return PullFields(
+        total,
+        queue_id,
+        queue_offset,
+        physical_offset,
+        born_ts,
+        store_ts,
+        bytes(buf[BODY_POS : BODY_POS + body_len]),
+        _topic(buf, topic_at, topic_at + topic_len),
+        decode_properties(buf[props_at : props_at + props_len]),
     )
 
 

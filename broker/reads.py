@@ -29,10 +29,21 @@ from dledger.store import BODY_OFFSET, CorruptEntryError
 from . import errors
 from .commitlog import DLedgerCommitLog
 from .host import ReadHost
-from .message import STORE_TIMESTAMP_POS, MessageFormatError, StoredMessage, decode_message
+from .message import (
+    PROP_KEYS,
+    PROP_TAGS,
+    PROP_UNIQ_KEY,
+    STORE_TIMESTAMP_POS,
+    SYSTEM_PROPERTIES,
+    MessageFormatError,
+    StoredMessage,
+    decode_for_pull,
+    decode_message,
+)
 from .metadata import SYS_TOPIC, TopicMeta
 from .msgid import msg_id_maker, parse_msg_id
 from .pages import RawPage, RawPullResult, damaged_record, units_within
+from .properties import split_keys
 from .settings import BrokerSettings
 
 log = logging.getLogger(__name__)
@@ -160,14 +171,36 @@ class Reads:
     def _read_message(self, commitlog_offset: int, size: int) -> StoredMessage:
         return decode_message(self._record(commitlog_offset, size), verify_crc=False)
 
-    def _read_messages(self, spans: list[tuple[int, int]]) -> list[StoredMessage]:
+    def _read_pulled(self, spans: list[tuple[int, int]]) -> list[PulledMessage]:
         """The messages of a page of ``(commitlog_offset, size)``, read in one go and
-        checked like ``_record``."""
+        checked like ``_record``, decoded into what a pull returns and nothing more."""
         try:
             records = self.commitlog.read_records(spans)
         except CorruptEntryError as e:
             raise self._damaged(e.pos + BODY_OFFSET, e.index, e.message) from None
-        return [decode_message(r, verify_crc=False) for r in records]
+        msg_id, system = self._msg_id, SYSTEM_PROPERTIES
+        out = []
+        for r in records:
+            f = decode_for_pull(r)
+            props = f.properties
+            out.append(
+                PulledMessage(
+                    topic=f.topic,
+                    queue_id=f.queue_id,
+                    queue_offset=f.queue_offset,
+                    msg_id=msg_id(f.physical_offset),
+                    commitlog_offset=f.physical_offset,
+                    body=f.body,
+                    tags=props.get(PROP_TAGS),
+                    keys=split_keys(props.get(PROP_KEYS)),
+                    uniq_key=props.get(PROP_UNIQ_KEY),
+                    properties={k: v for k, v in props.items() if k not in system},
+                    born_timestamp=f.born_timestamp,
+                    store_timestamp=f.store_timestamp,
+                    size=f.size,
+                )
+            )
+        return out
 
     def _pulled(self, m: StoredMessage) -> PulledMessage:
         return PulledMessage(
@@ -361,7 +394,7 @@ class Reads:
             budget -= size
             if len(spans) >= max_messages:
                 break
-        out = [self._pulled(m) for m in self._read_messages(spans)]
+        out = self._read_pulled(spans)
         if wanted is not None:  # a tags-hash collision: the exact tags decide
             out = [m for m in out if m.tags in wanted]
         return out, len(out), next_offset

@@ -9,7 +9,7 @@ fsync, and everything that arrives meanwhile is batched into the next Ready: a g
 commit.
 
 Public surface (docs/architecture.md): ``append(bodies)`` → [(index, pos)] after quorum commit;
-``get(index)`` and ``read_entry(pos)`` (both checked: a damaged copy is refused),
+``get(index)`` and ``read_entries(spans)`` (both checked: a damaged copy is refused),
 ``read(pos, size)`` (raw bytes); ``committed_index``/``committed_pos`` and
 ``wait_committed``; ``add_append_hook``; ``add_role_change_handler``;
 ``transfer_leadership``; ``status()``.
@@ -574,15 +574,10 @@ class DLedgerServer:
         store = self._store()
         return store.view(pos, size, limit_pos=store.committed_pos)
 
-    def read_entry(self, pos: int, body_size: int | None = None) -> bytes:
-        """The committed entry at byte ``pos``, header and body, checked
-        (``FileStore.read_entry_at``): ``CorruptEntryError`` if this copy is damaged."""
-        store = self._store()
-        return store.read_entry_at(pos, body_size, max_end=store.committed_pos)
-
-    def read_entries(self, spans: Sequence[tuple[int, int]]) -> list[bytes]:
-        """``read_entry(pos, body_size)`` for each ``(pos, body_size)``, under one hold
-        of the store's lock (``FileStore.read_entries_at``): a page of committed entries."""
+    def read_entries(self, spans: Sequence[tuple[int, int | None]]) -> list[bytes]:
+        """The committed entries at each ``(pos, body_size)``, header and body, checked
+        under one hold of the store's lock (``FileStore.read_entries_at``; a body size of
+        None: ``pos`` is a guess): ``CorruptEntryError`` if a copy here is damaged."""
         store = self._store()
         return store.read_entries_at(spans, max_end=store.committed_pos)
 

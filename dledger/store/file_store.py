@@ -55,7 +55,6 @@ from .entry import (
     EntryHeader,
     EntryMeta,
     IndexUnit,
-    crc32,
     decode_header,
     first_index_of_term,
 )
@@ -64,10 +63,9 @@ from .meta import Checkpoint, CheckpointFile, TermVote, TermVoteFile
 from .mmapfile import MmapFileList
 from .reads import (
     batch_extent,
+    check_bodies,
     checked_entry,
-    damaged,
-    find_entry_at,
-    find_sized_entry_at,
+    find_entries_at,
     index_unit,
     read_span,
     unit_bytes,
@@ -327,52 +325,27 @@ class FileStore:
         from a client): bytes that are not a header whose index unit names ``pos`` mean
         "no entry there" (``INDEX_OUT_OF_RANGE``), and only an entry found there whose
         bytes fail a check is ``CorruptEntryError``."""
-        with self._lock:
-            raw, index, body_crc = self._find_entry_at(pos, body_size, max_end)
-        if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
-            raise damaged(self._data, index, pos, "body CRC mismatch")
-        return raw
+        return self.read_entries_at([(pos, body_size)], max_end)[0]
 
     def read_entries_at(
-        self, spans: Sequence[tuple[int, int]], max_end: int | None = None
+        self, spans: Sequence[tuple[int, int | None]], max_end: int | None = None
     ) -> list[bytes]:
         """``read_entry_at(pos, body_size)`` for each ``(pos, body_size)`` of ``spans``,
         under one hold of the lock (a pull's page of records), every entry checked the
-        same way; the first that fails raises what ``read_entry_at`` would, and nothing is
-        returned."""
-        found: list[tuple[bytes, int, int, int]] = []
+        same way; the first that fails raises what ``read_entry_at`` would, and nothing
+        is returned."""
         with self._lock:
-            for pos, body_size in spans:
-                raw, index, body_crc = self._find_entry_at(pos, body_size, max_end)
-                found.append((raw, index, body_crc, pos))
-        out: list[bytes] = []
-        for raw, index, body_crc, pos in found:
-            if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
-                raise damaged(self._data, index, pos, "body CRC mismatch")
-            out.append(raw)
-        return out
-
-    def _find_entry_at(
-        self, pos: int, body_size: int | None, max_end: int | None
-    ) -> tuple[bytes, int, int]:
-        """Under the lock: the entry at ``pos`` with every check but its body CRC
-        (``find_sized_entry_at`` when the size is known, ``find_entry_at`` for the rest
-        and for every error)."""
-        limit = self._data.end if max_end is None else min(self._data.end, max_end)
-        begin_pos, begin_index, end_index = (
-            self.ledger_begin_pos,
-            self._head.begin_index,
-            self._end_index,
-        )
-        if body_size is not None:
-            hit = find_sized_entry_at(
-                self._data, self._index, pos, body_size, begin_pos, limit, begin_index, end_index
+            limit = self._data.end if max_end is None else min(self._data.end, max_end)
+            found = find_entries_at(
+                self._data,
+                self._index,
+                spans,
+                self.ledger_begin_pos,
+                limit,
+                self._head.begin_index,
+                self._end_index,
             )
-            if hit is not None:
-                return hit
-        return find_entry_at(
-            self._data, self._index, pos, body_size, begin_pos, limit, begin_index, end_index
-        )
+        return check_bodies(self._data, found)
 
     def _header(self, index: int) -> EntryHeader:
         u = self._unit(index)

@@ -13,7 +13,7 @@ is in it) and does the CPU-heavy part, decoding and the body CRC, after releasin
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ..codes import DLedgerCode
 from .base import CorruptEntryError, StoreError
@@ -25,6 +25,7 @@ from .entry import (
     CodecError,
     Entry,
     IndexUnit,
+    crc32,
     decode_entry,
     decode_index_unit,
 )
@@ -199,6 +200,43 @@ def find_sized_entry_at(  # noqa: PLR0917  # positional, like find_entry_at
     if unit != (magic, pos, size, i, term):
         return None
     return raw, i, body_crc
+
+
+def find_entries_at(  # noqa: PLR0917  # positional, like find_entry_at
+    data: MmapFileList,
+    index: MmapFileList,
+    spans: Sequence[tuple[int, int | None]],
+    begin_pos: int,
+    limit: int,
+    begin_index: int,
+    end_index: int,
+) -> list[tuple[bytes, int, int, int]]:
+    """``FileStore.read_entries_at`` under the lock: for each ``(pos, body_size)``,
+    (its bytes, its index, its body CRC, ``pos``), found by ``find_sized_entry_at``
+    when the size is given and all is well, else by ``find_entry_at``, which raises
+    what is wrong."""
+    found = []
+    for pos, body_size in spans:
+        hit = None
+        if body_size is not None:
+            hit = find_sized_entry_at(
+                data, index, pos, body_size, begin_pos, limit, begin_index, end_index
+            )
+        if hit is None:
+            hit = find_entry_at(
+                data, index, pos, body_size, begin_pos, limit, begin_index, end_index
+            )
+        found.append((*hit, pos))
+    return found
+
+
+def check_bodies(data: MmapFileList, found: list[tuple[bytes, int, int, int]]) -> list[bytes]:
+    """The entries ``find_entries_at`` found, each body against its CRC (after the lock
+    is released: the bytes are copies); ``CorruptEntryError`` for the first that fails."""
+    for raw, i, body_crc, pos in found:
+        if crc32(memoryview(raw)[BODY_OFFSET:]) != body_crc:
+            raise damaged(data, i, pos, "body CRC mismatch")
+    return [f[0] for f in found]
 
 
 def read_span(data: MmapFileList, pos: int, size: int, begin_pos: int) -> bytes:

@@ -41,8 +41,10 @@ from broker.message import (
     TOTAL_SIZE_POS,
     DispatchInfo,
     MessageFormatError,
+    PullFields,
     StoredMessage,
     bytes_to_host,
+    decode_for_pull,
     decode_message,
     decode_properties,
     encode_message,
@@ -237,6 +239,17 @@ def test_encode_decode_round_trip(
         topic, queue_id, queue_offset, physical_offset, store_timestamp, encode_properties(props)
     )
     assert decode_properties(info.properties_raw) == props
+    assert decode_for_pull(memoryview(raw)) == PullFields(
+        len(raw),
+        queue_id,
+        queue_offset,
+        physical_offset,
+        born_timestamp,
+        store_timestamp,
+        body,
+        topic,
+        props,
+    )
 
 
 @FAST
@@ -439,6 +452,36 @@ def test_truncated_or_damaged_records_only_ever_raise_message_format_error(
         for parse in (decode_message, peek_dispatch):
             with contextlib.suppress(MessageFormatError):
                 parse(buf)
+
+
+@settings(max_examples=300)
+@given(cut=st.integers(0, 200), flips=st.lists(st.integers(0, 199), max_size=4))
+def test_the_pull_decoder_refuses_what_decode_message_refuses(cut: int, flips: list[int]) -> None:
+    """``decode_for_pull`` (the pull's lean decoder) takes exactly the records that
+    ``decode_message`` without its body CRC takes, and reads the same fields of them."""
+    raw = _sample(body=b"b" * 40, properties={"TAGS": "t", "KEYS": "a b", "x": "y"})
+    for i in flips:
+        if i < len(raw):
+            raw[i] ^= 0xA5
+    buf = memoryview(raw)[:cut]
+    try:
+        full = decode_message(buf, verify_crc=False)
+    except MessageFormatError:
+        with pytest.raises(MessageFormatError):
+            decode_for_pull(buf)
+        return
+    lean = decode_for_pull(buf)
+    assert lean == PullFields(
+        full.size,
+        full.queue_id,
+        full.queue_offset,
+        full.physical_offset,
+        full.born_timestamp,
+        full.store_timestamp,
+        full.body,
+        full.topic,
+        full.properties,
+    )
 
 
 @settings(max_examples=200)
