@@ -28,6 +28,7 @@ translate, a shift, an ``and`` and a ``bit_count``.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from broker import errors
@@ -75,8 +76,15 @@ def _flags(data: bytes, chars: bytes, *, inverse: bool = False) -> int:
     """A bitmap as one big int, a byte per position of ``data`` (the first one most
     significant), 1 where the byte is one of ``chars`` (not one, with ``inverse``): the
     counts below are then a shift, an ``and`` and a ``bit_count`` in C."""
-    table = bytes((b in chars) != inverse for b in range(256))
-    return int.from_bytes(data.translate(table))
+    return int.from_bytes(data.translate(_table(chars, inverse)))
+
+
+@functools.cache
+def _table(chars: bytes, inverse: bool) -> bytes:
+    """``bytes.translate``'s table for ``_flags``, built once per (chars, inverse): built
+    per call it cost a 256-step Python loop, three per produce request (3.8 % of a
+    master's CPU at one message per request, py-spy)."""
+    return bytes((b in chars) != inverse for b in range(256))
 
 
 def _array_items(compact: bytes) -> int:
