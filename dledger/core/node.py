@@ -424,9 +424,15 @@ class DLedgerCore:
         self.store.append_as_leader(self.member_state.curr_term, [b""], MAGIC_NOOP)
         self.wrote_entries()
 
-    def propose(self, bodies: Sequence[bytes | bytearray | memoryview], now_ms: int) -> Proposal:
+    def propose(
+        self, bodies: Sequence[bytes | bytearray | memoryview], now_ms: int, *, pump: bool = True
+    ) -> Proposal:
         """``handleAppend`` (AP-01..AP-05): append as leader; the :class:`ProposalDone`
-        arrives in a later ``ready()``. Raises :class:`DLedgerError` when refused."""
+        arrives in a later ``ready()``. Raises :class:`DLedgerError` when refused.
+
+        ``pump``: push the new entries to the followers at once. The runtime passes False
+        and calls :meth:`pump` once per turn of its loop, so the proposals of one turn
+        (concurrent produce requests) share one push per follower (group commit)."""
         self.now_ms = now_ms
         member_state = self.member_state
         if member_state.role is not Role.LEADER:
@@ -447,8 +453,14 @@ class DLedgerCore:
             self._proposal_seq, member_state.curr_term, metas[0].index, tuple(m.pos for m in metas)
         )
         self._proposals.append((p, now_ms + self.settings.max_wait_ack_ms))
-        self._pump(now_ms, idle_commit=False)
+        if pump:
+            self._pump(now_ms, idle_commit=False)
         return p
+
+    def pump(self, now_ms: int) -> None:
+        """Push what the proposals since the last push appended (see ``propose``)."""
+        self.now_ms = now_ms
+        self._pump(now_ms, idle_commit=False)
 
     def _complete_proposals(self) -> None:
         committed = self.store.committed_index

@@ -51,6 +51,7 @@ from ..core.node import DLedgerCore, Ready, RoleChange
 from ..core.settings import CoreSettings
 from ..core.snapshot import Snapshot
 from ..store import AppendHook, Entry, FileStore, StoreSettings, node_dir
+from .events import EventLog
 from .ready import deliver_ready, persist_ready
 from .transport import Transport, TransportSettings, is_loopback, parse_address
 from .watermark import Watermark
@@ -59,47 +60,12 @@ from .wire import WireMessage
 log = logging.getLogger(__name__)
 
 TICK_MS = 10  # the state maintainer's beat
-EVENT_LOG_INTERVAL_S = 10.0  # a repeated warning event is logged at most this often
 PERSIST_RETRY_MAX_S = 1.0  # backoff cap while the term/vote file cannot be written
 
 CLIENT_REQUESTS_ALL = frozenset({"append", "get", "metadata"})
 """The client protocol's requests (``python -m dledger client``): a plain log serves all
 three. An application that owns the log's contents, like the broker, serves only
 ``metadata``: appends and reads then go through it (its checks, its tokens)."""
-
-_WARNING_EVENTS = frozenset(
-    {
-        "snapshot_unavailable",
-        "install_snapshot_refused",
-        "install_refused",
-        "dispatcher_error",
-        "persist_no_space",
-        "append_storage_error",
-        "append_refused_damaged",
-        "append_refused_again",
-        "peer_storage_refused",
-        "term_space_exhausted",
-        "client_request_refused",
-    }
-)
-_INFO_EVENTS = frozenset(
-    {
-        "role",
-        "leader_connection_lost",
-        "early_pre_vote",
-        "vote_round",
-        "check_quorum_step_down",
-        "transfer",
-        "two_leaders",
-        "needs_snapshot",
-        "inconsistent_leader",
-        "install_snapshot",
-        "install_snapshot_sent",
-        "install_snapshot_done",
-        "peer_storage_recovered",
-        "peer_append_recovered",
-    }
-)
 
 RoleChangeHandler = Callable[[RoleChange], None]
 SnapshotInstaller = Callable[[int, bytes], Awaitable[None] | None]
@@ -180,11 +146,11 @@ class DLedgerServer:
         self._transfer_futs: dict[int, asyncio.Future[DLedgerCode]] = {}
         self._committed = Watermark()  # the store's commit index, as last seen
         self._stopping = False
+        self._pump_scheduled = False  # a call_soon of _pump_proposals is pending
         self._installer: SnapshotInstaller | None = None
         self.failed: BaseException | None = None  # the node stopped working: see the log
         self._failure_handlers: list[Callable[[BaseException], None]] = []
-        self._event_logged_at: dict[str, float] = {}
-        self._events_unlogged: dict[str, int] = {}
+        self._event = EventLog(log)  # the core's events, in the node's log
         self.stats = {
             "readies": 0,
             "syncs": 0,
@@ -274,22 +240,6 @@ class DLedgerServer:
                 cfg.peers[cfg.self_id],
                 cfg.group,
             )
-
-    def _event(self, name: str, fields: dict[str, Any]) -> None:
-        if name in _INFO_EVENTS:
-            log.info("%s %s", name, fields)
-        elif name in _WARNING_EVENTS:
-            # A fault that lasts (a full disk, a peer that keeps refusing) must not
-            # flood the log: one line per event name per interval, with the count.
-            now = time.monotonic()
-            if now - self._event_logged_at.get(name, -1e18) < EVENT_LOG_INTERVAL_S:
-                self._events_unlogged[name] = self._events_unlogged.get(name, 0) + 1
-                return
-            self._event_logged_at[name] = now
-            more = self._events_unlogged.pop(name, 0)
-            log.warning("%s %s%s", name, fields, f" (and {more} more like it)" if more else "")
-        else:
-            log.debug("%s %s", name, fields)
 
     # ---- failure: crash-only -------------------------------------------------------------
 
@@ -536,7 +486,7 @@ class DLedgerServer:
         if self.failed is not None:
             raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"node failed: {self.failed!r}")
         try:
-            p = core.propose(bodies, _now_ms())
+            p = core.propose(bodies, _now_ms(), pump=False)
         except DLedgerError as e:
             if e.code in (DLedgerCode.NOT_LEADER, DLedgerCode.LEADER_TRANSFERRING):
                 raise NotLeaderError(e.code, e.message, core.member_state.leader_id) from None
@@ -546,8 +496,23 @@ class DLedgerServer:
         self._proposal_futs[p.proposal_id] = fut
         if self.commit_observers:
             self._proposal_started[p.proposal_id] = time.monotonic()
+        if not self._pump_scheduled:  # one push per follower for this loop turn's appends
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump_proposals)
         self._kick.set()
         return fut
+
+    def _pump_proposals(self) -> None:
+        self._pump_scheduled = False
+        core = self.core
+        if core is None or self._stopping:
+            return
+        try:
+            core.pump(_now_ms())
+        except Exception as e:  # as in _on_peer_message: the core may be half-updated
+            self.fail("pushing new entries", e)
+            return
+        self._kick.set()
 
     def get(self, index: int) -> Entry:
         """A committed entry by index."""

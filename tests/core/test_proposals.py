@@ -101,3 +101,28 @@ def test_cv_33_leader_pending_full_counts_requests_not_entries_or_bytes() -> Non
     c.tick(1500)  # the lost batches are sent again after push_timeout_ms
     assert [d.code for _, d in c.done[lead]] == [DLedgerCode.SUCCESS] * 3
     c.propose([b"one more"])  # room again
+
+
+@pytest.mark.parametrize("pump", [True, False])
+def test_proposals_of_one_loop_turn_share_one_push_per_follower(pump: bool) -> None:
+    """Group commit: the runtime proposes with ``pump=False`` and pumps once per loop
+    turn, so ten single-entry proposals leave as one APPEND of ten entries per follower;
+    each pumped at once leaves as ten. Both commit all ten."""
+    c = Cluster(3, seed=0)
+    lead = c.wait_leader()
+    c.deliver_all()
+    mark = len(c.sent)
+    core = c.cores[lead]
+    props = [core.propose([b"m%d" % i], c.now_ms, pump=pump) for i in range(10)]
+    if not pump:
+        core.pump(c.now_ms)
+    c.run(lead, lambda _core: None)
+    appends = [m for _, m in c.sent[mark:] if is_append(m) and m.local_id == lead]
+    by_follower: dict[str, list[int]] = {}
+    for m in appends:
+        by_follower.setdefault(m.remote_id, []).append(m.count)
+    assert len(by_follower) == 2
+    for counts in by_follower.values():
+        assert counts == ([10] if not pump else [1] * 10)
+    committed = {d.proposal.proposal_id for _, d in c.done[lead] if d.code is DLedgerCode.SUCCESS}
+    assert committed >= {p.proposal_id for p in props}
