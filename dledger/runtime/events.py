@@ -27,6 +27,7 @@ WARNING_EVENTS = frozenset(
         "peer_storage_refused",
         "term_space_exhausted",
         "client_request_refused",
+        "loop_stall",
     }
 )
 INFO_EVENTS = frozenset(

@@ -60,6 +60,7 @@ from .wire import WireMessage
 log = logging.getLogger(__name__)
 
 TICK_MS = 10  # the state maintainer's beat
+LOOP_STALL_MS = 100  # a tick this late is logged (loop_stall): the loop was busy elsewhere
 PERSIST_RETRY_MAX_S = 1.0  # backoff cap while the term/vote file cannot be written
 
 CLIENT_REQUESTS_ALL = frozenset({"append", "get", "metadata"})
@@ -157,6 +158,8 @@ class DLedgerServer:
             "proposals": 0,
             "snapshot_installs": 0,
             "client_refused": 0,
+            "loop_stalls": 0,  # ticks that came LOOP_STALL_MS or more late
+            "max_tick_late_ms": 0,
         }
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -291,9 +294,18 @@ class DLedgerServer:
 
     async def _tick_loop(self) -> None:
         core = self._live_core()
+        last = _now_ms()
         while True:
             await asyncio.sleep(TICK_MS / 1000)
-            core.tick(_now_ms())
+            now = _now_ms()
+            late, last = now - last - TICK_MS, now
+            if late >= LOOP_STALL_MS:
+                # The loop ran something else that long: this node neither sent nor read
+                # meanwhile, so its peers' timers and its own see silence that was a stall.
+                self.stats["loop_stalls"] += 1
+                self.stats["max_tick_late_ms"] = max(self.stats["max_tick_late_ms"], late)
+                self._event("loop_stall", {"late_ms": late, "stalls": self.stats["loop_stalls"]})
+            core.tick(now)
             self._kick.set()
 
     async def _ready_loop(self) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,18 @@ async def test_append_on_a_non_leader_names_no_leader(tmp_path: Path) -> None:
             await server.append([b"nope"])
         assert err.value.code is DLedgerCode.NOT_LEADER
         assert err.value.leader_id is None
+
+
+async def test_a_stalled_loop_is_counted_and_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Something that holds the event loop (here a blocking sleep of 250 ms) delays the
+    node's beat: the tick after it counts a loop stall and logs ``loop_stall`` with how
+    late it came, which is what explains a leader's step-down under load."""
+    async with DLedgerServer(_config(tmp_path)) as server:
+        await _until(lambda: server.stats["readies"] > 0, 10, "the node runs")
+        before = server.stats["loop_stalls"]
+        time.sleep(0.25)  # the stall under test
+        await _until(lambda: server.stats["loop_stalls"] > before, 10, "the stall counted")
+        assert server.stats["max_tick_late_ms"] >= 200
+        assert any("loop_stall" in r.getMessage() for r in caplog.records)
