@@ -115,6 +115,23 @@ class System:
         spec.update(kw)
         return spec
 
+    def catchup_fill(self, produce: dict[str, Any], n: int, **kw: Any) -> dict[str, Any]:
+        """``produce`` (a produce spec at the fill's batch and clients) as the catch-up
+        fill: ``n`` messages, no warm-up, bounded by ``fill_timeout``."""
+        produce.update(kw, max_messages=n, warmup=0.0, seconds=self.a.fill_timeout)
+        return produce
+
+    def catchup_read(self, **kw: Any) -> dict[str, Any]:
+        """The catch-up read: ``consume_batch`` per request, a client per queue, no
+        warm-up, bounded by ``fill_timeout``."""
+        return self.base_spec(
+            batch=self.a.consume_batch,
+            clients=QUEUES,
+            warmup=0.0,
+            seconds=self.a.fill_timeout,
+            **kw,
+        )
+
     # overridden below
     def start(self) -> None: ...
     def wait_ready(self) -> None: ...
@@ -192,9 +209,9 @@ class LedgerMQ(System):
         )
 
     def fill_spec(self, n: int) -> dict[str, Any]:
-        spec = self.produce_spec(self.a.fill_batch, self.a.fill_clients, "catchup")
-        spec.update(max_messages=n, warmup=0.0, seconds=self.a.fill_timeout)
-        return spec
+        return self.catchup_fill(
+            self.produce_spec(self.a.fill_batch, self.a.fill_clients, "catchup"), n
+        )
 
     def wait_dispatched(self, node: str) -> None:
         master = self.master()
@@ -209,15 +226,7 @@ class LedgerMQ(System):
     def consume_spec(self) -> dict[str, Any]:
         master = self.master()
         self.wait_dispatched(master)
-        return self.base_spec(
-            kind="pull",
-            port=self.master_port(),
-            topic="catchup",
-            batch=self.a.consume_batch,
-            clients=QUEUES,
-            warmup=0.0,
-            seconds=self.a.fill_timeout,
-        )
+        return self.catchup_read(kind="pull", port=self.master_port(), topic="catchup")
 
     def data_bytes(self) -> int:
         return du(self.root / "data" / "n0")
@@ -359,19 +368,11 @@ class Nats(System):
 
     def fill_spec(self, n: int) -> dict[str, Any]:
         spec = self.produce_spec(self.a.fill_batch, self.a.fill_clients)
-        spec.update(subject="catchup", max_messages=n, warmup=0.0, seconds=self.a.fill_timeout)
-        return spec
+        return self.catchup_fill(spec, n, subject="catchup")
 
     def consume_spec(self) -> dict[str, Any]:
-        return self.base_spec(
-            kind="nats_fetch",
-            servers=self.servers,
-            stream="CATCHUP",
-            subject="catchup",
-            batch=self.a.consume_batch,
-            clients=QUEUES,
-            warmup=0.0,
-            seconds=self.a.fill_timeout,
+        return self.catchup_read(
+            kind="nats_fetch", servers=self.servers, stream="CATCHUP", subject="catchup"
         )
 
     def data_bytes(self) -> int:
@@ -479,21 +480,10 @@ class Etcd(System):
 
     def fill_spec(self, n: int) -> dict[str, Any]:
         spec = self.produce_spec(self.a.fill_batch, self.a.fill_clients)
-        spec.update(
-            key_prefix="c/", queues=QUEUES, max_messages=n, warmup=0.0, seconds=self.a.fill_timeout
-        )
-        return spec
+        return self.catchup_fill(spec, n, key_prefix="c/", queues=QUEUES)
 
     def consume_spec(self) -> dict[str, Any]:
-        return self.base_spec(
-            kind="etcd_range",
-            ports=[self._leader_port()],
-            key_prefix="c/",
-            batch=self.a.consume_batch,
-            clients=QUEUES,
-            warmup=0.0,
-            seconds=self.a.fill_timeout,
-        )
+        return self.catchup_read(kind="etcd_range", ports=[self._leader_port()], key_prefix="c/")
 
     def data_bytes(self) -> int:
         return du(self.root / "e0")
