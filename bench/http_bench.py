@@ -133,14 +133,20 @@ class RawConnection:
         status = int(head[9:12])
         low = head.lower()
         i = low.find(b"\r\ncontent-length:")
-        if i < 0:
-            self.close()
-            raise HttpError("answer without Content-Length")
-        j = low.index(b"\r\n", i + 2)
-        body = await self.r.readexactly(int(head[i + 17 : j]))
+        if i >= 0:
+            j = low.index(b"\r\n", i + 2)
+            body = await self.r.readexactly(int(head[i + 17 : j]))
+        else:
+            body = await self.read_unsized_body(low)
         if b"\r\nconnection: close" in low:
             self.close()
         return status, body
+
+    async def read_unsized_body(self, low_head: bytes) -> bytes:
+        """The body of an answer without Content-Length (``low_head``: its head, lower
+        case): refused here; a subclass may read another framing."""
+        self.close()
+        raise HttpError("answer without Content-Length")
 
 
 class HttpxConnection:

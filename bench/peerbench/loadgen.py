@@ -52,33 +52,19 @@ class ChunkedConnection(RawConnection):
     """``RawConnection`` that also reads ``Transfer-Encoding: chunked`` answers (Go's
     net/http chunks every answer over 2 KiB: etcd's transactions and ranges)."""
 
-    async def request(self, req: Request) -> tuple[int, bytes]:
-        if self.w is None:
-            await self.connect()
-        assert self.r is not None and self.w is not None
-        self.w.write(req[1] + req[2])
-        head = await self.r.readuntil(b"\r\n\r\n")
-        status = int(head[9:12])
-        low = head.lower()
-        i = low.find(b"\r\ncontent-length:")
-        if i >= 0:
-            j = low.index(b"\r\n", i + 2)
-            body = await self.r.readexactly(int(head[i + 17 : j]))
-        elif b"\r\ntransfer-encoding: chunked" in low:
-            parts = []
-            while True:
-                size = int((await self.r.readuntil(b"\r\n")).split(b";")[0], 16)
-                if size == 0:
-                    await self.r.readuntil(b"\r\n")  # no trailers from Go's server
-                    break
-                parts.append((await self.r.readexactly(size + 2))[:-2])
-            body = b"".join(parts)
-        else:
+    async def read_unsized_body(self, low_head: bytes) -> bytes:
+        if b"\r\ntransfer-encoding: chunked" not in low_head:
             self.close()
             raise HttpError("answer without Content-Length or chunked framing")
-        if b"\r\nconnection: close" in low:
-            self.close()
-        return status, body
+        assert self.r is not None
+        parts = []
+        while True:
+            size = int((await self.r.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await self.r.readuntil(b"\r\n")  # no trailers from Go's server
+                break
+            parts.append((await self.r.readexactly(size + 2))[:-2])
+        return b"".join(parts)
 
 
 async def _ignore(*_: object) -> None:
