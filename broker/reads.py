@@ -36,6 +36,7 @@ from .message import (
     STORE_TIMESTAMP_POS,
     SYSTEM_PROPERTIES,
     MessageFormatError,
+    PullFields,
     StoredMessage,
     decode_for_pull,
     decode_message,
@@ -178,45 +179,39 @@ class Reads:
             records = self.commitlog.read_records(spans)
         except CorruptEntryError as e:
             raise self._damaged(e.pos + BODY_OFFSET, e.index, e.message) from None
-        msg_id, system = self._msg_id, SYSTEM_PROPERTIES
-        out = []
-        for r in records:
-            f = decode_for_pull(r)
-            props = f.properties
-            out.append(
-                PulledMessage(
-                    topic=f.topic,
-                    queue_id=f.queue_id,
-                    queue_offset=f.queue_offset,
-                    msg_id=msg_id(f.physical_offset),
-                    commitlog_offset=f.physical_offset,
-                    body=f.body,
-                    tags=props.get(PROP_TAGS),
-                    keys=split_keys(props.get(PROP_KEYS)),
-                    uniq_key=props.get(PROP_UNIQ_KEY),
-                    properties={k: v for k, v in props.items() if k not in system},
-                    born_timestamp=f.born_timestamp,
-                    store_timestamp=f.store_timestamp,
-                    size=f.size,
-                )
-            )
-        return out
+        return [self._pulled_fields(decode_for_pull(r)) for r in records]
 
     def _pulled(self, m: StoredMessage) -> PulledMessage:
+        return self._pulled_fields(
+            PullFields(
+                m.size,
+                m.queue_id,
+                m.queue_offset,
+                m.physical_offset,
+                m.born_timestamp,
+                m.store_timestamp,
+                m.body,
+                m.topic,
+                m.properties,
+            )
+        )
+
+    def _pulled_fields(self, f: PullFields) -> PulledMessage:
+        props = f.properties
         return PulledMessage(
-            topic=m.topic,
-            queue_id=m.queue_id,
-            queue_offset=m.queue_offset,
-            msg_id=self._msg_id(m.commitlog_offset),
-            commitlog_offset=m.commitlog_offset,
-            body=m.body,
-            tags=m.tags,
-            keys=m.keys,
-            uniq_key=m.uniq_key,
-            properties=m.user_properties,
-            born_timestamp=m.born_timestamp,
-            store_timestamp=m.store_timestamp,
-            size=m.size,
+            topic=f.topic,
+            queue_id=f.queue_id,
+            queue_offset=f.queue_offset,
+            msg_id=self._msg_id(f.physical_offset),
+            commitlog_offset=f.physical_offset,
+            body=f.body,
+            tags=props.get(PROP_TAGS),
+            keys=split_keys(props.get(PROP_KEYS)),
+            uniq_key=props.get(PROP_UNIQ_KEY),
+            properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
+            born_timestamp=f.born_timestamp,
+            store_timestamp=f.store_timestamp,
+            size=f.size,
         )
 
     def check_queue(self, topic: str, queue_id: int) -> TopicMeta:
@@ -359,7 +354,7 @@ class Reads:
         the min offsets): move them now. True when the queue's min offset moved, so the
         pull checks its bounds again and answers ``OFFSET_ILLEGAL`` from the new head;
         False for any other error, which is the caller's to raise."""
-        if e.code is not DLedgerCode.INDEX_OUT_OF_RANGE or isinstance(e, CorruptEntryError):
+        if e.code is not DLedgerCode.INDEX_OUT_OF_RANGE:
             return False
         self.host.correct_min_offsets()
         return self.queue_bounds(topic, queue_id)[0] > lo
