@@ -140,8 +140,14 @@ def find_entry_at(  # noqa: PLR0917  # positional: keywords cost a consumer's re
             DLedgerCode.INDEX_OUT_OF_RANGE,
             f"no entry at pos {pos}: outside [{begin_pos}, {limit})",
         )
+    whole = None  # header and body in one read, where the caller's size allows it
+    if body_size is not None and pos + BODY_OFFSET + body_size <= limit:
+        try:
+            whole = data.read(pos, BODY_OFFSET + body_size)
+        except IndexError:  # across a segment: read the header alone
+            whole = None
     try:
-        head = HEADER.unpack_from(data.read(pos, BODY_OFFSET))
+        head = HEADER.unpack_from(whole if whole is not None else data.read(pos, BODY_OFFSET))
     except IndexError:  # a header there would cross its segment's end
         head = None
     unit = None
@@ -161,45 +167,12 @@ def find_entry_at(  # noqa: PLR0917  # positional: keywords cost a consumer's re
         raise damaged(data, i, pos, expected)
     if pos + size > limit:
         raise StoreError(DLedgerCode.INDEX_OUT_OF_RANGE, f"entry {i} ends past {limit}")
+    if whole is not None:  # its size is the caller's, checked above
+        return whole, i, body_crc
     try:
         return data.read(pos, size), i, body_crc
     except IndexError:
         raise damaged(data, i, pos, f"its size {size} crosses its segment") from None
-
-
-def find_sized_entry_at(  # noqa: PLR0917  # positional, like find_entry_at
-    data: MmapFileList,
-    index: MmapFileList,
-    pos: int,
-    body_size: int,
-    begin_pos: int,
-    limit: int,
-    begin_index: int,
-    end_index: int,
-) -> tuple[bytes, int, int] | None:
-    """``find_entry_at``'s fast path for a caller that knows the entry's size (a
-    consume-queue unit): one read of header and body together, then the same checks of
-    the header against its index unit. None at the first doubt (outside the readable
-    bytes, across a segment, any field that disagrees): ``find_entry_at`` then says
-    exactly what is wrong. The body CRC is the caller's, as there."""
-    size = BODY_OFFSET + body_size
-    if pos < begin_pos or pos + size > limit:
-        return None
-    try:
-        raw = data.read(pos, size)
-    except IndexError:
-        return None
-    magic, head_size, i, term, head_pos, channel, _chain, body_crc, head_body_size = (
-        HEADER.unpack_from(raw)
-    )
-    if head_pos != pos or head_size != size or head_body_size != body_size or channel != 0:
-        return None
-    if not begin_index <= i <= end_index:
-        return None
-    unit = INDEX_UNIT.unpack_from(index.read(i * INDEX_UNIT_SIZE, INDEX_UNIT_SIZE))
-    if unit != (magic, pos, size, i, term):
-        return None
-    return raw, i, body_crc
 
 
 def find_entries_at(  # noqa: PLR0917  # positional, like find_entry_at
@@ -211,23 +184,12 @@ def find_entries_at(  # noqa: PLR0917  # positional, like find_entry_at
     begin_index: int,
     end_index: int,
 ) -> list[tuple[bytes, int, int, int]]:
-    """``FileStore.read_entries_at`` under the lock: for each ``(pos, body_size)``,
-    (its bytes, its index, its body CRC, ``pos``), found by ``find_sized_entry_at``
-    when the size is given and all is well, else by ``find_entry_at``, which raises
-    what is wrong."""
-    found = []
-    for pos, body_size in spans:
-        hit = None
-        if body_size is not None:
-            hit = find_sized_entry_at(
-                data, index, pos, body_size, begin_pos, limit, begin_index, end_index
-            )
-        if hit is None:
-            hit = find_entry_at(
-                data, index, pos, body_size, begin_pos, limit, begin_index, end_index
-            )
-        found.append((*hit, pos))
-    return found
+    """``FileStore.read_entries_at`` under the lock: ``find_entry_at`` for each
+    ``(pos, body_size)``, as (its bytes, its index, its body CRC, ``pos``)."""
+    return [
+        (*find_entry_at(data, index, pos, body_size, begin_pos, limit, begin_index, end_index), pos)
+        for pos, body_size in spans
+    ]
 
 
 def check_bodies(data: MmapFileList, found: list[tuple[bytes, int, int, int]]) -> list[bytes]:
