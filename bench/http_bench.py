@@ -59,6 +59,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -427,6 +428,59 @@ def loadgen_main(conn: Connection, progress: Any, gen: type[LoadGen] | None = No
 # ---- the driver --------------------------------------------------------------------------------
 
 
+def await_loadgen(
+    conn: Connection,
+    worker: Any,
+    counter: Any,
+    spec: dict[str, Any],
+    name: str,
+    *,
+    progress: bool,
+    timeout: float,
+    check_alive: Callable[[], None],
+    on_window: Callable[[str], None],
+    width: int = 28,
+) -> dict[str, Any]:
+    """Send ``spec`` to the load generator process and wait for its result, with a
+    progress bar (seconds and requests so far). ``on_window("window_start")`` and
+    ``on_window("window_end")`` mark the measured window; ``check_alive`` runs at every
+    poll (it raises if a server died). Raises when the generator fails or dies, or after
+    the scenario's length + ``request_timeout`` + ``timeout`` without a result."""
+    counter.value = 0
+    conn.send(spec)
+    total = spec["warmup"] + spec["seconds"]
+    bar = tqdm(
+        total=round(total, 1),
+        desc=f"{name:<{width}}",
+        unit="s",
+        bar_format="{desc} {bar} {n:.0f}/{total:.0f} s {postfix}",
+        disable=not progress,
+        leave=False,
+    )
+    t0 = time.monotonic()
+    deadline = t0 + total + spec["request_timeout"] + timeout
+    try:
+        while True:
+            if conn.poll(0.25):
+                msg = conn.recv()
+                if msg["event"] in ("window_start", "window_end"):
+                    on_window(msg["event"])
+                elif msg["event"] == "error":
+                    raise RuntimeError(f"{name}: load generator failed: {msg['error']}")
+                else:
+                    result: dict[str, Any] = msg["result"]
+                    return result
+            if not worker.is_alive():
+                raise RuntimeError("the load generator process died")
+            check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name}: no result in time")
+            bar.n = min(total, round(time.monotonic() - t0, 1))
+            bar.set_postfix_str(f"{counter.value:,} requests", refresh=True)
+    finally:
+        bar.close()
+
+
 def _cpu_ticks(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -598,51 +652,34 @@ class Bench:
         self.check_alive(server)
         pids = self.pids(server)
         term0 = None if server == "floor" else self.term(server)
-        self.counter.value = 0
-        self.conn.send(spec)
-        total = spec["warmup"] + spec["seconds"]
-        bar = tqdm(
-            total=round(total, 1),
-            desc=f"{name:<28}",
-            unit="s",
-            bar_format="{desc} {bar} {n:.0f}/{total:.0f} s {postfix}",
-            disable=not self.progress,
-            leave=False,
-        )
-        t0 = time.monotonic()
         cpu0: dict[str, int | None] = {}
         cpu: dict[str, float] = {}
-        t_start = t0
-        result: dict[str, Any] | None = None
-        deadline = t0 + total + a.request_timeout + a.timeout
-        try:
-            while result is None:
-                if self.conn.poll(0.25):
-                    msg = self.conn.recv()
-                    if msg["event"] == "window_start":
-                        t_start = time.monotonic()
-                        cpu0 = {k: _cpu_ticks(p) for k, p in pids.items()}
-                    elif msg["event"] == "window_end":
-                        dt = time.monotonic() - t_start
-                        tck = os.sysconf("SC_CLK_TCK")
-                        for k, p in pids.items():
-                            c1, c0 = _cpu_ticks(p), cpu0.get(k)
-                            if c1 is not None and c0 is not None and dt > 0:
-                                cpu[k] = round((c1 - c0) / tck / dt * 100)
-                    elif msg["event"] == "error":
-                        raise RuntimeError(f"{name}: load generator failed: {msg['error']}")
-                    else:
-                        result = msg["result"]
-                if not self.worker.is_alive():
-                    raise RuntimeError("the load generator process died")
-                self.check_alive(server)
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name}: no result in time")
-                bar.n = min(total, round(time.monotonic() - t0, 1))
-                bar.set_postfix_str(f"{self.counter.value:,} requests", refresh=True)
-        finally:
-            bar.close()
-        assert result is not None
+        t_start = time.monotonic()
+
+        def on_window(event: str) -> None:
+            nonlocal cpu0, t_start
+            if event == "window_start":
+                t_start = time.monotonic()
+                cpu0 = {k: _cpu_ticks(p) for k, p in pids.items()}
+                return
+            dt = time.monotonic() - t_start
+            tck = os.sysconf("SC_CLK_TCK")
+            for k, p in pids.items():
+                c1, c0 = _cpu_ticks(p), cpu0.get(k)
+                if c1 is not None and c0 is not None and dt > 0:
+                    cpu[k] = round((c1 - c0) / tck / dt * 100)
+
+        result = await_loadgen(
+            self.conn,
+            self.worker,
+            self.counter,
+            spec,
+            name,
+            progress=self.progress,
+            timeout=a.timeout,
+            check_alive=lambda: self.check_alive(server),
+            on_window=on_window,
+        )
         row: dict[str, Any] = {
             "scenario": name,
             "server": server,

@@ -15,10 +15,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import sys
-import time
 from typing import Any
 
-from tqdm import tqdm
+from http_bench import await_loadgen
 
 from . import loadgen
 from .machine import Sampler
@@ -74,43 +73,28 @@ class Runner:
     ) -> dict[str, Any]:
         system.check_alive()
         sampler = Sampler(self.all_pids())
-        self.counter.value = 0
-        self.conn.send(spec)
-        total = spec["warmup"] + spec["seconds"]
         name = f"{scenario} | {system.key}"
-        bar = tqdm(
-            total=round(total, 1),
-            desc=f"{name:<40}",
-            unit="s",
-            bar_format="{desc} {bar} {n:.0f}/{total:.0f} s {postfix}",
-            disable=self.a.no_progress,
-            leave=False,
-        )
-        t0 = time.monotonic()
-        deadline = t0 + total + spec["request_timeout"] + self.a.timeout
-        result: dict[str, Any] | None = None
         window: dict[str, Any] = {}
-        try:
-            while result is None:
-                if self.conn.poll(0.25):
-                    msg = self.conn.recv()
-                    if msg["event"] == "window_start":
-                        sampler.start()
-                    elif msg["event"] == "window_end":
-                        window = sampler.stop()
-                    elif msg["event"] == "error":
-                        raise RuntimeError(f"{name}: load generator failed: {msg['error']}")
-                    else:
-                        result = msg["result"]
-                if not self.worker.is_alive():
-                    raise RuntimeError("the load generator process died")
-                system.check_alive()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name}: no result in time")
-                bar.n = min(total, round(time.monotonic() - t0, 1))
-                bar.set_postfix_str(f"{self.counter.value:,} requests", refresh=True)
-        finally:
-            bar.close()
+
+        def on_window(event: str) -> None:
+            nonlocal window
+            if event == "window_start":
+                sampler.start()
+            else:
+                window = sampler.stop()
+
+        result = await_loadgen(
+            self.conn,
+            self.worker,
+            self.counter,
+            spec,
+            name,
+            progress=not self.a.no_progress,
+            timeout=self.a.timeout,
+            check_alive=system.check_alive,
+            on_window=on_window,
+            width=40,
+        )
         self.order += 1
         return self._row(phase, scenario, system, spec, result, window)
 
