@@ -18,6 +18,7 @@ import pytest
 
 from tests import netns
 from tests.lines import Lines
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.skipif(
     not netns.available(), reason="network namespaces need root and iproute2"
@@ -121,8 +122,15 @@ def test_close_leaves_nothing_behind_even_with_processes_inside() -> None:
     lab.add_host("x")
     lab.start()
     p = subprocess.Popen([*lab.exec_prefix("x"), "sleep", "600"])
-    assert lab.pids() == [p.pid]
-    lab.close()
+    try:
+        # `ip netns exec` enters the namespace after the fork: wait for it to be inside.
+        wait_until(lambda: lab.pids() == [p.pid], 10, "the child inside the namespace")
+    except AssertionError:
+        p.kill()
+        p.wait(timeout=10)
+        raise
+    finally:
+        lab.close()
     assert p.wait(timeout=10) == -signal.SIGKILL
     assert _leftovers(lab.name, lab.token) == []
     lab.close()  # idempotent
