@@ -30,6 +30,7 @@ when it cannot be imported.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ from broker.message import (
     BODY_LENGTH_POS,
     BODY_POS,
     BORN_TIMESTAMP_POS,
+    INNER_BATCH_FLAG,
     MAGIC_CODE,
     MAGIC_CODE_POS,
     PHYSICAL_OFFSET_POS,
@@ -53,6 +55,7 @@ from broker.message import (
     QUEUE_ID_POS,
     QUEUE_OFFSET_POS,
     STORE_TIMESTAMP_POS,
+    SYS_FLAG_POS,
     SYSTEM_PROPERTIES,
     TOTAL_SIZE_POS,
 )
@@ -319,6 +322,8 @@ def _chunk_batch(chunk: RecordChunk, topic: str, group_hex: bytes) -> tuple[pa.R
         raise PageFormatError("MAGICCODE is not a message's")
     if np.any(_gather(buf, starts + PHYSICAL_OFFSET_POS, ">i8") != commitlog_offsets):
         raise PageFormatError("PHYSICALOFFSET disagrees with the consume-queue unit")
+    if np.any(_gather(buf, starts + SYS_FLAG_POS, ">i4") & INNER_BATCH_FLAG):
+        raise _BatchRecordsError
     body_starts = starts + BODY_POS
     body_ends = body_starts + _gather(buf, starts + BODY_LENGTH_POS, ">i4")
     if np.any(body_ends < body_starts) or np.any(body_ends + 3 > ends):
@@ -352,12 +357,42 @@ def _chunk_batch(chunk: RecordChunk, topic: str, group_hex: bytes) -> tuple[pa.R
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA), body_bytes
 
 
+class _BatchRecordsError(Exception):
+    """A chunk holds a batch record (``broker.batch``): its messages do not sit at fixed
+    places in their records, so the page goes through ``RawPage.messages``."""
+
+
 def encode_page(page: RawPage, *, topic: str, group: str) -> tuple[list[pa.RecordBatch], int]:
     """The page's messages as record batches of ``SCHEMA`` (one per chunk), and the sum
-    of their body lengths. ``group`` is the broker's DLedger group (the msg_id prefix)."""
+    of their body lengths. ``group`` is the broker's DLedger group (the msg_id prefix).
+    A page holding batch records is decoded message by message (``RawPage.messages``)."""
     group_hex = group.encode().hex().upper().encode()
-    encoded = page.encode(lambda chunk: _chunk_batch(chunk, topic, group_hex))
+    try:
+        encoded = page.encode(lambda chunk: _chunk_batch(chunk, topic, group_hex))
+    except _BatchRecordsError:
+        if page.messages is None:
+            raise PageFormatError("a page of batch records without a message reader") from None
+        return _messages_batches(page.messages(), topic)
     return [batch for batch, _ in encoded], sum(n for _, n in encoded)
+
+
+def _messages_batches(messages: Sequence[Any], topic: str) -> tuple[list[pa.RecordBatch], int]:
+    """``PulledMessage``s (``broker.reads``) as one record batch of ``SCHEMA``."""
+    columns: list[Any] = [
+        pa.array([m.keys[0] if m.keys else None for m in messages], pa.string()),
+        pa.array([m.keys for m in messages], _KEYS_TYPE),
+        pa.array([m.body for m in messages], pa.binary()),
+        _constant_strings(topic, len(messages)),
+        pa.array([m.queue_id for m in messages], pa.int32()),
+        pa.array([m.queue_offset for m in messages], pa.int64()),
+        pa.array([m.msg_id for m in messages], pa.string()),
+        pa.array([m.tags for m in messages], pa.string()),
+        pa.array([list(m.properties.items()) for m in messages], SCHEMA.field("properties").type),
+        pa.array([m.born_timestamp * 1000 for m in messages], TIMESTAMP),
+        pa.array([m.store_timestamp * 1000 for m in messages], TIMESTAMP),
+    ]
+    batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+    return [batch], sum(len(m.body) for m in messages)
 
 
 def _write_stream(sink: Any, batches: list[pa.RecordBatch]) -> None:

@@ -350,6 +350,13 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
         help="create unknown topics on first produce",
     )
     add_option(p, "--default-queues", type=int, default=8, help="queues of a new topic")
+    add_option(
+        p,
+        "--batch-records",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="store a request's messages for one queue as one batch record (one log entry)",
+    )
 
 
 def _add_raft_timing_options(p: argparse.ArgumentParser) -> None:
@@ -473,6 +480,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         advertised_url=advertised.rstrip("/"),
         auto_create_topics=args.auto_create_topics,
         default_queues=args.default_queues,
+        batch_records=args.batch_records,
         core=core,
         store=store,
         transport=TransportSettings(

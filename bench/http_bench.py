@@ -496,6 +496,8 @@ class Bench:
         self.root = root
         self.progress = not a.no_progress
         extra = ["--flush", a.flush, "--data-file-mb", str(a.data_file_mb)]
+        if a.batch_records:
+            extra.append("--batch-records")
         self.cluster = LocalBrokerCluster(3, root / "data", extra_args=extra, log_dir=root)
         self.floor: subprocess.Popen[bytes] | None = None
         self.floor_port = free_ports(1)[0]
@@ -809,8 +811,9 @@ def _fmt(x: Any, spec: str = "") -> str:
 
 def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
     print(
-        f"\nHTTP: 3 nodes on 127.0.0.1 (flush={a.flush}), {a.body_size} B bodies, {a.queues} "
-        f"queues, {a.seconds:g} s per scenario (+{a.warmup:g} s warm-up for POSTs), "
+        f"\nHTTP: 3 nodes on 127.0.0.1 (flush={a.flush}, batch records {a.batch_records}), "
+        f"{a.body_size} B bodies, {a.queues} queues, {a.seconds:g} s per scenario "
+        f"(+{a.warmup:g} s warm-up for POSTs), "
         f"{os.cpu_count()} CPUs shared by all processes, load generator: {a.client}"
     )
     print(
@@ -881,6 +884,12 @@ def main() -> int:
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw", help="load generator")
     ap.add_argument("--no-client-check", action="store_true", help="skip the httpx/raw check")
     ap.add_argument("--flush", choices=("sync", "async"), default="sync")
+    ap.add_argument(
+        "--batch-records",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="the nodes store a request's messages for one queue as one record",
+    )
     ap.add_argument("--data-file-mb", type=int, default=1024, help="commitlog segment size")
     ap.add_argument("--request-timeout", type=float, default=30.0)
     ap.add_argument("--timeout", type=float, default=60.0, help="bound on every other wait")

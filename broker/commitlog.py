@@ -1,8 +1,9 @@
 """``DLedgerCommitLog``: RocketMQ's CommitLog on top of the replicated DLedger log
 (docs/formats.md).
 
-Each message is one DLedger entry whose body is a RocketMQ CommitLog record. Two fields
-are fixed on the master, at the last moment:
+Each record is one DLedger entry whose body is a RocketMQ CommitLog record: one message,
+or a batch record holding several (``broker.batch``). Two fields are fixed on the
+master, at the last moment:
 
 - QUEUEOFFSET (byte 20) — assigned from the next-queue-offset table just before the
   batch is proposed, in the same event-loop step, so batches get contiguous offsets in
@@ -48,6 +49,7 @@ class OutgoingMessage:
     record: bytearray
     queue_id: int | None = None
     sharding_key: str | None = None
+    count: int = 1  # messages in the record: a batch record (``broker.batch``) holds more
 
 
 def sharding_queue(key: str, queues: int) -> int:
@@ -70,16 +72,27 @@ class DLedgerCommitLog:
             return
         set_physical_offset(entry, meta.pos + body_offset, body_offset)
 
-    def select_queues(self, topic: TopicMeta, batch: Sequence[OutgoingMessage]) -> list[int]:
+    def select_queues(
+        self,
+        topic: TopicMeta,
+        batch: Sequence[tuple[int | None, str | None]],
+        *,
+        sticky: bool = False,
+    ) -> list[int]:
+        """The queue of each ``(queue_id, sharding_key)``: the pinned one, the key's, or
+        the next in round robin; ``sticky``: one round-robin pick for the whole batch."""
         queues = topic.queues
         out = []
-        for m in batch:
-            if m.queue_id is not None:
-                qid = m.queue_id
-            elif m.sharding_key is not None:
-                qid = sharding_queue(m.sharding_key, queues)
+        picked: int | None = None
+        for queue_id, sharding_key in batch:
+            if queue_id is not None:
+                qid = queue_id
+            elif sharding_key is not None:
+                qid = sharding_queue(sharding_key, queues)
+            elif sticky and picked is not None:
+                qid = picked
             else:
-                qid = self._round_robin.get(topic.name, 0) % queues
+                qid = picked = self._round_robin.get(topic.name, 0) % queues
                 self._round_robin[topic.name] = qid + 1
             out.append(qid)
         return out
@@ -87,11 +100,12 @@ class DLedgerCommitLog:
     def assign_queue_offsets(
         self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
     ) -> tuple[list[tuple[int, int]], Callable[[], None]]:
-        """Pick each message's queue, bake (queue id, queue offset) into its record and
-        advance the table. Returns the (queue id, queue offset) pairs and an ``undo``
-        that gives the offsets back — valid only until anything else is assigned, so the
-        caller proposes (or undoes) in the same event-loop step."""
-        qids = self.select_queues(topic, batch)
+        """Pick each record's queue, bake (queue id, queue offset) into it and advance
+        the table (by the record's message count: a batch record takes one offset per
+        message, its QUEUEOFFSET the first). Returns the (queue id, queue offset) pairs
+        and an ``undo`` that gives the offsets back — valid only until anything else is
+        assigned, so the caller proposes (or undoes) in the same event-loop step."""
+        qids = self.select_queues(topic, [(m.queue_id, m.sharding_key) for m in batch])
         table = self.queue_table
         saved: dict[tuple[str, int], int | None] = {}
         placed = []
@@ -101,7 +115,7 @@ class DLedgerCommitLog:
                 saved[key] = table.get(key)
             queue_offset = table.get(key, 0)
             set_queue_id_and_offset(m.record, qid, queue_offset)
-            table[key] = queue_offset + 1
+            table[key] = queue_offset + m.count
             placed.append((qid, queue_offset))
 
         def undo() -> None:

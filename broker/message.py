@@ -69,6 +69,7 @@ __all__ = [
     "BORN_TIMESTAMP_POS",
     "FIXED_HEADER_SIZE",
     "FLAG_POS",
+    "INNER_BATCH_FLAG",
     "MAGIC_CODE",
     "MAGIC_CODE_POS",
     "MAX_BODY_SIZE",
@@ -154,6 +155,7 @@ MAX_BODY_SIZE: Final = _MAX_TOTAL_SIZE - MIN_MESSAGE_SIZE + 1
 """The largest body that still lets TOTALSIZE fit an i32 (topic and properties shrink it)."""
 
 SYS_FLAG_V6_MASK: Final = 0x10 | 0x20  # BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+INNER_BATCH_FLAG: Final = 0x1 << 7  # RocketMQ's: a batch record (``broker.batch``)
 
 # The whole fixed header in one struct, hosts split into (4-byte address, port) so that
 # encoding needs no per-call concatenation of the 8-byte host fields.
@@ -163,11 +165,11 @@ _QUEUE_ID = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
 # The dispatcher's fields only: total, magic, queue id, queue offset, physical offset,
-# store timestamp, body length; everything else is padding it never converts to ints.
+# sys flag, store timestamp, body length; everything else is padding it never converts.
 # TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP,
 # STORETIMESTAMP, BODY length: what a pull returns (decode_for_pull)
 _PULL = struct.Struct(">ii4xi4xqqiq8xq20xi")
-_PEEK = struct.Struct(">ii4xi4xqq20xq20xi")
+_PEEK = struct.Struct(">ii4xi4xqqi16xq20xi")
 
 assert _HEADER.size == FIXED_HEADER_SIZE == _PEEK.size
 
@@ -567,12 +569,14 @@ class PullFields(NamedTuple):
     body: bytes
     topic: str
     properties: dict[str, str]
+    sys_flag: int = 0
 
 
 def decode_for_pull(buf: Buffer) -> PullFields:
     """``decode_message`` for a read that checked the entry CRC (it covers the whole
     record): the same size, magic and IPv4 checks, the same errors, one unpack of only
-    the fields a pull returns."""
+    the fields a pull returns. A batch record's body (its inner records) is not copied:
+    ``broker.batch`` decodes the message a pull wants out of it."""
     _check_header(buf, 0)
     total, magic, queue_id, queue_offset, physical_offset, sys_flag, born_ts, store_ts, body_len = (
         _PULL.unpack_from(buf)
@@ -589,9 +593,10 @@ def decode_for_pull(buf: Buffer) -> PullFields:
         physical_offset,
         born_ts,
         store_ts,
-        bytes(buf[BODY_POS : BODY_POS + body_len]),
+        b"" if sys_flag & INNER_BATCH_FLAG else bytes(buf[BODY_POS : BODY_POS + body_len]),
         _topic(buf, topic_at, topic_at + topic_len),
         decode_properties(buf[props_at : props_at + props_len]),
+        sys_flag,
     )
 
 
@@ -604,6 +609,7 @@ class DispatchInfo(NamedTuple):
     physical_offset: int
     store_timestamp: int
     properties_raw: bytes
+    sys_flag: int  # INNER_BATCH_FLAG: a batch record (``broker.batch``)
 
 
 def peek_dispatch(buf: Buffer, offset: int = 0) -> DispatchInfo:
@@ -614,8 +620,8 @@ def peek_dispatch(buf: Buffer, offset: int = 0) -> DispatchInfo:
     The record's size is its entry's body size (TOTALSIZE, checked against the buffer).
     """
     _check_header(buf, offset)
-    total, magic, queue_id, queue_offset, physical_offset, store_ts, body_len = _PEEK.unpack_from(
-        buf, offset
+    total, magic, queue_id, queue_offset, physical_offset, sys_flag, store_ts, body_len = (
+        _PEEK.unpack_from(buf, offset)
     )
     topic_len, props_len = _check_lengths(buf, offset, total, magic, body_len)
     topic_at = offset + BODY_POS + body_len + 1
@@ -627,4 +633,5 @@ def peek_dispatch(buf: Buffer, offset: int = 0) -> DispatchInfo:
         physical_offset,
         store_ts,
         bytes(buf[props_at : props_at + props_len]),
+        sys_flag,
     )

@@ -11,6 +11,9 @@ so a page of one queue among eight spans eight times the bytes it holds: copying
 span first would cost more than encoding it.)
 
 Invariants:
+- the messages of a batch record (``broker.batch``) each have a unit, all naming the
+  record: its bytes count once, and the columnar encoders hand such a page to
+  ``RawPage.messages``;
 - every unit of a chunk lies inside its view: ``base <= commitlog_offset`` and
   ``commitlog_offset + size <= base + len(data)``;
 - a chunk's records do not overlap and come in commitlog order (units only grow along a
@@ -29,10 +32,10 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from consumequeue.queue import UNIT, UNIT_SIZE
 from dledger.store import BODY_OFFSET
@@ -53,15 +56,19 @@ def units_within(units: bytes, max_bytes: int) -> bytes:
 
     A queue's records lie in commitlog order, so together they hold at most the span
     from the first one's start to the last one's end: a page whose span fits (every
-    page but a rare one of huge messages) is taken whole without a look at each unit."""
+    page but a rare one of huge messages) is taken whole without a look at each unit.
+    The messages of a batch record share its unit's record, counted once."""
     if not units:
         return units
     first, _, _ = UNIT.unpack_from(units, 0)
     last, last_size, _ = UNIT.unpack_from(units, len(units) - UNIT_SIZE)
     if last + last_size - first <= max_bytes:
         return units
-    total = 0
-    for i, (_, size, _) in enumerate(UNIT.iter_unpack(units)):
+    total, previous = 0, -1
+    for i, (offset, size, _) in enumerate(UNIT.iter_unpack(units)):
+        if offset == previous:
+            continue
+        previous = offset
         total += size
         if total > max_bytes and i:
             return units[: i * UNIT_SIZE]
@@ -73,8 +80,12 @@ def damaged_record(data: memoryview, units: bytes, base: int) -> int | None:
     ``base`` on) whose entry header's body CRC or size does not hold, None if all hold.
     Each record's header ends right before it (docs/formats.md: BODY_OFFSET = 48)."""
     crc32, unpack_unit, unpack_tail = zlib.crc32, UNIT.unpack_from, _ENTRY_TAIL.unpack_from
+    previous = -1
     for at in range(0, len(units), UNIT_SIZE):
         offset, size, _ = unpack_unit(units, at)
+        if offset == previous:
+            continue  # a batch record's next message: the record is checked
+        previous = offset
         rel = offset - base
         body_crc, body_size = unpack_tail(data, rel - 8)
         if body_size != size or crc32(data[rel : rel + size]) != body_crc:
@@ -103,6 +114,10 @@ class RawPage:
     segment_bytes: int = 1
     max_span_bytes: int = DEFAULT_MAX_SPAN_BYTES
     check: Check | None = None
+    messages: Callable[[], Sequence[Any]] | None = None
+    """The page's messages decoded one by one (``Reads``'s ``PulledMessage``, checked
+    like the JSON pull): the encoders' path for a page holding batch records, whose
+    messages do not sit at fixed places in their records."""
 
     @property
     def count(self) -> int:

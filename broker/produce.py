@@ -26,10 +26,15 @@ from dataclasses import dataclass, field
 from dledger.codes import DLedgerError
 
 from . import errors, sessions
+from .batch import INNER_BATCH_FLAG, encode_inner_records
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .host import ProduceHost
 from .message import (
+    PROP_BATCH_INDEX,
+    PROP_BATCH_SIZE,
     PROP_KEYS,
+    PROP_PRODUCER_ID,
+    PROP_PRODUCER_SEQ,
     PROP_TAGS,
     PROP_UNIQ_KEY,
     SYSTEM_PROPERTIES,
@@ -40,6 +45,7 @@ from .message import (
 )
 from .metadata import PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
+from .properties import PROP_INNER_NUM, inner_properties
 from .settings import BrokerSettings
 
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
@@ -151,22 +157,12 @@ class Producer:
                 f"request of {total} bytes, over the limit of {lim.max_request_bytes}"
             )
 
-    def _encode(
-        self,
-        topic: TopicMeta,
-        m: NewMessage,
-        index_in_batch: int,
-        session: tuple[str, int, int] | None,
-        now: int,
-    ) -> OutgoingMessage:
+    def _checked_properties(
+        self, topic: TopicMeta, m: NewMessage, index_in_batch: int, props: dict[str, str]
+    ) -> bytes:
+        """``props`` encoded, within ``max_properties_bytes``, and the message's pinned
+        queue checked: what every message of a request must pass."""
         lim = self.settings.limits
-        props = message_properties(
-            m.properties,
-            tags=m.tags,
-            keys=m.keys,
-            uniq_key=new_uniq_key(),
-            session=None if session is None else (*session[:2], index_in_batch, session[2]),
-        )
         try:
             raw_props = encode_properties(props)
         except MessageFormatError as e:
@@ -180,6 +176,26 @@ class Producer:
             raise errors.InvalidArgumentError(
                 f"message {index_in_batch}: queue_id {m.queue_id} is not in 0..{topic.queues - 1}"
             )
+        return raw_props
+
+    def _encode(
+        self,
+        topic: TopicMeta,
+        m: NewMessage,
+        index_in_batch: int,
+        session: tuple[str, int, int] | None,
+        now: int,
+        *,
+        queue_id: int | None = None,
+    ) -> OutgoingMessage:
+        props = message_properties(
+            m.properties,
+            tags=m.tags,
+            keys=m.keys,
+            uniq_key=new_uniq_key(),
+            session=None if session is None else (*session[:2], index_in_batch, session[2]),
+        )
+        raw_props = self._checked_properties(topic, m, index_in_batch, props)
         record = encode_message(
             topic=topic.name,
             body=m.body,
@@ -188,7 +204,95 @@ class Producer:
             store_timestamp=now,
             store_host=self.host.store_host,
         )
+        if queue_id is not None:
+            return OutgoingMessage(record, queue_id)
         return OutgoingMessage(record, m.queue_id, m.sharding_key)
+
+    def _encode_batched(
+        self,
+        topic: TopicMeta,
+        messages: Sequence[NewMessage],
+        session: tuple[str, int, int] | None,
+        first_in_batch: int,
+        now: int,
+    ) -> list[OutgoingMessage]:
+        """The request as batch records (``broker.batch``): each run of consecutive
+        messages bound for one queue becomes one record, a run of one (or a message with
+        its own born time, which an inner record cannot hold) a single record. Unpinned
+        messages share one round-robin queue (``select_queues(sticky=True)``)."""
+        raw = [
+            self._checked_properties(
+                topic,
+                m,
+                first_in_batch + i,
+                inner_properties(m.properties, tags=m.tags, keys=m.keys),
+            )
+            for i, m in enumerate(messages)
+        ]
+        qids = self.commitlog.select_queues(
+            topic, [(m.queue_id, m.sharding_key) for m in messages], sticky=True
+        )
+        out: list[OutgoingMessage] = []
+        i, n = 0, len(messages)
+        while i < n:
+            j = i + 1
+            if messages[i].born_timestamp is None:
+                while j < n and qids[j] == qids[i] and messages[j].born_timestamp is None:
+                    j += 1
+            if j - i == 1:
+                out.append(
+                    self._encode(
+                        topic, messages[i], first_in_batch + i, session, now, queue_id=qids[i]
+                    )
+                )
+            else:
+                out.append(
+                    self._batch_record(
+                        topic,
+                        messages[i:j],
+                        raw[i:j],
+                        index_in_batch=first_in_batch + i,
+                        session=session,
+                        now=now,
+                        queue_id=qids[i],
+                    )
+                )
+            i = j
+        return out
+
+    def _batch_record(
+        self,
+        topic: TopicMeta,
+        run: Sequence[NewMessage],
+        raw_props: Sequence[bytes],
+        *,
+        index_in_batch: int,
+        session: tuple[str, int, int] | None,
+        now: int,
+        queue_id: int,
+    ) -> OutgoingMessage:
+        outer: dict[str, str] = {PROP_INNER_NUM: str(len(run))}
+        if session is not None:
+            pid, seq, size = session
+            outer.update(
+                {
+                    PROP_PRODUCER_ID: pid,
+                    PROP_PRODUCER_SEQ: str(seq),
+                    PROP_BATCH_INDEX: str(index_in_batch),
+                    PROP_BATCH_SIZE: str(size),
+                }
+            )
+        body = encode_inner_records([(m.body, p) for m, p in zip(run, raw_props, strict=True)])
+        record = encode_message(
+            topic=topic.name,
+            body=body,
+            properties=outer,
+            sys_flag=INNER_BATCH_FLAG,
+            born_timestamp=now,
+            store_timestamp=now,
+            store_host=self.host.store_host,
+        )
+        return OutgoingMessage(record, queue_id, count=len(run))
 
     async def _produce_in_session(
         self, topic: TopicMeta, messages: Sequence[NewMessage], pid: str, seq: int
@@ -312,9 +416,13 @@ class Producer:
         first_in_batch: int,
     ) -> list[sessions.Result]:
         now = now_ms()
-        batch = [
-            self._encode(topic, m, first_in_batch + i, session, now) for i, m in enumerate(messages)
-        ]
+        if self.settings.batch_records and len(messages) > 1:
+            batch = self._encode_batched(topic, messages, session, first_in_batch, now)
+        else:
+            batch = [
+                self._encode(topic, m, first_in_batch + i, session, now)
+                for i, m in enumerate(messages)
+            ]
         self.host.require_master()  # encoding took no await, but be explicit before appending
         try:
             placed: list[PutResult] = await self.commitlog.put_messages(topic, batch)
@@ -323,5 +431,10 @@ class Producer:
         # Wait until dispatched, so a read right after the answer finds the messages and
         # a retry finds the session's results (bounded; the commit already happened).
         await self.host.wait_dispatched(placed[-1].index, self.settings.append_timeout_ms / 1000)
-        self.stats["produced"] += len(placed)
-        return [(p.queue_id, p.queue_offset, p.commitlog_offset) for p in placed]
+        self.stats["produced"] += len(messages)
+        # Message i of a batch record: queue offset base + i, address record offset + i.
+        return [
+            (p.queue_id, p.queue_offset + i, p.commitlog_offset + i)
+            for m, p in zip(batch, placed, strict=True)
+            for i in range(m.count)
+        ]

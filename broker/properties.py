@@ -5,7 +5,8 @@ Invariants:
 - PROPERTIES are ``name\\x01value\\x02`` pairs (UTF-8); names are non-empty and unique,
   and neither names nor values contain ``\\x01``/``\\x02``;
 - TAGS, KEYS (space-separated) and UNIQ_KEY are RocketMQ's; PRODUCER_ID/PRODUCER_SEQ/
-  BATCH_INDEX/BATCH_SIZE are the broker's producer-session properties. All of them are
+  BATCH_INDEX/BATCH_SIZE are the broker's producer-session properties and INNER_NUM a
+  batch record's message count (``broker.batch``). All of them are
   ``SYSTEM_PROPERTIES``: a producer may not set them itself.
 
 The lowest of the codec modules: ``broker.message`` (the record) and ``broker.msgid``
@@ -24,6 +25,7 @@ __all__ = [
     "PROPERTY_SEPARATOR",
     "PROP_BATCH_INDEX",
     "PROP_BATCH_SIZE",
+    "PROP_INNER_NUM",
     "PROP_KEYS",
     "PROP_PRODUCER_ID",
     "PROP_PRODUCER_SEQ",
@@ -34,6 +36,7 @@ __all__ = [
     "MessageFormatError",
     "decode_properties",
     "encode_properties",
+    "inner_properties",
     "message_properties",
     "split_keys",
     "tags_and_keys",
@@ -56,6 +59,7 @@ PROP_PRODUCER_ID: Final = "PRODUCER_ID"
 PROP_PRODUCER_SEQ: Final = "PRODUCER_SEQ"
 PROP_BATCH_INDEX: Final = "BATCH_INDEX"
 PROP_BATCH_SIZE: Final = "BATCH_SIZE"
+PROP_INNER_NUM: Final = "INNER_NUM"  # a batch record's message count (``broker.batch``)
 SYSTEM_PROPERTIES: Final = frozenset(
     {
         PROP_TAGS,
@@ -65,6 +69,7 @@ SYSTEM_PROPERTIES: Final = frozenset(
         PROP_PRODUCER_SEQ,
         PROP_BATCH_INDEX,
         PROP_BATCH_SIZE,
+        PROP_INNER_NUM,
     }
 )
 _KEY_SEPARATOR: Final = " "
@@ -91,11 +96,7 @@ def message_properties(
 ) -> dict[str, str]:
     """A message's properties: the user's, then TAGS, KEYS, UNIQ_KEY and, for a producer
     session, (producer id, sequence, index in the batch, batch size)."""
-    props = dict(user)
-    if tags:
-        props[PROP_TAGS] = tags
-    if keys:
-        props[PROP_KEYS] = " ".join(keys)
+    props = inner_properties(user, tags=tags, keys=keys)
     props[PROP_UNIQ_KEY] = uniq_key
     if session is not None:
         pid, seq, index_in_batch, size = session
@@ -103,6 +104,19 @@ def message_properties(
         props[PROP_PRODUCER_SEQ] = str(seq)
         props[PROP_BATCH_INDEX] = str(index_in_batch)
         props[PROP_BATCH_SIZE] = str(size)
+    return props
+
+
+def inner_properties(
+    user: Mapping[str, str], *, tags: str | None, keys: Sequence[str]
+) -> dict[str, str]:
+    """A batched message's properties (``broker.batch``): the user's, TAGS and KEYS; no
+    UNIQ_KEY (its message id names it) and no session properties (the record has them)."""
+    props = dict(user)
+    if tags:
+        props[PROP_TAGS] = tags
+    if keys:
+        props[PROP_KEYS] = " ".join(keys)
     return props
 
 

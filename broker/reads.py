@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -27,9 +28,11 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.store import BODY_OFFSET, CorruptEntryError
 
 from . import errors
+from .batch import batch_inners, inner_pull_fields
 from .commitlog import DLedgerCommitLog
 from .host import ReadHost
 from .message import (
+    INNER_BATCH_FLAG,
     PROP_KEYS,
     PROP_TAGS,
     PROP_UNIQ_KEY,
@@ -37,19 +40,19 @@ from .message import (
     SYSTEM_PROPERTIES,
     MessageFormatError,
     PullFields,
-    StoredMessage,
     decode_for_pull,
-    decode_message,
 )
 from .metadata import SYS_TOPIC, TopicMeta
 from .msgid import msg_id_maker, parse_msg_id
 from .pages import RawPage, RawPullResult, damaged_record, units_within
 from .properties import split_keys
+from .recovery import last_index_within
 from .settings import BrokerSettings
 
 log = logging.getLogger(__name__)
 
 CORRUPT_LOG_INTERVAL_S = 10.0  # refused reads of damaged entries are logged this often
+_OUT_OF_RANGE = DLedgerCode.INDEX_OUT_OF_RANGE
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,32 +172,34 @@ class Reads:
             commitlog_offset=commitlog_offset,
         )
 
-    def _read_message(self, commitlog_offset: int, size: int) -> StoredMessage:
-        return decode_message(self._record(commitlog_offset, size), verify_crc=False)
-
-    def _read_pulled(self, spans: list[tuple[int, int]]) -> list[PulledMessage]:
-        """The messages of a page of ``(commitlog_offset, size)``, read in one go and
-        checked like ``_record``, decoded into what a pull returns and nothing more."""
+    def _read_pulled(self, units: list[tuple[int, int, int]]) -> list[PulledMessage]:
+        """The messages of a page of consume-queue units ``(queue_offset,
+        commitlog_offset, size)``, their records read in one go (a batch record once for
+        all its messages) and checked like ``_record``, decoded into what a pull returns
+        and nothing more."""
+        spans: list[tuple[int, int]] = []
+        for _, commitlog_offset, size in units:
+            if not spans or spans[-1][0] != commitlog_offset:
+                spans.append((commitlog_offset, size))
         try:
             records = self.commitlog.read_records(spans)
         except CorruptEntryError as e:
             raise self._damaged(e.pos + BODY_OFFSET, e.index, e.message) from None
-        return [self._pulled_fields(decode_for_pull(r)) for r in records]
-
-    def _pulled(self, m: StoredMessage) -> PulledMessage:
-        return self._pulled_fields(
-            PullFields(
-                m.size,
-                m.queue_id,
-                m.queue_offset,
-                m.physical_offset,
-                m.born_timestamp,
-                m.store_timestamp,
-                m.body,
-                m.topic,
-                m.properties,
-            )
-        )
+        out: list[PulledMessage] = []
+        k, record, outer, walked = -1, records[0], None, None
+        for queue_offset, commitlog_offset, _ in units:
+            if outer is None or commitlog_offset != outer.physical_offset:
+                k += 1
+                record = records[k]
+                outer = decode_for_pull(record)
+                walked = batch_inners(record) if outer.sys_flag & INNER_BATCH_FLAG else None
+            if walked is None:
+                out.append(self._pulled_fields(outer))
+            else:
+                out.append(
+                    self._pulled_fields(inner_pull_fields(record, outer, walked, queue_offset))
+                )
+        return out
 
     def _pulled_fields(self, f: PullFields) -> PulledMessage:
         props = f.properties
@@ -376,20 +381,24 @@ class Reads:
             return [], 0, queue_offset
         scan_limit = max_messages if hashes is None else max(max_messages * 4, 1024)
         units = q.read(queue_offset, scan_limit)
-        spans: list[tuple[int, int]] = []
+        picked: list[tuple[int, int, int]] = []
         next_offset = queue_offset
         budget = max_bytes
+        last_record = -1  # the messages of a batch record count its bytes once
         for unit_offset, commitlog_offset, size, thash in units:
-            if spans and size > budget:
+            new_record = commitlog_offset != last_record
+            if picked and new_record and size > budget:
                 break  # the budget is spent: this message starts the next pull
             next_offset = unit_offset + 1
             if hashes is not None and thash not in hashes:
                 continue
-            spans.append((commitlog_offset, size))
-            budget -= size
-            if len(spans) >= max_messages:
+            picked.append((unit_offset, commitlog_offset, size))
+            if new_record:
+                budget -= size
+                last_record = commitlog_offset
+            if len(picked) >= max_messages:
                 break
-        out = self._read_pulled(spans)
+        out = self._read_pulled(picked) if picked else []
         if wanted is not None:  # a tags-hash collision: the exact tags decide
             out = [m for m in out if m.tags in wanted]
         return out, len(out), next_offset
@@ -411,35 +420,56 @@ class Reads:
         q = self.cq.find(topic, queue_id)
         if q is None:
             return RawPage(b""), 0, queue_offset
+        offsets: Sequence[int]
         if hashes is None:
             first, units = q.read_raw(queue_offset, max_messages)
             units = units_within(units, max_bytes)
             count = len(units) // UNIT_SIZE
             next_offset = first + count if count else queue_offset
+            offsets = range(first, next_offset)
         else:
             kept: list[bytes] = []
+            offsets = []
             next_offset = queue_offset
             budget = max_bytes
+            last_record = -1  # the messages of a batch record count its bytes once
             for unit_offset, commitlog_offset, size, thash in q.read(
                 queue_offset, max(max_messages * 4, 1024)
             ):
-                if kept and size > budget:
+                new_record = commitlog_offset != last_record
+                if kept and new_record and size > budget:
                     break  # the budget is spent: this message starts the next pull
                 next_offset = unit_offset + 1
                 if thash not in hashes:
                     continue
-                exact = wanted is None or self._read_message(commitlog_offset, size).tags in wanted
+                exact = (
+                    wanted is None
+                    or self._read_pulled([(unit_offset, commitlog_offset, size)])[0].tags in wanted
+                )
                 if not exact:
                     continue  # a tags-hash collision: the exact tags decide
                 kept.append(PAGE_UNIT.pack(commitlog_offset, size, thash))
-                budget -= size
+                offsets.append(unit_offset)
+                if new_record:
+                    budget -= size
+                    last_record = commitlog_offset
                 if len(kept) >= max_messages:
                     break
             units, count = b"".join(kept), len(kept)
         if not count:
             return RawPage(b""), 0, next_offset
+
+        def messages() -> list[PulledMessage]:
+            spans = PAGE_UNIT.iter_unpack(units)
+            picked = [(o, c, n) for o, (c, n, _) in zip(offsets, spans, strict=True)]
+            return self._read_pulled(picked)
+
         page = RawPage(
-            units, self.commitlog.view, self.settings.store.data_file_size, check=self._check_page
+            units,
+            self.commitlog.view,
+            self.settings.store.data_file_size,
+            check=self._check_page,
+            messages=messages,
         )
         return page, count, next_offset
 
@@ -467,23 +497,52 @@ class Reads:
         m = self._message_at(commitlog_offset)
         if m is None:
             raise errors.MessageNotFoundError(f"no message {msg_id}")
-        return self._pulled(m)
+        return m
 
-    def _message_at(self, commitlog_offset: int) -> StoredMessage | None:
+    def _message_at(self, address: int) -> PulledMessage | None:
+        """The message at a message address (a message id's, the key index's): a
+        record's commitlog offset, or inside a batch record the record's offset plus the
+        message's index (``broker.batch``). None when no message is there."""
         store = self.host.store
-        if commitlog_offset < store.ledger_begin_pos + 48 or commitlog_offset + 4 > (
-            store.committed_pos
-        ):
+        if address < store.ledger_begin_pos + BODY_OFFSET or address + 4 > store.committed_pos:
             return None
         try:
-            # No size: the offset is a client's (a message id), so no entry there is
+            # No size: the address is a client's (a message id), so no entry there is
             # "not found", and only an entry found there and damaged is CORRUPT_ENTRY.
-            m = decode_message(self._record(commitlog_offset), verify_crc=False)
-        except (DLedgerError, MessageFormatError):
+            record, offset = self._record(address), address
+        except DLedgerError as e:
+            found = self._record_holding(address) if e.code is _OUT_OF_RANGE else None
+            if found is None:
+                return None
+            record, offset = found
+        try:
+            f = decode_for_pull(record)
+            if f.physical_offset != offset or f.topic == SYS_TOPIC:
+                return None
+            if f.sys_flag & INNER_BATCH_FLAG:
+                walked = batch_inners(record)
+                if not 0 <= address - offset < len(walked[1]):
+                    return None
+                f = inner_pull_fields(record, f, walked, walked[0] + address - offset)
+            elif address != offset:
+                return None
+        except MessageFormatError:
             return None
-        if m.commitlog_offset != commitlog_offset or m.topic == SYS_TOPIC:
+        return self._pulled_fields(f)
+
+    def _record_holding(self, address: int) -> tuple[memoryview, int] | None:
+        """The committed record (and its commitlog offset) that holds ``address``, which
+        is not a record's start: a batch record's, maybe (a binary search of the log)."""
+        store = self.host.store
+        index = last_index_within(store, address, store.committed_index)
+        if index < store.ledger_begin_index:
             return None
-        return m
+        meta = store.get_meta(index)
+        offset = meta.pos + BODY_OFFSET
+        try:
+            return self._record(offset, meta.size - BODY_OFFSET), offset
+        except DLedgerError:
+            return None
 
     def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
         t = self.host.topic(topic)
@@ -508,7 +567,7 @@ class Reads:
             if key in m.keys or m.uniq_key == key:  # the index may return hash collisions
                 if out and m.size > budget:
                     break  # the response budget is spent: fewer than asked
-                out.append(self._pulled(m))
+                out.append(m)
                 budget -= m.size
                 if len(out) >= max_results:
                     break

@@ -34,6 +34,7 @@ from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex
 from dledger.store import BODY_OFFSET, MAGIC_NORMAL, FileStore
 from dledger.store.meta import fsync_dir
 
+from .batch import INNER_BATCH_FLAG, batch_inners
 from .message import MessageFormatError, peek_dispatch
 from .metadata import MetadataState, SnapshotFiles
 
@@ -85,6 +86,19 @@ def parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
             raise ValueError(f"bad queue table entry {key!r}: {next_offset!r}")
         out[topic, int(queue_id)] = next_offset
     return out
+
+
+def last_index_within(store: FileStore, commitlog_offset: int, hi: int) -> int:
+    """The last entry up to ``hi`` whose message starts at or before
+    ``commitlog_offset`` (``begin - 1`` when none): a binary search over the log."""
+    lo = store.ledger_begin_index - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if store.get_meta(mid).pos + BODY_OFFSET <= commitlog_offset:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def pos_of(store: FileStore, index: int) -> int:
@@ -232,10 +246,11 @@ class Recovery:
             off = 0
             for _ in range(count):
                 magic, size, i, _term, pos = ENTRY_HEAD.unpack_from(raw, off)
-                key = self._queue_of(raw, off + BODY_OFFSET, magic, i, pos)
+                found = self._queue_of(raw, off + BODY_OFFSET, magic, i, pos)
                 off += size
-                if key is not None:
-                    held[key] = held.get(key, 0) + 1
+                if found is not None:
+                    key, count = found
+                    held[key] = held.get(key, 0) + count
             index += count
         for key, next_offset in sorted(table.items()):
             first = next_offset - held.get(key, 0)
@@ -244,33 +259,21 @@ class Recovery:
 
     def _queue_of(
         self, raw: bytes, body_at: int, magic: int, index: int, pos: int
-    ) -> tuple[str, int] | None:
-        """The queue the entry at ``raw[body_at - 48:]`` goes into, by the metadata held:
-        dispatch's rule (``MetadataState.queued``)."""
+    ) -> tuple[tuple[str, int], int] | None:
+        """The queue the entry at ``raw[body_at - 48:]`` goes into, by the metadata held
+        (dispatch's rule, ``MetadataState.queued``), and how many messages it holds."""
         if magic != MAGIC_NORMAL:
             return None
         try:
             info = peek_dispatch(raw, body_at)
+            count = len(batch_inners(raw, body_at)[1]) if info.sys_flag & INNER_BATCH_FLAG else 1
         except MessageFormatError:
             return None
         if info.physical_offset != pos + BODY_OFFSET or not self.meta.queued(
             info.topic, info.queue_id, index
         ):
             return None
-        return info.topic, info.queue_id
-
-    def last_index_within(self, commitlog_offset: int, hi: int) -> int:
-        """The last entry up to ``hi`` whose message starts at or before
-        ``commitlog_offset`` (``begin - 1`` when none): a binary search over the log."""
-        store = self.store
-        lo = store.ledger_begin_index - 1
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if store.get_meta(mid).pos + BODY_OFFSET <= commitlog_offset:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return (info.topic, info.queue_id), count
 
     def drop_stale_topics(self, index: int) -> None:
         """Drop the queues of topics the metadata says were deleted (or deleted and

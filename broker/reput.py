@@ -47,7 +47,7 @@ import contextlib
 import errno
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,11 +56,13 @@ from dledger.runtime.watermark import Watermark
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, FileStore, write_atomic
 from dledger.store.meta import fsync_dir
 
+from .batch import INNER_BATCH_FLAG, InnerRecord, batch_inners
 from .message import (
     PROP_BATCH_INDEX,
     PROP_BATCH_SIZE,
     PROP_PRODUCER_ID,
     PROP_PRODUCER_SEQ,
+    DispatchInfo,
     MessageFormatError,
     decode_message,
     decode_properties,
@@ -68,7 +70,14 @@ from .message import (
     tags_and_keys,
 )
 from .metadata import SYS_TOPIC, MetadataState, SnapshotFiles
-from .recovery import ENTRY_HEAD, Recovery, checkpoint_bytes, parse_queue_table, pos_of
+from .recovery import (
+    ENTRY_HEAD,
+    Recovery,
+    checkpoint_bytes,
+    last_index_within,
+    parse_queue_table,
+    pos_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +125,7 @@ class ReputService:
         # The consume queues hold every entry up to here already: recovery's replay below
         # it changes no queue (set by ``recover``).
         self.derived_index = -1
-        self.rebuild_until = -1  # entries up to here are a rebuild (see _put_unit)
+        self.rebuild_until = -1  # entries up to here are a rebuild (see _put_unitss)
         self.stats = {
             "entries": 0,
             "messages": 0,
@@ -175,7 +184,7 @@ class ReputService:
         elif r.keys_restored:
             keys_index = index
         else:  # key index files dropped as damaged: index again what is not there
-            keys_index = r.last_index_within(self.keys.last_commitlog_offset, index)
+            keys_index = last_index_within(store, self.keys.last_commitlog_offset, index)
             log.warning("key index restored up to entry %d only: indexing the rest", keys_index)
         self.derived_index = index
         self._dispatched.reset(max(begin - 1, min(self.meta.applied_index, keys_index, index)))
@@ -384,6 +393,7 @@ class ReputService:
             meta.applied_index = index
         if magic == MAGIC_NOOP:
             return
+        inners: list[InnerRecord] | None = None
         try:
             if magic != MAGIC_NORMAL:
                 raise MessageFormatError(f"entry magic {magic}")
@@ -392,6 +402,8 @@ class ReputService:
                 raise MessageFormatError(
                     f"PHYSICALOFFSET {info.physical_offset} is not pos + 48 = {pos + BODY_OFFSET}"
                 )
+            if info.sys_flag & INNER_BATCH_FLAG:
+                _base, inners = batch_inners(raw, body_at)
         except MessageFormatError as e:
             self.stats["skipped"] += 1
             log.warning("entry %d at pos %d is not a message, skipped: %s", index, pos, e)
@@ -404,9 +416,12 @@ class ReputService:
             return
         props = info.properties_raw
         if meta_fresh and _SESSION_MARK in props:
-            self._record_session(info, props)
-        tags, msg_keys = tags_and_keys(props)
+            self._record_session(info, props, 1 if inners is None else len(inners))
         commitlog_offset = pos + BODY_OFFSET
+        if inners is not None:
+            self._dispatch_batch(raw, info, inners, commitlog_offset, size, index, touched)
+            return
+        tags, msg_keys = tags_and_keys(props)
         if msg_keys:
             # Every message's keys, whatever becomes of its topic: the key index is a
             # function of the log alone, so every replica and every replay builds the
@@ -417,44 +432,92 @@ class ReputService:
         if not self.meta.queued(info.topic, info.queue_id, index):
             return  # an incarnation deleted by now (``recover`` dropped its queues)
         key = (info.topic, info.queue_id)
-        self._put_unit(
+        self._put_units(
             key,
             queue_offset=info.queue_offset,
             commitlog_offset=commitlog_offset,
             size=size - BODY_OFFSET,
-            thash=tags_hash(tags),
+            hashes=(tags_hash(tags),),
             index=index,
         )
         touched.add(key)
         self.stats["messages"] += 1
 
+    def _dispatch_batch(  # noqa: PLR0917 - the entry's parts, as _dispatch_entry has them
+        self,
+        raw: bytes,
+        info: DispatchInfo,
+        inners: list[InnerRecord],
+        commitlog_offset: int,
+        size: int,
+        index: int,
+        touched: set[tuple[str, int]],
+    ) -> None:
+        """A batch record (``broker.batch``): message i's keys at address
+        ``commitlog_offset + i``, and one unit per message, each pointing at the record
+        with its own tags hash, at queue offsets ``base + i``."""
+        hashes = []
+        put_keys, ts = self.keys.put, info.store_timestamp
+        for i, r in enumerate(inners):
+            if not r.props_len:
+                hashes.append(0)  # tags_hash(None)
+                continue
+            tags, msg_keys = tags_and_keys(raw[r.props_at : r.props_at + r.props_len])
+            if msg_keys:
+                put_keys(msg_keys, commitlog_offset + i, ts)
+            hashes.append(tags_hash(tags))
+        if index <= self.derived_index or not self.meta.queued(info.topic, info.queue_id, index):
+            return  # recovery's replay, or an incarnation deleted by now (see below)
+        key = (info.topic, info.queue_id)
+        self._put_units(
+            key,
+            queue_offset=info.queue_offset,
+            commitlog_offset=commitlog_offset,
+            size=size - BODY_OFFSET,
+            hashes=hashes,
+            index=index,
+        )
+        touched.add(key)
+        self.stats["messages"] += len(inners)
+
     @staticmethod
     def _body(raw: bytes, body_at: int) -> bytes:
         return decode_message(raw, body_at, verify_crc=False).body
 
-    def _record_session(self, info: Any, props_raw: bytes) -> None:
+    def _record_session(self, info: DispatchInfo, props_raw: bytes, count: int) -> None:
+        """The session results of a record's ``count`` messages (a batch record's are
+        at queue offsets base + i and addresses offset + i)."""
         props = decode_properties(props_raw)
         try:
-            self.meta.record_session(
-                props[PROP_PRODUCER_ID],
-                int(props[PROP_PRODUCER_SEQ]),
+            pid, seq = props[PROP_PRODUCER_ID], int(props[PROP_PRODUCER_SEQ])
+            first, batch_size = (
                 int(props.get(PROP_BATCH_INDEX, "0")),
                 int(props.get(PROP_BATCH_SIZE, "1")),
-                (info.queue_id, info.queue_offset, info.physical_offset),
             )
         except (KeyError, ValueError) as e:
             log.warning("malformed producer session properties ignored: %s", e)
+            return
+        for i in range(count):
+            self.meta.record_session(
+                pid,
+                seq,
+                first + i,
+                batch_size,
+                (info.queue_id, info.queue_offset + i, info.physical_offset + i),
+            )
 
-    def _put_unit(
+    def _put_units(
         self,
         key: tuple[str, int],
         *,
         queue_offset: int,
         commitlog_offset: int,
         size: int,
-        thash: int,
+        hashes: Sequence[int],
         index: int,
     ) -> None:
+        """The units of one record's messages (one per tags hash, from ``queue_offset``
+        on), all pointing at the record."""
         q = self.cq.queue(*key)
         if (
             index <= self.rebuild_until
@@ -465,7 +528,10 @@ class ReputService:
             # log: the queue starts where the log's first message of it says.
             q.reset(queue_offset)
         try:
-            q.put(queue_offset, commitlog_offset, size, thash)
+            put = q.put
+            for thash in hashes:
+                put(queue_offset, commitlog_offset, size, thash)
+                queue_offset += 1
         except ConsumeQueueError:
             # A gap or a different unit at a taken offset means the master assigned queue
             # offsets wrongly: replicas would diverge. Stop the node; an operator looks.

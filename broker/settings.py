@@ -70,6 +70,11 @@ class BrokerSettings:
     advertised_url: str | None = None
     auto_create_topics: bool = True
     default_queues: int = 8
+    # A produce request's messages for one queue are stored as one batch record
+    # (``broker.batch``): one log entry, one append, one dispatch step for all of them.
+    # Unpinned messages of such a request all go to one queue (round robin per request,
+    # like Kafka's sticky partitioner), so that they form one batch.
+    batch_records: bool = False
     limits: Limits = field(default_factory=Limits)
     # The producer-session table is bounded: the least recently used session is evicted
     # (the same one on every replica, since eviction follows the log order).

@@ -12,8 +12,9 @@ Invariants:
   zero unit marks the unwritten tail of a preallocated segment;
 - units only grow along a queue: a unit's ``commitlog_offset`` is at or after the end
   (``commitlog_offset + size``) of the unit before it, because queue offsets are assigned
-  in log order. Every lookup by commitlog offset or store time is a binary search on this;
-  ``put`` refuses a unit that would break it;
+  in log order, or it repeats that unit's record (the same end: the messages of one
+  batch record each have a unit pointing at it). Every lookup by commitlog offset or
+  store time is a binary search on this; ``put`` refuses a unit that would break it;
 - ``put`` is idempotent: re-dispatching a committed entry finds its unit already there
   and changes nothing; a different unit at the same offset is a broken invariant;
 - bytes after ``max_offset`` in the tail segment are zero (truncation zeroes what it
@@ -161,7 +162,11 @@ class ConsumeQueue:
         different unit is already there or the unit would break the order invariant.
         """
         if queue_offset == self._max_offset:
-            if size <= 0 or commitlog_offset < 0 or commitlog_offset < self._last_end:
+            if (
+                size <= 0
+                or commitlog_offset < 0
+                or (commitlog_offset < self._last_end and commitlog_offset + size != self._last_end)
+            ):
                 self._refuse_append(queue_offset, commitlog_offset, size)
             f, mm = self._tail, self._tail_mm
             if f is None or mm is None or f.wrote == self._segment_bytes:
@@ -202,7 +207,8 @@ class ConsumeQueue:
         raise ConsumeQueueError(
             f"consume queue {self.topic}/{self.queue_id}: unit at queue offset {queue_offset}"
             f" (commitlog_offset {commitlog_offset}, size {size}) must have size > 0 and"
-            f" start at or after the previous unit's end {max(self._last_end, 0)}"
+            f" start at or after the previous unit's end {max(self._last_end, 0)} (or repeat"
+            " its record)"
         )
 
     def _roll(self) -> tuple[MmapFile, mmap.mmap]:
@@ -474,7 +480,7 @@ class ConsumeQueue:
             if end_pos - UNIT_SIZE > min_pos:
                 pc, ps, _ = self._unit_at(end_pos - 2 * UNIT_SIZE)
                 prev_end = pc + ps
-            if s > 0 and c >= prev_end:
+            if s > 0 and (c >= prev_end or (end_pos - UNIT_SIZE > min_pos and c + s == prev_end)):
                 break
             end_pos -= UNIT_SIZE
         return end_pos

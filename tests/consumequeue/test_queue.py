@@ -143,6 +143,24 @@ def test_put_refuses_a_unit_that_breaks_the_order(
     q.close()
 
 
+def test_the_units_of_a_batch_record_repeat_it_and_survive_reopen(tmp_path: Path) -> None:
+    """A batch record's messages each have a unit naming the record (broker.batch): a
+    unit may repeat the previous one's record, never start inside it otherwise."""
+    q = filled(tmp_path, 2)
+    record = (unit(2)[0], 500)
+    for i in range(2, 7):  # five messages of one record, across a segment boundary
+        assert q.put(i, *record, i)
+    with pytest.raises(ConsumeQueueError, match="repeat its record"):
+        q.put(7, record[0] + 1, 499 - 1, 0)  # inside the record, ending elsewhere
+    assert q.put(7, record[0] + 500, 100, 0)
+    q.close()
+    q = open_queue(tmp_path)
+    assert q.max_offset == 8
+    assert [u[1:3] for u in q.read(2, 6)] == [record] * 5 + [(record[0] + 500, 100)]
+    assert q.truncate_dirty_tail(record[0]) == 2  # the whole record's units go together
+    q.close()
+
+
 def _write(path: Path, pos: int, data: bytes) -> None:
     fd = os.open(path, os.O_RDWR)
     try:

@@ -1,0 +1,186 @@
+"""Batch records: a producer batch for one queue stored as one CommitLog record
+(docs/formats.md "Batch record"; RocketMQ 5's "inner batch" is the model).
+
+The outer record is an ordinary message record (``broker.message``) with
+``INNER_BATCH_FLAG`` set in SYSFLAG. Its QUEUEOFFSET is the queue offset of the batch's
+first message (the *base*), its properties hold ``INNER_NUM`` (how many messages) and, for
+a producer session, the session properties of its first message, and its BODY is the
+messages' *inner records* back to back. An inner record is RocketMQ's batch encoding of
+one message (``MessageDecoder.encodeMessage``), big-endian::
+
+    @0  TOTALSIZE i32      @12 FLAG i32              then PROPERTIES len u16, bytes
+    @4  MAGICCODE i32 (0)  @16 BODY len i32, bytes
+    @8  BODYCRC u32
+
+Invariants:
+- ``TOTALSIZE == 22 + len(body) + len(properties)`` exactly, and the inner records fill
+  the outer BODY exactly: a walk that does not end at the BODY's end is malformed;
+- message ``i`` of a batch with base ``b`` has queue offset ``b + i`` and *message address*
+  ``c + i``, where ``c`` is the outer record's commitlog offset. ``i < n`` and an outer
+  record holds at least ``88 + 22·n`` bytes, so ``c + i`` lies inside it: every message
+  address is unique, and the one at ``i = 0`` is the record's own offset. Message ids,
+  key-index entries and producer-session results carry the address; consume-queue units
+  carry the record (``c``, its size), one unit per message;
+- inner PROPERTIES hold TAGS, KEYS and the producer's own properties, never UNIQ_KEY (the
+  message id, derived from the address, names the message) nor session properties;
+- the outer BODYCRC covers the inner records, and the DLedger entry CRC the whole record.
+
+Every malformed input raises ``MessageFormatError`` naming the field.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Sequence
+from typing import Final, NamedTuple
+
+from .message import (
+    BODY_LENGTH_POS,
+    BODY_POS,
+    INNER_BATCH_FLAG,
+    QUEUE_OFFSET_POS,
+    SYS_FLAG_POS,
+    Buffer,
+    MessageFormatError,
+    PullFields,
+    decode_properties,
+)
+
+__all__ = [
+    "INNER_BATCH_FLAG",
+    "INNER_MIN_SIZE",
+    "InnerRecord",
+    "batch_inners",
+    "encode_inner_records",
+    "inner_pull_fields",
+    "inner_records",
+    "is_batch_record",
+    "outer_body_span",
+]
+
+INNER_MAGIC: Final = 0  # RocketMQ writes 0 into an inner record's MAGICCODE
+_INNER_HEAD = struct.Struct(">iiIii")  # TOTALSIZE, MAGICCODE, BODYCRC, FLAG, BODY length
+_U16 = struct.Struct(">H")
+_I32 = struct.Struct(">i")
+INNER_MIN_SIZE: Final = _INNER_HEAD.size + 2
+"""An inner record with an empty body and no properties."""
+
+
+class InnerRecord(NamedTuple):
+    """Where one inner record's parts lie in the buffer it was walked in."""
+
+    size: int
+    flag: int
+    body_at: int
+    body_len: int
+    props_at: int
+    props_len: int
+
+
+def encode_inner_records(messages: Sequence[tuple[Buffer, bytes]]) -> bytearray:
+    """The BODY of a batch record: one inner record per ``(body, properties)``, where
+    ``properties`` is an encoded block (``encode_properties``) of at most 65535 bytes."""
+    total = 0
+    for body, props in messages:
+        if len(props) > 0xFFFF:
+            raise MessageFormatError(f"PROPERTIES: {len(props)} bytes, at most 65535 fit")
+        total += INNER_MIN_SIZE + len(body) + len(props)
+    buf = bytearray(total)
+    pack_head, pack_u16, crc32 = _INNER_HEAD.pack_into, _U16.pack_into, zlib.crc32
+    at = 0
+    for body, props in messages:
+        body_len, props_len = len(body), len(props)
+        size = INNER_MIN_SIZE + body_len + props_len
+        pack_head(buf, at, size, INNER_MAGIC, crc32(body), 0, body_len)
+        at += _INNER_HEAD.size
+        buf[at : at + body_len] = body
+        at += body_len
+        pack_u16(buf, at, props_len)
+        buf[at + 2 : at + 2 + props_len] = props
+        at += 2 + props_len
+    return buf
+
+
+def inner_records(buf: Buffer, start: int, end: int) -> list[InnerRecord]:
+    """Walk the inner records filling ``buf[start:end]`` (a batch record's BODY)."""
+    out: list[InnerRecord] = []
+    unpack_head, unpack_u16 = _INNER_HEAD.unpack_from, _U16.unpack_from
+    at = start
+    while at < end:
+        if end - at < INNER_MIN_SIZE:
+            raise MessageFormatError(f"inner record {len(out)}: {end - at} bytes left, too short")
+        size, magic, _crc, flag, body_len = unpack_head(buf, at)
+        if magic != INNER_MAGIC:
+            raise MessageFormatError(f"inner record {len(out)}: MAGICCODE {magic}, expected 0")
+        if not INNER_MIN_SIZE <= size <= end - at or not 0 <= body_len <= size - INNER_MIN_SIZE:
+            raise MessageFormatError(
+                f"inner record {len(out)}: TOTALSIZE {size} or BODY length {body_len} does not"
+                f" fit the {end - at} bytes left"
+            )
+        body_at = at + _INNER_HEAD.size
+        props_len_at = body_at + body_len
+        (props_len,) = unpack_u16(buf, props_len_at)
+        if INNER_MIN_SIZE + body_len + props_len != size:
+            raise MessageFormatError(
+                f"inner record {len(out)}: PROPERTIES length {props_len} disagrees with"
+                f" TOTALSIZE {size}"
+            )
+        out.append(InnerRecord(size, flag, body_at, body_len, props_len_at + 2, props_len))
+        at += size
+    if not out:
+        raise MessageFormatError("batch record: no inner record")
+    return out
+
+
+def is_batch_record(record: Buffer, offset: int = 0) -> bool:
+    """Does the (size-checked) record at ``record[offset]`` set ``INNER_BATCH_FLAG``?"""
+    (sys_flag,) = _I32.unpack_from(record, offset + SYS_FLAG_POS)
+    return bool(sys_flag & INNER_BATCH_FLAG)
+
+
+def outer_body_span(record: Buffer, offset: int = 0) -> tuple[int, int, int]:
+    """(base queue offset, BODY start, BODY end) of the (size-checked) batch record at
+    ``record[offset]``: where ``inner_records`` walks."""
+    (base,) = struct.unpack_from(">q", record, offset + QUEUE_OFFSET_POS)
+    (body_len,) = _I32.unpack_from(record, offset + BODY_LENGTH_POS)
+    start = offset + BODY_POS
+    return base, start, start + body_len
+
+
+def batch_inners(record: Buffer, offset: int = 0) -> tuple[int, list[InnerRecord]]:
+    """(base queue offset, inner records) of the (size-checked) batch record at
+    ``record[offset]``; positions are in ``record``."""
+    base, start, end = outer_body_span(record, offset)
+    return base, inner_records(record, start, end)
+
+
+def inner_pull_fields(
+    record: Buffer,
+    outer: PullFields,
+    walked: tuple[int, list[InnerRecord]],
+    queue_offset: int,
+) -> PullFields:
+    """What a pull returns of the message at ``queue_offset`` inside the batch record
+    ``record`` (``outer`` is its ``decode_for_pull``, ``walked`` its ``batch_inners``,
+    walked once for all its messages): the record's topic, queue and times, the
+    message's own queue offset, address, body and properties."""
+    base, inners = walked
+    i = queue_offset - base
+    if not 0 <= i < len(inners):
+        raise MessageFormatError(
+            f"batch record at {outer.physical_offset}: queue offset {queue_offset} is not"
+            f" in {base}..{base + len(inners) - 1}"
+        )
+    r = inners[i]
+    return PullFields(
+        r.size,
+        outer.queue_id,
+        queue_offset,
+        outer.physical_offset + i,
+        outer.born_timestamp,
+        outer.store_timestamp,
+        bytes(record[r.body_at : r.body_at + r.body_len]),
+        outer.topic,
+        decode_properties(record[r.props_at : r.props_at + r.props_len]),
+    )
