@@ -354,7 +354,7 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
         p,
         "--batch-records",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="store a request's messages for one queue as one batch record (one log entry)",
     )
 

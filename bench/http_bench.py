@@ -496,8 +496,7 @@ class Bench:
         self.root = root
         self.progress = not a.no_progress
         extra = ["--flush", a.flush, "--data-file-mb", str(a.data_file_mb)]
-        if a.batch_records:
-            extra.append("--batch-records")
+        extra.append("--batch-records" if a.batch_records else "--no-batch-records")
         self.cluster = LocalBrokerCluster(3, root / "data", extra_args=extra, log_dir=root)
         self.floor: subprocess.Popen[bytes] | None = None
         self.floor_port = free_ports(1)[0]
@@ -887,8 +886,8 @@ def main() -> int:
     ap.add_argument(
         "--batch-records",
         action=argparse.BooleanOptionalAction,
-        default=False,
-        help="the nodes store a request's messages for one queue as one record",
+        default=True,
+        help="the nodes store a request's messages for one queue as one record (the default)",
     )
     ap.add_argument("--data-file-mb", type=int, default=1024, help="commitlog segment size")
     ap.add_argument("--request-timeout", type=float, default=30.0)

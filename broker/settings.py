@@ -74,7 +74,7 @@ class BrokerSettings:
     # (``broker.batch``): one log entry, one append, one dispatch step for all of them.
     # Unpinned messages of such a request all go to one queue (round robin per request,
     # like Kafka's sticky partitioner), so that they form one batch.
-    batch_records: bool = False
+    batch_records: bool = True
     limits: Limits = field(default_factory=Limits)
     # The producer-session table is bounded: the least recently used session is evicted
     # (the same one on every replica, since eviction follows the log order).

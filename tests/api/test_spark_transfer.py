@@ -20,7 +20,7 @@ import pytest
 import uvicorn
 
 from api.app import create_app
-from api.client import Admin, Producer, UnauthenticatedError
+from api.client import Admin, Message, Producer, UnauthenticatedError
 from api.spark import transfer
 from api.spark.offsets import DataLossError, OffsetSpec, QueueRange
 from api.spark.options import Connection, parse_read_options
@@ -100,8 +100,10 @@ def produce(node: Served, topic: str, n: int, queues: int = 2, size: int = 100) 
     with Admin(node.url, auth_token=TOKEN) as admin:
         admin.create_topic(topic, queues)
     with Producer(node.url, auth_token=TOKEN) as p:
-        for start in range(0, n, 100):
-            p.send(topic, [b"%06d" % i + b"x" * size for i in range(start, min(n, start + 100))])
+        for start in range(0, n, 100):  # message i in queue i % queues
+            for q in range(queues):
+                mine = range(start + q, min(n, start + 100), queues)
+                p.send(topic, [Message(b"%06d" % i + b"x" * size, queue_id=q) for i in mine])
 
 
 def values(batches: Iterator[Any]) -> list[bytes]:
