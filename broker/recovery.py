@@ -249,8 +249,8 @@ class Recovery:
                 found = self._queue_of(raw, off + BODY_OFFSET, magic, i, pos)
                 off += size
                 if found is not None:
-                    key, count = found
-                    held[key] = held.get(key, 0) + count
+                    key, messages = found
+                    held[key] = held.get(key, 0) + messages
             index += count
         for key, next_offset in sorted(table.items()):
             first = next_offset - held.get(key, 0)

@@ -83,13 +83,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerClu
 def produce(
     cluster: LocalBrokerCluster, topic: str, messages: list[Any], queues: int = 4
 ) -> list[Any]:
-    """Send ``messages`` in batches of 200; returns the send results in order."""
+    """Send ``messages`` in batches of 50 (each a batch record in one round-robin queue,
+    so that 200 messages reach four queues); returns the send results in order."""
     with Admin(cluster.brokers) as admin:
         admin.create_topic(topic, queues)
     results = []
     with Producer(cluster.brokers) as p:
-        for i in range(0, len(messages), 200):
-            results.extend(p.send(topic, messages[i : i + 200]))
+        for i in range(0, len(messages), 50):
+            results.extend(p.send(topic, messages[i : i + 50]))
     return results
 
 
