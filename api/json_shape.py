@@ -10,8 +10,9 @@ strings and scalars, than the limits allow; what passes is then parsed as before
 What is counted (an upper bound for any input, exact for valid JSON):
 
 - strings: the escapes ``\\\\`` and ``\\"`` are dropped first (``bytes.replace``, paired
-  from the left as a JSON string's are), then every ``"[^"]*+"`` is one string: a
-  possessive pattern with a literal first byte, so no byte is looked at twice;
+  from the left as a JSON string's are), then every pair of quotes is one string (a
+  count of the quotes), and the strings are cut out by a split on the quotes, once
+  their number is known to be within the limit (the split makes a piece per quote);
 - messages: the containers (``{`` or ``[``) that are elements of an array. A valid
   produce body has arrays in two places, ``messages`` (objects: the messages) and a
   message's ``keys`` (strings), so this is the message count, and any other container
@@ -33,7 +34,6 @@ import re
 
 from broker import errors
 
-_STRING = re.compile(rb'"[^"]*+"')  # once escapes are gone: a string, or a lone quote
 _WHITESPACE = b" \t\r\n"
 # A line break with the blank lines and indentation after it.
 _BREAK = re.compile(rb"\n[ \t\r\f\v\n]*+")
@@ -50,9 +50,12 @@ def check_json_shape(
     ``PayloadTooLargeError`` (413) when it is over ``max_messages`` or the body holds
     more than ``max_strings_per_message`` values per message. Linear in ``len(body)``."""
     max_values = max_strings_per_message * max(1, max_messages)
-    stripped, strings = _STRING.subn(b'"', _without_escapes(body), count=max_values + 1)
+    unescaped = _without_escapes(body)
+    strings = unescaped.count(b'"') // 2
     if strings > max_values:
         raise _too_many("strings", max_values)
+    stripped = _strings_cut(unescaped)
+    del unescaped
     compact = stripped.translate(None, _WHITESPACE)
     del stripped
     items = _array_items(compact)
@@ -69,7 +72,21 @@ def _without_escapes(body: bytes) -> bytes:
     """``body`` without ``\\\\`` and ``\\"``: paired from the left as a JSON string's escapes
     are, so every quote left is a string's delimiter (in valid JSON; in invalid JSON the
     parser stops at the first stray backslash, before anything after it is built)."""
+    if b"\\" not in body:  # one memchr pass instead of two copying ones (the common case)
+        return body
     return body.replace(b"\\\\", b"").replace(b'\\"', b"")
+
+
+def _strings_cut(unescaped: bytes) -> bytes:
+    """``unescaped`` with every string (``"`` to the next ``"``) cut down to one ``"``,
+    and a lone last quote kept as it is: a split on the quotes and a join of what lies
+    between the strings, C-speed passes (a regex doing the same walked the bytes ten
+    times slower: 600 µs of a 100-message produce body of 1 KiB messages, py-spy)."""
+    parts = unescaped.split(b'"')
+    if len(parts) % 2:
+        return b'"'.join(parts[0::2])
+    # An odd number of quotes: the last one opens no string; what follows it stays.
+    return b'"'.join(parts[0:-1:2]) + b'"' + parts[-1]
 
 
 def _flags(data: bytes, chars: bytes, *, inverse: bool = False) -> int:

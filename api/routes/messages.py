@@ -4,9 +4,11 @@ or an Arrow IPC stream out (docs/spark.md)."""
 import base64
 import binascii
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import ValidationError
 from starlette.responses import Response
@@ -75,35 +77,106 @@ def messages_out(
     return [message_out(m, encoding) for m in found]
 
 
-def to_broker_message(i: int, m: models.ProduceMessage) -> NewMessage:
-    if m.encoding == "base64":
+def to_broker_message(i: int, m: Mapping[str, Any]) -> NewMessage:
+    """Message ``i`` of a produce request, as ``ProduceMessage``'s fields (a validated
+    model's ``vars``, or a plain body's dict from ``plain_produce``)."""
+    text = m["body"]
+    if m.get("encoding") == "base64":
         try:
-            body = base64.b64decode(m.body, validate=True)
+            body = base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
             raise errors.InvalidArgumentError(f"messages[{i}].body is not valid base64") from None
     else:
-        body = m.body.encode("utf-8", "surrogatepass")
+        body = text.encode("utf-8", "surrogatepass")
     keys: list[str] = []
-    if m.key is not None:
-        keys.append(m.key)
-    if m.keys:
-        keys.extend(k for k in m.keys if k not in keys)
+    key, more = m.get("key"), m.get("keys")
+    if key is not None:
+        keys.append(key)
+    if more:
+        keys.extend(k for k in more if k not in keys)
     return NewMessage(
         body=body,
-        tags=m.tags,
+        tags=m.get("tags"),
         keys=keys,
-        properties=m.properties or {},
-        queue_id=m.queue_id,
-        sharding_key=m.sharding_key,
-        born_timestamp=m.born_timestamp,
+        properties=m.get("properties") or {},
+        queue_id=m.get("queue_id"),
+        sharding_key=m.get("sharding_key"),
+        born_timestamp=m.get("born_timestamp"),
     )
 
 
-def parse_produce(
-    raw: bytes, content_type: str, query: Any, limits: Limits
-) -> models.ProduceRequest:
-    """A produce body, JSON (``ProduceRequest``) or NDJSON (a message per line, the
-    session in the query), counted (``check_json_shape``) before anything is built."""
+@dataclass(frozen=True, slots=True)
+class ParsedProduce:
+    """A produce request's messages (``ProduceMessage``'s fields) and session."""
+
+    messages: Sequence[Mapping[str, Any]]
+    producer_id: str | None
+    sequence: int | None
+
+    @classmethod
+    def of(cls, req: models.ProduceRequest) -> "ParsedProduce":
+        return cls([vars(m) for m in req.messages], req.producer_id, req.sequence)
+
+
+_REQUEST_FIELDS = frozenset(models.ProduceRequest.model_fields)
+_MESSAGE_FIELDS = frozenset(models.ProduceMessage.model_fields)
+_SHORT_FIELDS = ("key", "tags", "sharding_key")  # max_length=1024 in ProduceMessage
+_ENCODINGS = frozenset({"utf-8", "base64"})
+_MAX_SHORT = 1024
+_MAX_INT = 2**62
+
+
+def _plain_message(m: object) -> bool:
+    """Is ``m`` (from orjson) a message in exactly the forms ``ProduceMessage`` takes as
+    they are: the right JSON types, within their bounds, no coercion needed?"""
+    if type(m) is not dict or not m.keys() <= _MESSAGE_FIELDS or type(m.get("body")) is not str:
+        return False
+    if m.get("encoding", "utf-8") not in _ENCODINGS:
+        return False
+    for name in _SHORT_FIELDS:
+        v = m.get(name)
+        if v is not None and (type(v) is not str or len(v) > _MAX_SHORT):
+            return False
+    keys, props = m.get("keys"), m.get("properties")
+    if keys is not None and (
+        type(keys) is not list or any(type(k) is not str or len(k) > _MAX_SHORT for k in keys)
+    ):
+        return False
+    if props is not None and (
+        type(props) is not dict or any(type(v) is not str for v in props.values())
+    ):
+        return False
+    q, born = m.get("queue_id"), m.get("born_timestamp")
+    return (q is None or (type(q) is int and 0 <= q <= 65_535)) and (
+        born is None or (type(born) is int and 0 <= born <= _MAX_INT)
+    )
+
+
+def plain_produce(raw: bytes) -> ParsedProduce | None:
+    """A JSON produce body read with orjson, when it is made only of the plain forms
+    (``_plain_message``) that ``ProduceRequest`` would take unchanged: the same messages
+    without a model per message. None for anything else (a syntax error, an unknown
+    field, a type to coerce or refuse): the model then reads it, with its errors."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if type(doc) is not dict or not doc.keys() <= _REQUEST_FIELDS:
+        return None
+    msgs, pid, seq = doc.get("messages"), doc.get("producer_id"), doc.get("sequence")
+    if type(msgs) is not list or not msgs or not all(_plain_message(m) for m in msgs):
+        return None
+    if (pid is not None and type(pid) is not str) or (
+        seq is not None and (type(seq) is not int or not 0 <= seq <= _MAX_INT)
+    ):
+        return None
+    return ParsedProduce(msgs, pid, seq)
+
+
+def parse_produce(raw: bytes, content_type: str, query: Any, limits: Limits) -> ParsedProduce:
+    """A produce body, JSON (``ProduceRequest``, or ``plain_produce`` when it reads the
+    same) or NDJSON (a message per line, the session in the query), counted
+    (``check_json_shape``) before anything is built."""
     if content_type.split(";", maxsplit=1)[0].strip().lower() == NDJSON:
         lines = ndjson_lines(raw, limits.max_messages_per_request)
         check_json_shape(
@@ -124,16 +197,20 @@ def parse_produce(
         if seq is not None and not seq.isdigit():
             raise errors.InvalidArgumentError("sequence must be a non-negative integer")
         try:
-            return models.ProduceRequest(
+            req = models.ProduceRequest(
                 messages=msgs,
                 producer_id=query.get("producer_id"),
                 sequence=int(seq) if seq is not None else None,
             )
         except ValidationError as e:
             raise errors.InvalidArgumentError(validation_message(e)) from None
+        return ParsedProduce.of(req)
     check_json_shape(raw, limits.max_messages_per_request, limits.max_json_strings_per_message)
+    plain = plain_produce(raw)
+    if plain is not None:
+        return plain
     try:
-        return models.ProduceRequest.model_validate_json(raw)
+        return ParsedProduce.of(models.ProduceRequest.model_validate_json(raw))
     except ValidationError as e:
         raise errors.InvalidArgumentError(validation_message(e)) from None
 

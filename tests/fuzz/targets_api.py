@@ -86,7 +86,7 @@ def api_models(data: bytes) -> None:
         messages = [parsed]
     for i, m in enumerate(messages):
         with contextlib.suppress(errors.InvalidArgumentError):
-            to_broker_message(i, m)
+            to_broker_message(i, vars(m))
 
 
 def true_shape(doc: Any, in_array: bool = False) -> tuple[int, int]:
