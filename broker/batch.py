@@ -42,16 +42,20 @@ from .message import (
     QUEUE_OFFSET_POS,
     SYS_FLAG_POS,
     Buffer,
+    Host,
     MessageFormatError,
     PullFields,
     decode_properties,
+    encode_message,
 )
+from .properties import PROP_INNER_NUM, add_session
 
 __all__ = [
     "INNER_BATCH_FLAG",
     "INNER_MIN_SIZE",
     "InnerRecord",
     "batch_inners",
+    "encode_batch_record",
     "encode_inner_records",
     "inner_pull_fields",
     "inner_records",
@@ -100,6 +104,31 @@ def encode_inner_records(messages: Sequence[tuple[Buffer, bytes]]) -> bytearray:
         buf[at + 2 : at + 2 + props_len] = props
         at += 2 + props_len
     return buf
+
+
+def encode_batch_record(
+    topic: str,
+    messages: Sequence[tuple[Buffer, bytes]],
+    *,
+    session: tuple[str, int, int, int] | None,
+    timestamp: int,
+    store_host: Host,
+) -> bytearray:
+    """A batch record of ``messages`` (``(body, encoded inner properties)``, see
+    ``inner_properties``): its born and store time ``timestamp``; ``session`` is the
+    (producer id, sequence, index of the first message in the batch, batch size)."""
+    outer: dict[str, str] = {PROP_INNER_NUM: str(len(messages))}
+    if session is not None:
+        add_session(outer, session)
+    return encode_message(
+        topic=topic,
+        body=encode_inner_records(messages),
+        properties=outer,
+        sys_flag=INNER_BATCH_FLAG,
+        born_timestamp=timestamp,
+        store_timestamp=timestamp,
+        store_host=store_host,
+    )
 
 
 def inner_records(buf: Buffer, start: int, end: int) -> list[InnerRecord]:

@@ -26,15 +26,11 @@ from dataclasses import dataclass, field
 from dledger.codes import DLedgerError
 
 from . import errors, sessions
-from .batch import INNER_BATCH_FLAG, encode_inner_records
+from .batch import encode_batch_record
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .host import ProduceHost
 from .message import (
-    PROP_BATCH_INDEX,
-    PROP_BATCH_SIZE,
     PROP_KEYS,
-    PROP_PRODUCER_ID,
-    PROP_PRODUCER_SEQ,
     PROP_TAGS,
     PROP_UNIQ_KEY,
     SYSTEM_PROPERTIES,
@@ -45,7 +41,7 @@ from .message import (
 )
 from .metadata import PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
-from .properties import PROP_INNER_NUM, inner_properties
+from .properties import inner_properties
 from .settings import BrokerSettings
 
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
@@ -271,25 +267,11 @@ class Producer:
         now: int,
         queue_id: int,
     ) -> OutgoingMessage:
-        outer: dict[str, str] = {PROP_INNER_NUM: str(len(run))}
-        if session is not None:
-            pid, seq, size = session
-            outer.update(
-                {
-                    PROP_PRODUCER_ID: pid,
-                    PROP_PRODUCER_SEQ: str(seq),
-                    PROP_BATCH_INDEX: str(index_in_batch),
-                    PROP_BATCH_SIZE: str(size),
-                }
-            )
-        body = encode_inner_records([(m.body, p) for m, p in zip(run, raw_props, strict=True)])
-        record = encode_message(
-            topic=topic.name,
-            body=body,
-            properties=outer,
-            sys_flag=INNER_BATCH_FLAG,
-            born_timestamp=now,
-            store_timestamp=now,
+        record = encode_batch_record(
+            topic.name,
+            [(m.body, p) for m, p in zip(run, raw_props, strict=True)],
+            session=None if session is None else (*session[:2], index_in_batch, session[2]),
+            timestamp=now,
             store_host=self.host.store_host,
         )
         return OutgoingMessage(record, queue_id, count=len(run))

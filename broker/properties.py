@@ -34,6 +34,7 @@ __all__ = [
     "SYSTEM_PROPERTIES",
     "Buffer",
     "MessageFormatError",
+    "add_session",
     "decode_properties",
     "encode_properties",
     "inner_properties",
@@ -99,12 +100,18 @@ def message_properties(
     props = inner_properties(user, tags=tags, keys=keys)
     props[PROP_UNIQ_KEY] = uniq_key
     if session is not None:
-        pid, seq, index_in_batch, size = session
-        props[PROP_PRODUCER_ID] = pid
-        props[PROP_PRODUCER_SEQ] = str(seq)
-        props[PROP_BATCH_INDEX] = str(index_in_batch)
-        props[PROP_BATCH_SIZE] = str(size)
+        add_session(props, session)
     return props
+
+
+def add_session(props: dict[str, str], session: tuple[str, int, int, int]) -> None:
+    """The producer-session properties of (producer id, sequence, index in the batch,
+    batch size), into ``props``."""
+    pid, seq, index_in_batch, size = session
+    props[PROP_PRODUCER_ID] = pid
+    props[PROP_PRODUCER_SEQ] = str(seq)
+    props[PROP_BATCH_INDEX] = str(index_in_batch)
+    props[PROP_BATCH_SIZE] = str(size)
 
 
 def inner_properties(

@@ -427,6 +427,19 @@ class ReputService:
             # function of the log alone, so every replica and every replay builds the
             # same files. (A query reads each candidate and checks its topic.)
             keys.put(msg_keys, commitlog_offset, info.store_timestamp)
+        self._queue_units(info, commitlog_offset, size, (tags_hash(tags),), index, touched)
+
+    def _queue_units(  # noqa: PLR0917 - the entry's parts, as _dispatch_entry has them
+        self,
+        info: DispatchInfo,
+        commitlog_offset: int,
+        size: int,
+        hashes: Sequence[int],
+        index: int,
+        touched: set[tuple[str, int]],
+    ) -> None:
+        """The units of the record's messages (a tags hash each) into its queue, unless
+        recovery replays an entry the queues hold, or the topic's incarnation is gone."""
         if index <= self.derived_index:
             return  # recovery's replay: the queues hold this entry already
         if not self.meta.queued(info.topic, info.queue_id, index):
@@ -437,11 +450,11 @@ class ReputService:
             queue_offset=info.queue_offset,
             commitlog_offset=commitlog_offset,
             size=size - BODY_OFFSET,
-            hashes=(tags_hash(tags),),
+            hashes=hashes,
             index=index,
         )
         touched.add(key)
-        self.stats["messages"] += 1
+        self.stats["messages"] += len(hashes)
 
     def _dispatch_batch(  # noqa: PLR0917 - the entry's parts, as _dispatch_entry has them
         self,
@@ -466,19 +479,7 @@ class ReputService:
             if msg_keys:
                 put_keys(msg_keys, commitlog_offset + i, ts)
             hashes.append(tags_hash(tags))
-        if index <= self.derived_index or not self.meta.queued(info.topic, info.queue_id, index):
-            return  # recovery's replay, or an incarnation deleted by now (see below)
-        key = (info.topic, info.queue_id)
-        self._put_units(
-            key,
-            queue_offset=info.queue_offset,
-            commitlog_offset=commitlog_offset,
-            size=size - BODY_OFFSET,
-            hashes=hashes,
-            index=index,
-        )
-        touched.add(key)
-        self.stats["messages"] += len(inners)
+        self._queue_units(info, commitlog_offset, size, hashes, index, touched)
 
     @staticmethod
     def _body(raw: bytes, body_at: int) -> bytes:

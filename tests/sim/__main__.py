@@ -25,12 +25,20 @@ def main() -> int:
         f"({', '.join(KNOWN_BUGS) or 'none known now'}; 'all' for every one)",
     )
     ap.add_argument("--fault-ms", type=int, help=f"fault phase (default 8000, broker {FAULT_MS})")
+    ap.add_argument(
+        "--batch-records",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="with --broker: store batch records or not (default: as the seed draws)",
+    )
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
     explore = frozenset(KNOWN_BUGS if a.explore == "all" else filter(None, a.explore.split(",")))
     run: Callable[..., Simulation] = (
-        functools.partial(run_broker_seed, explore=explore) if a.broker else run_seed
+        functools.partial(run_broker_seed, explore=explore, batch_records=a.batch_records)
+        if a.broker
+        else run_seed
     )
     fault_ms = a.fault_ms if a.fault_ms is not None else (FAULT_MS if a.broker else 8_000)
     failed = 0

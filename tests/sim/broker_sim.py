@@ -108,21 +108,26 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 from unittest import mock
 
 import orjson
 
+from broker.batch import batch_inners, encode_batch_record
 from broker.commitlog import DLedgerCommitLog, OutgoingMessage
 from broker.errors import SequenceTooOldError
 from broker.message import (
+    INNER_BATCH_FLAG,
     PROP_BATCH_INDEX,
     PROP_BATCH_SIZE,
+    PROP_KEYS,
     PROP_PRODUCER_ID,
     PROP_PRODUCER_SEQ,
+    PROP_TAGS,
     MessageFormatError,
     StoredMessage,
     decode_message,
+    decode_properties,
     encode_message,
     encode_properties,
     message_properties,
@@ -132,11 +137,13 @@ from broker.metadata import (
     TOPIC_NAME,
     MetadataState,
     SnapshotFiles,
+    TopicMeta,
     op_commit_offsets,
     op_create_topic,
     op_delete_topic,
 )
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
+from broker.properties import inner_properties, split_keys
 from broker.reput import ReputService
 from broker.role import BrokerRole
 from broker.sessions import (
@@ -203,10 +210,15 @@ KNOWN_BUGS: dict[str, str] = {}
 
 
 def broker_replay_command(
-    seed: int, explore: frozenset[str] = frozenset(), fault_ms: int = FAULT_MS
+    seed: int,
+    explore: frozenset[str] = frozenset(),
+    fault_ms: int = FAULT_MS,
+    batch_records: bool | None = None,
 ) -> str:
     more = f" --explore {','.join(sorted(explore))}" if explore else ""
     more += f" --fault-ms {fault_ms}" if fault_ms != FAULT_MS else ""
+    if batch_records is not None:
+        more += " --batch-records" if batch_records else " --no-batch-records"
     return f".venv/bin/python -m tests.sim --broker --seed {seed}{more} --verbose"
 
 
@@ -249,6 +261,9 @@ class BrokerKnobs:
     # retention passes it in the fault phase (it installs the snapshot, or loses power
     # right after).
     away_ms: tuple[int, int] | None = None
+    # Batch records (``broker.batch``, ``batch_draws``, a stream of its own): a session
+    # batch's messages for one queue go into the log as one record.
+    batch_records: bool = False
 
     @classmethod
     def from_rng(cls, rng: random.Random, base: Knobs, explore: frozenset[str]) -> BrokerKnobs:
@@ -281,6 +296,13 @@ class BrokerKnobs:
         self.wipe_chance = side.choice((0.0, 0.0, 0.3))
         return side
 
+    def batch_draws(self, seed: int, forced: bool | None = None) -> None:
+        """Whether the run stores batch records, from a stream of its own (a seed drawn
+        without them runs as it did before they existed), unless ``forced``: the fixed
+        bug seeds keep the schedules they were found with."""
+        drawn = random.Random(f"{seed}/batch").random() < 0.5
+        self.batch_records = drawn if forced is None else forced
+
     def retention_draws(self, seed: int) -> random.Random:
         """Draw retention's knobs from a stream of their own; returns it (it also decides
         when retention runs and whether power is lost after an install). A seed drawn
@@ -311,6 +333,44 @@ class Incarnation:
     def live_at(self, index: int) -> bool:
         """Exists once entry ``index`` is applied."""
         return self.created <= index and (self.deleted is None or self.deleted > index)
+
+
+class LoggedMessage(NamedTuple):
+    """One message of a committed record, as the model reads it."""
+
+    body: bytes
+    session: tuple[str | None, str | None, str | None, int]  # producer, seq, index, size
+    queue_offset: int
+    address: int  # the record's commitlog offset, plus the index in a batch record
+    tags: str | None
+    keys: tuple[str, ...]  # what the key index holds for it
+
+
+def _messages_of(m: StoredMessage, raw: bytes, clo: int) -> list[LoggedMessage]:
+    """The messages of the committed record ``m`` (decoded from ``raw``, at ``clo``); a
+    batch record (``broker.batch``) holds several."""
+    p = m.properties
+    pid, seq, size = p.get(PROP_PRODUCER_ID), p.get(PROP_PRODUCER_SEQ), int(p[PROP_BATCH_SIZE])
+    if not m.sys_flag & INNER_BATCH_FLAG:
+        keys = (*m.keys, *([m.uniq_key] if m.uniq_key and m.uniq_key not in m.keys else []))
+        session = (pid, seq, p.get(PROP_BATCH_INDEX), size)
+        return [LoggedMessage(m.body, session, m.queue_offset, clo, m.tags, keys)]
+    base, inners = batch_inners(raw)
+    first = int(p[PROP_BATCH_INDEX])
+    out = []
+    for i, r in enumerate(inners):
+        props = decode_properties(raw[r.props_at : r.props_at + r.props_len])
+        out.append(
+            LoggedMessage(
+                raw[r.body_at : r.body_at + r.body_len],
+                (pid, seq, str(first + i), size),
+                base + i,
+                clo + i,
+                props.get(PROP_TAGS),
+                tuple(split_keys(props.get(PROP_KEYS))),
+            )
+        )
+    return out
 
 
 @dataclass(slots=True)
@@ -401,43 +461,43 @@ class LogModel:
         if m.topic == SYS_TOPIC:
             self._apply_op(e.index, m.body)
             return
-        key = b"|".join(m.body.split(b"|", 3)[:3]).decode()  # "producer|seq|index in batch"
+        for logged in _messages_of(m, e.body, clo):
+            self._feed_message(e.index, m, logged)
+
+    def _feed_message(self, index: int, m: StoredMessage, logged: LoggedMessage) -> None:
+        """One message of the committed record ``m`` (a batch record holds several)."""
+        body, session, queue_offset, address, tags, keys = logged
+        key = b"|".join(body.split(b"|", 3)[:3]).decode()  # "producer|seq|index in batch"
         if key not in self.sent:
-            self.fail(f"unexpected: entry {e.index} holds message {key!r}, never sent")
+            self.fail(f"unexpected: entry {index} holds message {key!r}, never sent")
         if key in self.by_id:
             old = self.messages[self.by_id[key]]
-            self.fail(f"duplicated: message {key} at entries {old.index} and {e.index}")
+            self.fail(f"duplicated: message {key} at entries {old.index} and {index}")
         pid, seq, k = key.split("|")
-        p = m.properties
-        if (p.get(PROP_PRODUCER_ID), p.get(PROP_PRODUCER_SEQ), p.get(PROP_BATCH_INDEX)) != (
-            pid,
-            seq,
-            k,
-        ):
-            self.fail(f"entry {e.index}: session properties {p} do not name {key}")
-        self._record_session(pid, int(seq), int(k), int(p[PROP_BATCH_SIZE]), m, clo)
-        inc = self.topic_before(m.topic, e.index)
+        if session[:3] != (pid, seq, k):
+            self.fail(f"entry {index}: session properties {session} do not name {key}")
+        self._record_session(pid, int(seq), int(k), session[3], m.queue_id, queue_offset, address)
+        inc = self.topic_before(m.topic, index)
         placed = None
         if inc is not None and m.queue_id < inc.queues:
             placed = (m.topic, inc.created, m.queue_id)
             q = self.queue(*placed)
-            if m.queue_offset != len(q.indexes):
+            if queue_offset != len(q.indexes):
                 self.fail(
-                    f"inconsistent-offsets: entry {e.index} ({key}) has queue offset "
-                    f"{m.queue_offset} in {m.topic}/{m.queue_id} (created {inc.created}); "
+                    f"inconsistent-offsets: entry {index} ({key}) has queue offset "
+                    f"{queue_offset} in {m.topic}/{m.queue_id} (created {inc.created}); "
                     f"commit order gives {len(q.indexes)}"
                 )
-            q.indexes.append(e.index)
-            q.units.append((clo, len(e.body), tags_hash(m.tags)))
+            q.indexes.append(index)
+            q.units.append((m.physical_offset, m.size, tags_hash(tags)))
             q.ids.append(key)
-        self.by_id[key] = clo
-        keys = (*m.keys, *([m.uniq_key] if m.uniq_key and m.uniq_key not in m.keys else []))
-        self.messages[clo] = ModelMessage(
-            e.index, key, m.topic, m.queue_id, m.queue_offset, len(e.body), keys, placed
+        self.by_id[key] = address
+        self.messages[address] = ModelMessage(
+            index, key, m.topic, m.queue_id, queue_offset, m.size, keys, placed
         )
 
     def _record_session(
-        self, pid: str, seq: int, k: int, size: int, m: StoredMessage, clo: int
+        self, pid: str, seq: int, k: int, size: int, queue_id: int, queue_offset: int, clo: int
     ) -> None:
         s = self.sessions.get(pid)
         if s is None or seq > s[0]:
@@ -447,7 +507,7 @@ class LogModel:
             self.fail(f"producer {pid}: sequence {seq} committed after {s[0]}")
             return
         if k == len(s[2]):
-            s[2].append((m.queue_id, m.queue_offset, clo))
+            s[2].append((queue_id, queue_offset, clo))
 
     def _apply_op(self, index: int, body: bytes) -> None:
         op = orjson.loads(body)
@@ -506,6 +566,7 @@ class Op:
     first_index: int = -1
     last_index: int = -1
     positions: tuple[int, ...] = ()
+    counts: list[int] = field(default_factory=list)  # messages per record (batch records)
     state: OpState = OpState.PROPOSED
     target: int = -1  # SETTLING: wait until this index is committed and dispatched
     deadline_ms: int = 0
@@ -759,13 +820,15 @@ class BrokerChecker(Checker):
                 self.fail(f"{where}: unit {qo} is {(clo, size, th)}, the log {mq.units[qo]}")
             if clo < begin_pos:
                 continue  # retention deleted it (the unit equals the model's: enough)
-            m = decode_message(bn.store.read(clo, size))
-            if (m.topic, m.queue_id, m.queue_offset, m.physical_offset) != (name, qid, qo, clo):
+            raw = bn.store.read(clo, size)
+            m = decode_message(raw)
+            held = {x.queue_offset: x.body for x in _messages_of(m, raw, clo)}
+            if (m.topic, m.queue_id, m.physical_offset) != (name, qid, clo) or qo not in held:
                 self.fail(
-                    f"{where}: unit {qo} points at {m.topic}/{m.queue_id}@{m.queue_offset} "
+                    f"{where}: unit {qo} points at {m.topic}/{m.queue_id}@{sorted(held)} "
                     f"with PHYSICALOFFSET {m.physical_offset}, not at itself ({clo})"
                 )
-            if not m.body.startswith(mq.ids[qo].encode() + b"|"):
+            if not held[qo].startswith(mq.ids[qo].encode() + b"|"):
                 self.fail(f"{where}: unit {qo} reads another message than {mq.ids[qo]}")
         bn.verified[key] = hi
 
@@ -1036,6 +1099,7 @@ class BrokerSimulation(Simulation):
         fault_ms: int = FAULT_MS,
         verbose: bool = False,
         explore: frozenset[str] = frozenset(),
+        batch_records: bool | None = None,
     ) -> None:
         super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose)
         unknown = explore - KNOWN_BUGS.keys()
@@ -1044,6 +1108,7 @@ class BrokerSimulation(Simulation):
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
         self.wipe_rng = self.bknobs.side_draws(seed)
         self.retain_rng = self.bknobs.retention_draws(seed)
+        self.bknobs.batch_draws(seed, batch_records)
         k = self.bknobs
         # INSTALL_SNAPSHOT goes through the base simulation's application hooks: with
         # ``app`` on, its Ready loop hands a snapshot to ``_install`` inside
@@ -1433,8 +1498,11 @@ class BrokerSimulation(Simulation):
                     self._finish(bn, op, "ok", op.last_index)
                 else:
                     put = [
-                        (qid, qo, pos + BODY_OFFSET)
-                        for (qid, qo), pos in zip(op.placed, op.positions, strict=True)
+                        (qid, qo + i, pos + BODY_OFFSET + i)
+                        for (qid, qo), pos, count in zip(
+                            op.placed, op.positions, op.counts, strict=True
+                        )
+                        for i in range(count)
                     ]
                     self._finish(bn, op, "ok", op.done + put)
             elif (
@@ -1636,11 +1704,16 @@ class BrokerSimulation(Simulation):
         if done:
             self.stats["tails"] += 1
         now = EPOCH_MS + self.now_ms
-        out = [
-            self._encode(n, b, m, len(done) + i, now) for i, m in enumerate(b.messages[len(done) :])
-        ]
+        if self.bknobs.batch_records:
+            out = self._encode_batched(n, bn, topic, b, len(done), now)
+        else:
+            out = [
+                self._encode(n, b, m, len(done) + i, now)
+                for i, m in enumerate(b.messages[len(done) :])
+            ]
         placed, undo = bn.commitlog.assign_queue_offsets(topic, out)
         op = Op("produce", bn.role_term, [reply], placed, done, (b.pid, b.seq, size), d.attempt)
+        op.counts = [m.count for m in out]
         if not self._append(n, bn, op, [m.record for m in out]):
             undo()
             bn.sessions.end(
@@ -1652,6 +1725,40 @@ class BrokerSimulation(Simulation):
                 settled=functools.partial(_settled, bn),
             )
             reply("refused", "log refused")
+
+    def _encode_batched(
+        self, n: SimNode, bn: BrokerNode, topic: TopicMeta, b: Batch, first: int, now: int
+    ) -> list[OutgoingMessage]:
+        """Broker._encode_batched: each run of the batch's messages bound for one queue
+        is a batch record (the real encoder), a run of one a single record."""
+        todo = b.messages[first:]
+        qids = bn.commitlog.select_queues(
+            topic, [(m.queue_id, m.sharding_key) for m in todo], sticky=True
+        )
+        out: list[OutgoingMessage] = []
+        i = 0
+        while i < len(todo):
+            j = i + 1
+            while j < len(todo) and qids[j] == qids[i]:
+                j += 1
+            if j - i == 1:
+                single = self._encode(n, b, todo[i], first + i, now)
+                out.append(OutgoingMessage(single.record, qids[i]))
+            else:
+                run = [
+                    (m.body, encode_properties(inner_properties({}, tags=m.tags, keys=m.keys)))
+                    for m in todo[i:j]
+                ]
+                record = encode_batch_record(
+                    b.topic,
+                    run,
+                    session=(b.pid, b.seq, first + i, len(b.messages)),
+                    timestamp=now,
+                    store_host=self.hosts[n.node_id],
+                )
+                out.append(OutgoingMessage(record, qids[i], count=j - i))
+            i = j
+        return out
 
     def _encode(self, n: SimNode, b: Batch, m: ClientMessage, k: int, now: int) -> OutgoingMessage:
         """Broker._encode, with a deterministic UNIQ_KEY."""
@@ -1905,13 +2012,18 @@ def run_broker_seed(
     fault_ms: int = FAULT_MS,
     verbose: bool = False,
     explore: frozenset[str] = frozenset(),
+    batch_records: bool | None = None,
 ) -> BrokerSimulation:
+    """Run one seed; ``batch_records`` None: drawn from the seed (``batch_draws``)."""
     root = sim_root()
-    sim = BrokerSimulation(seed, root, fault_ms=fault_ms, verbose=verbose, explore=explore)
+    sim = BrokerSimulation(
+        seed, root, fault_ms=fault_ms, verbose=verbose, explore=explore, batch_records=batch_records
+    )
     try:
         sim.execute()
     except BaseException as e:
-        e.add_note(f"seed {seed}, replay: {broker_replay_command(seed, explore, fault_ms)}")
+        replay = broker_replay_command(seed, explore, fault_ms, batch_records)
+        e.add_note(f"seed {seed}, replay: {replay}")
         raise
     finally:
         sim.close()

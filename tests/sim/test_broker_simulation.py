@@ -132,6 +132,7 @@ def test_the_seeds_exercise_every_broker_knob() -> None:
         k = BrokerKnobs.from_rng(rng, base, frozenset())
         k.side_draws(s)
         k.retention_draws(s)
+        k.batch_draws(s)
         knobs.append((base, k))
     brokers = [k for _, k in knobs]
     assert sum(k.churn_per_s > 0 for k in brokers) > 5
@@ -151,6 +152,8 @@ def test_the_seeds_exercise_every_broker_knob() -> None:
     assert sum(k.snapshot_alone_chance > 0 for k in retaining) > 10
     assert {k.data_file_size for k in retaining} == {2048, 4096, 8192}
     assert {k.producers for k in brokers} == {1, 2, 3}
+    assert sum(k.batch_records and k.batch_max > 1 for k in brokers) > 15
+    assert sum(k.batch_records and b.crash_per_s > 0 for b, k in knobs) > 10
 
 
 def test_every_known_bug_has_a_reproducer() -> None:
@@ -163,7 +166,7 @@ def test_every_known_bug_has_a_reproducer() -> None:
 def test_fixed_broker_bug_seed_passes(
     bug: str, seed: int, fault_ms: int, exercised: str | None, said: str
 ) -> None:
-    sim = run_broker_seed(seed, fault_ms=fault_ms)
+    sim = run_broker_seed(seed, fault_ms=fault_ms, batch_records=False)  # as found
     assert sim.acked, "no produce was ever acknowledged"
     if exercised is not None:
         assert sim.stats[exercised] > 0, f"seed {seed} no longer exercises {bug} (said: {said})"
@@ -185,7 +188,7 @@ def test_a_bug_in_the_real_session_rule_fails_a_seed(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(ProducerSessions, "end", end_forgetting)
     with pytest.raises(InvariantViolationError, match="duplicated: message"):
-        run_broker_seed(15, fault_ms=3000)
+        run_broker_seed(15, fault_ms=3000, batch_records=False)
 
 
 def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -198,4 +201,4 @@ def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(Promotion, "advance", skip_dispatch)
     with pytest.raises(InvariantViolationError, match="inconsistent-offsets"):
-        run_broker_seed(5)
+        run_broker_seed(5, batch_records=False)
