@@ -30,7 +30,6 @@ when it cannot be imported.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +40,7 @@ import pyarrow.compute as pc
 from starlette.responses import Response
 
 from broker import errors
+from broker.batch import InnerRecord, batch_inners
 from broker.broker import Broker
 from broker.message import (
     BODY_LENGTH_POS,
@@ -58,6 +58,7 @@ from broker.message import (
     SYS_FLAG_POS,
     SYSTEM_PROPERTIES,
     TOTAL_SIZE_POS,
+    MessageFormatError,
 )
 from broker.pages import RawPage, RecordChunk
 from dledger.codes import DLedgerError
@@ -322,8 +323,7 @@ def _chunk_batch(chunk: RecordChunk, topic: str, group_hex: bytes) -> tuple[pa.R
         raise PageFormatError("MAGICCODE is not a message's")
     if np.any(_gather(buf, starts + PHYSICAL_OFFSET_POS, ">i8") != commitlog_offsets):
         raise PageFormatError("PHYSICALOFFSET disagrees with the consume-queue unit")
-    if np.any(_gather(buf, starts + SYS_FLAG_POS, ">i4") & INNER_BATCH_FLAG):
-        raise _BatchRecordsError
+    batched = np.flatnonzero(_gather(buf, starts + SYS_FLAG_POS, ">i4") & INNER_BATCH_FLAG)
     body_starts = starts + BODY_POS
     body_ends = body_starts + _gather(buf, starts + BODY_LENGTH_POS, ">i4")
     if np.any(body_ends < body_starts) or np.any(body_ends + 3 > ends):
@@ -335,9 +335,21 @@ def _chunk_batch(chunk: RecordChunk, topic: str, group_hex: bytes) -> tuple[pa.R
     props_starts = props_len_at + 2
     if np.any(props_starts + _gather(buf, props_len_at, ">u2") != ends):
         raise PageFormatError("PROPERTIES length disagrees with TOTALSIZE")
+    queue_offsets = _gather(buf, starts + QUEUE_OFFSET_POS, ">i8")
+    addresses, props_ends = commitlog_offsets, ends
+    if len(batched):  # their units' messages are inside the records: where, one by one
+        addresses, props_ends = commitlog_offsets.copy(), ends.copy()
+        _place_inner_messages(
+            chunk,
+            batched,
+            starts,
+            spans=(body_starts, body_ends, props_starts, props_ends),
+            queue_offsets=queue_offsets,
+            addresses=addresses,
+        )
 
     data = pa.py_buffer(chunk.data)
-    key, keys, tags, properties = _properties(_cut(data, len(buf), props_starts, ends), n)
+    key, keys, tags, properties = _properties(_cut(data, len(buf), props_starts, props_ends), n)
     born_us = _gather(buf, starts + BORN_TIMESTAMP_POS, ">i8") * 1000
     store_us = _gather(buf, starts + STORE_TIMESTAMP_POS, ">i8") * 1000
     columns: list[Any] = [
@@ -346,8 +358,8 @@ def _chunk_batch(chunk: RecordChunk, topic: str, group_hex: bytes) -> tuple[pa.R
         _cut(data, len(buf), body_starts, body_ends),
         _constant_strings(topic, n),
         pa.array(_gather(buf, starts + QUEUE_ID_POS, ">i4").astype(np.int32)),
-        pa.array(_gather(buf, starts + QUEUE_OFFSET_POS, ">i8")),
-        _msg_ids(group_hex, commitlog_offsets),
+        pa.array(queue_offsets),
+        _msg_ids(group_hex, addresses),
         tags,
         properties,
         pa.array(born_us, type=TIMESTAMP),
@@ -357,42 +369,46 @@ def _chunk_batch(chunk: RecordChunk, topic: str, group_hex: bytes) -> tuple[pa.R
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA), body_bytes
 
 
-class _BatchRecordsError(Exception):
-    """A chunk holds a batch record (``broker.batch``): its messages do not sit at fixed
-    places in their records, so the page goes through ``RawPage.messages``."""
+def _place_inner_messages(
+    chunk: RecordChunk,
+    batched: Int64Array,
+    starts: Int64Array,
+    *,
+    spans: tuple[Int64Array, Int64Array, Int64Array, Int64Array],
+    queue_offsets: Int64Array,
+    addresses: Int64Array,
+) -> None:
+    """For the units ``batched`` (of batch records, ``broker.batch``): their message's
+    body and properties spans, queue offset and address, in place. A record's inner
+    records are walked once (Python, per record), the rest stays vectorised."""
+    if len(chunk.queue_offsets) != len(starts):
+        raise PageFormatError("a page of batch records without its units' queue offsets")
+    body_starts, body_ends, props_starts, props_ends = spans
+    walked: dict[int, tuple[int, list[InnerRecord]]] = {}
+    try:
+        for k in batched.tolist():
+            start = int(starts[k])
+            base, inners = walked.get(start) or walked.setdefault(
+                start, batch_inners(chunk.data, start)
+            )
+            i = chunk.queue_offsets[k] - base
+            if not 0 <= i < len(inners):
+                raise PageFormatError(f"queue offset {chunk.queue_offsets[k]} is not in its record")
+            r = inners[i]
+            body_starts[k], body_ends[k] = r.body_at, r.body_at + r.body_len
+            props_starts[k], props_ends[k] = r.props_at, r.props_at + r.props_len
+            queue_offsets[k] = base + i
+            addresses[k] += i
+    except MessageFormatError as e:
+        raise PageFormatError(str(e)) from None
 
 
 def encode_page(page: RawPage, *, topic: str, group: str) -> tuple[list[pa.RecordBatch], int]:
     """The page's messages as record batches of ``SCHEMA`` (one per chunk), and the sum
-    of their body lengths. ``group`` is the broker's DLedger group (the msg_id prefix).
-    A page holding batch records is decoded message by message (``RawPage.messages``)."""
+    of their body lengths. ``group`` is the broker's DLedger group (the msg_id prefix)."""
     group_hex = group.encode().hex().upper().encode()
-    try:
-        encoded = page.encode(lambda chunk: _chunk_batch(chunk, topic, group_hex))
-    except _BatchRecordsError:
-        if page.messages is None:
-            raise PageFormatError("a page of batch records without a message reader") from None
-        return _messages_batches(page.messages(), topic)
+    encoded = page.encode(lambda chunk: _chunk_batch(chunk, topic, group_hex))
     return [batch for batch, _ in encoded], sum(n for _, n in encoded)
-
-
-def _messages_batches(messages: Sequence[Any], topic: str) -> tuple[list[pa.RecordBatch], int]:
-    """``PulledMessage``s (``broker.reads``) as one record batch of ``SCHEMA``."""
-    columns: list[Any] = [
-        pa.array([m.keys[0] if m.keys else None for m in messages], pa.string()),
-        pa.array([m.keys for m in messages], _KEYS_TYPE),
-        pa.array([m.body for m in messages], pa.binary()),
-        _constant_strings(topic, len(messages)),
-        pa.array([m.queue_id for m in messages], pa.int32()),
-        pa.array([m.queue_offset for m in messages], pa.int64()),
-        pa.array([m.msg_id for m in messages], pa.string()),
-        pa.array([m.tags for m in messages], pa.string()),
-        pa.array([list(m.properties.items()) for m in messages], SCHEMA.field("properties").type),
-        pa.array([m.born_timestamp * 1000 for m in messages], TIMESTAMP),
-        pa.array([m.store_timestamp * 1000 for m in messages], TIMESTAMP),
-    ]
-    batch = pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
-    return [batch], sum(len(m.body) for m in messages)
 
 
 def _write_stream(sink: Any, batches: list[pa.RecordBatch]) -> None:

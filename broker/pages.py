@@ -12,8 +12,7 @@ span first would cost more than encoding it.)
 
 Invariants:
 - the messages of a batch record (``broker.batch``) each have a unit, all naming the
-  record: its bytes count once, and the columnar encoders hand such a page to
-  ``RawPage.messages``;
+  record: its bytes count once, and the unit's queue offset says which message it is;
 - every unit of a chunk lies inside its view: ``base <= commitlog_offset`` and
   ``commitlog_offset + size <= base + len(data)``;
 - a chunk's records do not overlap and come in commitlog order (units only grow along a
@@ -35,7 +34,7 @@ import zlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from consumequeue.queue import UNIT, UNIT_SIZE
 from dledger.store import BODY_OFFSET
@@ -101,6 +100,8 @@ class RecordChunk:
     """The consume-queue units of the chunk's records, back to back."""
     base: int
     """The commitlog offset of ``data[0]``: a record starts at ``commitlog_offset - base``."""
+    queue_offsets: Sequence[int] = ()
+    """The units' queue offsets (``RawPage.queue_offsets``), when the page has them."""
 
     @property
     def count(self) -> int:
@@ -114,10 +115,9 @@ class RawPage:
     segment_bytes: int = 1
     max_span_bytes: int = DEFAULT_MAX_SPAN_BYTES
     check: Check | None = None
-    messages: Callable[[], Sequence[Any]] | None = None
-    """The page's messages decoded one by one (``Reads``'s ``PulledMessage``, checked
-    like the JSON pull): the encoders' path for a page holding batch records, whose
-    messages do not sit at fixed places in their records."""
+    queue_offsets: Sequence[int] = ()
+    """Each unit's queue offset: what tells which message of a batch record a unit is
+    (``broker.batch``: message ``queue_offset - base`` of the record)."""
 
     @property
     def count(self) -> int:
@@ -140,7 +140,8 @@ class RawPage:
                 try:
                     if self.check is not None:
                         self.check(data, units, start - head)
-                    out.append(encode_chunk(RecordChunk(records, units, start)))
+                    offsets = self.queue_offsets[first:end]
+                    out.append(encode_chunk(RecordChunk(records, units, start, offsets)))
                 except Exception as e:
                     # Raised after the view's release: the traceback's frames (and those
                     # of the errors it chains to) hold buffers made from the view, which

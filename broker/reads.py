@@ -459,17 +459,12 @@ class Reads:
         if not count:
             return RawPage(b""), 0, next_offset
 
-        def messages() -> list[PulledMessage]:
-            spans = PAGE_UNIT.iter_unpack(units)
-            picked = [(o, c, n) for o, (c, n, _) in zip(offsets, spans, strict=True)]
-            return self._read_pulled(picked)
-
         page = RawPage(
             units,
             self.commitlog.view,
             self.settings.store.data_file_size,
             check=self._check_page,
-            messages=messages,
+            queue_offsets=offsets,
         )
         return page, count, next_offset
 

@@ -10,6 +10,7 @@ import random
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -17,6 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from api.arrow import SCHEMA, PageFormatError, encode_page, ipc_stream
+from broker.batch import encode_batch_record
 from broker.message import (
     PROP_BATCH_INDEX,
     PROP_KEYS,
@@ -26,9 +28,11 @@ from broker.message import (
     encode_message,
     message_properties,
     set_physical_offset,
+    set_queue_id_and_offset,
 )
 from broker.msgid import make_msg_id
 from broker.pages import RawPage
+from broker.properties import encode_properties, inner_properties
 from consumequeue.queue import UNIT
 
 ENTRY_HEADER = 48
@@ -252,3 +256,31 @@ def test_a_record_that_disagrees_with_its_unit_is_refused(what: str, at: int, va
     bad[start + at : start + at + len(value)] = value
     with pytest.raises(PageFormatError, match=what):
         encode_page(page_of(bytes(bad), units), topic="orders", group=GROUP)
+
+
+def test_the_messages_of_a_batch_record_are_found_by_their_units_queue_offsets() -> None:
+    """broker.batch: five messages in one record, five units naming it; a page starting
+    inside the record, and one skipping messages (a tag filter), read the right ones."""
+    bodies = [b"m%d" % i for i in range(5)]
+    inner = [encode_properties(inner_properties({"i": str(i)}, tags="AB"[i % 2], keys=[f"k{i}"]))
+             for i in range(5)]  # fmt: skip
+    messages = list(zip(bodies, inner, strict=True))
+    host = ("127.0.0.1", 1)
+    record = encode_batch_record("orders", messages, session=None, timestamp=9, store_host=host)
+    set_queue_id_and_offset(record, 5, 100)
+    log = bytearray(ENTRY_HEADER) + record
+    set_physical_offset(log, ENTRY_HEADER, ENTRY_HEADER)
+    unit = UNIT.pack(ENTRY_HEADER, len(record), 0)
+    for offsets in ([100, 101, 102, 103, 104], [102, 103, 104], [101, 103]):
+        page = replace(page_of(bytes(log), unit * len(offsets)), queue_offsets=offsets)
+        rows = arrow_rows(page)
+        assert [r["value"] for r in rows] == [bodies[o - 100] for o in offsets]
+        assert [r["queue_offset"] for r in rows] == offsets
+        assert [r["msg_id"] for r in rows] == [make_msg_id(GROUP, 48 + o - 100) for o in offsets]
+        assert [(r["tags"], r["keys"], r["properties"]) for r in rows] == [
+            ("AB"[o % 2], [f"k{o - 100}"], [("i", str(o - 100))]) for o in offsets
+        ]
+    with pytest.raises(PageFormatError, match="queue offsets"):
+        arrow_rows(page_of(bytes(log), unit))  # a page without them cannot tell
+    with pytest.raises(PageFormatError, match="not in its record"):
+        arrow_rows(replace(page_of(bytes(log), unit), queue_offsets=[105]))
