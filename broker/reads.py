@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -28,7 +28,7 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.store import BODY_OFFSET, CorruptEntryError
 
 from . import errors
-from .batch import batch_inners, inner_pull_fields
+from .batch import InnerRecord, batch_inners, inner_pull_fields
 from .commitlog import DLedgerCommitLog
 from .host import ReadHost
 from .message import (
@@ -70,6 +70,32 @@ class PulledMessage:
     born_timestamp: int
     store_timestamp: int
     size: int  # the stored record's bytes: what response budgets count
+
+
+@dataclass(frozen=True, slots=True)
+class _Decoded:
+    """A committed record decoded for pulls once, whichever of its messages are read:
+    its own fields and, for a batch record (``broker.batch``), its walked inner records."""
+
+    record: memoryview
+    outer: PullFields
+    walked: tuple[int, list[InnerRecord]] | None
+
+    @classmethod
+    def of(cls, record: memoryview) -> _Decoded:
+        outer = decode_for_pull(record)
+        walked = batch_inners(record) if outer.sys_flag & INNER_BATCH_FLAG else None
+        return cls(record, outer, walked)
+
+    @property
+    def offset(self) -> int:
+        return self.outer.physical_offset
+
+    def fields(self, queue_offset: int) -> PullFields:
+        """The fields of the record's message at ``queue_offset``."""
+        if self.walked is None:
+            return self.outer
+        return inner_pull_fields(self.record, self.outer, self.walked, queue_offset)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,20 +212,26 @@ class Reads:
         except CorruptEntryError as e:
             raise self._damaged(e.pos + BODY_OFFSET, e.index, e.message) from None
         out: list[PulledMessage] = []
-        k, record, outer, walked = -1, records[0], None, None
+        k, decoded = -1, None
         for queue_offset, commitlog_offset, _ in units:
-            if outer is None or commitlog_offset != outer.physical_offset:
+            if decoded is None or commitlog_offset != decoded.offset:
                 k += 1
-                record = records[k]
-                outer = decode_for_pull(record)
-                walked = batch_inners(record) if outer.sys_flag & INNER_BATCH_FLAG else None
-            if walked is None:
-                out.append(self._pulled_fields(outer))
-            else:
-                out.append(
-                    self._pulled_fields(inner_pull_fields(record, outer, walked, queue_offset))
-                )
+                decoded = _Decoded.of(records[k])
+            out.append(self._pulled_fields(decoded.fields(queue_offset)))
         return out
+
+    def _unit_tags(self) -> Callable[[int, int, int], str | None]:
+        """``tags(queue_offset, commitlog_offset, size)``: the exact TAGS of a unit's
+        message, for units in queue order; a record is read and decoded once for all
+        the units naming it (a batch record's messages)."""
+        last: list[_Decoded] = []
+
+        def tags(queue_offset: int, commitlog_offset: int, size: int) -> str | None:
+            if not last or last[0].offset != commitlog_offset:
+                last[:] = [_Decoded.of(self._record(commitlog_offset, size))]
+            return last[0].fields(queue_offset).properties.get(PROP_TAGS)
+
+        return tags
 
     def _pulled_fields(self, f: PullFields) -> PulledMessage:
         props = f.properties
@@ -433,6 +465,7 @@ class Reads:
             next_offset = queue_offset
             budget = max_bytes
             last_record = -1  # the messages of a batch record count its bytes once
+            exact_tags = self._unit_tags()
             for unit_offset, commitlog_offset, size, thash in q.read(
                 queue_offset, max(max_messages * 4, 1024)
             ):
@@ -442,10 +475,7 @@ class Reads:
                 next_offset = unit_offset + 1
                 if thash not in hashes:
                     continue
-                exact = (
-                    wanted is None
-                    or self._read_pulled([(unit_offset, commitlog_offset, size)])[0].tags in wanted
-                )
+                exact = wanted is None or exact_tags(unit_offset, commitlog_offset, size) in wanted
                 if not exact:
                     continue  # a tags-hash collision: the exact tags decide
                 kept.append(PAGE_UNIT.pack(commitlog_offset, size, thash))
@@ -511,19 +541,18 @@ class Reads:
                 return None
             record, offset = found
         try:
-            f = decode_for_pull(record)
-            if f.physical_offset != offset or f.topic == SYS_TOPIC:
+            decoded = _Decoded.of(record)
+            if decoded.offset != offset or decoded.outer.topic == SYS_TOPIC:
                 return None
-            if f.sys_flag & INNER_BATCH_FLAG:
-                walked = batch_inners(record)
-                if not 0 <= address - offset < len(walked[1]):
-                    return None
-                f = inner_pull_fields(record, f, walked, walked[0] + address - offset)
-            elif address != offset:
-                return None
+            if decoded.walked is None:
+                f = decoded.outer if address == offset else None
+            else:
+                base, inners = decoded.walked
+                i = address - offset
+                f = decoded.fields(base + i) if 0 <= i < len(inners) else None
         except MessageFormatError:
             return None
-        return self._pulled_fields(f)
+        return None if f is None else self._pulled_fields(f)
 
     def _record_holding(self, address: int) -> tuple[memoryview, int] | None:
         """The committed record (and its commitlog offset) that holds ``address``, which
