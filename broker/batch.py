@@ -61,6 +61,7 @@ __all__ = [
     "inner_records",
     "is_batch_record",
     "outer_body_span",
+    "queue_runs",
 ]
 
 INNER_MAGIC: Final = 0  # RocketMQ writes 0 into an inner record's MAGICCODE
@@ -104,6 +105,23 @@ def encode_inner_records(messages: Sequence[tuple[Buffer, bytes]]) -> bytearray:
         buf[at + 2 : at + 2 + props_len] = props
         at += 2 + props_len
     return buf
+
+
+def queue_runs(queue_ids: Sequence[int], alone: Sequence[bool]) -> list[tuple[int, int]]:
+    """How a request's messages become records: ``[start, end)`` runs of consecutive
+    messages bound for one queue, each a batch record if it holds more than one. A
+    message ``alone`` (one with its own born time, which an inner record cannot hold) is
+    a run of its own. The rule the broker and its simulation share."""
+    runs: list[tuple[int, int]] = []
+    i, n = 0, len(queue_ids)
+    while i < n:
+        j = i + 1
+        if not alone[i]:
+            while j < n and queue_ids[j] == queue_ids[i] and not alone[j]:
+                j += 1
+        runs.append((i, j))
+        i = j
+    return runs
 
 
 def encode_batch_record(

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from dledger.codes import DLedgerError
 
 from . import errors, sessions
-from .batch import encode_batch_record
+from .batch import encode_batch_record, queue_runs
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .host import ProduceHost
 from .message import (
@@ -229,12 +229,8 @@ class Producer:
             topic, [(m.queue_id, m.sharding_key) for m in messages], sticky=True
         )
         out: list[OutgoingMessage] = []
-        i, n = 0, len(messages)
-        while i < n:
-            j = i + 1
-            if messages[i].born_timestamp is None:
-                while j < n and qids[j] == qids[i] and messages[j].born_timestamp is None:
-                    j += 1
+        alone = [m.born_timestamp is not None for m in messages]
+        for i, j in queue_runs(qids, alone):
             if j - i == 1:
                 out.append(
                     self._encode(
@@ -253,7 +249,6 @@ class Producer:
                         queue_id=qids[i],
                     )
                 )
-            i = j
         return out
 
     def _batch_record(

@@ -113,7 +113,7 @@ from unittest import mock
 
 import orjson
 
-from broker.batch import batch_inners, encode_batch_record
+from broker.batch import batch_inners, encode_batch_record, queue_runs
 from broker.commitlog import DLedgerCommitLog, OutgoingMessage
 from broker.errors import SequenceTooOldError
 from broker.message import (
@@ -1736,11 +1736,7 @@ class BrokerSimulation(Simulation):
             topic, [(m.queue_id, m.sharding_key) for m in todo], sticky=True
         )
         out: list[OutgoingMessage] = []
-        i = 0
-        while i < len(todo):
-            j = i + 1
-            while j < len(todo) and qids[j] == qids[i]:
-                j += 1
+        for i, j in queue_runs(qids, [False] * len(todo)):  # the broker's rule
             if j - i == 1:
                 single = self._encode(n, b, todo[i], first + i, now)
                 out.append(OutgoingMessage(single.record, qids[i]))
@@ -1757,7 +1753,6 @@ class BrokerSimulation(Simulation):
                     store_host=self.hosts[n.node_id],
                 )
                 out.append(OutgoingMessage(record, qids[i], count=j - i))
-            i = j
         return out
 
     def _encode(self, n: SimNode, b: Batch, m: ClientMessage, k: int, now: int) -> OutgoingMessage:
