@@ -40,7 +40,6 @@ from .message import (
     BODY_POS,
     INNER_BATCH_FLAG,
     QUEUE_OFFSET_POS,
-    SYS_FLAG_POS,
     Buffer,
     Host,
     MessageFormatError,
@@ -59,7 +58,6 @@ __all__ = [
     "encode_inner_records",
     "inner_pull_fields",
     "inner_records",
-    "is_batch_record",
     "outer_body_span",
     "queue_runs",
 ]
@@ -178,12 +176,6 @@ def inner_records(buf: Buffer, start: int, end: int) -> list[InnerRecord]:
     if not out:
         raise MessageFormatError("batch record: no inner record")
     return out
-
-
-def is_batch_record(record: Buffer, offset: int = 0) -> bool:
-    """Does the (size-checked) record at ``record[offset]`` set ``INNER_BATCH_FLAG``?"""
-    (sys_flag,) = _I32.unpack_from(record, offset + SYS_FLAG_POS)
-    return bool(sys_flag & INNER_BATCH_FLAG)
 
 
 def outer_body_span(record: Buffer, offset: int = 0) -> tuple[int, int, int]:

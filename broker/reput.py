@@ -125,7 +125,7 @@ class ReputService:
         # The consume queues hold every entry up to here already: recovery's replay below
         # it changes no queue (set by ``recover``).
         self.derived_index = -1
-        self.rebuild_until = -1  # entries up to here are a rebuild (see _put_unitss)
+        self.rebuild_until = -1  # entries up to here are a rebuild (see _put_units)
         self.stats = {
             "entries": 0,
             "messages": 0,
@@ -529,10 +529,7 @@ class ReputService:
             # log: the queue starts where the log's first message of it says.
             q.reset(queue_offset)
         try:
-            put = q.put
-            for thash in hashes:
-                put(queue_offset, commitlog_offset, size, thash)
-                queue_offset += 1
+            q.put_batch(queue_offset, ((commitlog_offset, size, thash) for thash in hashes))
         except ConsumeQueueError:
             # A gap or a different unit at a taken offset means the master assigned queue
             # offsets wrongly: replicas would diverge. Stop the node; an operator looks.
