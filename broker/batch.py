@@ -43,8 +43,6 @@ from .message import (
     Buffer,
     Host,
     MessageFormatError,
-    PullFields,
-    decode_properties,
     encode_message,
 )
 from .properties import PROP_INNER_NUM, add_session
@@ -56,7 +54,6 @@ __all__ = [
     "batch_inners",
     "encode_batch_record",
     "encode_inner_records",
-    "inner_pull_fields",
     "inner_records",
     "outer_body_span",
     "queue_runs",
@@ -150,7 +147,7 @@ def encode_batch_record(
 def inner_records(buf: Buffer, start: int, end: int) -> list[InnerRecord]:
     """Walk the inner records filling ``buf[start:end]`` (a batch record's BODY)."""
     out: list[InnerRecord] = []
-    unpack_head, unpack_u16 = _INNER_HEAD.unpack_from, _U16.unpack_from
+    unpack_head, unpack_u16, new = _INNER_HEAD.unpack_from, _U16.unpack_from, tuple.__new__
     at = start
     while at < end:
         if end - at < INNER_MIN_SIZE:
@@ -171,7 +168,8 @@ def inner_records(buf: Buffer, start: int, end: int) -> list[InnerRecord]:
                 f"inner record {len(out)}: PROPERTIES length {props_len} disagrees with"
                 f" TOTALSIZE {size}"
             )
-        out.append(InnerRecord(size, flag, body_at, body_len, props_len_at + 2, props_len))
+        # tuple.__new__: a NamedTuple's own constructor is a Python call, 2.6x slower
+        out.append(new(InnerRecord, (size, flag, body_at, body_len, props_len_at + 2, props_len)))
         at += size
     if not out:
         raise MessageFormatError("batch record: no inner record")
@@ -192,34 +190,3 @@ def batch_inners(record: Buffer, offset: int = 0) -> tuple[int, list[InnerRecord
     ``record[offset]``; positions are in ``record``."""
     base, start, end = outer_body_span(record, offset)
     return base, inner_records(record, start, end)
-
-
-def inner_pull_fields(
-    record: Buffer,
-    outer: PullFields,
-    walked: tuple[int, list[InnerRecord]],
-    queue_offset: int,
-) -> PullFields:
-    """What a pull returns of the message at ``queue_offset`` inside the batch record
-    ``record`` (``outer`` is its ``decode_for_pull``, ``walked`` its ``batch_inners``,
-    walked once for all its messages): the record's topic, queue and times, the
-    message's own queue offset, address, body and properties."""
-    base, inners = walked
-    i = queue_offset - base
-    if not 0 <= i < len(inners):
-        raise MessageFormatError(
-            f"batch record at {outer.physical_offset}: queue offset {queue_offset} is not"
-            f" in {base}..{base + len(inners) - 1}"
-        )
-    r = inners[i]
-    return PullFields(
-        r.size,
-        outer.queue_id,
-        queue_offset,
-        outer.physical_offset + i,
-        outer.born_timestamp,
-        outer.store_timestamp,
-        bytes(record[r.body_at : r.body_at + r.body_len]),
-        outer.topic,
-        decode_properties(record[r.props_at : r.props_at + r.props_len]),
-    )

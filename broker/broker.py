@@ -23,7 +23,7 @@ import logging
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -50,7 +50,7 @@ from .metadata import (
 from .pages import RawPullResult
 from .produce import NewMessage, Producer, ProduceResult, now_ms
 from .promotion import own_term_committed, queue_table_from
-from .reads import PulledMessage, PullResult, Reads
+from .reads import MessageMaker, PulledMessage, PullResult, Reads
 from .reput import ReputService
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
@@ -59,6 +59,7 @@ from .status import BrokerStatus, PeerStatus
 __all__ = [
     "Broker",
     "GroupPullResult",
+    "MessageMaker",
     "NewMessage",
     "ProduceResult",
     "PullResult",
@@ -66,6 +67,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_M = TypeVar("_M")
 
 # The Retry-After hints of 503 NO_MASTER (the client waits at least this, or its backoff):
 PROMOTING_RETRY_AFTER_MS = 20  # this node leads and is becoming MASTER
@@ -484,7 +487,7 @@ class Broker:
         wait_ms: int = 0,
         tags: str | None = None,
         max_bytes: int | None = None,
-    ) -> PullResult:
+    ) -> PullResult[PulledMessage]:
         """``Reads.pull``: messages of one queue from ``queue_offset``."""
         return await self.reads.pull(
             topic,
@@ -494,6 +497,28 @@ class Broker:
             wait_ms=wait_ms,
             tags=tags,
             max_bytes=max_bytes,
+        )
+
+    async def pull_as(
+        self,
+        make: MessageMaker[_M],
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        tags: str | None = None,
+    ) -> PullResult[_M]:
+        """``Reads.pull_as``: ``pull``, each message made by ``make``."""
+        return await self.reads.pull_as(
+            make,
+            topic,
+            queue_id,
+            queue_offset,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            tags=tags,
         )
 
     async def pull_page(

@@ -100,12 +100,12 @@ __all__ = [
     "DispatchInfo",
     "Host",
     "MessageFormatError",
-    "PullFields",
+    "PullHead",
     "StoredMessage",
     "bytes_to_host",
-    "decode_for_pull",
     "decode_message",
     "decode_properties",
+    "decode_pull_head",
     "encode_message",
     "encode_properties",
     "host_to_bytes",
@@ -167,7 +167,7 @@ _U16 = struct.Struct(">H")
 # The dispatcher's fields only: total, magic, queue id, queue offset, physical offset,
 # sys flag, store timestamp, body length; everything else is padding it never converts.
 # TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP,
-# STORETIMESTAMP, BODY length: what a pull returns (decode_for_pull)
+# STORETIMESTAMP, BODY length: what a pull returns (decode_pull_head)
 _PULL = struct.Struct(">ii4xi4xqqiq8xq20xi")
 _PEEK = struct.Struct(">ii4xi4xqqi16xq20xi")
 
@@ -556,9 +556,11 @@ def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> 
     )
 
 
-class PullFields(NamedTuple):
-    """What a pull answers of a committed record (``decode_for_pull``): no host, no
-    flag, no reconsume count, the properties decoded once."""
+class PullHead(NamedTuple):
+    """What a pull reads of a committed record's own fields (``decode_pull_head``): no
+    host, no flag, no reconsume count, and where its BODY and PROPERTIES lie in the
+    buffer rather than copies of them; a reader slices and decodes only what it returns
+    (a batch record's BODY is its inner records: ``broker.batch``)."""
 
     size: int
     queue_id: int
@@ -566,17 +568,19 @@ class PullFields(NamedTuple):
     physical_offset: int
     born_timestamp: int
     store_timestamp: int
-    body: bytes
     topic: str
-    properties: dict[str, str]
-    sys_flag: int = 0
+    sys_flag: int
+    body_at: int
+    body_len: int
+    props_at: int
+    props_len: int
 
 
-def decode_for_pull(buf: Buffer) -> PullFields:
+def decode_pull_head(buf: Buffer) -> PullHead:
     """``decode_message`` for a read that checked the entry CRC (it covers the whole
-    record): the same size, magic and IPv4 checks, the same errors, one unpack of only
-    the fields a pull returns. A batch record's body (its inner records) is not copied:
-    ``broker.batch`` decodes the message a pull wants out of it."""
+    record): the same size, magic and IPv4 checks, the same errors but those of the
+    PROPERTIES block, which a reader meets when it decodes them (``decode_properties``),
+    one unpack of only the fields a pull returns, and nothing copied but the topic."""
     _check_header(buf, 0)
     total, magic, queue_id, queue_offset, physical_offset, sys_flag, born_ts, store_ts, body_len = (
         _PULL.unpack_from(buf)
@@ -586,17 +590,19 @@ def decode_for_pull(buf: Buffer) -> PullFields:
         raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
     topic_at = BODY_POS + body_len + 1
     props_at = topic_at + topic_len + 2
-    return PullFields(
+    return PullHead(
         total,
         queue_id,
         queue_offset,
         physical_offset,
         born_ts,
         store_ts,
-        b"" if sys_flag & INNER_BATCH_FLAG else bytes(buf[BODY_POS : BODY_POS + body_len]),
         _topic(buf, topic_at, topic_at + topic_len),
-        decode_properties(buf[props_at : props_at + props_len]),
         sys_flag,
+        BODY_POS,
+        body_len,
+        props_at,
+        props_len,
     )
 
 

@@ -20,7 +20,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from functools import partial
+from typing import Generic, Protocol, TypeAlias, TypeVar
 
 from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expression
 from consumequeue.queue import UNIT as PAGE_UNIT
@@ -28,7 +29,7 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.store import BODY_OFFSET, CorruptEntryError
 
 from . import errors
-from .batch import InnerRecord, batch_inners, inner_pull_fields
+from .batch import INNER_MIN_SIZE, InnerRecord, inner_records
 from .commitlog import DLedgerCommitLog
 from .host import ReadHost
 from .message import (
@@ -39,13 +40,13 @@ from .message import (
     STORE_TIMESTAMP_POS,
     SYSTEM_PROPERTIES,
     MessageFormatError,
-    PullFields,
-    decode_for_pull,
+    PullHead,
+    decode_pull_head,
 )
 from .metadata import SYS_TOPIC, TopicMeta
 from .msgid import msg_id_maker, parse_msg_id
 from .pages import RawPage, RawPullResult, damaged_record, units_within
-from .properties import split_keys
+from .properties import decode_properties, split_keys
 from .recovery import last_index_within
 from .settings import BrokerSettings
 
@@ -72,36 +73,79 @@ class PulledMessage:
     size: int  # the stored record's bytes: what response budgets count
 
 
+_M = TypeVar("_M")
+
+MessageMaker: TypeAlias = Callable[[PullHead, int, int, memoryview, memoryview], _M]
+"""``make(head, queue_offset, address, body, properties)``: what a pull answers for one
+message, made straight from the record it lies in (``head``, its ``decode_pull_head``):
+its queue offset, its message address (the message id's offset) and views of its BODY
+and encoded PROPERTIES. ``Reads.pulled_message`` makes a ``PulledMessage``; the HTTP
+pull makes its JSON with no object in between."""
+
+
 @dataclass(frozen=True, slots=True)
 class _Decoded:
     """A committed record decoded for pulls once, whichever of its messages are read:
-    its own fields and, for a batch record (``broker.batch``), its walked inner records."""
+    its head and, for a batch record (``broker.batch``), its walked inner records."""
 
     record: memoryview
-    outer: PullFields
-    walked: tuple[int, list[InnerRecord]] | None
+    head: PullHead
+    inners: list[InnerRecord] | None
 
     @classmethod
     def of(cls, record: memoryview) -> _Decoded:
-        outer = decode_for_pull(record)
-        walked = batch_inners(record) if outer.sys_flag & INNER_BATCH_FLAG else None
-        return cls(record, outer, walked)
+        h = decode_pull_head(record)
+        if not h.sys_flag & INNER_BATCH_FLAG:
+            return cls(record, h, None)
+        return cls(record, h, inner_records(record, h.body_at, h.body_at + h.body_len))
 
     @property
     def offset(self) -> int:
-        return self.outer.physical_offset
+        return self.head.physical_offset
 
-    def fields(self, queue_offset: int) -> PullFields:
-        """The fields of the record's message at ``queue_offset``."""
-        if self.walked is None:
-            return self.outer
-        return inner_pull_fields(self.record, self.outer, self.walked, queue_offset)
+    @property
+    def count(self) -> int:
+        """How many messages the record holds."""
+        return 1 if self.inners is None else len(self.inners)
+
+    def make(self, queue_offset: int, make: MessageMaker[_M]) -> _M:
+        """The record's message at ``queue_offset`` (a batch record's QUEUEOFFSET is its
+        first message's: ``broker.batch``), made by ``make``."""
+        rec, h = self.record, self.head
+        if self.inners is None:
+            body_at, body_len, props_at, props_len = h.body_at, h.body_len, h.props_at, h.props_len
+            i = 0
+        else:
+            i = queue_offset - h.queue_offset
+            if not 0 <= i < len(self.inners):
+                raise MessageFormatError(
+                    f"batch record at {h.physical_offset}: queue offset {queue_offset} is"
+                    f" not in {h.queue_offset}..{h.queue_offset + len(self.inners) - 1}"
+                )
+            _, _, body_at, body_len, props_at, props_len = self.inners[i]
+        return make(
+            h,
+            h.queue_offset + i,
+            h.physical_offset + i,
+            rec[body_at : body_at + body_len],
+            rec[props_at : props_at + props_len],
+        )
+
+    def tags(self, queue_offset: int) -> str | None:
+        """The exact TAGS of the message at ``queue_offset``."""
+        return decode_properties(self.make(queue_offset, _properties_of)).get(PROP_TAGS)
+
+
+def _properties_of(
+    head: PullHead, queue_offset: int, address: int, body: memoryview, props: memoryview
+) -> memoryview:
+    return props
 
 
 @dataclass(frozen=True, slots=True)
-class PullResult:
+class PullResult(Generic[_M]):
     status: str  # FOUND | NO_NEW_MSG | NO_MATCHED_MSG | OFFSET_ILLEGAL
-    messages: list[PulledMessage]
+    messages: list[_M]
     next_offset: int
     min_offset: int
     max_offset: int
@@ -198,11 +242,16 @@ class Reads:
             commitlog_offset=commitlog_offset,
         )
 
-    def _read_pulled(self, units: list[tuple[int, int, int]]) -> list[PulledMessage]:
+    def _read_pulled(
+        self,
+        units: list[tuple[int, int, int]],
+        make: MessageMaker[_M],
+        wanted: set[str] | None,
+    ) -> list[_M]:
         """The messages of a page of consume-queue units ``(queue_offset,
         commitlog_offset, size)``, their records read in one go (a batch record once for
-        all its messages) and checked like ``_record``, decoded into what a pull returns
-        and nothing more."""
+        all its messages) and checked like ``_record``, each made by ``make`` from its
+        record; with ``wanted`` (a tag filter's exact tags), only messages tagged so."""
         spans: list[tuple[int, int]] = []
         for _, commitlog_offset, size in units:
             if not spans or spans[-1][0] != commitlog_offset:
@@ -211,13 +260,14 @@ class Reads:
             records = self.commitlog.read_records(spans)
         except CorruptEntryError as e:
             raise self._damaged(e.pos + BODY_OFFSET, e.index, e.message) from None
-        out: list[PulledMessage] = []
+        out: list[_M] = []
         k, decoded = -1, None
         for queue_offset, commitlog_offset, _ in units:
             if decoded is None or commitlog_offset != decoded.offset:
                 k += 1
                 decoded = _Decoded.of(records[k])
-            out.append(self._pulled_fields(decoded.fields(queue_offset)))
+            if wanted is None or decoded.tags(queue_offset) in wanted:
+                out.append(decoded.make(queue_offset, make))
         return out
 
     def _unit_tags(self) -> Callable[[int, int, int], str | None]:
@@ -229,26 +279,30 @@ class Reads:
         def tags(queue_offset: int, commitlog_offset: int, size: int) -> str | None:
             if not last or last[0].offset != commitlog_offset:
                 last[:] = [_Decoded.of(self._record(commitlog_offset, size))]
-            return last[0].fields(queue_offset).properties.get(PROP_TAGS)
+            return last[0].tags(queue_offset)
 
         return tags
 
-    def _pulled_fields(self, f: PullFields) -> PulledMessage:
-        props = f.properties
+    def pulled_message(
+        self, h: PullHead, queue_offset: int, address: int, body: memoryview, raw: memoryview
+    ) -> PulledMessage:
+        """A ``MessageMaker`` of ``PulledMessage``s: every field decoded."""
+        props = decode_properties(raw)
+        inner = h.sys_flag & INNER_BATCH_FLAG
         return PulledMessage(
-            topic=f.topic,
-            queue_id=f.queue_id,
-            queue_offset=f.queue_offset,
-            msg_id=self._msg_id(f.physical_offset),
-            commitlog_offset=f.physical_offset,
-            body=f.body,
+            topic=h.topic,
+            queue_id=h.queue_id,
+            queue_offset=queue_offset,
+            msg_id=self._msg_id(address),
+            commitlog_offset=address,
+            body=bytes(body),
             tags=props.get(PROP_TAGS),
             keys=split_keys(props.get(PROP_KEYS)),
             uniq_key=props.get(PROP_UNIQ_KEY),
             properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
-            born_timestamp=f.born_timestamp,
-            store_timestamp=f.store_timestamp,
-            size=f.size,
+            born_timestamp=h.born_timestamp,
+            store_timestamp=h.store_timestamp,
+            size=INNER_MIN_SIZE + len(body) + len(raw) if inner else h.size,
         )
 
     def check_queue(self, topic: str, queue_id: int) -> TopicMeta:
@@ -275,13 +329,37 @@ class Reads:
         wait_ms: int = 0,
         tags: str | None = None,
         max_bytes: int | None = None,
-    ) -> PullResult:
+    ) -> PullResult[PulledMessage]:
         """Messages of one queue from ``queue_offset`` (RocketMQ's PullStatus vocabulary):
         ``max_messages`` of them, fewer when their stored bytes would pass ``max_bytes``
         (default ``max_response_bytes``), but always one: a message bigger than the
         budget is answered alone, so a consumer never stalls on it."""
+        return await self.pull_as(
+            self.pulled_message,
+            topic,
+            queue_id,
+            queue_offset,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            tags=tags,
+            max_bytes=max_bytes,
+        )
+
+    async def pull_as(
+        self,
+        make: MessageMaker[_M],
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        tags: str | None = None,
+        max_bytes: int | None = None,
+    ) -> PullResult[_M]:
+        """``pull``, each message made by ``make`` (``MessageMaker``)."""
         status, found, next_offset, lo, hi = await self._pull_loop(
-            self._scan,
+            partial(self._scan, make),
             topic,
             queue_id,
             queue_offset,
@@ -398,6 +476,7 @@ class Reads:
 
     def _scan(
         self,
+        make: MessageMaker[_M],
         topic: str,
         queue_id: int,
         queue_offset: int,
@@ -406,7 +485,7 @@ class Reads:
         max_bytes: int,
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
-    ) -> tuple[list[PulledMessage], int, int]:
+    ) -> tuple[list[_M], int, int]:
         self.require_derived()
         q = self.cq.find(topic, queue_id)
         if q is None:
@@ -430,9 +509,8 @@ class Reads:
                 last_record = commitlog_offset
             if len(picked) >= max_messages:
                 break
-        out = self._read_pulled(picked) if picked else []
-        if wanted is not None:  # a tags-hash collision: the exact tags decide
-            out = [m for m in out if m.tags in wanted]
+        # With a filter, the exact tags decide (a tags-hash collision passes the hashes).
+        out = self._read_pulled(picked, make, wanted) if picked else []
         return out, len(out), next_offset
 
     def _scan_page(
@@ -542,17 +620,14 @@ class Reads:
             record, offset = found
         try:
             decoded = _Decoded.of(record)
-            if decoded.offset != offset or decoded.outer.topic == SYS_TOPIC:
+            i = address - offset
+            if decoded.offset != offset or decoded.head.topic == SYS_TOPIC:
                 return None
-            if decoded.walked is None:
-                f = decoded.outer if address == offset else None
-            else:
-                base, inners = decoded.walked
-                i = address - offset
-                f = decoded.fields(base + i) if 0 <= i < len(inners) else None
+            if not 0 <= i < decoded.count:
+                return None
+            return decoded.make(decoded.head.queue_offset + i, self.pulled_message)
         except MessageFormatError:
             return None
-        return None if f is None else self._pulled_fields(f)
 
     def _record_holding(self, address: int) -> tuple[memoryview, int] | None:
         """The committed record (and its commitlog offset) that holds ``address``, which

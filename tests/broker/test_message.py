@@ -20,7 +20,6 @@ from broker.message import (
     BORN_HOST_POS,
     BORN_TIMESTAMP_POS,
     FLAG_POS,
-    INNER_BATCH_FLAG,
     MAGIC_CODE,
     MAGIC_CODE_POS,
     MAX_PROPERTIES_SIZE,
@@ -42,12 +41,12 @@ from broker.message import (
     TOTAL_SIZE_POS,
     DispatchInfo,
     MessageFormatError,
-    PullFields,
+    PullHead,
     StoredMessage,
     bytes_to_host,
-    decode_for_pull,
     decode_message,
     decode_properties,
+    decode_pull_head,
     encode_message,
     encode_properties,
     host_to_bytes,
@@ -246,17 +245,17 @@ def test_encode_decode_round_trip(
         sys_flag,
     )
     assert decode_properties(info.properties_raw) == props
-    assert decode_for_pull(memoryview(raw)) == PullFields(
+    assert _pull_view(memoryview(raw)) == (
         len(raw),
         queue_id,
         queue_offset,
         physical_offset,
         born_timestamp,
         store_timestamp,
-        b"" if sys_flag & INNER_BATCH_FLAG else body,  # broker.batch decodes a batch's
         topic,
-        props,
         sys_flag,
+        body,
+        props,
     )
 
 
@@ -465,8 +464,9 @@ def test_truncated_or_damaged_records_only_ever_raise_message_format_error(
 @settings(max_examples=300)
 @given(cut=st.integers(0, 200), flips=st.lists(st.integers(0, 199), max_size=4))
 def test_the_pull_decoder_refuses_what_decode_message_refuses(cut: int, flips: list[int]) -> None:
-    """``decode_for_pull`` (the pull's lean decoder) takes exactly the records that
-    ``decode_message`` without its body CRC takes, and reads the same fields of them."""
+    """``decode_pull_head`` (the pull's lean decoder), with the PROPERTIES it points at
+    decoded, takes exactly the records that ``decode_message`` without its body CRC
+    takes, and reads the same fields of them."""
     raw = _sample(body=b"b" * 40, properties={"TAGS": "t", "KEYS": "a b", "x": "y"})
     for i in flips:
         if i < len(raw):
@@ -476,21 +476,29 @@ def test_the_pull_decoder_refuses_what_decode_message_refuses(cut: int, flips: l
         full = decode_message(buf, verify_crc=False)
     except MessageFormatError:
         with pytest.raises(MessageFormatError):
-            decode_for_pull(buf)
+            _pull_view(buf)
         return
-    lean = decode_for_pull(buf)
-    assert lean == PullFields(
+    assert _pull_view(buf) == (
         full.size,
         full.queue_id,
         full.queue_offset,
         full.physical_offset,
         full.born_timestamp,
         full.store_timestamp,
-        b"" if full.sys_flag & INNER_BATCH_FLAG else full.body,
         full.topic,
-        full.properties,
         full.sys_flag,
+        full.body,
+        full.properties,
     )
+
+
+def _pull_view(buf: memoryview) -> tuple[object, ...]:
+    """What a pull reads of a record: ``decode_pull_head``'s fields, then the BODY and
+    the decoded PROPERTIES it points at."""
+    h: PullHead = decode_pull_head(buf)
+    body = bytes(buf[h.body_at : h.body_at + h.body_len])
+    props = decode_properties(buf[h.props_at : h.props_at + h.props_len])
+    return (*h[:8], body, props)
 
 
 @settings(max_examples=200)
