@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import resource
@@ -68,6 +69,29 @@ LIMIT_OPTIONS = (
 )
 
 
+GC_THRESHOLDS = (20_000, 20, 100)
+"""``--gc-thresholds``' default. With Python's own (700, 10, 10), the master of an HTTP
+produce run (100 messages a request, 16 clients, 24k msg/s) spent 1.1 s of 13 in 2,057
+collections that freed nothing; with these, one collection of 4 ms. The broker's hot
+paths make few reference cycles."""
+
+
+def tune_gc(thresholds: tuple[int, int, int] | None) -> None:
+    """Move what startup built (modules, recovered state) out of the collector's sight
+    (``gc.freeze``), then collect young objects less often. Cycles are still collected:
+    every ``thresholds[0]`` net allocations in the youngest generation, and so on."""
+    if thresholds is None:
+        return
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*thresholds)
+    log.info(
+        "garbage collector: thresholds %s, %d objects of startup frozen",
+        ",".join(map(str, thresholds)),
+        gc.get_freeze_count(),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
     host: str = "127.0.0.1"
@@ -86,6 +110,10 @@ class HttpSettings:
     max_connections: int = 2048
     # Where --auth-token came from: on the command line it shows in ps (a warning).
     auth_token_in_argv: bool = False
+    # The cyclic garbage collector's generation thresholds once the node has started
+    # (``tune_gc``; the node's command line defaults to GC_THRESHOLDS); None keeps the
+    # process's own, as a node served inside another program (a test) should.
+    gc_thresholds: tuple[int, int, int] | None = None
 
     @property
     def has_tokens(self) -> bool:
@@ -200,6 +228,7 @@ async def serve(
     for warning in exposure_warnings(http):
         log.warning("%s", warning)
     await broker.start()
+    tune_gc(http.gc_thresholds)
     app = create_app(
         settings,
         broker,
@@ -281,6 +310,20 @@ def _request_exit(server: uvicorn.Server) -> None:
 # ---- options --------------------------------------------------------------------------------
 
 
+def _gc_thresholds(spec: str | tuple[int, int, int]) -> tuple[int, int, int] | None:
+    if isinstance(spec, tuple):  # the default
+        return spec
+    if spec.strip().lower() == "python":
+        return None
+    try:
+        g0, g1, g2 = (int(x) for x in spec.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r}: want G0,G1,G2 (integers) or python") from None
+    if min(g0, g1, g2) < 1:
+        raise argparse.ArgumentTypeError(f"{spec!r}: every threshold must be at least 1")
+    return g0, g1, g2
+
+
 def _peer_urls(spec: str) -> dict[str, str]:
     out = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
@@ -314,6 +357,14 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         default=HttpSettings().max_connections,
         help="open HTTP connections and requests in flight before 503 (uvicorn's "
         "limit_concurrency)",
+    )
+    add_option(
+        p,
+        "--gc-thresholds",
+        type=_gc_thresholds,
+        default=GC_THRESHOLDS,
+        help="the garbage collector's generation thresholds G0,G1,G2 once started "
+        "(gc.set_threshold; 'python' keeps Python's own)",
     )
     p.add_argument(
         "--exit-with-parent",
@@ -498,6 +549,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         auth_tokens=_tokens_file(args.auth_tokens_file),
         metrics_need_auth=args.metrics_auth,
         max_connections=args.max_http_connections,
+        gc_thresholds=args.gc_thresholds,
         auth_token_in_argv=bool(args.auth_token)
         and args.auth_token != os.environ.get(env_name("--auth-token")),
     )

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from api.node import (
+    GC_THRESHOLDS,
     LIMIT_OPTIONS,
     HttpSettings,
     add_broker_options,
@@ -54,6 +55,25 @@ def test_the_open_files_limit_is_raised_to_the_hard_one(tmp_path: Path) -> None:
     want = "unlimited" if hard == resource.RLIM_INFINITY else str(hard)
     assert soft_now == want or hard == resource.RLIM_INFINITY, line
     assert f"open files limit: {soft_now}".encode() in node.log, node.log[-2000:]
+
+
+def test_the_garbage_collector_thresholds_are_a_setting() -> None:
+    p = argparse.ArgumentParser()
+    add_broker_options(p)
+    assert settings_from_args(p.parse_args([]))[1].gc_thresholds == GC_THRESHOLDS
+    parsed = settings_from_args(p.parse_args(["--gc-thresholds", "5000,7,9"]))[1]
+    assert parsed.gc_thresholds == (5000, 7, 9)
+    assert settings_from_args(p.parse_args(["--gc-thresholds", "python"]))[1].gc_thresholds is None
+    for bad in ("1,2", "a,b,c", "0,1,1", "1,2,3,4"):
+        with pytest.raises(SystemExit):
+            p.parse_args(["--gc-thresholds", bad])
+    assert HttpSettings().gc_thresholds is None  # a node inside another program: untouched
+
+
+def test_a_node_freezes_its_startup_objects_and_sets_its_thresholds(tmp_path: Path) -> None:
+    with node_process(tmp_path / "d", "--gc-thresholds", "12345,6,7") as node:
+        pass
+    assert b"garbage collector: thresholds 12345,6,7," in node.log, node.log[-2000:]
 
 
 def test_a_token_on_the_command_line_is_warned_about(tmp_path: Path) -> None:
