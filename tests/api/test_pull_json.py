@@ -1,6 +1,7 @@
 """The JSON pull renders each message straight from its record (``JSONMessages``): the
 answer must be exactly what ``message_out`` makes of the broker's ``PulledMessage``s, for
-single and batch records, both body encodings, and bodies that are not text."""
+single and batch records, both body encodings, and bodies that are not text. The
+produce answer is rendered into fragments too."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from api.routes.messages import JSONMessages, message_out, pull_json
-from broker.produce import NewMessage
+from api.routes.messages import JSONMessages, message_out, produce_answer, pull_json
+from broker.produce import NewMessage, ProduceResult
 from tests.broker.harness import BrokerCluster
 
 _BODIES = [
@@ -78,3 +79,23 @@ async def test_the_json_pull_is_message_out_of_every_message(
                     assert seen > 0
     finally:
         await c.close()
+
+
+def test_the_produce_answer_is_every_result_in_order() -> None:
+    results = [
+        ProduceResult("67300000000000000000", 0, 0, 0),
+        ProduceResult("6730000000000000ABCD", 65_535, 2**62, 2**63 - 1),
+        ProduceResult("67300000000000000001", 7, 12, 3),
+    ]
+    assert orjson.loads(produce_answer(results).body) == {
+        "results": [
+            {
+                "msg_id": r.msg_id,
+                "queue_id": r.queue_id,
+                "queue_offset": r.queue_offset,
+                "commitlog_offset": r.commitlog_offset,
+            }
+            for r in results
+        ]
+    }
+    assert orjson.loads(produce_answer([]).body) == {"results": []}
