@@ -490,6 +490,7 @@ class Broker:
     ) -> PullResult[PulledMessage]:
         """``Reads.pull``: messages of one queue from ``queue_offset``."""
         return await self.reads.pull(
+            self.reads.pulled_message,
             topic,
             queue_id,
             queue_offset,
@@ -510,8 +511,8 @@ class Broker:
         wait_ms: int = 0,
         tags: str | None = None,
     ) -> PullResult[_M]:
-        """``Reads.pull_as``: ``pull``, each message made by ``make``."""
-        return await self.reads.pull_as(
+        """``Reads.pull``: ``pull``, each message made by ``make`` (``MessageMaker``)."""
+        return await self.reads.pull(
             make,
             topic,
             queue_id,

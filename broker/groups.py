@@ -142,7 +142,12 @@ class ConsumerGroups:
                 start = self.meta.committed_offset(group, topic, qid)
                 start = lo if start is None or start < lo else start
                 r = await self.reads.pull(
-                    topic, qid, start, max_messages=max_messages - len(out), max_bytes=budget
+                    self.reads.pulled_message,
+                    topic,
+                    qid,
+                    start,
+                    max_messages=max_messages - len(out),
+                    max_bytes=budget,
                 )
                 next_offsets[qid] = r.next_offset
                 out.extend(r.messages)

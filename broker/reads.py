@@ -321,32 +321,6 @@ class Reads:
 
     async def pull(
         self,
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        tags: str | None = None,
-        max_bytes: int | None = None,
-    ) -> PullResult[PulledMessage]:
-        """Messages of one queue from ``queue_offset`` (RocketMQ's PullStatus vocabulary):
-        ``max_messages`` of them, fewer when their stored bytes would pass ``max_bytes``
-        (default ``max_response_bytes``), but always one: a message bigger than the
-        budget is answered alone, so a consumer never stalls on it."""
-        return await self.pull_as(
-            self.pulled_message,
-            topic,
-            queue_id,
-            queue_offset,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            tags=tags,
-            max_bytes=max_bytes,
-        )
-
-    async def pull_as(
-        self,
         make: MessageMaker[_M],
         topic: str,
         queue_id: int,
@@ -357,7 +331,11 @@ class Reads:
         tags: str | None = None,
         max_bytes: int | None = None,
     ) -> PullResult[_M]:
-        """``pull``, each message made by ``make`` (``MessageMaker``)."""
+        """Messages of one queue from ``queue_offset`` (RocketMQ's PullStatus vocabulary),
+        each made by ``make`` (``pulled_message`` for ``PulledMessage``s): ``max_messages``
+        of them, fewer when their stored bytes would pass ``max_bytes`` (default
+        ``max_response_bytes``), but always one: a message bigger than the budget is
+        answered alone, so a consumer never stalls on it."""
         status, found, next_offset, lo, hi = await self._pull_loop(
             partial(self._scan, make),
             topic,
