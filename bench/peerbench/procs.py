@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from dledger.runtime.local_cluster import stop_process
+
 _PR_SET_PDEATHSIG = 1
 _REGISTRY: list[subprocess.Popen[bytes]] = []
 
@@ -45,14 +47,7 @@ def spawn(
 
 def stop(p: subprocess.Popen[bytes], timeout_s: float = 10.0) -> None:
     """SIGTERM, then SIGKILL after ``timeout_s``."""
-    if p.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            p.terminate()
-        try:
-            p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait(timeout=10)
+    stop_process(p, timeout_s)
 
 
 def kill_all() -> None:

@@ -103,16 +103,7 @@ class ChildNodes:
     def stop(self, node: str, timeout_s: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout_s``; the exit code."""
         p = self.procs.get(node)
-        if p is None:
-            return None
-        if p.poll() is None:
-            p.terminate()
-            try:
-                p.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait(timeout=10)
-        return p.returncode
+        return None if p is None else stop_process(p, timeout_s)
 
     def stop_all(self, timeout_s: float = 15.0) -> None:
         for p in self.procs.values():  # all at once: a quorum going away together
@@ -130,6 +121,20 @@ class ChildNodes:
         if not path.exists():
             return ""
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def stop_process(p: subprocess.Popen[bytes], timeout_s: float) -> int | None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; the exit code (None only if even
+    SIGKILL left it running for 10 s more)."""
+    if p.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            p.terminate()
+        try:
+            p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+    return p.returncode
 
 
 def peer_secret_env(secret: bytes | None) -> dict[str, str | None]:
