@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Generic, Protocol, TypeAlias, TypeVar
 
@@ -91,6 +91,9 @@ class _Decoded:
     record: memoryview
     head: PullHead
     inners: list[InnerRecord] | None
+    # TAGS by PROPERTIES block: a batch record's messages share one as a rule, so a tag
+    # filter decodes it once for all of them.
+    _tags: dict[bytes, str | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, record: memoryview) -> _Decoded:
@@ -133,7 +136,10 @@ class _Decoded:
 
     def tags(self, queue_offset: int) -> str | None:
         """The exact TAGS of the message at ``queue_offset``."""
-        return decode_properties(self.make(queue_offset, _properties_of)).get(PROP_TAGS)
+        raw = bytes(self.make(queue_offset, _properties_of))
+        if raw not in self._tags:
+            self._tags[raw] = decode_properties(raw).get(PROP_TAGS)
+        return self._tags[raw]
 
 
 def _properties_of(
