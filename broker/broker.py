@@ -73,6 +73,7 @@ _M = TypeVar("_M")
 # The Retry-After hints of 503 NO_MASTER (the client waits at least this, or its backoff):
 PROMOTING_RETRY_AFTER_MS = 20  # this node leads and is becoming MASTER
 NO_LEADER_RETRY_AFTER_MS = 50  # no leader known: an election is under way
+TRANSFER_RETRY_AFTER_MS = 50  # leadership is being handed over: it ends in a beat or two
 
 
 def _error_text(e: BaseException | None) -> str | None:
@@ -260,13 +261,39 @@ class Broker:
         self.commitlog.reset_queue_table(table)
         return len(table)
 
+    async def require_master_soon(self) -> None:
+        """``require_master``, after waiting (``transfer_hold_ms`` at most) for a
+        leadership transfer under way here to end: a write then goes to the new
+        master (a redirect) or is taken here if the transfer failed."""
+        if self.role is BrokerRole.MASTER and self.server.transferee is not None:
+            await self.server.wait_no_transfer(self.settings.transfer_hold_ms / 1000)
+        self.require_master()
+
     def require_master(self) -> None:
         """Refuse a write unless this node is MASTER and can make it readable:
         ``NotMasterError`` (the master's address) on a SLAVE, ``NoMasterError`` (a short
-        Retry-After) while there is none, ``DiskFullError`` or ``NodeFailedError``."""
-        if self.role is BrokerRole.MASTER:
-            self._require_writable()
-            return
+        Retry-After) while there is none or while leadership is being handed over,
+        ``DiskFullError`` or ``NodeFailedError``."""
+        self._require_master_role()
+        core = self.server.core
+        transferee = core.member_state.transferee if core is not None else None
+        if transferee is not None:
+            # Raft refuses appends while it hands leadership over; the transfer ends
+            # (either way) within a heartbeat or two, and the client's retry finds
+            # the new master, or this one serving again.
+            raise errors.NoMasterError(
+                f"leadership is being handed to {transferee}; retry shortly",
+                retry_after_ms=TRANSFER_RETRY_AFTER_MS,
+            )
+        self._require_writable()
+
+    def _require_master_role(self) -> None:
+        """``NotMasterError`` or ``NoMasterError`` unless the broker role is MASTER."""
+        if self.role is not BrokerRole.MASTER:
+            raise self._not_master()
+
+    def _not_master(self) -> errors.BrokerError:
+        """Where a write goes when this node does not take it, from Raft's view now."""
         core = self.server.core
         leader = core.member_state.leader_id if core is not None else None
         if leader is None or leader == self.settings.node_id:
@@ -274,10 +301,10 @@ class Broker:
             # The promotion takes milliseconds, an election after a crash tens (issue 18):
             # the client's own backoff, which grows, covers longer waits.
             retry_ms = PROMOTING_RETRY_AFTER_MS if leader is not None else NO_LEADER_RETRY_AFTER_MS
-            raise errors.NoMasterError(
+            return errors.NoMasterError(
                 "no master at the moment; retry shortly", retry_after_ms=retry_ms
             )
-        raise errors.NotMasterError(
+        return errors.NotMasterError(
             f"this broker is a SLAVE; the master is {leader}",
             leader_id=leader,
             leader_addr=self.settings.peer_map.get(leader),
@@ -332,18 +359,22 @@ class Broker:
     # ---- appends -----------------------------------------------------------------------
 
     def append_error(self, e: DLedgerError) -> errors.BrokerError:
-        """What the client is told when the log refused an append (on NOT_LEADER this
-        node is a SLAVE from now on, and the client is sent to the master)."""
+        """What the client is told when the log refused an append. The broker role is
+        not touched here: it follows Raft's role changes alone (``RoleChangeHandler``).
+        A refusal during a leadership transfer is not a lost leadership, and a transfer
+        that fails changes no role, so setting SLAVE here would last for good (issue 26);
+        a real loss of leadership reaches the handler as a role change anyway."""
         if isinstance(e, AppendOutcomeUnknownError):
             return errors.UnknownOutcomeError(
                 f"commit unknown ({e.code.name}); retry may duplicate"
             )
+        if e.code is DLedgerCode.LEADER_TRANSFERRING:
+            return errors.NoMasterError(
+                f"leadership is being handed over ({e.message}); retry shortly",
+                retry_after_ms=TRANSFER_RETRY_AFTER_MS,
+            )
         if isinstance(e, NotLeaderError):
-            self.set_role(BrokerRole.SLAVE, self.role_term, "the log refused: not leader")
-            try:
-                self.require_master()
-            except errors.BrokerError as err:
-                return err
+            return self._not_master()
         if e.code is DLedgerCode.LEADER_PENDING_FULL:
             return errors.BusyError("too many appends waiting for a quorum", retry_after_ms=100)
         if e.code is DLedgerCode.DISK_FULL:
@@ -355,7 +386,7 @@ class Broker:
     async def append_meta(self, op: dict[str, Any]) -> int:
         """Append a ``%SYS%META`` operation; returns its index once it is dispatched
         (applied to the metadata here), or after ``append_timeout_ms`` at most."""
-        self.require_master()
+        await self.require_master_soon()
         record = encode_message(
             topic=SYS_TOPIC,
             body=orjson.dumps(op),
@@ -389,7 +420,7 @@ class Broker:
             raise errors.InvalidArgumentError(
                 f"queues must be 1..{self.settings.limits.max_queues_per_topic}, not {n}"
             )
-        self.require_master()  # a write, even when it turns out to exist: the master says
+        await self.require_master_soon()  # a write, even when it exists: the master says
         existing = self.meta.topics.get(name)
         if existing is None:
             self._check_room_for(n)
@@ -449,7 +480,7 @@ class Broker:
 
     async def delete_topic(self, name: str) -> None:
         # A write: redirect first. A slave may not know a topic the master just made.
-        self.require_master()
+        await self.require_master_soon()
         self.topic(name)
         await self.append_meta(op_delete_topic(name))
 
@@ -465,7 +496,7 @@ class Broker:
         """Append after validation; results after quorum commit (and dispatch)."""
         self._check_topic_name(topic_name)
         self.producer.check_request(messages, producer_id, sequence)
-        self.require_master()
+        await self.require_master_soon()
         topic = self.meta.topics.get(topic_name)
         if topic is None:
             if not self.settings.auto_create_topics:
@@ -587,16 +618,41 @@ class Broker:
     # ---- cluster -----------------------------------------------------------------------
 
     async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> None:
-        """Returns once ``to`` leads (at once when ``to`` is this master)."""
+        """Returns once ``to`` leads (at once when ``to`` is this master). Otherwise
+        ``TransferFailedError`` says why, and this node is still the master: a failed
+        transfer changes no role (issue 26). A full disk does not stop a transfer (moving
+        leadership off a full node is what an operator may want)."""
         peers = self.settings.peer_map
         if to not in peers:
             raise errors.UnknownNodeError(f"{to} is not a member: {sorted(peers)}")
-        self.require_master()
+        self._require_master_role()
         if to == self.settings.node_id:
             return
-        code = await self.server.transfer_leadership(to, timeout_s)
-        if code is not DLedgerCode.SUCCESS:
-            raise errors.NoMasterError(f"leadership transfer to {to} failed: {code.name}")
+        code: DLedgerCode
+        try:
+            done = await self.server.transfer_leadership(to, timeout_s)
+        except DLedgerError as e:
+            if e.code is DLedgerCode.NOT_LEADER:  # deposed since the check above
+                raise self._not_master() from None
+            if e.code is DLedgerCode.ILLEGAL_MEMBER_STATE:
+                raise errors.NodeFailedError(e.message) from None
+            code, reason = e.code, e.message
+        else:
+            if done.code is DLedgerCode.SUCCESS:
+                return
+            code, reason = done.code, done.reason
+        core = self.server.core
+        leader = core.member_state.leader_id if core is not None else None
+        if leader == to:
+            return  # it leads all the same (its answer was lost, say)
+        now = f"{leader} leads" if leader is not None else "no leader at the moment"
+        raise errors.TransferFailedError(
+            f"leadership transfer to {to} failed ({code.name}: {reason or 'no reason given'})"
+            f"; {now}",
+            to=to,
+            reason=code.name,
+            leader_id=leader,
+        )
 
     def status(self) -> BrokerStatus:
         core = self.server.core

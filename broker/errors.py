@@ -85,6 +85,15 @@ class UnknownNodeError(BrokerError):
     http_status = 409
 
 
+class TransferFailedError(BrokerError):
+    """A leadership transfer did not happen: ``reason`` (DLedger's code: the target
+    refused, is too far behind, went silent, its connection was lost, time ran out) says
+    why; this node is still the master and takes writes (``leader_id``)."""
+
+    code = "TRANSFER_FAILED"
+    http_status = 409
+
+
 class NotMasterError(BrokerError):
     """This broker is a SLAVE; writes go to the master (``leader_id``, ``leader_addr``,
     ``leader_url`` when known)."""

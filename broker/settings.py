@@ -88,6 +88,11 @@ class BrokerSettings:
     snapshots_kept: int = 2
     master_catch_up_timeout_ms: int = 30_000  # a new leader's wait for NOOP + dispatch
     append_timeout_ms: int = 10_000  # produce waits this long for commit + dispatch
+    # A write that arrives while the master hands leadership over waits this long at
+    # most for the transfer to end (most end within a heartbeat or two), then goes to
+    # whoever is master (this node again if it failed), instead of a 503 the client
+    # would back off from: writes pause for the transfer, not longer.
+    transfer_hold_ms: int = 1000
     retention_check_interval_ms: int = 1000
     # Writes are refused (507 DISK_FULL) while the data directory's file system has less
     # free space than this, so the derived files of what was acknowledged (a key-index

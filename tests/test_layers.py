@@ -40,3 +40,25 @@ def test_package_imports_only_the_layers_below_it(package: str) -> None:
             continue
         bad = _imports(path) - ALLOWED[package]
         assert not bad, f"{path.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+# Issue 26: the broker role follows Raft's role changes and nothing else. A role set from
+# anywhere else (a refused append, say) is not undone by any role change: a transfer that
+# failed left a Raft leader whose broker stayed SLAVE for good.
+ROLE_SETTERS = {ROOT / "broker" / "role.py"}
+
+
+def test_only_the_role_change_handler_sets_the_broker_role() -> None:
+    found = []
+    for package in sorted(OURS):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "set_role"
+                    and path not in ROLE_SETTERS
+                ):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not found, f"the broker role is set outside the RoleChangeHandler: {found}"

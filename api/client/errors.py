@@ -165,6 +165,7 @@ UNTYPED_CODES = frozenset(
         "INTERNAL",  # a bug on the node
         "STORAGE_ERROR",  # the store refused a write (a full disk is DISK_FULL)
         "UNKNOWN_NODE",  # a leadership transfer to a node outside the group
+        "TRANSFER_FAILED",  # a leadership transfer did not happen; the master serves on
         "NOT_ACCEPTABLE",  # an Arrow pull from a node without pyarrow
         "NOT_FOUND",  # the HTTP layer's: no such path
         "METHOD_NOT_ALLOWED",  # nor such method

@@ -90,8 +90,12 @@ class ProposalDone:
 
 @dataclass(frozen=True, slots=True)
 class TransferDone:
+    """A transfer's outcome: SUCCESS once the transferee leads; otherwise this node
+    still leads and takes appends again, and ``reason`` says what went wrong."""
+
     transfer_id: int
     code: DLedgerCode
+    reason: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,8 @@ class _Transfer:
     to: str
     term: int
     deadline_ms: int
+    index: int  # the log end the transferee must reach before it campaigns
+    sent_ms: int  # when the request last left (it is sent again while unanswered)
 
 
 @dataclass(slots=True)
@@ -189,6 +195,9 @@ class DLedgerCore:
         self._proposal_seq = 0
         self._transfers: list[_Transfer] = []
         self._take: _TakeLeadership | None = None
+        # Transferee: the last take answered, (leader, term, req_id) and the answer,
+        # so a request the leader sent again gets the same answer.
+        self._last_take: tuple[tuple[str, int, int], DLedgerCode] | None = None
         self._last_preferred_check_ms = now_ms
         self.snapshot: Snapshot | None = None  # the newest the application registered
         self.installing: Snapshot | None = None  # follower: handed out, not yet installed
@@ -230,6 +239,8 @@ class DLedgerCore:
             self.handler.clear(DLedgerCode.NOT_FOLLOWER)
         if member_state.role is Role.LEADER:
             self._on_become_leader(now_ms)
+            if self._take is not None and self._take.started:
+                self._finish_take(DLedgerCode.SUCCESS)  # tell the old leader at once
         elif self._take is not None and member_state.role is Role.FOLLOWER:
             self._finish_take(DLedgerCode.TAKE_LEADERSHIP_FAILED)
 
@@ -311,6 +322,7 @@ class DLedgerCore:
         self.now_ms = now_ms
         if peer_id in self.member_state.peers and peer_id != self.member_state.self_id:
             self.elector.on_peer_connection_lost(peer_id, now_ms)
+            self.transferee_connection_lost(peer_id)
 
     def _note_term(self, term: int, pre_vote: bool, now_ms: int) -> None:
         if pre_vote or term <= self.member_state.curr_term:
@@ -489,7 +501,16 @@ class DLedgerCore:
     # ---- leadership transfer ---------------------------------------------------------
 
     def transfer_leadership(self, to: str, now_ms: int) -> int:
-        """Hand leadership to ``to``; a :class:`TransferDone` reports the outcome."""
+        """Hand leadership to ``to``; a :class:`TransferDone` reports the outcome.
+
+        Appends are refused (LEADER_TRANSFERRING) while it runs, so it ends as soon as
+        its outcome is known: SUCCESS when ``to`` answers that it leads (or this node
+        sees its higher term and steps down); a failure, after which this node leads on
+        and takes appends again, when ``to`` refuses, when its connection is lost
+        (``peer_connection_lost``: it died), when it has been silent for
+        ``leadership_transfer_silence_ms`` (paused, cut off), or at the deadline. The
+        request is the transfer's TimeoutNow; it is sent again every heartbeat interval
+        while unanswered, so one lost frame costs a beat, not the deadline."""
         member_state, s = self.member_state, self.settings
         if to not in member_state.peers:
             raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{to!r} is not a peer")
@@ -502,49 +523,107 @@ class DLedgerCore:
         lag = member_state.ledger_end_index - self.dispatchers[to].match_index
         if lag > s.max_leadership_transfer_wait_index:
             raise DLedgerError(DLedgerCode.FALL_BEHIND_TOO_MUCH, f"{to} is {lag} behind")
+        silent_ms = self._silent_ms(to, now_ms)
+        if silent_ms > s.leadership_transfer_silence_ms:
+            raise DLedgerError(
+                DLedgerCode.NETWORK_ERROR,
+                f"{to} has not answered for {self._silence_text(silent_ms)}",
+            )
         member_state.transferee = to
         t = _Transfer(
             self.next_req_id(),
             to,
             member_state.curr_term,
             now_ms + s.leadership_transfer_timeout_ms * 2,
+            member_state.ledger_end_index,
+            now_ms,
         )
         self._transfers.append(t)
+        self._send_transfer(t)
+        self.log_event("transfer", to=to, term=member_state.curr_term)
+        return t.transfer_id
+
+    def _send_transfer(self, t: _Transfer) -> None:
+        member_state = self.member_state
         self.send(
             LeadershipTransferRequest(
                 group=member_state.group,
                 local_id=member_state.self_id,
-                remote_id=to,
-                term=member_state.curr_term,
+                remote_id=t.to,
+                term=t.term,
                 req_id=t.transfer_id,
                 transfer_id=member_state.self_id,
-                transferee_id=to,
-                take_leadership_ledger_index=member_state.ledger_end_index,
+                transferee_id=t.to,
+                take_leadership_ledger_index=t.index,
             )
         )
-        self.log_event("transfer", to=to, term=member_state.curr_term)
-        return t.transfer_id
+
+    def _silent_ms(self, peer: str, now_ms: int) -> int:
+        """How long since this leader last heard ``peer`` answer (its whole term when
+        it never has)."""
+        return now_ms - self.elector.peer_heard_ms.get(peer, -(10**15))
+
+    @staticmethod
+    def _silence_text(silent_ms: int) -> str:
+        return f"{silent_ms} ms" if silent_ms < 10**12 else "this whole term"
 
     def _on_transfer_response(self, resp: LeadershipTransferResponse) -> None:
         for t in list(self._transfers):
             if t.transfer_id == resp.req_id and t.to == resp.local_id:
-                self._transfers.remove(t)
-                self._ready.transfers.append(TransferDone(t.transfer_id, resp.code))
-                if self.member_state.transferee == t.to:
-                    self.member_state.transferee = None
+                why = (
+                    "" if resp.code is DLedgerCode.SUCCESS else f"{t.to} answered {resp.code.name}"
+                )
+                self._end_transfer(t, resp.code, why)
+
+    def _end_transfer(self, t: _Transfer, code: DLedgerCode, reason: str) -> None:
+        """Report ``t``'s outcome; appends are taken again (if this node still leads)."""
+        self._transfers.remove(t)
+        self._ready.transfers.append(TransferDone(t.transfer_id, code, reason))
+        member_state = self.member_state
+        if member_state.curr_term == t.term and member_state.transferee == t.to:
+            member_state.transferee = None
+        self.log_event("transfer_done", to=t.to, term=t.term, code=code.name, reason=reason)
 
     def _expire_transfers(self, now_ms: int) -> None:
+        """The leader's side of running transfers, every tick: end those whose outcome is
+        known without an answer, resend the request of the others."""
+        member_state, s = self.member_state, self.settings
         for t in list(self._transfers):
             if now_ms >= t.deadline_ms:
-                self._transfers.remove(t)
-                self._ready.transfers.append(
-                    TransferDone(t.transfer_id, DLedgerCode.TAKE_LEADERSHIP_FAILED)
+                self._end_transfer(
+                    t, DLedgerCode.TIMEOUT, f"{t.to} did not take leadership in time"
                 )
-                if self.member_state.transferee == t.to:
-                    self.member_state.transferee = None
+            elif member_state.role is not Role.LEADER or member_state.curr_term != t.term:
+                # Deposed (the transferee's higher term, most likely): this node no
+                # longer decides; the transferee's answer or the deadline ends it.
+                continue
+            elif (silent := self._silent_ms(t.to, now_ms)) > s.leadership_transfer_silence_ms:
+                self._end_transfer(
+                    t, DLedgerCode.NETWORK_ERROR, f"{t.to} silent for {self._silence_text(silent)}"
+                )
+            elif now_ms - t.sent_ms >= s.heartbeat_interval_ms:
+                t.sent_ms = now_ms
+                self._send_transfer(t)
+
+    def transferee_connection_lost(self, peer_id: str) -> None:
+        """``peer_connection_lost`` for the leader's side: a transfer to ``peer_id``
+        fails now (its process died or its link broke) instead of at its deadline."""
+        member_state = self.member_state
+        if member_state.role is not Role.LEADER:
+            return
+        for t in list(self._transfers):
+            if t.to == peer_id and t.term == member_state.curr_term:
+                self._end_transfer(t, DLedgerCode.NETWORK_ERROR, f"connection to {peer_id} lost")
 
     def _on_take_leadership(self, req: LeadershipTransferRequest, now_ms: int) -> None:
         member_state = self.member_state
+        key = (req.local_id, req.term, req.req_id)
+        t = self._take
+        if t is not None and (t.leader_id, t.term, t.req_id) == key:
+            return  # the leader sent it again: this take is under way
+        if self._last_take is not None and self._last_take[0] == key:
+            self._answer_take(req.local_id, req.req_id, self._last_take[1])  # answer lost
+            return
         if (
             req.transferee_id != member_state.self_id
             or req.term != member_state.curr_term
@@ -585,6 +664,7 @@ class DLedgerCore:
     def _finish_take(self, code: DLedgerCode) -> None:
         t, self._take = self._take, None
         assert t is not None
+        self._last_take = ((t.leader_id, t.term, t.req_id), code)
         self.member_state.term_to_take_leadership = -1
         self._answer_take(t.leader_id, t.req_id, code)
 

@@ -68,7 +68,11 @@ class CoreSettings:
     max_wait_ack_ms: int = 2500  # a proposal not committed by then: unknown outcome
     # leadership transfer
     max_leadership_transfer_wait_index: int = 1000
-    leadership_transfer_timeout_ms: int = 1000
+    leadership_transfer_timeout_ms: int = 1000  # the transferee's; the leader waits 2 x
+    # The leader ends a transfer (and takes appends again) when the transferee has not
+    # answered for this long (paused, cut off): 2.5 heartbeats, well below the 2 s
+    # deadline. A refused or lost connection ends it at once (peer_connection_lost).
+    leadership_transfer_silence_ms: int = 500
     preferred_leader_ids: tuple[str, ...] = ()
     preferred_leader_check_ms: int = 1000
     # durability: "sync" = entries and term/vote are synced before any reply leaves

@@ -47,7 +47,7 @@ from ..core.messages import (
     RaftMessage,
     Role,
 )
-from ..core.node import DLedgerCore, Ready, RoleChange
+from ..core.node import DLedgerCore, Ready, RoleChange, TransferDone
 from ..core.settings import CoreSettings
 from ..core.snapshot import Snapshot
 from ..store import AppendHook, Entry, FileStore, StoreSettings, node_dir
@@ -144,8 +144,10 @@ class DLedgerServer:
         # Called with (seconds from proposal to quorum commit, entries) per committed
         # proposal: the commit-latency histogram of /metrics.
         self.commit_observers: list[Callable[[float, int], None]] = []
-        self._transfer_futs: dict[int, asyncio.Future[DLedgerCode]] = {}
+        self._transfer_futs: dict[int, asyncio.Future[TransferDone]] = {}
         self._committed = Watermark()  # the store's commit index, as last seen
+        # Moves once per Ready that ends a transfer or changes the role (wait_no_transfer)
+        self._transfer_moves = Watermark(0)
         self._stopping = False
         self._pump_scheduled = False  # a call_soon of _pump_proposals is pending
         self._installer: SnapshotInstaller | None = None
@@ -400,7 +402,9 @@ class DLedgerServer:
         for t in ready.transfers:
             tf = self._transfer_futs.pop(t.transfer_id, None)
             if tf is not None and not tf.done():
-                tf.set_result(t.code)
+                tf.set_result(t)
+        if ready.transfers or ready.role_changes:
+            self._transfer_moves.advance(self._transfer_moves.index + 1)
         for change in ready.role_changes:
             for handler in self._handlers:
                 try:
@@ -577,14 +581,44 @@ class DLedgerServer:
         self._committed.advance(self.committed_index)
         return await self._committed.wait(index, timeout_s)
 
-    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> DLedgerCode:
+    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> TransferDone:
+        """Hand leadership to ``to``; its outcome (``DLedgerCore.transfer_leadership``
+        ends every transfer within twice ``leadership_transfer_timeout_ms``). A refusal
+        raises ``DLedgerError`` before anything started; ``timeout_s`` only guards
+        against a core that never answers (then the outcome is ``TIMEOUT``)."""
         core = self._live_core()
+        if self.failed is not None:
+            raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"node failed: {self.failed!r}")
         tid = core.transfer_leadership(to, _now_ms())
-        fut: asyncio.Future[DLedgerCode] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[TransferDone] = asyncio.get_running_loop().create_future()
         self._transfer_futs[tid] = fut
         self._kick.set()
-        async with asyncio.timeout(timeout_s):
-            return await fut
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await fut
+        except TimeoutError:
+            return TransferDone(tid, DLedgerCode.TIMEOUT, f"no outcome within {timeout_s:g} s")
+        finally:
+            self._transfer_futs.pop(tid, None)
+
+    @property
+    def transferee(self) -> str | None:
+        """The node this leader is handing leadership to, while a transfer runs."""
+        core = self.core
+        return core.member_state.transferee if core is not None else None
+
+    async def wait_no_transfer(self, timeout_s: float) -> bool:
+        """Wait until no leadership transfer runs here (it ended, or this node stepped
+        down); True then, False after ``timeout_s``. The core ends every transfer within
+        twice ``leadership_transfer_timeout_ms``, most within a heartbeat or two."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.transferee is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            await self._transfer_moves.wait(self._transfer_moves.index + 1, left)
+        return True
 
     @property
     def role(self) -> Role:

@@ -8,6 +8,7 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import (
     HeartBeatResponse,
     LeadershipTransferRequest,
+    LeadershipTransferResponse,
     PushEntryResponse,
     PushType,
     Role,
@@ -85,18 +86,92 @@ def test_le_47_only_a_leader_transfers() -> None:
         assert e.value.code is code
 
 
-def test_le_47_a_transfer_to_an_unreachable_peer_fails_and_unblocks_appends() -> None:
+def test_le_47_a_transfer_to_a_peer_cut_off_fails_once_it_is_silent_and_unblocks_appends() -> None:
+    """Issue 26: the leader ends the transfer once the transferee has not answered for
+    ``leadership_transfer_silence_ms`` (a paused or cut-off node), not at the deadline."""
     c = Cluster(3, seed=4)
     lead = c.wait_leader()
     to = next(i for i in c.ids if i != lead)
     c.cut(lead, to)
     tid = transfer(c, lead, to)
-    timeout = c.settings.leadership_transfer_timeout_ms
-    took = c.tick_until(lambda: bool(c.transfers[lead]), 3 * timeout)
-    assert took is not None and took <= 2 * timeout + 10
-    assert c.transfers[lead] == [TransferDone(tid, DLedgerCode.TAKE_LEADERSHIP_FAILED)]
-    assert c.leader() == lead
+    s = c.settings
+    took = c.tick_until(lambda: bool(c.transfers[lead]), 3 * s.leadership_transfer_timeout_ms)
+    assert took is not None and took <= s.leadership_transfer_silence_ms + 20
+    (done,) = c.transfers[lead]
+    assert (done.transfer_id, done.code) == (tid, DLedgerCode.NETWORK_ERROR)
+    assert "silent" in done.reason
+    assert c.leader() == lead and c.cores[lead].member_state.transferee is None
     c.propose([b"appends again"])
+
+
+def test_issue_26_a_lost_connection_to_the_transferee_ends_the_transfer_at_once() -> None:
+    """The transport reports the transferee's connection closed (its process died): the
+    transfer fails in the same step, and appends are taken again."""
+    c = Cluster(3, seed=8)
+    lead = c.wait_leader()
+    to = next(i for i in c.ids if i != lead)
+    c.stop(to)
+    tid = transfer(c, lead, to, deliver=False)
+    c.run(lead, lambda core: core.peer_connection_lost(to, c.now_ms))
+    (done,) = c.transfers[lead]
+    assert (done.transfer_id, done.code) == (tid, DLedgerCode.NETWORK_ERROR)
+    assert "connection" in done.reason
+    assert c.leader() == lead and c.cores[lead].member_state.transferee is None
+    c.propose([b"appends again"])
+
+
+def test_issue_26_a_lost_transfer_request_is_sent_again_and_the_transfer_completes() -> None:
+    """The request (the transfer's TimeoutNow) is lost once: the leader sends it again
+    after a heartbeat interval, and the transfer succeeds long before its deadline."""
+    c = Cluster(3, seed=9)
+    lead = c.wait_leader()
+    to = next(i for i in c.ids if i != lead)
+    lost: list[LeadershipTransferRequest] = []
+
+    def first_request(m: object) -> bool:
+        if isinstance(m, LeadershipTransferRequest) and not lost:
+            lost.append(m)
+            return True
+        return False
+
+    c.drop(first_request)
+    tid = transfer(c, lead, to)
+    assert len(lost) == 1 and c.role(to) is Role.FOLLOWER
+    took = c.tick_until(lambda: bool(c.transfers[lead]), 2000)
+    assert took is not None and took <= c.settings.heartbeat_interval_ms + 200
+    assert c.transfers[lead] == [TransferDone(tid, DLedgerCode.SUCCESS)]
+    assert c.leader() == to
+
+
+def test_issue_26_the_transferee_takes_a_request_sent_again_once() -> None:
+    """A copy of the request while the take runs is ignored (no FAILED answer for a
+    take under way); a copy after it ended gets the same answer again."""
+    c = Cluster(3, seed=10)
+    lead = c.wait_leader()
+    to = next(i for i in c.ids if i != lead)
+    transfer(c, lead, to, deliver=False)
+    (req,) = [m for m in c.queue if isinstance(m, LeadershipTransferRequest)]
+    c.queue.clear()
+    c.inject(req)
+    assert c.role(to) is Role.CANDIDATE
+    assert c.inject(req) == []  # under way: nothing to say
+    c.queue.clear()
+    c.tick_until(lambda: c.role(to) is Role.LEADER, 1000)
+    answers = [m for m in c.inject(req) if isinstance(m, LeadershipTransferResponse)]
+    assert [a.code for a in answers] == [DLedgerCode.SUCCESS]
+
+
+def test_issue_26_a_transfer_to_a_peer_not_heard_from_is_refused() -> None:
+    c = Cluster(3, seed=11)
+    lead = c.wait_leader()
+    to = next(i for i in c.ids if i != lead)
+    c.isolate(to)
+    c.tick(c.settings.leadership_transfer_silence_ms + 200)
+    with pytest.raises(DLedgerError) as e:
+        transfer(c, lead, to)
+    assert e.value.code is DLedgerCode.NETWORK_ERROR and "not answered" in e.value.message
+    assert c.cores[lead].member_state.transferee is None
+    c.propose([b"still leading"])
 
 
 def test_le_47_the_transferee_waits_for_the_entries_it_lacks_before_it_campaigns() -> None:
