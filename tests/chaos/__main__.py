@@ -1,6 +1,9 @@
 """Long chaos runs: ``python -m tests.chaos --seed S --duration SECONDS [--workdir DIR]``
-(root: network namespaces and tmpfs mounts). Prints the seed and the replay command
-first, the report last; exit code 0 only for a valid run."""
+(root: network namespaces and tmpfs mounts). Prints the seed, the run's bound and the
+replay command first, the report last. The run ends within its bound whatever the
+cluster does; SIGINT, SIGTERM and SIGHUP stop it at once, and every node, mount and
+namespace of its is gone before it exits. Exit code: 0 for a valid run, 1 for an INVALID
+one, 128 + the signal's number for one a signal stopped, 2 without root."""
 
 from __future__ import annotations
 
@@ -39,7 +42,9 @@ def main() -> int:
     if result.valid and a.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)
     else:
-        print(f"history and logs: {workdir}")
+        print(f"history and logs: {workdir}", flush=True)
+    if result.signal is not None:
+        return 128 + result.signal
     return 0 if result.valid else 1
 
 

@@ -10,7 +10,10 @@ its data directory is a mount point. The test process reaches every node through
 lab's cable to the root namespace.
 
 Cleanup never leaks (``close``, also on failure): the processes (SIGCONT first, so a
-stopped one can die), the mounts, the namespaces. Root only: ``available()``.
+stopped one can die), the mounts, the namespaces. Once closing, no node starts again
+(a thread the run left behind may still try: ``start`` refuses). ``kill_all`` is the
+quick way out of a run that stopped early: nothing needs to be synced. Root only:
+``available()``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 from pathlib import Path
 
 from api.cluster import LocalBrokerCluster
@@ -57,13 +61,16 @@ class ChaosCluster(LocalBrokerCluster):
             log_dir=log_dir,
         )
         self.paused: set[str] = set()
+        self.closing = False
 
     def open(self) -> None:
         """Namespaces, mounts, then every node; on failure everything is undone."""
         try:
             self._stack.callback(self.lab.close)
+            self._not_closing()
             self.lab.start()
             self._address_nodes()
+            self._not_closing()
             self.fs = {
                 n: self._stack.enter_context(small_fs(self.data_dir / n, FS_BYTES))
                 for n in self.ids
@@ -74,6 +81,11 @@ class ChaosCluster(LocalBrokerCluster):
             self.close()
             raise
 
+    def _not_closing(self) -> None:
+        """An ``open`` the run stopped waiting for creates nothing more."""
+        if self.closing:
+            raise RuntimeError("the cluster is closing")
+
     def _address_nodes(self) -> None:
         """URLs and the peer list on the lab's addresses (known once it started)."""
         addr = self.lab.address
@@ -83,6 +95,11 @@ class ChaosCluster(LocalBrokerCluster):
 
     def command(self, node: str) -> list[str]:
         return self.lab.exec_prefix(node) + super().command(node)
+
+    def start(self, node: str) -> None:
+        if self.closing:
+            raise RuntimeError(f"{node} not started: the cluster is closing")
+        super().start(node)
 
     # ---- faults ---------------------------------------------------------------------------
 
@@ -114,8 +131,17 @@ class ChaosCluster(LocalBrokerCluster):
                 self.resume(n)
         self.stop_all(timeout_s=10)
 
+    def kill_all(self) -> None:
+        """SIGKILL to every node (a stopped one dies too), and no node starts again."""
+        self.closing = True
+        for n in self.ids:
+            if self.alive(n):
+                with contextlib.suppress(ProcessLookupError, subprocess.TimeoutExpired):
+                    self.kill(n)
+
     def close(self) -> None:
         """Processes, mounts, namespaces, in that order; idempotent."""
+        self.closing = True
         self._stack.close()
 
     def __enter__(self) -> ChaosCluster:

@@ -8,7 +8,9 @@ seeded permutation of ``KINDS``: a run of ``len(KINDS)`` steps tries every kind 
 
 One fault at a time (each step: quiet gap, fault, hold, heal, then a bounded wait for
 the cluster to be whole again), so the cluster keeps a quorum through the run and every
-unavailability window belongs to one fault. The faults:
+unavailability window belongs to one fault. ``run`` ends when the steps do, when told
+to stop (the run halts, or a stall made it INVALID), or at its deadline: every wait
+looks at both, and a step under way is healed before it returns. The faults:
 
 - ``kill-master`` / ``kill-slave``: SIGKILL, restarted at the heal;
 - ``pause-master`` / ``pause-slave``: SIGSTOP, SIGCONT at the heal (the hold is longer
@@ -31,6 +33,7 @@ moment it was done.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -56,6 +59,7 @@ KINDS = (
     "disk-full-slave",
 )
 WARMUP_S = 3.0  # load runs this long before the first fault
+RECOVER_SLICE_S = 5.0  # a recovery wait looks at stop and the deadline this often
 MiB = 1 << 20
 
 
@@ -95,45 +99,93 @@ class Nemesis:
         self.recover_s = recover_s
         self.say = say
         self.unhealed: list[str] = []  # steps after which the cluster did not recover
+        self.scheduled = 0  # steps in the schedule
+        self.done = 0  # steps done (fault, hold, heal)
+        self.current: str | None = None  # the step under way, if any
+        self.ended: str | None = None  # "done", "stopped", "cut short at its deadline"
 
-    def run(self, steps: list[Step], stop: threading.Event) -> None:
-        """Every step, unless ``stop`` is set (checked between steps and during waits)."""
-        if stop.wait(WARMUP_S):
-            return
-        for i, step in enumerate(steps):
-            if stop.wait(step.quiet_s):
+    def run(self, steps: list[Step], stop: threading.Event,
+            deadline_s: float = math.inf) -> None:  # fmt: skip
+        """Every step in order, until ``stop`` is set or the monotonic ``deadline_s``
+        passes (looked at between steps and in every wait: a step under way is healed,
+        its hold and recovery wait cut short). ``done``, ``current`` and ``ended`` say
+        how far it got."""
+        self.scheduled = len(steps)
+        try:
+            if self._wait(stop, WARMUP_S, deadline_s):
                 return
-            master = self._master()
-            if master is None:
-                self.unhealed.append(f"before {step.kind}: no master for {self.recover_s} s")
-                continue
-            heal = self.apply(step, master)
-            stop.wait(step.hold_s)
-            heal()
-            self.say(f"step {i + 1}/{len(steps)}: {step.kind} healed")
-            self._await_whole(step)
+            for i, step in enumerate(steps):
+                if self._wait(stop, step.quiet_s, deadline_s):
+                    return
+                self.current = f"step {i + 1}/{len(steps)} ({step.kind})"
+                master = self._master(stop, deadline_s)
+                if master is None:
+                    if self._over(stop, deadline_s):
+                        return
+                    self.unhealed.append(f"before {step.kind}: no master for {self.recover_s} s")
+                    continue
+                heal = self.apply(step, master)
+                try:
+                    self._wait(stop, step.hold_s, deadline_s)
+                finally:
+                    heal()
+                self.done += 1
+                self.say(f"step {i + 1}/{len(steps)}: {step.kind} healed")
+                self._await_whole(step, stop, deadline_s)
+            self.ended = "done"
+        finally:
+            self.current = None
+            if self.ended is None:
+                self.ended = "stopped" if stop.is_set() else "cut short at its deadline"
 
-    def _master(self) -> str | None:
-        """The current master (bounded: a previous heal waited for one)."""
-        deadline = time.monotonic() + self.recover_s
-        while time.monotonic() < deadline:
+    @staticmethod
+    def _over(stop: threading.Event, deadline_s: float) -> bool:
+        return stop.is_set() or time.monotonic() >= deadline_s
+
+    @staticmethod
+    def _wait(stop: threading.Event, seconds: float, deadline_s: float) -> bool:
+        """Wait ``seconds`` unless stopped or past the deadline first: whether it was."""
+        stop.wait(max(0.0, min(seconds, deadline_s - time.monotonic())))
+        return Nemesis._over(stop, deadline_s)
+
+    def _master(self, stop: threading.Event, deadline_s: float) -> str | None:
+        """The current master (bounded: ``recover_s``, the deadline, ``stop``)."""
+        until = min(time.monotonic() + self.recover_s, deadline_s)
+        while time.monotonic() < until and not stop.is_set():
             m = self.c.master()
             if m is not None:
                 return m
-            time.sleep(0.1)
+            stop.wait(0.1)
         return None
 
-    def _await_whole(self, step: Step) -> None:
-        """Every node ready, one master; else recorded (a node that exited by itself is
-        a bug: its log tail goes into the record) and the run goes on."""
-        try:
-            self.c.wait_ready(timeout_s=self.recover_s)
-        except (TimeoutError, RuntimeError) as e:
-            self.unhealed.append(f"{step.kind}: {e}")
-            self.h.info("nemesis", "unhealthy", {"kind": step.kind, "error": str(e)[:500]})
-            for n in self.c.ids:  # the next fault needs every node running
-                if not self.c.alive(n):
-                    self.c.start(n)
+    def _await_whole(self, step: Step, stop: threading.Event, deadline_s: float) -> None:
+        """Every node ready, one master, within ``recover_s``; else recorded (a node
+        that exited by itself is a bug: its log tail goes into the record) and the run
+        goes on. Looked at in slices, so that ``stop`` and the deadline end the wait
+        (the end of the run heals everything)."""
+        until = min(time.monotonic() + self.recover_s, deadline_s)
+        error: Exception | None = None
+        for _ in range(10_000):  # bounded: every try takes a slice of the time left
+            if self._over(stop, deadline_s):
+                return
+            left_s = until - time.monotonic()
+            try:
+                self.c.wait_ready(timeout_s=max(0.0, min(RECOVER_SLICE_S, left_s)))
+                return
+            except RuntimeError as e:  # a node exited by itself
+                error = e
+                break
+            except TimeoutError as e:
+                error = e
+                if left_s <= RECOVER_SLICE_S:
+                    break
+        if error is None or self._over(stop, deadline_s):
+            return  # cut short by the deadline or stop, not a failure to recover
+        self.unhealed.append(f"{step.kind}: {error}")
+        self.h.info("nemesis", "unhealthy", {"kind": step.kind, "error": str(error)[:500]})
+        for n in self.c.ids:  # the next fault needs every node running
+            if not self.c.alive(n) and not stop.is_set():
+                self.c.start(n)
 
     def _record(self, f: str, kind: str, nodes: list[str]) -> None:
         self.h.info("nemesis", f, {"kind": kind, "nodes": tuple(nodes)})
@@ -162,14 +214,18 @@ class Nemesis:
         if kind == "isolate-node":
             return self._fault(kind, [anyone], lambda: c.lab.link_down(anyone), c.heal_network)
         if kind == "isolate-master":
-            cut = lambda: [c.lab.cut(master, s) for s in slaves]  # noqa: E731
-            return self._fault(kind, [master], cut, c.heal_network)
+
+            def cut_off() -> None:
+                for s in slaves:
+                    c.lab.cut(master, s)
+
+            return self._fault(kind, [master], cut_off, c.heal_network)
         if kind == "bridge":
             a, b = (master, slave) if step.draw < 0.5 else tuple(slaves)
             return self._fault(kind, [a, b], lambda: c.lab.cut(a, b), c.heal_network)
         if kind == "one-way":
-            cut = lambda: c.lab.cut(master, slave, one_way=True)  # noqa: E731
-            return self._fault(kind, [master, slave], cut, c.heal_network)
+            one_way = lambda: c.lab.cut(master, slave, one_way=True)  # noqa: E731
+            return self._fault(kind, [master, slave], one_way, c.heal_network)
         assert kind == "transfer", kind
         return self._transfer(kind, master, slave)
 

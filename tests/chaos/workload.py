@@ -14,7 +14,8 @@
   ``offsets_every_s``.
 
 Bounds: each task paces itself (``send_pause_s``, ``pull_pause_s``), every request by
-the client's settings; ``stop()`` ends them all within the client's deadline.
+the client's settings; ``stop()`` ends them all within ``stop_s`` (the client's deadline
+and 10 s), ``cancel()`` at once.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from api.client import (
@@ -65,6 +66,11 @@ class WorkloadSettings:
         )
     )
 
+    @property
+    def stop_s(self) -> float:
+        """The bound on ``Workload.stop``: an operation's deadline, and its cleanup."""
+        return self.client.deadline_s + 10
+
 
 def why(e: LedgerMQError) -> str:
     return f"{e.code}: {e}"[:300]
@@ -94,9 +100,21 @@ class Workload:
         return task_failure(self.tasks)
 
     async def stop(self) -> None:
+        """Each task ends after its operation under way (within ``stop_s``: then it is
+        cancelled)."""
         self.stopping.set()
-        bound = self.s.client.deadline_s + 10
-        _done, pending = await asyncio.wait(self.tasks, timeout=bound)
+        _done, pending = await asyncio.wait(self.tasks, timeout=self.s.stop_s)
+        await self._cancel(pending)
+
+    async def cancel(self) -> None:
+        """Every task cancelled now (a run that stopped early: the operations under way
+        stay invoked, never completed)."""
+        self.stopping.set()
+        await self._cancel([t for t in self.tasks if not t.done()])
+
+    @staticmethod
+    async def _cancel(tasks: Iterable[asyncio.Task[None]]) -> None:
+        pending = list(tasks)
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
