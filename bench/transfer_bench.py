@@ -45,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import httpx
+from peerbench.procs import wait_until
 
 from api.client import ClientSettings, LedgerMQError, Producer
 from api.cluster import LocalBrokerCluster
@@ -125,14 +126,7 @@ class Writer:
 
 
 def _wait(cond: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
-        time.sleep(POLL_S)
+    return wait_until(cond, timeout_s, what, POLL_S)
 
 
 def caught_up(c: LocalBrokerCluster, timeout_s: float = READY_BOUND_S) -> str:

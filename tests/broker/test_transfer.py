@@ -7,13 +7,15 @@ answers what happened, never an internal error."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from broker import errors
-from broker.broker import NewMessage
+from broker.broker import Broker, NewMessage
 from broker.role import BrokerRole
 from dledger.codes import DLedgerCode
 from dledger.core.messages import LeadershipTransferRequest
@@ -21,6 +23,19 @@ from tests.broker.harness import BrokerCluster
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
+
+
+@contextlib.asynccontextmanager
+async def _cluster(tmp_path: Path, queues: int) -> AsyncIterator[tuple[BrokerCluster, Broker, str]]:
+    """Three brokers, a master with the topic ``t``, and a slave to transfer to."""
+    c = BrokerCluster(tmp_path, n=3)
+    await c.start_all()
+    try:
+        m = await c.master()
+        await m.create_topic("t", queues)
+        yield c, m, next(n for n in c.brokers if c.brokers[n] is not m)
+    finally:
+        await c.close()
 
 
 async def _started(m: Any, target: str) -> None:
@@ -49,14 +64,9 @@ async def test_a_transfer_the_target_refuses_leaves_the_master_serving(tmp_path:
     """The issue's chaos case: a transfer that does not complete (same leader, same term)
     must not leave the broker SLAVE. A produce racing the transfer waits for it to end
     and is stored here; the transfer answers TRANSFER_FAILED with the target's refusal."""
-    c = BrokerCluster(tmp_path, n=3)
-    await c.start_all()
-    try:
-        m = await c.master()
-        await m.create_topic("t", 2)
+    async with _cluster(tmp_path, 2) as (c, m, target):
         await m.produce("t", [NewMessage(b"before")])
         term = m.role_term
-        target = next(n for n in c.brokers if c.brokers[n] is not m)
         refused = _refuse_takes(c, target)
         transfer = asyncio.create_task(m.transfer_leadership(target))
         await _started(m, target)
@@ -71,8 +81,6 @@ async def test_a_transfer_the_target_refuses_leaves_the_master_serving(tmp_path:
         assert during[0].queue_offset >= 0
         after = await m.produce("t", [NewMessage(b"after")])
         assert after[0].queue_offset >= 0 and m.role_term == term
-    finally:
-        await c.close()
 
 
 async def test_a_transfer_to_a_stopped_slave_fails_at_once_and_writes_go_on(
@@ -80,12 +88,7 @@ async def test_a_transfer_to_a_stopped_slave_fails_at_once_and_writes_go_on(
 ) -> None:
     """The target's process is gone (its connections closed): the master says so at
     once, not after the transfer's timeout, and keeps taking writes."""
-    c = BrokerCluster(tmp_path, n=3)
-    await c.start_all()
-    try:
-        m = await c.master()
-        await m.create_topic("t", 1)
-        target = next(n for n in c.brokers if c.brokers[n] is not m)
+    async with _cluster(tmp_path, 1) as (c, m, target):
         await c.stop(target)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -97,19 +100,12 @@ async def test_a_transfer_to_a_stopped_slave_fails_at_once_and_writes_go_on(
         assert took < silence_s + 0.5, f"{took:.2f} s"
         assert m.is_master
         await m.produce("t", [NewMessage(b"x")])
-    finally:
-        await c.close()
 
 
 async def test_a_write_during_a_transfer_that_succeeds_is_sent_to_the_new_master(
     tmp_path: Path,
 ) -> None:
-    c = BrokerCluster(tmp_path, n=3)
-    await c.start_all()
-    try:
-        m = await c.master()
-        await m.create_topic("t", 1)
-        target = next(n for n in c.brokers if c.brokers[n] is not m)
+    async with _cluster(tmp_path, 1) as (c, m, target):
         transfer = asyncio.create_task(m.transfer_leadership(target))
         await _started(m, target)
         answer: Any
@@ -125,8 +121,6 @@ async def test_a_write_during_a_transfer_that_succeeds_is_sent_to_the_new_master
         # transfer failed, stored here): never a lost leadership that lasts.
         assert isinstance(answer, errors.NotMasterError | errors.NoMasterError), answer
         await new.produce("t", [NewMessage(b"after")])
-    finally:
-        await c.close()
 
 
 async def test_transfer_refusals_answer_what_happened(tmp_path: Path) -> None:
