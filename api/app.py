@@ -33,10 +33,10 @@ from broker import errors
 from broker.broker import Broker
 from broker.settings import BrokerSettings
 
-from . import models
+from . import http_protocol, models
 from .auth import TokenTable
 from .guard import RequestGuard
-from .metrics import NodeMetrics
+from .metrics import METRICS_CACHE_S, NodeMetrics
 from .routes import cluster, groups, messages, probes, query, topics
 from .routes.common import (
     DEFAULT_RETRY_AFTER_S,
@@ -51,6 +51,14 @@ from .routes.common import (
 
 log = logging.getLogger(__name__)
 
+# The codes the node's connections answer before a request reaches this app (431, 408,
+# 503: api.http_protocol, which api.node serves it with) are the API's codes too.
+CONNECTION_ERRORS = (
+    http_protocol.HeadersTooLargeError,
+    http_protocol.RequestTimeoutError,
+    http_protocol.TooManyConnectionsError,
+)
+
 
 def create_app(
     settings: BrokerSettings,
@@ -59,6 +67,7 @@ def create_app(
     auth_token: str | None = None,
     auth_tokens: TokenTable | None = None,
     metrics_need_auth: bool | None = None,
+    metrics_cache_s: float = METRICS_CACHE_S,
 ) -> FastAPI:
     """The HTTP API of one node. ``broker`` is started (and stopped) by the caller.
 
@@ -66,13 +75,14 @@ def create_app(
     ``api.auth``) every ``/v1`` request needs ``Authorization: Bearer <token>``: 401
     without a known one, 403 when its scopes do not cover the request. ``/healthz`` and
     ``/readyz`` stay open; ``/metrics`` (which names every topic) needs a token too
-    unless ``metrics_need_auth`` is False (None: when there are tokens)."""
+    unless ``metrics_need_auth`` is False (None: when there are tokens); a rendered
+    ``/metrics`` answers the scrapes of the next ``metrics_cache_s`` seconds."""
     tokens: TokenTable | None = None
     if auth_token is not None or auth_tokens is not None:
         tokens = TokenTable() if auth_tokens is None else auth_tokens.copy()
         if auth_token is not None:
             tokens.add(auth_token, ["admin"])
-    metrics = NodeMetrics(broker)
+    metrics = NodeMetrics(broker, cache_s=metrics_cache_s)
     app = FastAPI(
         title="LedgerMQ",
         version="1",

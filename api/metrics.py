@@ -1,15 +1,33 @@
-"""``/metrics``: Prometheus text for one node.
+"""``/metrics``: Prometheus text for one node, rendered off the event loop.
 
 prometheus-client (the reference implementation, well kept and dependency-free) renders
 the exposition format and keeps the histograms; each app has its own registry so several
 nodes in one process (tests) do not share series. Event metrics (latencies, counters) are
-recorded as they happen; state metrics (Raft indexes, queue offsets, consumer lag) are
-read from the broker when scraped, so they cost nothing between scrapes.
+recorded as they happen, under prometheus-client's own locks; state metrics (Raft
+indexes, queue offsets, consumer lag) are read from the broker when scraped, so they cost
+nothing between scrapes.
+
+A scrape must not cost the loop that also runs Raft (issue 32: six concurrent scrapes of
+1,000 topics x 8 queues kept the leader silent for 2.67 s). So ``NodeMetrics.render``:
+
+- copies the broker state it needs into plain values **on the loop** (the broker is only
+  ever changed there, so no read races a write), ``SNAPSHOT_SLICE`` queues or offset
+  tables per turn of the loop (``StateSnapshot.take``): 8,000 queues take ~3 ms in all,
+  in eight turns;
+- formats the text **in a worker thread** from that copy (``StateSnapshot`` is not
+  shared with the loop once taken, and the registry's metrics lock themselves);
+- renders **once for concurrent scrapes** and keeps the answer ``cache_s`` (1 s): six
+  scrapes at once cost one render.
+
+Each queue's offsets are read as they are at its turn, not all at one instant (as a
+scrape always saw a moving log); a topic deleted meanwhile is left out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -24,10 +42,24 @@ LATENCY_BUCKETS = (
 )  # fmt: skip
 
 RAFT_ROLES = ("LEADER", "FOLLOWER", "CANDIDATE")
+SNAPSHOT_SLICE = 1024  # queues (or a group's offset tables) copied per turn of the loop
+METRICS_CACHE_S = 1.0  # a rendered exposition answers the scrapes of this long
 
 
 class NodeMetrics:
-    def __init__(self, broker: Broker, *, consumer_lag_series_limit: int = 10_000) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        *,
+        consumer_lag_series_limit: int = 10_000,
+        cache_s: float = METRICS_CACHE_S,
+    ) -> None:
+        self.broker = broker
+        self.lag_limit = consumer_lag_series_limit
+        self.cache_s = cache_s
+        self.renders = 0  # expositions rendered (the rest of the scrapes used one of them)
+        self._cached: tuple[float, bytes] | None = None  # (taken at, loop time; text)
+        self._rendering: asyncio.Task[bytes] | None = None
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.produce_latency = Histogram(
@@ -58,52 +90,136 @@ class NodeMetrics:
         self.long_polls = Gauge(
             "ledgermq_long_polls_waiting", "pull requests parked until data arrives", registry=r
         )
-        r.register(_StateCollector(broker, consumer_lag_series_limit))
+        self.http_dropped = Counter(
+            "ledgermq_http_connections_dropped",
+            "HTTP connections closed or refused by a connection limit (api/http_protocol.py),"
+            " by reason",
+            ["reason"],
+            registry=r,
+        )
+        self.http_connections = Gauge(
+            "ledgermq_http_connections", "open HTTP connections", registry=r
+        )
         broker.server.commit_observers.append(lambda s, _n: self.commit_latency.observe(s))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    async def render(self) -> bytes:
+        """The exposition: cached if fresh, else the render under way, else a new one."""
+        loop = asyncio.get_running_loop()
+        cached = self._cached
+        if cached is not None and loop.time() - cached[0] < self.cache_s:
+            return cached[1]
+        if self._rendering is None:
+            self._rendering = loop.create_task(self._render_fresh())
+        # Shielded: a scrape that is cancelled does not cancel the others' render.
+        return await asyncio.shield(self._rendering)
+
+    async def _render_fresh(self) -> bytes:
+        try:
+            taken = asyncio.get_running_loop().time()
+            state = await StateSnapshot.take(self.broker, self.lag_limit)
+            text = await asyncio.to_thread(self.render_now, state)
+            self._cached = (taken, text)
+            return text
+        finally:
+            self._rendering = None
+
+    def render_now(self, state: StateSnapshot | None) -> bytes:
+        """The text of the registry and ``state`` (any thread: it reads no live state)."""
+        self.renders += 1
+        return generate_latest(_Exposition(self.registry, state))
 
 
-class _StateCollector(Collector):
-    """Gauges read from the broker at scrape time."""
+class _Exposition(Collector):
+    """The registry's metrics, then the state gauges of one snapshot."""
 
-    def __init__(self, broker: Broker, lag_limit: int) -> None:
-        self.broker = broker
-        self.lag_limit = lag_limit
+    def __init__(self, registry: CollectorRegistry, state: StateSnapshot | None) -> None:
+        self.registry = registry
+        self.state = state
 
-    def describe(self) -> list[Metric]:
-        return []  # dynamic: nothing to check at registration
+    def collect(self) -> Iterable[Metric]:
+        yield from self.registry.collect()
+        if self.state is not None:
+            yield from self.state.metrics()
 
-    def collect(self) -> Iterator[Metric]:
-        b = self.broker
+
+@dataclass(frozen=True, slots=True)
+class StateSnapshot:
+    """What the state gauges show, copied from the broker on the loop."""
+
+    status: BrokerStatus
+    is_master: bool
+    raft_auth_failures: int | None  # None: no transport
+    queues: list[tuple[str, int, int, int]] | None  # topic, queue_id, min, max; None: installing
+    offsets: list[tuple[str, str, dict[int, int]]]  # group, topic, committed per queue_id
+    lag_limit: int
+
+    @classmethod
+    async def take(cls, b: Broker, lag_limit: int) -> StateSnapshot | None:
+        """Copy the state on the loop, yielding to it every ``SNAPSHOT_SLICE`` queues or
+        groups; None before the node has started."""
         if b.server.core is None or b.dispatcher is None:
-            return
-        st = b.status()
-        yield from _node_metrics(b, st)
-        yield from _log_metrics(st)
-        if b.dispatcher.installing:  # the queues are being replaced: no per-queue series
-            return
-        yield from _queue_metrics(b, self.lag_limit)
+            return None
+        transport = b.server.transport
+        status = b.status()
+        is_master = b.is_master
+        auth_failures = None if transport is None else transport.auth_failures
+        queues = await _queue_bounds(b)
+        offsets: list[tuple[str, str, dict[int, int]]] = []
+        copied = 0
+        for group, topics in sorted(b.meta.offsets.items()):
+            for topic, committed in sorted(topics.items()):
+                offsets.append((group, topic, dict(committed)))
+            copied += len(topics)
+            if copied >= SNAPSHOT_SLICE:
+                copied = 0
+                await asyncio.sleep(0)
+        return cls(status, is_master, auth_failures, queues, offsets, lag_limit)
+
+    def metrics(self) -> Iterator[Metric]:
+        yield from _node_metrics(self)
+        yield from _log_metrics(self.status)
+        if self.queues is not None:  # the queues were being replaced: no per-queue series
+            yield from _queue_metrics(self.queues, self.offsets, self.lag_limit)
+
+
+async def _queue_bounds(b: Broker) -> list[tuple[str, int, int, int]] | None:
+    """(topic, queue_id, min, max) of every queue, by topic name; None while a snapshot
+    install replaces the queues."""
+    out: list[tuple[str, int, int, int]] = []
+    since_yield = 0
+    for t in b.list_topics():
+        if b.dispatcher is None or b.dispatcher.installing:
+            return None
+        if b.meta.topics.get(t.name) is not t:  # deleted (or made again) meanwhile
+            continue
+        for qid in range(t.queues):
+            lo, hi = b.queue_bounds(t.name, qid)
+            out.append((t.name, qid, lo, hi))
+        since_yield += t.queues
+        if since_yield >= SNAPSHOT_SLICE:
+            since_yield = 0
+            await asyncio.sleep(0)
+    return out
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
-def _node_metrics(b: Broker, st: BrokerStatus) -> Iterator[Metric]:
+def _node_metrics(s: StateSnapshot) -> Iterator[Metric]:
     """The node's Raft term and role, and what it refused or failed on."""
+    st = s.status
     yield _gauge("ledgermq_raft_term", "current Raft term", st.term)
     role = GaugeMetricFamily("ledgermq_raft_role", "1 for this node's Raft role", labels=["role"])
     for name in RAFT_ROLES:
         role.add_metric([name], 1.0 if st.raft_role == name else 0.0)
     yield role
-    yield _gauge("ledgermq_broker_master", "1 when MASTER", 1.0 if b.is_master else 0.0)
-    if b.server.transport is not None:
+    yield _gauge("ledgermq_broker_master", "1 when MASTER", 1.0 if s.is_master else 0.0)
+    if s.raft_auth_failures is not None:
         yield CounterMetricFamily(
             "ledgermq_raft_auth_failures",
             "inbound Raft connections refused by the peer-secret handshake",
-            value=b.server.transport.auth_failures,
+            value=s.raft_auth_failures,
         )
     refused = CounterMetricFamily(
         "ledgermq_raft_refused",
@@ -151,7 +267,11 @@ def _log_metrics(st: BrokerStatus) -> Iterator[Metric]:
     yield match
 
 
-def _queue_metrics(b: Broker, lag_limit: int) -> Iterator[Metric]:
+def _queue_metrics(
+    queues: list[tuple[str, int, int, int]],
+    offsets: list[tuple[str, str, dict[int, int]]],
+    lag_limit: int,
+) -> Iterator[Metric]:
     """Every queue's offsets, and each group's lag behind them (at most ``lag_limit``
     series: a bound on the scrape)."""
     lo_g = GaugeMetricFamily(
@@ -161,12 +281,10 @@ def _queue_metrics(b: Broker, lag_limit: int) -> Iterator[Metric]:
         "ledgermq_queue_max_offset", "next offset to write", labels=["topic", "queue_id"]
     )
     bounds: dict[tuple[str, int], int] = {}
-    for t in b.list_topics():
-        for qid in range(t.queues):
-            lo, hi = b.queue_bounds(t.name, qid)
-            bounds[t.name, qid] = hi
-            lo_g.add_metric([t.name, str(qid)], lo)
-            hi_g.add_metric([t.name, str(qid)], hi)
+    for topic, qid, lo, hi in queues:
+        bounds[topic, qid] = hi
+        lo_g.add_metric([topic, str(qid)], lo)
+        hi_g.add_metric([topic, str(qid)], hi)
     yield lo_g
     yield hi_g
     lag = GaugeMetricFamily(
@@ -175,12 +293,11 @@ def _queue_metrics(b: Broker, lag_limit: int) -> Iterator[Metric]:
         labels=["group", "topic", "queue_id"],
     )
     series = 0
-    for group, topics in sorted(b.meta.offsets.items()):
-        for topic, offsets in sorted(topics.items()):
-            for qid, committed in sorted(offsets.items()):
-                top = bounds.get((topic, qid))
-                if top is None or series >= lag_limit:
-                    continue
-                series += 1
-                lag.add_metric([group, topic, str(qid)], max(0, top - committed))
+    for group, topic, committed_by_queue in offsets:
+        for qid, committed in sorted(committed_by_queue.items()):
+            top = bounds.get((topic, qid))
+            if top is None or series >= lag_limit:
+                continue
+            series += 1
+            lag.add_metric([group, topic, str(qid)], max(0, top - committed))
     yield lag

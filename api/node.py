@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,8 @@ from dledger.store import StoreSettings
 from .app import create_app
 from .auth import TokenTable
 from .cliutil import add_option, env_name, fail
+from .http_protocol import ConnectionLimits, guarded_protocol
+from .metrics import METRICS_CACHE_S
 
 log = logging.getLogger("ledgermq.node")
 
@@ -105,9 +107,14 @@ class HttpSettings:
     auth_tokens: TokenTable | None = None  # tokens with scopes (--auth-tokens-file)
     # /metrics needs a token too (it names every topic); None: when the node has tokens.
     metrics_need_auth: bool | None = None
-    # Open connections (and requests in flight) uvicorn takes before answering 503
-    # (its limit_concurrency): each holds a descriptor and buffers.
+    # Open connections, and requests in flight, before a new one is answered 503 (an
+    # idle connection gives way first: api/http_protocol.py): each holds a descriptor
+    # and buffers. uvicorn's limit_concurrency, for the requests in flight.
     max_connections: int = 2048
+    # Per-client connections, header caps and read deadlines (api/http_protocol.py).
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    # A rendered /metrics answers the scrapes of this many seconds (api/metrics.py).
+    metrics_cache_s: float = METRICS_CACHE_S
     # Where --auth-token came from: on the command line it shows in ps (a warning).
     auth_token_in_argv: bool = False
     # The cyclic garbage collector's generation thresholds once the node has started
@@ -235,13 +242,21 @@ async def serve(
         auth_token=http.auth_token,
         auth_tokens=http.auth_tokens,
         metrics_need_auth=http.metrics_need_auth,
+        metrics_cache_s=http.metrics_cache_s,
     )
+    metrics = app.state.metrics
+    protocol, connections = guarded_protocol(
+        http.connection_limits,
+        http.max_connections,
+        on_drop=lambda reason: metrics.http_dropped.labels(reason).inc(),
+    )
+    metrics.http_connections.set_function(lambda: connections.open)
     config = uvicorn.Config(
         app,
         host=http.host,
         port=http.port,
         loop="none",  # this loop: the Raft runtime's
-        http="httptools",
+        http=protocol,  # httptools, with header caps and read deadlines
         lifespan="off",
         log_config=None,
         access_log=http.access_log,
@@ -355,9 +370,10 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
         "--max-http-connections",
         type=int,
         default=HttpSettings().max_connections,
-        help="open HTTP connections and requests in flight before 503 (uvicorn's "
-        "limit_concurrency)",
+        help="open HTTP connections and requests in flight before 503 (an idle connection"
+        " is closed first to make room)",
     )
+    _add_connection_options(p)
     add_option(
         p,
         "--gc-thresholds",
@@ -407,6 +423,62 @@ def _add_data_options(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="store a request's messages for one queue as one batch record (one log entry)",
+    )
+
+
+# ConnectionLimits' fields as options (docs/http.md#limits): (field, option, help).
+CONNECTION_OPTIONS = (
+    (
+        "max_connections_per_client",
+        "--max-http-connections-per-client",
+        "open HTTP connections of one client address (its idle ones give way first)",
+    ),
+    ("max_header_count", "--max-http-headers", "headers of one request (431 past it)"),
+    (
+        "max_header_bytes",
+        "--max-http-header-bytes",
+        "request line and headers of one request, bytes (431 past it)",
+    ),
+    (
+        "first_request_timeout_s",
+        "--http-first-request-timeout-s",
+        "seconds a new connection may stay silent before it is closed",
+    ),
+    (
+        "header_timeout_s",
+        "--http-header-timeout-s",
+        "seconds from a request's first byte to the end of its headers (408 past it)",
+    ),
+    (
+        "body_timeout_s",
+        "--http-body-timeout-s",
+        "seconds a request body may go silent (408 past it)",
+    ),
+    (
+        "min_body_rate_bytes_s",
+        "--http-min-body-rate",
+        "bytes/s a request body must average once past the grace (408 under it; 0: off)",
+    ),
+    (
+        "body_rate_grace_s",
+        "--http-body-rate-grace-s",
+        "seconds at the start of a body exempt from the minimum rate",
+    ),
+)
+
+
+def _add_connection_options(p: argparse.ArgumentParser) -> None:
+    """Per-client connections, header caps, read deadlines, the /metrics cache."""
+    defaults = ConnectionLimits()
+    for name, option, help_text in CONNECTION_OPTIONS:
+        default = getattr(defaults, name)
+        add_option(p, option, type=type(default), default=default, help=help_text)
+    add_option(
+        p,
+        "--metrics-cache-s",
+        type=float,
+        default=METRICS_CACHE_S,
+        help="seconds a rendered /metrics answers scrapes (0: render every scrape)",
     )
 
 
@@ -549,11 +621,19 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         auth_tokens=_tokens_file(args.auth_tokens_file),
         metrics_need_auth=args.metrics_auth,
         max_connections=args.max_http_connections,
+        connection_limits=ConnectionLimits(
+            **{name: getattr(args, _dest(option)) for name, option, _ in CONNECTION_OPTIONS}
+        ),
+        metrics_cache_s=args.metrics_cache_s,
         gc_thresholds=args.gc_thresholds,
         auth_token_in_argv=bool(args.auth_token)
         and args.auth_token != os.environ.get(env_name("--auth-token")),
     )
     return settings, http
+
+
+def _dest(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
 
 
 def _tokens_file(path: Path | None) -> TokenTable | None:

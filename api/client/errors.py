@@ -171,6 +171,9 @@ UNTYPED_CODES = frozenset(
         "METHOD_NOT_ALLOWED",  # nor such method
         "HTTP_ERROR",  # another refusal of the HTTP layer
         "CLIENT_DISCONNECT",  # the client went away: only the node's logs see it
+        "HEADERS_TOO_LARGE",  # the request's headers are over the node's caps (431)
+        "REQUEST_TIMEOUT",  # the request arrived too slowly (408)
+        "TOO_MANY_CONNECTIONS",  # no connection could make room (503): retried
     }
 )
 # The client's own: no broker answered.

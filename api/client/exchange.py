@@ -137,9 +137,16 @@ def master_url_from(asked_url: str, d: Mapping[str, Any]) -> str | None:
     return None
 
 
-RETRIED = {"NO_MASTER", "UNKNOWN_OUTCOME", "BUSY", "DISK_FULL", "NODE_FAILED"}
-# Retried against the same master: it is the master, it is only busy or out of disk.
-_SAME_MASTER = {"BUSY", "DISK_FULL"}
+RETRIED = {
+    "NO_MASTER",
+    "UNKNOWN_OUTCOME",
+    "BUSY",
+    "DISK_FULL",
+    "NODE_FAILED",
+    "TOO_MANY_CONNECTIONS",
+}
+# Retried against the same master: it is the master, only busy, out of disk or of connections.
+_SAME_MASTER = {"BUSY", "DISK_FULL", "TOO_MANY_CONNECTIONS"}
 
 
 def _unavailable(message: str) -> BrokerUnavailableError:

@@ -50,6 +50,8 @@ def build(*, metrics_need_auth: bool) -> APIRouter:
         dependencies=[Depends(check_token)] if metrics_need_auth else [],
     )
     async def prometheus(metrics: MetricsDep) -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+        # Rendered off the loop, once for concurrent scrapes, cached briefly (api.metrics).
+        text = await metrics.render()
+        return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
     return router

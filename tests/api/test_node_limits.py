@@ -1,5 +1,5 @@
 """A real node's connection and descriptor limits and its exposure warnings (issue 17,
-HTTP): ``--max-http-connections`` (uvicorn's ``limit_concurrency``: 503 past it), the
+HTTP): ``--max-http-connections`` (503 past it, once no idle connection can give way), the
 open-files soft limit raised to the hard one at start, and the warnings a node logs
 when its token is on the command line or its HTTP port is open to the network."""
 
@@ -32,11 +32,18 @@ def status(url: str) -> int:
 
 
 def test_connections_past_the_limit_are_answered_503(tmp_path: Path) -> None:
+    """Idle connections give way to a new one (issue 32); busy ones do not: 503."""
     with node_process(tmp_path / "d", "--max-http-connections", "3") as node:
         port = int(node.url.rsplit(":", 1)[1])
         with ExitStack() as held:
-            for _ in range(3):  # idle keep-alive connections: each holds a slot
+            for _ in range(3):  # idle connections: the longest idle is closed for a new one
                 held.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+            assert status(node.url) == 200
+        with ExitStack() as held:
+            for _ in range(3):  # busy: a request each, whose body has not come yet
+                s = held.enter_context(socket.create_connection(("127.0.0.1", port), timeout=5))
+                s.sendall(b"PUT /v1/groups/g/offsets HTTP/1.1\r\nHost: x\r\n")
+                s.sendall(b"content-length: 10\r\n\r\n")
             wait_until(lambda: status(node.url) == 503, timeout_s=20, what="503 past the limit")
         wait_until(lambda: status(node.url) == 200, timeout_s=20, what="served again")
 
