@@ -138,6 +138,7 @@ class _Transfer:
     term: int
     deadline_ms: int
     index: int  # the log end the transferee must reach before it campaigns
+    started_ms: int
     sent_ms: int  # when the request last left (it is sent again while unanswered)
 
 
@@ -537,6 +538,7 @@ class DLedgerCore:
             now_ms + s.leadership_transfer_timeout_ms * 2,
             member_state.ledger_end_index,
             now_ms,
+            now_ms,
         )
         self._transfers.append(t)
         self._send_transfer(t)
@@ -597,7 +599,11 @@ class DLedgerCore:
                 # Deposed (the transferee's higher term, most likely): this node no
                 # longer decides; the transferee's answer or the deadline ends it.
                 continue
-            elif (silent := self._silent_ms(t.to, now_ms)) > s.leadership_transfer_silence_ms:
+            elif (
+                silent := min(self._silent_ms(t.to, now_ms), now_ms - t.started_ms)
+            ) > s.leadership_transfer_silence_ms:
+                # Silent since before the transfer began counts from its start: a target
+                # heard 400 ms ago gets the whole bound to answer, not 100 ms.
                 self._end_transfer(
                     t, DLedgerCode.NETWORK_ERROR, f"{t.to} silent for {self._silence_text(silent)}"
                 )

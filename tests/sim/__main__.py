@@ -31,18 +31,30 @@ def main() -> int:
         default=None,
         help="with --broker: store batch records or not (default: as the seed draws)",
     )
+    ap.add_argument(
+        "--transfers",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="leadership transfers in the fault phase (default: as the seed draws)",
+    )
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
     explore = frozenset(KNOWN_BUGS if a.explore == "all" else filter(None, a.explore.split(",")))
     run: Callable[..., Simulation] = (
-        functools.partial(run_broker_seed, explore=explore, batch_records=a.batch_records)
+        functools.partial(
+            run_broker_seed,
+            explore=explore,
+            batch_records=a.batch_records,
+            transfers=a.transfers,
+        )
         if a.broker
-        else run_seed
+        else functools.partial(run_seed, transfers=a.transfers)
     )
     fault_ms = a.fault_ms if a.fault_ms is not None else (FAULT_MS if a.broker else 8_000)
     failed = 0
     totals: dict[str, int] = {}  # broker runs: seeds with retention, installs, ...
+    transfers: dict[str, int] = {}  # leadership transfers by kind and outcome
     for s in seeds:
         t0 = time.monotonic()
         try:
@@ -57,6 +69,8 @@ def main() -> int:
             print(f"seed {s}: FAIL {type(e).__name__}: {e} ({notes})", flush=True)
             continue
         took = time.monotonic() - t0
+        for k, v in sim.transfers.items():
+            transfers[k] = transfers.get(k, 0) + v
         more = ""
         if isinstance(sim, BrokerSimulation):
             counts = {
@@ -75,6 +89,8 @@ def main() -> int:
         )
     if totals:
         print(f"{len(seeds)} seeds, {failed} failed; {totals}", flush=True)
+    if transfers:
+        print(f"leadership transfers: {dict(sorted(transfers.items()))}", flush=True)
     return 1 if failed else 0
 
 

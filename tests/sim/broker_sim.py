@@ -29,6 +29,17 @@ the leader's retention may pass it while faults still happen. These knobs come f
 side stream of the seed (``BrokerKnobs.retention_draws``): a seed drawn without
 retention runs as before.
 
+Leadership transfers (issue 26; the base simulation's, see ``tests/sim/sim.py``): the
+admin asks the MASTER to hand leadership to a follower, and the target crashes, is cut
+off, or never gets the request, or all goes well. The broker role follows the core's role
+changes alone (``_role_change``): an append the core refuses while it hands leadership
+over (LEADER_TRANSFERRING) is answered "refused" and changes no role, as in the fixed
+``Broker``; the producer tries again, as after any refusal. After healing a MASTER (a
+Raft LEADER whose broker is MASTER) must exist within ``LEADER_WITHIN_MS`` and a produce
+must be acknowledged within ``ACK_WITHIN_MS``, each failing with its own "liveness:"
+message (the issue's broker, which took the refusal for a lost leadership, fails the
+first; a core that keeps a failed transfer's transferee, and so refuses on, the second).
+
 Seeded clients use the master only, with ``Broker``'s semantics: producers send batches
 under a producer session (id + sequence) and retry an unknown outcome with the same
 session until it is acknowledged (answered from the session table, completed with its
@@ -86,8 +97,11 @@ Known broker bugs this simulation finds and that are not fixed yet are named in
 check everything else; ``--explore NAME[,NAME]`` (``explore=`` here) turns them back on.
 Not modelled: time-based retention (``file_reserved_hours``, disk pressure: retention
 here is forced, as far as the floor allows), snapshots by the dispatcher's own intervals
-(the seeded persist events take them), leadership transfer, pulls by consumers (they
-read the master's queue bounds), lost replies (a client sees a reply or times out).
+(the seeded persist events take them), the ``Broker``'s hold of a write that arrives
+during a transfer (``transfer_hold_ms``: here the master refuses it at once and the
+client tries again), transfers to a node that is not running or by the preferred-leader
+rule, pulls by consumers (they read the master's queue bounds), lost replies (a client
+sees a reply or times out).
 
 A failure names its seed and the replay command,
 ``.venv/bin/python -m tests.sim --broker --seed N --verbose``.
@@ -214,11 +228,13 @@ def broker_replay_command(
     explore: frozenset[str] = frozenset(),
     fault_ms: int = FAULT_MS,
     batch_records: bool | None = None,
+    transfers: bool = True,
 ) -> str:
     more = f" --explore {','.join(sorted(explore))}" if explore else ""
     more += f" --fault-ms {fault_ms}" if fault_ms != FAULT_MS else ""
     if batch_records is not None:
         more += " --batch-records" if batch_records else " --no-batch-records"
+    more += "" if transfers else " --no-transfers"
     return f".venv/bin/python -m tests.sim --broker --seed {seed}{more} --verbose"
 
 
@@ -731,7 +747,9 @@ class BrokerChecker(Checker):
 
     def fail(self, what: str) -> None:
         sim = self.sim
-        replay = broker_replay_command(sim.seed, sim.explore, sim.knobs.fault_ms)
+        replay = broker_replay_command(
+            sim.seed, sim.explore, sim.knobs.fault_ms, sim.batch_records, sim.transfers_on
+        )
         raise InvariantViolationError(f"seed {sim.seed} t={sim.now_ms}: {what}\nreplay: {replay}")
 
     def check(self) -> None:
@@ -1100,11 +1118,14 @@ class BrokerSimulation(Simulation):
         verbose: bool = False,
         explore: frozenset[str] = frozenset(),
         batch_records: bool | None = None,
+        transfers: bool = True,
     ) -> None:
-        super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose)
+        super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose, transfers=transfers)
         unknown = explore - KNOWN_BUGS.keys()
         assert not unknown, f"no known bug named {sorted(unknown)}"
         self.explore = explore
+        self.batch_records = batch_records  # as asked (None: drawn), for the replay command
+        self.transfers_on = transfers
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
         self.wipe_rng = self.bknobs.side_draws(seed)
         self.retain_rng = self.bknobs.retention_draws(seed)
@@ -1138,10 +1159,6 @@ class BrokerSimulation(Simulation):
         self.acked: dict[tuple[str, int], list[Result]] = {}
         self.offset_acks: dict[tuple[str, str, int, int], OffsetAcks] = {}
         self.stats: Counter[str] = Counter()
-
-    @property
-    def workload_on(self) -> bool:
-        return self.faults_on or self.now_ms < self._workload_end_ms
 
     # ---- nodes ---------------------------------------------------------------------------
 
@@ -1642,8 +1659,16 @@ class BrokerSimulation(Simulation):
             self.admin.goals.append((name, self.rng.randint(1, 4)))
         self.at(self.now_ms + 1, "admin", self._admin_step)
 
-    def _append(self, n: SimNode, bn: BrokerNode, op: Op, records: list[bytearray]) -> bool:
-        """Propose ``records``; False when the log refused them (nothing appended)."""
+    def _append(
+        self, n: SimNode, bn: BrokerNode, op: Op, records: list[bytearray]
+    ) -> DLedgerCode | None:
+        """Propose ``records``; the code when the log refused them (nothing appended).
+
+        A refusal changes nothing of the broker's role (issue 26): the role follows the
+        core's role changes only (``_role_change``). A leader handing leadership over
+        refuses with LEADER_TRANSFERRING and stays leader when the transfer fails; a
+        broker that took that for a lost leadership stayed SLAVE for good. The client
+        is told "refused" and tries again, as after any refusal."""
 
         def act(core: DLedgerCore) -> None:
             p = core.propose(records, self.now_ms)
@@ -1657,8 +1682,9 @@ class BrokerSimulation(Simulation):
             self.run(n, act)
         except DLedgerError as e:
             self.trace(f"append {n.node_id} refused {e.code.name}")
-            return False
-        return True
+            self.stats[f"appends refused {e.code.name}"] += 1
+            return e.code
+        return None
 
     def _handle_produce(self, n: SimNode, bn: BrokerNode, b: Batch, reply: Reply) -> None:
         """Broker.produce + _produce_in_session + _attempt, for one session batch."""
@@ -1714,7 +1740,8 @@ class BrokerSimulation(Simulation):
         placed, undo = bn.commitlog.assign_queue_offsets(topic, out)
         op = Op("produce", bn.role_term, [reply], placed, done, (b.pid, b.seq, size), d.attempt)
         op.counts = [m.count for m in out]
-        if not self._append(n, bn, op, [m.record for m in out]):
+        refused = self._append(n, bn, op, [m.record for m in out])
+        if refused is not None:
             undo()
             bn.sessions.end(
                 d.attempt,
@@ -1724,7 +1751,7 @@ class BrokerSimulation(Simulation):
                 ledger_end=bn.store.ledger_end_index,
                 settled=functools.partial(_settled, bn),
             )
-            reply("refused", "log refused")
+            reply("refused", f"log refused: {refused.name}")
 
     def _encode_batched(
         self, n: SimNode, bn: BrokerNode, topic: TopicMeta, b: Batch, first: int, now: int
@@ -1798,8 +1825,9 @@ class BrokerSimulation(Simulation):
             store_host=self.hosts[n.node_id],
         )
         op = Op("meta", bn.role_term, [reply])
-        if not self._append(n, bn, op, [record]):
-            reply("refused", "log refused")
+        refused = self._append(n, bn, op, [record])
+        if refused is not None:
+            reply("refused", f"log refused: {refused.name}")
 
     # ---- clients ----------------------------------------------------------------------------
 
@@ -1890,7 +1918,10 @@ class BrokerSimulation(Simulation):
         p.attempt = 0
         self.trace(f"produce {b.pid} seq={b.seq} {kind} {payload if kind != 'ok' else ''}")
         self.stats[f"produce {kind}"] += 1
+        if kind == "refused" and DLedgerCode.LEADER_TRANSFERRING.name in str(payload):
+            self.stats["produce refused while transferring"] += 1  # retried below
         if kind == "ok":
+            self._acknowledged()
             p.batch = None
             self._later(*self.bknobs.produce_every_ms, "producer", lambda: self._produce(p))
         else:
@@ -1976,6 +2007,50 @@ class BrokerSimulation(Simulation):
         )
         self._request(n, "admin", lambda: self._handle_meta(n, self._bn(n), body, reply), reply)
 
+    # ---- leadership transfers and liveness (issue 26) -----------------------------------
+
+    leader_what = "MASTER (a Raft LEADER whose broker is MASTER)"
+    ack_what = "produce"
+
+    def _transfer_sources(self) -> list[SimNode]:
+        """``Broker.transfer_leadership``: the admin endpoint asks the master (it refuses
+        on a SLAVE), which hands the request to its core."""
+        return [
+            n
+            for n in super()._transfer_sources()
+            if (bn := self.brokers.get(n.node_id)) is not None and bn.role is BrokerRole.MASTER
+        ]
+
+    def _live_leader(self) -> SimNode | None:
+        for n in self.nodes:
+            bn = self.brokers.get(n.node_id)
+            if (
+                bn is not None
+                and bn.role is BrokerRole.MASTER
+                and n.core is not None
+                and n.core.member_state.role is Role.LEADER
+            ):
+                return n
+        return None
+
+    def _proposal_acknowledged(self) -> None:
+        pass  # a client's acknowledgement is the produce reply (``_produce_reply``)
+
+    def _node_liveness(self, n: SimNode) -> str:
+        bn = self.brokers.get(n.node_id)
+        if bn is None:
+            return super()._node_liveness(n)
+        return (
+            f"{super()._node_liveness(n)} broker={bn.role.value}/{bn.role_term} "
+            f"dispatched={bn.dispatcher.dispatched_index}"
+        )
+
+    def _liveness_status(self) -> str:
+        waiting = [
+            f"{p.pid} seq={p.batch.seq} x{p.batch.attempts}" for p in self.producers if p.batch
+        ]
+        return f"{super()._liveness_status()}; batches waiting: {waiting}"
+
     # ---- the run ----------------------------------------------------------------------------
 
     def converged(self) -> bool:
@@ -1999,6 +2074,7 @@ class BrokerSimulation(Simulation):
         self.trace(
             f"broker final: {acked} batches acknowledged, {dict(sorted(self.stats.items()))}"
         )
+        self.trace(f"transfers: {dict(sorted(self.transfers.items()))}")
 
 
 def run_broker_seed(
@@ -2008,16 +2084,24 @@ def run_broker_seed(
     verbose: bool = False,
     explore: frozenset[str] = frozenset(),
     batch_records: bool | None = None,
+    transfers: bool = True,
 ) -> BrokerSimulation:
-    """Run one seed; ``batch_records`` None: drawn from the seed (``batch_draws``)."""
+    """Run one seed; ``batch_records`` None: drawn from the seed (``batch_draws``);
+    ``transfers=False``: no leadership transfers (``TransferKnobs``; pinned seeds)."""
     root = sim_root()
     sim = BrokerSimulation(
-        seed, root, fault_ms=fault_ms, verbose=verbose, explore=explore, batch_records=batch_records
+        seed,
+        root,
+        fault_ms=fault_ms,
+        verbose=verbose,
+        explore=explore,
+        batch_records=batch_records,
+        transfers=transfers,
     )
     try:
         sim.execute()
     except BaseException as e:
-        replay = broker_replay_command(seed, explore, fault_ms, batch_records)
+        replay = broker_replay_command(seed, explore, fault_ms, batch_records, transfers)
         e.add_note(f"seed {seed}, replay: {replay}")
         raise
     finally:

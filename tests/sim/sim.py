@@ -8,8 +8,10 @@ torn prefix of the last write) and a seeded schedule of crashes, restarts and pa
 One ``random.Random(seed)`` derives every knob; time is simulated milliseconds.
 
 After every event the invariants are checked (``Checker``); after the fault phase the
-cluster is healed and must elect a leader and converge within a bound, ending with
-byte-identical data files (from the highest log begin on, where retention deleted heads).
+cluster is healed and must elect a leader within ``LEADER_WITHIN_MS``, acknowledge an
+append within ``ACK_WITHIN_MS`` (each its own "liveness:" failure; the workload goes on
+until one is) and converge within a bound, ending with byte-identical data files (from
+the highest log begin on, where retention deleted heads).
 ``trace_digest`` hashes the whole event trace: the same seed gives the same digest. A
 failure names the command that replays its seed.
 
@@ -27,6 +29,19 @@ is a process's (its kernel closes its sockets: every live peer it can reach gets
 (silence, as a pause or a partition always is). A seeded "flap" resets the connection
 between two live nodes: both see it close, nothing else happens. Their draws come from a
 stream of their own (``conn-<seed>``), so the other knobs of a seed stay as they were.
+
+Leadership transfers (issue 26): in the fault phase, at a seeded rate, the leader is asked
+to hand leadership to a live follower (``DLedgerCore.transfer_leadership``, as the
+broker's admin endpoint does) and, in the seed's shares (``TransferKnobs``), the target
+crashes right after (before the request, Raft's TimeoutNow, reaches it), is partitioned
+off, or loses the request (the first copy, and none, two or all of those the leader sends
+again), or nothing goes wrong. Each transfer and its outcome (``TransferDone``) is
+traced and counted (``Simulation.transfers``). While one runs the leader refuses appends;
+a transfer that never ends would leave it refusing for good, which the liveness checks
+after healing catch (``plant_stuck_transferee`` plants that bug for the tests). Their
+draws come from streams of their own (``transfer-<seed>``); a seed drawn without
+transfers, or run with ``transfers=False`` (the seeds pinned for a behaviour of their
+exact trace), runs as it did before them.
 """
 
 from __future__ import annotations
@@ -39,14 +54,22 @@ import random
 import shutil
 import struct
 import tempfile
+import weakref
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from dledger.codes import DLedgerCode, DLedgerError
-from dledger.core.messages import InstallSnapshotRequest, PushEntryRequest, RaftMessage, Role
+from dledger.core.messages import (
+    InstallSnapshotRequest,
+    LeadershipTransferRequest,
+    PushEntryRequest,
+    RaftMessage,
+    Role,
+)
 from dledger.core.node import DLedgerCore, Ready
 from dledger.core.settings import CoreSettings
 from dledger.core.snapshot import Snapshot
@@ -62,8 +85,21 @@ STORE = StoreSettings(
 )
 
 
-def replay_command(seed: int) -> str:
-    return f".venv/bin/python -m tests.sim --seed {seed} --verbose"
+# Liveness (issue 26): after healing, a leader (in the broker simulation: a MASTER) must
+# exist within LEADER_WITHIN_MS, and an append must be acknowledged within ACK_WITHIN_MS,
+# each with its own failure message (``LIVENESS``), well before the generic "no
+# convergence" (``Knobs.converge_ms``) would say it. Measured with transfers on: over
+# 200 Raft seeds and 400 broker seeds the first leader came at most 2.0 s after healing
+# (the first MASTER 1.4 s), the first acknowledgement 2.4 s (a produce 2.0 s).
+LEADER_WITHIN_MS = 5_000
+ACK_WITHIN_MS = 6_000
+LIVENESS = "liveness:"  # every liveness failure's message starts so
+
+
+def replay_command(seed: int, fault_ms: int = 8_000, transfers: bool = True) -> str:
+    more = f" --fault-ms {fault_ms}" if fault_ms != 8_000 else ""
+    more += "" if transfers else " --no-transfers"
+    return f".venv/bin/python -m tests.sim --seed {seed}{more} --verbose"
 
 
 class InvariantViolationError(AssertionError):
@@ -147,6 +183,32 @@ class ConnKnobs:
     def from_seed(cls, seed: int) -> ConnKnobs:
         rng = random.Random(f"conn-{seed}")
         return cls(rng.choice((1.0, 0.7, 0.5)), rng.choice((0.0, 0.0, 0.5, 2.0)))
+
+
+TRANSFER_KINDS = ("crash", "partition", "drop", "clean")
+
+
+@dataclass
+class TransferKnobs:
+    """Leadership transfers in the fault phase (issue 26), from a stream of their own
+    (``transfer-<seed>``, like ``ConnKnobs``): how often the leader is asked to hand
+    leadership to a follower (as the broker's admin endpoint does) and, per kind of
+    ``TRANSFER_KINDS``, the weight of what happens right after: the target crashes
+    before it can campaign, is partitioned off, the ``LeadershipTransferRequest`` (Raft's
+    TimeoutNow) to it is lost, or nothing goes wrong. ``enabled=False`` (the seeds pinned
+    for a behaviour of their exact trace): no transfer at all."""
+
+    per_s: float
+    weights: tuple[int, ...]  # of TRANSFER_KINDS, in that order
+
+    @classmethod
+    def from_seed(cls, seed: int, enabled: bool = True) -> TransferKnobs:
+        rng = random.Random(f"transfer-{seed}")
+        per_s = rng.choice((0.0, 0.5, 1.0, 2.0))
+        weights = tuple(rng.choice((0, 1, 1, 2)) for _ in TRANSFER_KINDS)
+        if not any(weights):
+            weights = (0, 0, 0, 1)
+        return cls(per_s if enabled else 0.0, weights)
 
 
 class CrashAfterInstallError(Exception):
@@ -301,6 +363,7 @@ class Simulation:
         fault_ms: int = 8_000,
         verbose: bool = False,
         app: bool = False,
+        transfers: bool = True,
     ):
         self.seed = seed
         self.rng = random.Random(seed)
@@ -337,6 +400,22 @@ class Simulation:
         self.early_pre_votes = 0  # started (a follower saw its leader's connection close)
         self.early_elections = 0  # granted: the follower campaigned at once
         self.flaps = 0
+        # Leadership transfers (issue 26): their knobs and draws from streams of their own
+        self.transfer_knobs = TransferKnobs.from_seed(seed, transfers)
+        self.transfer_rng = random.Random(f"transfer-events-{seed}")
+        # "<kind> asked", "<kind> refused <code>", "<kind> <code>" (the outcome), and
+        # "<kind> succeeded" (SUCCESS) or "<kind> failed" (any other code)
+        self.transfers: Counter[str] = Counter()
+        self._transfer_kinds: dict[tuple[str, int, int], str] = {}  # (node, gen, id) -> kind
+        # (leader, target, request id; None: the request being made now) -> how many
+        # more copies of that LeadershipTransferRequest the network loses (None: all)
+        self._transfer_drops: dict[tuple[str, str, int | None], int | None] = {}
+        # Liveness after healing: when it began, when a leader and an acknowledged
+        # append were first seen after it (None: not yet)
+        self.healed_ms: int | None = None
+        self.first_leader_ms: int | None = None
+        self.first_ack_ms: int | None = None
+        self._workload_end_ms = fault_ms + 2000
 
     # ---- trace -------------------------------------------------------------------------
 
@@ -482,6 +561,13 @@ class Simulation:
             self.trace(f"proposal {n.node_id} {done.proposal.first_index} {done.code.name}")
             if done.code is DLedgerCode.SUCCESS:
                 self.checker.on_acked(done.proposal.first_index, bodies)
+                self._proposal_acknowledged()
+        for t in r.transfers:
+            kind = self._transfer_kinds.pop((n.node_id, n.restarts, t.transfer_id), "unknown")
+            ok = t.code is DLedgerCode.SUCCESS
+            self.transfers[f"{kind} {t.code.name}"] += 1
+            self.transfers[f"{kind} {'succeeded' if ok else 'failed'}"] += 1
+            self.trace(f"transfer done {n.node_id} #{t.transfer_id} {kind} {t.code.name}")
         for rc in r.role_changes:
             self.trace(f"role {n.node_id} {rc.role.value} term={rc.term} leader={rc.leader_id}")
         if self.app and r.committed_index is not None:
@@ -593,6 +679,9 @@ class Simulation:
         k = self.knobs
         for m in msgs:
             dst = m.remote_id
+            if isinstance(m, LeadershipTransferRequest) and self._lose_transfer_request(m):
+                self.trace(f"lost {dst}<-{src.node_id} {_describe(m)}")
+                continue
             if self.faults_on and ((src.node_id, dst) in self.cut or self.rng.random() < k.loss):
                 continue
             copies = 2 if self.faults_on and self.rng.random() < k.dup else 1
@@ -641,6 +730,12 @@ class Simulation:
 
     # ---- workload ----------------------------------------------------------------------
 
+    @property
+    def workload_on(self) -> bool:
+        """Clients work in the fault phase, for 2 s after it and, after that, until an
+        append made after healing is acknowledged (``ACK_WITHIN_MS`` bounds the wait)."""
+        return self.faults_on or self.now_ms < self._workload_end_ms or self.first_ack_ms is None
+
     def _propose(self) -> None:
         leaders = [
             n
@@ -663,7 +758,7 @@ class Simulation:
                 self.run(n, act)
             except DLedgerError as e:  # refusals are part of the workload
                 self.trace(f"propose {n.node_id} refused {e.code.name}")
-        if self.faults_on or self.now_ms < self._workload_end_ms:
+        if self.workload_on:
             self.at(
                 self.now_ms + self.rng.randint(*self.knobs.propose_every_ms),
                 "propose",
@@ -687,7 +782,155 @@ class Simulation:
                 getattr(self, f"_fault_{kind}")()
         if self.conn_rng.random() < self.conn_knobs.flap_per_s * 0.1:
             self._fault_flap()
+        if self.transfer_rng.random() < self.transfer_knobs.per_s * 0.1:
+            self._fault_transfer()
         self.at(self.now_ms + 100, "fault", self._fault)
+
+    # ---- leadership transfers (issue 26) ----------------------------------------------
+
+    def _transfer_sources(self) -> list[SimNode]:
+        """Who an administrator asks to hand leadership over: the leader (running)."""
+        return [
+            n
+            for n in self.nodes
+            if n.core is not None and not n.paused and n.core.member_state.role is Role.LEADER
+        ]
+
+    def _fault_transfer(self) -> None:
+        """Ask the leader to hand leadership to a live follower and, by the seed's weights
+        (``TransferKnobs``), make it go wrong right after: the target crashes within a
+        few ms, before the request (Raft's TimeoutNow) reaches it, so before it can
+        campaign; or it is partitioned off from everyone (the request already in flight
+        arrives, nothing it sends gets out); or the request to it is lost; or nothing
+        happens. The outcome comes back as a ``TransferDone`` (``_on_ready``). Draws
+        only from the transfers' own stream."""
+        rng = self.transfer_rng
+        sources = self._transfer_sources()
+        if not sources:
+            return
+        src = rng.choice(sources)
+        targets = [n for n in self.nodes if n is not src and n.core is not None]
+        if not targets:
+            return
+        to = rng.choice(targets)
+        kind = rng.choices(TRANSFER_KINDS, weights=self.transfer_knobs.weights)[0]
+        self.transfers[f"{kind} asked"] += 1
+        self.trace(f"transfer {src.node_id}->{to.node_id} {kind}")
+        now = (src.node_id, to.node_id, None)
+        if kind == "drop":
+            self._transfer_drops[now] = 1
+        try:
+            tid = self.run(src, lambda c: c.transfer_leadership(to.node_id, self.now_ms))
+        except DLedgerError as e:  # not leader, already transferring, target too far behind
+            self.transfers[f"{kind} refused {e.code.name}"] += 1
+            self.trace(f"transfer {src.node_id}->{to.node_id} refused {e.code.name}")
+            return
+        finally:
+            self._transfer_drops.pop(now, None)
+        self._transfer_kinds[(src.node_id, src.restarts, tid)] = kind
+        more = ""
+        if kind == "drop":  # the leader sends the request again while unanswered
+            again = rng.choice((0, 2, None))  # how many of those are lost too (None: all)
+            if again != 0:
+                self._transfer_drops[(src.node_id, to.node_id, tid)] = again
+            more = f", {'all' if again is None else again} more copies lost"
+        self.trace(f"transfer {src.node_id}->{to.node_id} #{tid} running{more}")
+        if kind == "crash":
+            soon = rng.randint(0, self.knobs.delay_ms[0] - 1)  # before any delivery
+            gen = to.restarts
+            self.at(self.now_ms + soon, f"crash {to.node_id}", lambda: self._crash_target(to, gen))
+        elif kind == "partition":
+            ids = [n.node_id for n in self.nodes if n is not to]
+            for other in ids:
+                self.cut.update({(other, to.node_id), (to.node_id, other)})
+            self.trace(f"partition {[to.node_id]} one_way=False")
+            self.at(self.now_ms + rng.randint(200, 4000), "heal", self._heal_partition)
+
+    def _lose_transfer_request(self, m: LeadershipTransferRequest) -> bool:
+        """Whether the network loses this copy of a transfer's request (a "drop" transfer:
+        the first copy, and some or all of those the leader sends again); none once
+        faults stop (after healing the network loses nothing)."""
+        if not self.faults_on:
+            return False
+        for key in ((m.local_id, m.remote_id, None), (m.local_id, m.remote_id, m.req_id)):
+            if key in self._transfer_drops:
+                left = self._transfer_drops[key]
+                if left is None:
+                    return True
+                if left <= 1:
+                    del self._transfer_drops[key]
+                else:
+                    self._transfer_drops[key] = left - 1
+                return True
+        return False
+
+    def _crash_target(self, n: SimNode, generation: int) -> None:
+        if n.core is None or n.restarts != generation or not self.faults_on:
+            return
+        self.crash(n)
+        self.at(
+            self.now_ms + self.transfer_rng.randint(100, 3000),
+            f"restart {n.node_id}",
+            lambda: self.start(n) if n.core is None else None,
+        )
+
+    # ---- liveness after healing (issue 26) ---------------------------------------------
+
+    leader_what = "leader"  # what must exist, in the liveness failure's words
+    ack_what = "append"  # what must be acknowledged
+
+    def _live_leader(self) -> SimNode | None:
+        """A node that leads and can take appends (the broker: a MASTER)."""
+        for n in self.nodes:
+            if n.core is not None and n.core.member_state.role is Role.LEADER:
+                return n
+        return None
+
+    def _proposal_acknowledged(self) -> None:
+        """A proposal of the workload committed: its client's acknowledgement here."""
+        self._acknowledged()
+
+    def _acknowledged(self) -> None:
+        """An append was acknowledged to its client."""
+        if self.healed_ms is not None and self.first_ack_ms is None:
+            self.first_ack_ms = self.now_ms
+            self.trace(f"liveness: first acknowledgement {self.now_ms - self.healed_ms} ms")
+
+    def _note_leader(self) -> None:
+        if self.healed_ms is None or self.first_leader_ms is not None:
+            return
+        n = self._live_leader()
+        if n is not None:
+            self.first_leader_ms = self.now_ms
+            self.trace(f"liveness: {n.node_id} leads {self.now_ms - self.healed_ms} ms")
+
+    def _liveness_status(self) -> str:
+        """Each node's roles, for a liveness failure's message."""
+        return "; ".join(self._node_liveness(n) for n in self.nodes)
+
+    def _node_liveness(self, n: SimNode) -> str:
+        if n.core is None or n.store is None:
+            return f"{n.node_id} down"
+        ms, store = n.core.member_state, n.store
+        return (
+            f"{n.node_id} {ms.role.value} term={ms.curr_term} leader={ms.leader_id} "
+            f"transferee={ms.transferee} end={store.ledger_end_index} "
+            f"committed={store.committed_index}"
+        )
+
+    def _check_leader_liveness(self) -> None:
+        if self.first_leader_ms is None:
+            self.checker.fail(
+                f"{LIVENESS} no {self.leader_what} {LEADER_WITHIN_MS} ms after healing: "
+                f"{self._liveness_status()}"
+            )
+
+    def _check_ack_liveness(self) -> None:
+        if self.first_ack_ms is None:
+            self.checker.fail(
+                f"{LIVENESS} no {self.ack_what} acknowledged {ACK_WITHIN_MS} ms after healing: "
+                f"{self._liveness_status()}"
+            )
 
     def _fault_crash(self) -> None:
         alive = [n for n in self.nodes if n.core is not None]
@@ -766,6 +1009,7 @@ class Simulation:
             self.now_ms = t
             fn()
             self.checker.check()
+            self._note_leader()
             budget -= 1
             if stop is not None and stop():
                 return True
@@ -778,9 +1022,9 @@ class Simulation:
         if self.app:
             self.trace(f"app {self.app_knobs}")
         self.trace(f"connections {self.conn_knobs}")
+        self.trace(f"transfers {self.transfer_knobs}")
         for n in self.nodes:
             self.start(n)
-        self._workload_end_ms = k.fault_ms + 2000
         self.at(1, "propose", self._propose)
         self.at(100, "fault", self._fault)
         self._advance(k.fault_ms)
@@ -794,6 +1038,10 @@ class Simulation:
             elif n.paused:
                 self._resume(n, n.restarts)
         self.trace("healed")
+        self.healed_ms = self.now_ms
+        self._note_leader()
+        self.at(self.now_ms + LEADER_WITHIN_MS, "liveness", self._check_leader_liveness)
+        self.at(self.now_ms + ACK_WITHIN_MS, "liveness", self._check_ack_liveness)
         deadline = self.now_ms + k.converge_ms
         self._advance(self._workload_end_ms)
         if not self._advance(deadline, self.converged):
@@ -805,6 +1053,8 @@ class Simulation:
         self.final_checks()
 
     def converged(self) -> bool:
+        if self.first_ack_ms is None:
+            return False  # the workload goes on until then
         cores = [n.core for n in self.nodes]
         if any(c is None for c in cores):
             return False
@@ -909,6 +1159,36 @@ def _data_image(d: Path, from_pos: int = 0) -> bytes:
     return bytes(out)
 
 
+def plant_stuck_transferee(setattr_: Callable[[Any, str, Any], None]) -> None:
+    """Issue 26's symptom as a planted bug, for tests (pass ``monkeypatch.setattr``): a
+    leadership transfer that fails leaves ``member_state.transferee`` set, so its leader
+    refuses every append (LEADER_TRANSFERRING) for as long as it leads in that term. It
+    wraps the core's output, ``ready()``, so whatever ends the transfer (the transferee's
+    answer, ``_expire_transfers``: its silence or the deadline, its lost connection) the
+    leader keeps the transferee it had."""
+    real_transfer, real_ready = DLedgerCore.transfer_leadership, DLedgerCore.ready
+    running: weakref.WeakKeyDictionary[DLedgerCore, dict[int, tuple[str, int]]]
+    running = weakref.WeakKeyDictionary()  # core -> transfer id -> (target, term)
+
+    def transfer_leadership(core: DLedgerCore, to: str, now_ms: int) -> int:
+        transfer_id = real_transfer(core, to, now_ms)
+        running.setdefault(core, {})[transfer_id] = (to, core.member_state.curr_term)
+        return transfer_id
+
+    def ready(core: DLedgerCore) -> Ready:
+        r = real_ready(core)
+        ms = core.member_state
+        for done in r.transfers:
+            to, term = running.get(core, {}).pop(done.transfer_id, (None, -1))
+            failed = done.code is not DLedgerCode.SUCCESS
+            if failed and to is not None and ms.role is Role.LEADER and ms.curr_term == term:
+                ms.transferee = to
+        return r
+
+    setattr_(DLedgerCore, "transfer_leadership", transfer_leadership)
+    setattr_(DLedgerCore, "ready", ready)
+
+
 def sim_root() -> Path:
     """A scratch directory on tmpfs when there is one: fsync there costs nothing."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -916,14 +1196,20 @@ def sim_root() -> Path:
 
 
 def run_seed(
-    seed: int, *, fault_ms: int = 8_000, verbose: bool = False, app: bool = True
+    seed: int,
+    *,
+    fault_ms: int = 8_000,
+    verbose: bool = False,
+    app: bool = True,
+    transfers: bool = True,
 ) -> Simulation:
+    """Run one seed; ``transfers=False``: no leadership transfers (``TransferKnobs``)."""
     root = sim_root()
-    sim = Simulation(seed, root, fault_ms=fault_ms, verbose=verbose, app=app)
+    sim = Simulation(seed, root, fault_ms=fault_ms, verbose=verbose, app=app, transfers=transfers)
     try:
         sim.execute()
     except BaseException as e:
-        e.add_note(f"replay: {replay_command(seed)}")
+        e.add_note(f"replay: {replay_command(seed, fault_ms, transfers)}")
         raise
     finally:
         sim.close()

@@ -1,28 +1,66 @@
 """Deterministic simulation of whole clusters: safety after every event, liveness after
-healing, byte-identical replicas, equal application states (see ``tests/sim/sim.py``);
-in most seeds the application snapshots and retention deletes log heads, so lagging nodes
-catch up by INSTALL_SNAPSHOT. A failing seed's error ends with the command that replays
-it, e.g. ``.venv/bin/python -m tests.sim --seed 17 --verbose``.
+healing (a leader, then an acknowledged append, within a bound), byte-identical replicas,
+equal application states (see ``tests/sim/sim.py``); in most seeds the application
+snapshots and retention deletes log heads, so lagging nodes catch up by INSTALL_SNAPSHOT,
+and leaders are asked to hand leadership over, some of those transfers failing. A failing
+seed's error ends with the command that replays it, e.g.
+``.venv/bin/python -m tests.sim --seed 17 --verbose``.
+
+Seeds pinned for a behaviour of their exact trace (issue 18's, rp42's) run without
+leadership transfers (``transfers=False``): their runs are what they were found with.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
-from .sim import AppKnobs, ConnKnobs, Knobs, run_seed
+from .sim import (
+    LIVENESS,
+    TRANSFER_KINDS,
+    AppKnobs,
+    ConnKnobs,
+    InvariantViolationError,
+    Knobs,
+    TransferKnobs,
+    plant_stuck_transferee,
+    run_seed,
+)
 
 SEEDS = range(200)
 # Issue 18: seeds (of SEEDS, and so run in CI) that exercise connection closes.
 EARLY_ELECTION_SEEDS = (7, 84, 140, 148)
 FLAP_SEEDS = (1, 32, 39)
+# Issue 26: a seed whose failed transfer, with the planted bug, leaves its leader
+# refusing appends for good (of SEEDS: it passes in CI without the bug).
+STUCK_TRANSFER_SEED = 24
+
+# What each CI seed did of leadership transfers (``Simulation.transfers``), for
+# ``test_the_seeds_transfer_leadership``.
+_TRANSFERS: dict[int, Counter[str]] = {}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_seed_keeps_raft_safety_and_converges(seed: int) -> None:
     sim = run_seed(seed)
     assert sim.checker.max_committed >= 0, "nothing was ever committed"
+    _TRANSFERS[seed] = sim.transfers
+
+
+def test_the_seeds_transfer_leadership() -> None:
+    """Across the CI seeds (run above) leaders are asked to hand over of every kind, and
+    each kind that goes wrong fails some transfers (the leader then leads on and takes
+    appends: liveness is checked after healing) while clean ones succeed."""
+    if _TRANSFERS.keys() != set(SEEDS):
+        pytest.skip("needs every CI seed run in this session")
+    total = sum(_TRANSFERS.values(), Counter[str]())
+    for kind in TRANSFER_KINDS:
+        assert total[f"{kind} succeeded"] + total[f"{kind} failed"] > 20, (kind, total)
+        if kind != "clean":
+            assert total[f"{kind} failed"] > 10, (kind, total)
+    assert total["clean succeeded"] > 10, total
 
 
 def test_same_seed_gives_the_same_trace_digest() -> None:
@@ -58,13 +96,17 @@ def test_the_simulation_exercises_every_fault_kind() -> None:
     conns = [ConnKnobs.from_seed(s) for s in SEEDS]
     assert sum(c.flap_per_s > 0 for c in conns) > 60
     assert sum(c.process_crash_share < 1 for c in conns) > 60  # silent machine crashes
+    transfers = [TransferKnobs.from_seed(s) for s in SEEDS]
+    assert sum(t.per_s == 0 for t in transfers) > 20  # seeds that run as before them
+    for i, kind in enumerate(TRANSFER_KINDS):
+        assert sum(t.per_s > 0 and t.weights[i] > 0 for t in transfers) > 60, kind
 
 
 @pytest.mark.parametrize("seed", EARLY_ELECTION_SEEDS)
 def test_issue_18_a_crash_that_closes_connections_elects_at_once_safely(seed: int) -> None:
     """Seeds where a crashed leader's closed connections made a follower pre-vote and
     campaign at once (the invariants are checked after every event, as in every seed)."""
-    sim = run_seed(seed)
+    sim = run_seed(seed, transfers=False)
     assert sim.early_elections >= 1
 
 
@@ -72,7 +114,7 @@ def test_issue_18_a_crash_that_closes_connections_elects_at_once_safely(seed: in
 def test_issue_18_flapping_links_to_a_live_leader_are_safe(seed: int) -> None:
     """Seeds where links between live nodes reset many times, some of them a follower's
     link to its leader (it pre-voted early and, as the leader was alive, was refused)."""
-    sim = run_seed(seed)
+    sim = run_seed(seed, transfers=False)
     assert sim.flaps >= 5
     assert sim.early_pre_votes > sim.early_elections
 
@@ -82,7 +124,7 @@ def test_rp42_seeds_install_snapshots_and_survive_a_crash_between_app_and_log(se
     """Known seeds where lagging nodes get INSTALL_SNAPSHOT, once with power lost after
     the application installed it and before the log was reset (the app restarts ahead of
     its log and skips what its snapshot covers)."""
-    sim = run_seed(seed)
+    sim = run_seed(seed, transfers=False)
     assert sim.installs >= 2
     assert sim.crashes_after_install >= 1
 
@@ -92,5 +134,18 @@ def test_rp42_snapshot_next_pos_regression_seed_1057() -> None:
     start of an uncommitted entry that was later replaced: the log positions of the
     installed node and of the others diverged and the group never converged (see
     ``dledger.core.snapshot``)."""
-    sim = run_seed(1057, fault_ms=20_000)
+    sim = run_seed(1057, fault_ms=20_000, transfers=False)
     assert sim.installs >= 1
+
+
+def test_issue_26_a_failed_transfer_that_blocks_appends_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Plant issue 26's symptom in the real core (a failed transfer leaves its leader
+    refusing appends): the liveness check after healing fails the seed, by name. The seed
+    passes without the bug, after a transfer that failed."""
+    sim = run_seed(STUCK_TRANSFER_SEED)
+    assert sum(sim.transfers[f"{kind} failed"] for kind in TRANSFER_KINDS) > 0
+    plant_stuck_transferee(monkeypatch.setattr)
+    with pytest.raises(InvariantViolationError, match=f"{LIVENESS} no append acknowledged"):
+        run_seed(STUCK_TRANSFER_SEED)
