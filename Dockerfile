@@ -11,6 +11,7 @@ COPY api/ api/
 COPY broker/ broker/
 COPY consumequeue/ consumequeue/
 COPY dledger/ dledger/
+COPY ledgermq/ ledgermq/
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 # ---- run

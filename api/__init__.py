@@ -1,2 +1,2 @@
-"""HTTP API (``api.app``), node runner (``api.node``), local clusters (``api.cluster``),
-Python client (``api.client``) and the client commands of ``ledgermq``."""
+"""The network fronts of a node: the HTTP API (``api.app``, its routes, models, rendering,
+auth, metrics and connection limits). The process that serves them is ``ledgermq.node``."""

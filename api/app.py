@@ -1,6 +1,6 @@
 """The HTTP API (docs/http.md) over one node's ``Broker``: ``create_app(settings, broker)``.
 
-Nothing is built at import time: the node runner (``api.node``) makes the broker, starts
+Nothing is built at import time: the node runner (``ledgermq.node``) makes the broker, starts
 it, and serves this app with uvicorn on the same event loop as the Raft runtime. The
 routes live in ``api/routes/`` (one file per resource); this module composes them: the
 node's state on ``app.state`` (which the routes' dependencies read), the request guard
@@ -52,7 +52,7 @@ from .routes.common import (
 log = logging.getLogger(__name__)
 
 # The codes the node's connections answer before a request reaches this app (431, 408,
-# 503: api.http_protocol, which api.node serves it with) are the API's codes too.
+# 503: api.http_protocol, which ledgermq.node serves it with) are the API's codes too.
 CONNECTION_ERRORS = (
     http_protocol.HeadersTooLargeError,
     http_protocol.RequestTimeoutError,

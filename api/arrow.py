@@ -62,9 +62,9 @@ from broker.message import (
 )
 from broker.pages import RawPage, RecordChunk
 from dledger.codes import DLedgerError
+from ledgermq.client.arrow_schema import SCHEMA, TIMESTAMP
 
 from . import media
-from .arrow_schema import SCHEMA, TIMESTAMP
 from .metrics import NodeMetrics
 
 __all__ = [

@@ -1,7 +1,7 @@
 """The node's HTTP/1.1 connections: uvicorn's httptools protocol with the limits a port
 shared with Raft needs against clients that send too much, too slowly, or nothing.
 
-The node serves HTTP on the event loop that also runs Raft (``api.node``), so a request
+The node serves HTTP on the event loop that also runs Raft (``ledgermq.node``), so a request
 that costs the loop a second costs an election (issue 32). uvicorn caps neither the
 headers of a request nor the time a client takes to send them, and its
 ``limit_concurrency`` counts every open socket, silent ones included. ``guarded_protocol``

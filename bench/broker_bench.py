@@ -53,7 +53,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dledger.runtime.local_cluster import free_ports
+from ledgermq.processes import free_ports
 
 GiB = 1 << 30
 NODE_SCRIPT = Path(__file__).resolve().parent / "broker_node.py"

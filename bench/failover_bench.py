@@ -1,8 +1,8 @@
 """Failover as a client sees it: the next acknowledged produce after the master dies.
 
-Three ``python -m broker`` processes (``api.cluster.LocalBrokerCluster``, Raft and HTTP
+Three ``python -m ledgermq`` processes (``ledgermq.local_cluster.LocalBrokerCluster``, Raft and HTTP
 on 127.0.0.1, the default timers) take a produce load from ``--producers`` threads of
-this process, each a ``api.client.Producer`` (the project's client, with a producer
+this process, each a ``ledgermq.client.Producer`` (the project's client, with a producer
 session, so a retried batch is stored once) sending batches of ``--batch`` messages of
 ``--body-size`` bytes back to back. Each round then faults the master and measures,
 from the fault, the first batch that a producer has acknowledged by another node:
@@ -52,8 +52,8 @@ from datetime import datetime
 import httpx
 from peerbench.procs import wait_until
 
-from api.client import ClientSettings, LedgerMQError, Producer
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import ClientSettings, LedgerMQError, Producer
+from ledgermq.local_cluster import LocalBrokerCluster
 
 TOPIC = "fo"
 _POLL_S = 0.005  # between looks at the producers' acks

@@ -1,6 +1,6 @@
 """Produce and consume over HTTP on a 3-node cluster, next to the Python HTTP floor.
 
-A ``LocalBrokerCluster`` (``api/cluster.py``: three ``python -m broker`` processes on
+A ``LocalBrokerCluster`` (``ledgermq/local_cluster.py``: three ``python -m ledgermq`` processes on
 127.0.0.1, node defaults: ``flush=sync``, uvicorn + httptools on the Raft loop) and, in
 the same run, ``bench/http_floor.py``: a bare FastAPI app served the same way (one
 process, uvloop, httptools) with a ``POST /echo`` and a ``GET /blob``. Every scenario
@@ -71,8 +71,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from api.cluster import LocalBrokerCluster
-from dledger.runtime.local_cluster import free_ports
+from ledgermq.local_cluster import LocalBrokerCluster
+from ledgermq.processes import free_ports
 
 FLOOR_SCRIPT = Path(__file__).resolve().parent / "http_floor.py"
 TOPIC = "bench"

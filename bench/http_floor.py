@@ -1,6 +1,6 @@
 """The Python HTTP floor for ``bench/http_bench.py``: a bare FastAPI app, nothing else.
 
-Served the way a LedgerMQ node serves its API (``api/node.py``): uvicorn with the
+Served the way a LedgerMQ node serves its API (``ledgermq/node.py``): uvicorn with the
 httptools parser on a uvloop loop, one process, no lifespan, no access log. It has no
 broker, no validation and no storage, so what a request costs here is the least any
 endpoint of ours can cost on this machine (the "HTTP floor"):
@@ -76,7 +76,7 @@ async def serve(host: str, port: int, exit_with_parent: bool) -> None:
         create_app(),
         host=host,
         port=port,
-        loop="none",  # the uvloop loop this coroutine runs on, as in api/node.py
+        loop="none",  # the uvloop loop this coroutine runs on, as in ledgermq/node.py
         http="httptools",
         lifespan="off",
         log_config=None,

@@ -39,7 +39,7 @@ from tqdm import tqdm
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dledger.codes import DLedgerError
-from dledger.runtime.local_cluster import LocalCluster, free_ports
+from ledgermq.processes import LocalCluster, free_ports
 
 MB = 1_000_000
 

@@ -48,8 +48,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from api.client import Admin, Producer
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import Admin, Producer
+from ledgermq.local_cluster import LocalBrokerCluster
 
 TOPIC = "bench-spark"
 ARROW = "application/vnd.apache.arrow.stream"
@@ -158,7 +158,7 @@ def spark_session() -> Any:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    from api.spark import LedgerMQDataSource  # noqa: PLC0415
+    from ledgermq.spark import LedgerMQDataSource  # noqa: PLC0415
 
     spark = (
         SparkSession.builder.master("local[2]")

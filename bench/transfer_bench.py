@@ -1,8 +1,9 @@
 """Leadership transfers that go wrong, as a client sees them (issue 26).
 
-Three ``python -m broker`` processes (``api.cluster.LocalBrokerCluster``, 127.0.0.1, the
-default timers) and one writer thread of this process (``api.client.Producer``, one
-message per request, back to back, under a producer session). Each trial asks the
+Three ``python -m ledgermq`` processes (``ledgermq.local_cluster.LocalBrokerCluster``,
+127.0.0.1, the default timers) and one writer thread of this process
+(``ledgermq.client.Producer``, one message per request, back to back, under a producer
+session). Each trial asks the
 master to hand leadership to a slave (``POST /v1/cluster/leadership``) and, by kind:
 
 - ``healthy``: nothing else;
@@ -47,8 +48,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import httpx
 from peerbench.procs import wait_until
 
-from api.client import ClientSettings, LedgerMQError, Producer
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import ClientSettings, LedgerMQError, Producer
+from ledgermq.local_cluster import LocalBrokerCluster
 
 KINDS = ("healthy", "killed", "paused", "restarted")
 TOPIC = "xfer"

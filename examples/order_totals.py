@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession  # noqa: PLC0415
 
-    from api.spark import LedgerMQDataSource  # noqa: PLC0415
+    from ledgermq.spark import LedgerMQDataSource  # noqa: PLC0415
 
     spark = (
         SparkSession.builder.master(args.master)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("dledger", "consumequeue", "broker", "api")
+PACKAGES = ("dledger", "consumequeue", "broker", "api", "ledgermq", "tools")
 NOT_YET: set[str] = set()  # none now (broker's role.py reaches the Broker by RoleHost)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import failover_bench
 import httpx
 
-from api.client import LedgerMQError, Producer
+from ledgermq.client import LedgerMQError, Producer
 
 from . import procs
 from .loadgen import nats_connect

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dledger.runtime.local_cluster import stop_process
+from ledgermq.processes import stop_process
 
 _PR_SET_PDEATHSIG = 1
 _REGISTRY: list[subprocess.Popen[bytes]] = []

@@ -5,7 +5,7 @@ reported), and hands the load generator a spec per scenario (``produce_spec``,
 ``fill_spec``, ``consume_spec``; None: not measured). The failover and restart hooks
 are in ``failover`` and ``recovery``.
 
-- ``LedgerMQ``: ``api.cluster.LocalBrokerCluster`` (three ``python -m broker``), with
+- ``LedgerMQ``: ``ledgermq.local_cluster.LocalBrokerCluster`` (three ``python -m ledgermq``), with
   ``--flush sync`` or ``--flush async``; topics ``bench`` (produce), ``catchup`` (the
   consume catch-up) and ``fo`` (failover), 8 queues each. Clients talk to the master.
 - ``Nats``: three ``nats-server`` with JetStream in one cluster (routes on 127.0.0.1),
@@ -29,8 +29,8 @@ from typing import Any
 import httpx
 from http_bench import FLOOR_SCRIPT
 
-from api.cluster import LocalBrokerCluster
-from dledger.runtime.local_cluster import free_ports
+from ledgermq.local_cluster import LocalBrokerCluster
+from ledgermq.processes import free_ports
 
 from . import procs
 from .loadgen import nats_connect

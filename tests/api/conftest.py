@@ -2,7 +2,7 @@
 
 - ``node``: one broker and its app in this process (``create_app``), reached through
   httpx's ASGI transport: the fast path where a cluster adds nothing.
-- ``cluster3``: three ``python -m broker`` processes on 127.0.0.1, shared by a module's
+- ``cluster3``: three ``python -m ledgermq`` processes on 127.0.0.1, shared by a module's
   tests that do not kill nodes; ``fresh_cluster3`` builds one per test for those that do.
 """
 
@@ -21,12 +21,12 @@ import pytest_asyncio
 from fastapi import FastAPI
 
 from api.app import create_app
-from api.cluster import LocalBrokerCluster
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from consumequeue import ConsumeQueueSettings
-from dledger.runtime.local_cluster import free_ports
 from dledger.store import StoreSettings
+from ledgermq.local_cluster import LocalBrokerCluster
+from ledgermq.processes import free_ports
 from tests.waiting import until
 
 # Small segments, so the test data rolls files; production sizes otherwise.

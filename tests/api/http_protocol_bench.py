@@ -19,7 +19,7 @@ import time
 
 import httpx
 
-from dledger.runtime.local_cluster import free_ports
+from ledgermq.processes import free_ports
 from tests.api.dos_attacks import LoopProbe, big_header, cpu_s, header_bomb, rss_kib
 from tests.waiting import wait_until
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from api.client import tls_context
-from dledger.runtime.local_cluster import free_ports
+from ledgermq.client import tls_context
+from ledgermq.processes import free_ports
 from tests.waiting import wait_until
 
 LEDGERMQ = str(Path(sys.executable).with_name("ledgermq"))

@@ -15,8 +15,8 @@ import pytest
 
 from api.app import create_app
 from api.auth import TokenTable
-from api.client import AsyncProducer, ForbiddenError, UnauthenticatedError
 from consumequeue import ConsumeQueueError
+from ledgermq.client import AsyncProducer, ForbiddenError, UnauthenticatedError
 from tests.api.conftest import TEST_LIMITS, Node
 from tests.waiting import until
 

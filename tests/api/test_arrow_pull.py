@@ -14,9 +14,10 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from api import client, media
+from api import media
 from api.arrow import SCHEMA, encode_pulled
 from broker import errors
+from ledgermq import client
 from tests.api.conftest import Node, node_settings, running_node
 from tests.api.test_app import produce
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from api.client import Admin, Producer
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import Admin, Producer
+from ledgermq.local_cluster import LocalBrokerCluster
 
 LEDGERMQ = Path(sys.executable).with_name("ledgermq")
 DEAD = "http://127.0.0.1:9"  # the discard port: nothing listens there

@@ -1,4 +1,4 @@
-"""``api.client``: the protocol core driven by hand (sans-I/O: scripted replies and a
+"""``ledgermq.client``: the protocol core driven by hand (sans-I/O: scripted replies and a
 fake clock, no server), the drivers over httpx's ``MockTransport`` for wire details,
 and then the real thing against three broker processes on 127.0.0.1: round trips sync
 and async, master discovery from a slave, retries deduplicated by the producer session,
@@ -19,8 +19,9 @@ import httpx
 import orjson
 import pytest
 
-from api import client as mq
-from api.client import (
+from broker.metadata import PRODUCER_ID
+from ledgermq import client as mq
+from ledgermq.client import (
     Admin,
     AsyncAdmin,
     AsyncConsumer,
@@ -30,8 +31,7 @@ from api.client import (
     Producer,
     ReceivedMessage,
 )
-from api.cluster import LocalBrokerCluster
-from broker.metadata import PRODUCER_ID
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.waiting import wait_until
 
 # ---- the sans-I/O core, driven by hand ------------------------------------------------------

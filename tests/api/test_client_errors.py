@@ -1,10 +1,10 @@
-"""The client's error table (``api.client.errors``) against the codes a node can answer:
+"""The client's error table (``ledgermq.client.errors``) against the codes a node can answer:
 every one has a typed class or is declared untyped, and nothing else is in it but the
 client's own codes. A code the broker gains fails here until the client decides."""
 
 from __future__ import annotations
 
-from api import client
+from ledgermq import client
 from tests.error_codes import node_codes
 
 

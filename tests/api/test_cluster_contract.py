@@ -1,4 +1,4 @@
-"""The HTTP contract against a real 3-node cluster of ``python -m broker`` processes on
+"""The HTTP contract against a real 3-node cluster of ``python -m ledgermq`` processes on
 127.0.0.1: redirects from a SLAVE, reads from every node, long polling, bad input
 changing no node's log, retried session batches, leadership transfer over HTTP."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.cluster import LocalBrokerCluster
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.waiting import wait_until
 
 

@@ -1,4 +1,4 @@
-"""Failover through the HTTP API on 3 ``python -m broker`` processes: kill -9 the master,
+"""Failover through the HTTP API on 3 ``python -m ledgermq`` processes: kill -9 the master,
 a new master takes writes, offsets continue without gap or duplicate, consumer offsets
 are intact; with no quorum, writes answer 503 NO_MASTER with Retry-After; the killed
 nodes come back and catch up."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from api.cluster import LocalBrokerCluster
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.api.test_cluster_contract import caught_up
 from tests.waiting import wait_until
 

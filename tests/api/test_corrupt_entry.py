@@ -16,9 +16,9 @@ import pytest
 from fastapi import FastAPI
 
 from api.app import create_app
-from api.client import AsyncAdmin, AsyncConsumer
 from broker.broker import Broker, NewMessage
 from broker.message import BODY_POS
+from ledgermq.client import AsyncAdmin, AsyncConsumer
 from tests.broker.harness import SMALL_STORE, BrokerCluster
 
 pytestmark = pytest.mark.asyncio

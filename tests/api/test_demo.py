@@ -16,8 +16,8 @@ from pathlib import Path
 
 import httpx
 
-from api.client import Admin
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import Admin
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.lines import Lines
 
 LEDGERMQ = str(Path(sys.executable).with_name("ledgermq"))

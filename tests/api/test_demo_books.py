@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from api.client import ReceivedMessage, SendResult
-from api.demo_load import History, LoadSettings, pack_position, percentile, unpack_position
-from api.replicas import commitlog_roots, compare_commitlog_ranges, compare_trees
 from dledger.store import FileStore, StoreSettings, node_dir
 from dledger.store.entry import INDEX_UNIT
+from ledgermq.client import ReceivedMessage, SendResult
+from ledgermq.demo.load import History, LoadSettings, pack_position, percentile, unpack_position
+from ledgermq.replicas import commitlog_roots, compare_commitlog_ranges, compare_trees
 
 
 def _history() -> History:

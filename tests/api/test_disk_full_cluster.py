@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from api.cluster import LocalBrokerCluster
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.waiting import wait_until
 
 from ..smallfs import Ballast, MiB, small_fs

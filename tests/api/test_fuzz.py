@@ -14,7 +14,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from api.cluster import LocalBrokerCluster
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.api.conftest import CLUSTER_ARGS
 
 # Long polls are capped low so that generated wait_ms values keep the run short.

@@ -23,9 +23,9 @@ from typing import Any
 import httpx
 import pytest
 
-from api.client import Admin
 from api.http_protocol import ConnectionLimits
-from api.node import CONNECTION_OPTIONS, add_broker_options, settings_from_args
+from ledgermq.client import Admin
+from ledgermq.node import CONNECTION_OPTIONS, add_broker_options, settings_from_args
 from tests.api.conftest import TEST_LIMITS, node_settings, running_node
 from tests.api.dos_attacks import (
     LoopProbe,

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from api.client import AsyncAdmin, LimitReachedError
 from broker.settings import Limits
 from dledger.store import StoreSettings
+from ledgermq.client import AsyncAdmin, LimitReachedError
 from tests.api.conftest import Node, node_settings, running_node
 from tests.waiting import until
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.node import EXIT_NODE_FAILED, HttpSettings, NodeFailedError, serve
 from broker.broker import Broker
+from ledgermq.node import EXIT_NODE_FAILED, HttpSettings, NodeFailedError, serve
 from tests.api.conftest import node_settings
 from tests.waiting import until
 

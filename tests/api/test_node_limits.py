@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.node import (
+from broker.settings import Limits
+from ledgermq.node import (
     GC_THRESHOLDS,
     LIMIT_OPTIONS,
     HttpSettings,
@@ -22,7 +23,6 @@ from api.node import (
     exposure_warnings,
     settings_from_args,
 )
-from broker.settings import Limits
 from tests.api.nodeproc import node_process
 from tests.waiting import wait_until
 

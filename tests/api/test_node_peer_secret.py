@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from api.node import add_broker_options, settings_from_args
+from ledgermq.node import add_broker_options, settings_from_args
 
 ENV = ("LEDGERMQ_PEER_SECRET", "LEDGERMQ_PEER_SECRET_FILE")
 

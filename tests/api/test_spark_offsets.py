@@ -1,4 +1,4 @@
-"""``api.spark.offsets``: range splitting (the Kafka source's ``KafkaOffsetRangeCalculator``
+"""``ledgermq.spark.offsets``: range splitting (the Kafka source's ``KafkaOffsetRangeCalculator``
 cases, ported), rate limiting (its ``maxOffsetsPerTrigger`` rule), offset resolution and
 the checks of a planned range. Pure functions: no Spark, no broker."""
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from api.spark.offsets import (
+from ledgermq.spark.offsets import (
     EARLIEST,
     LATEST,
     DataLossError,
@@ -253,8 +253,8 @@ def test_checkpoint_offsets_round_trip_and_are_checked() -> None:
 
 def test_the_pure_modules_import_no_spark() -> None:
     code = (
-        "import sys, api.spark, api.spark.offsets, api.spark.options, api.spark.pages, "
-        "api.spark.produce, api.spark.transfer; "
+        "import sys, ledgermq.spark, ledgermq.spark.offsets, ledgermq.spark.options, "
+        "ledgermq.spark.pages, ledgermq.spark.produce, ledgermq.spark.transfer; "
         "assert not [m for m in sys.modules if m.startswith('pyspark')], 'pyspark imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

@@ -1,12 +1,12 @@
-"""``api.spark.options``: parsing, checking and redaction of the data source's options
+"""``ledgermq.spark.options``: parsing, checking and redaction of the data source's options
 (pure: no Spark). Keys are given in mixed case here; Spark hands them lower-cased."""
 
 from __future__ import annotations
 
 import pytest
 
-from api.spark.offsets import EARLIEST, LATEST, OffsetSpec
-from api.spark.options import (
+from ledgermq.spark.offsets import EARLIEST, LATEST, OffsetSpec
+from ledgermq.spark.options import (
     REDACTED,
     Connection,
     OptionError,

@@ -1,4 +1,4 @@
-"""``api.spark.pages`` and ``api.spark.produce``: pulled pages to Arrow batches in the
+"""``ledgermq.spark.pages`` and ``ledgermq.spark.produce``: pulled pages to Arrow batches in the
 source's schema, and rows to produce requests within the API's limits (pure: pyarrow,
 no Spark, no broker)."""
 
@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 
 from api.arrow import SCHEMA, ipc_stream
-from api.client import ReceivedMessage
-from api.spark.pages import PageError, from_received, from_stream, slice_rows
-from api.spark.produce import (
+from ledgermq.client import ReceivedMessage
+from ledgermq.spark.pages import PageError, from_received, from_stream, slice_rows
+from ledgermq.spark.produce import (
     REQUEST_OVERHEAD_BYTES,
     WriteError,
     check_columns,

@@ -1,4 +1,4 @@
-"""``api.spark.transfer`` and ``api.spark.pull`` without Spark, against a real node: a
+"""``ledgermq.spark.transfer`` and ``ledgermq.spark.pull`` without Spark, against a real node: a
 broker and its HTTP API served by uvicorn on 127.0.0.1 from a background thread (its own
 event loop), reached over real sockets. Covers reading a range over both pull formats,
 failover past a dead broker URL, the bearer token, data loss from retention (fail, or
@@ -20,12 +20,12 @@ import pytest
 import uvicorn
 
 from api.app import create_app
-from api.client import Admin, Message, Producer, UnauthenticatedError
-from api.spark import transfer
-from api.spark.offsets import DataLossError, OffsetSpec, QueueRange
-from api.spark.options import Connection, parse_read_options
 from broker.broker import Broker
-from dledger.runtime.local_cluster import free_ports
+from ledgermq.client import Admin, Message, Producer, UnauthenticatedError
+from ledgermq.processes import free_ports
+from ledgermq.spark import transfer
+from ledgermq.spark.offsets import DataLossError, OffsetSpec, QueueRange
+from ledgermq.spark.options import Connection, parse_read_options
 from tests.api.conftest import node_settings
 from tests.spark.conftest import wait_until
 
@@ -241,7 +241,7 @@ def test_the_stream_reader_without_spark(served: Served) -> None:
     read limit, Trigger.AvailableNow's target, and group commits from ``latestOffset``."""
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows  # noqa: PLC0415
 
-    from api.spark.source import LedgerMQStreamReader, QueuePartition  # noqa: PLC0415
+    from ledgermq.spark.source import LedgerMQStreamReader, QueuePartition  # noqa: PLC0415
 
     produce(served, "s", 40)  # 20 per queue
     base = {"brokers": served.url, "topic": "s", "authToken": TOKEN, "groupId": "g"}

@@ -11,7 +11,7 @@ import httpx
 import pytest
 import trustme
 
-from api.client import Admin, BrokerUnavailableError, Consumer, Producer
+from ledgermq.client import Admin, BrokerUnavailableError, Consumer, Producer
 from tests.api.nodeproc import node_process
 
 

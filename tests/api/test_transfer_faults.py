@@ -1,5 +1,5 @@
 """Leadership transfers to a slave that dies, stops or has just restarted, on three
-``python -m broker`` processes with a producer running (issue 26): each transfer answers
+``python -m ledgermq`` processes with a producer running (issue 26): each transfer answers
 what happened (200, or 409 ``TRANSFER_FAILED`` with its reason; never a 500 or no answer)
 and a produce is acknowledged within a few seconds after it. The trials are
 ``bench/transfer_bench.py``'s, which measures the write pauses over many of them."""
@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from api.cluster import LocalBrokerCluster
+from ledgermq.local_cluster import LocalBrokerCluster
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.append(str(BENCH))  # bench/ is scripts, not a package

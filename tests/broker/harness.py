@@ -10,8 +10,8 @@ from typing import Any
 from broker.broker import Broker
 from broker.settings import BrokerSettings
 from consumequeue import ConsumeQueueSettings, KeyIndexSettings
-from dledger.runtime.local_cluster import free_ports
 from dledger.store import StoreSettings
+from ledgermq.processes import free_ports
 from tests.waiting import until
 
 __all__ = ["SMALL_STORE", "BrokerCluster", "broker_settings", "until"]

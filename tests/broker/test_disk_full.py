@@ -18,7 +18,7 @@ import pytest_asyncio
 
 from broker import errors
 from broker.broker import Broker, NewMessage
-from dledger.runtime.local_cluster import free_ports
+from ledgermq.processes import free_ports
 from tests.waiting import until
 
 from ..smallfs import Ballast, MiB, free_bytes, small_fs

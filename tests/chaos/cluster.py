@@ -1,9 +1,9 @@
-"""The chaos cluster: three real ``ledgermq broker`` processes (``python -m broker``),
+"""The chaos cluster: three real ``ledgermq broker`` processes (``python -m ledgermq``),
 each in a network namespace of its own (``tests.netns``), each on a small tmpfs of its
 own (``tests.smallfs``), so that every fault is a real one: a SIGKILL, a SIGSTOP, a
 link down or a cut between two hosts, a full disk.
 
-It is ``LocalBrokerCluster`` (``api/cluster.py``: commands, probes, readiness) with
+It is ``LocalBrokerCluster`` (``ledgermq/local_cluster.py``: commands, probes, readiness) with
 three changes: a node's command runs inside its namespace (``ip netns exec``), every
 node listens on its own address with the same ports (each namespace has its own), and
 its data directory is a mount point. The test process reaches every node through the
@@ -24,7 +24,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from api.cluster import LocalBrokerCluster
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests import netns
 from tests.smallfs import Ballast, MiB, can_mount, small_fs
 

@@ -9,11 +9,11 @@
 3. The workload stops, then everything is healed (every node running, every link up,
    every ballast gone), and the cluster must converge within ``CONVERGE_S``: every node
    ready, one master, the same ledger end, committed and dispatched on every node.
-4. Every queue is drained from every node (``api.replicas.read_queues``) into the
+4. Every queue is drained from every node (``ledgermq.replicas.read_queues``) into the
    history, and every node's group offsets read: the checker decides over all of it.
    The consume queues' digests over HTTP must be equal on every node.
 5. The nodes stop (SIGTERM: files synced), and their commitlogs and consume queues are
-   compared byte for byte (``api.replicas``).
+   compared byte for byte (``ledgermq.replicas``).
 
 A run ends within ``run_bound_s(duration_s)`` whatever the cluster does: each phase
 runs under the ``Supervisor`` (``tests/chaos/control.py``) with the bound below, and is
@@ -45,9 +45,9 @@ from typing import Any
 
 import httpx
 
-from api.client import AsyncAdmin
-from api.demo_load import ensure_topic, percentile, topic_ends
-from api.replicas import (
+from ledgermq.client import AsyncAdmin
+from ledgermq.demo.load import ensure_topic, percentile, topic_ends
+from ledgermq.replicas import (
     TreeComparison,
     commitlog_roots,
     compare_commitlog_ranges,

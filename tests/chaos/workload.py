@@ -1,5 +1,5 @@
 """The chaos workload: concurrent clients over HTTP with the project's client
-(``api.client``), every operation recorded in the history (``tests/chaos/history.py``).
+(``ledgermq.client``), every operation recorded in the history (``tests/chaos/history.py``).
 
 - ``producers`` producers, each with its own producer session, send batches of 1 to
   ``batch_max`` unique values (``p<i>-<n>``) one batch at a time. Ok: the results; an
@@ -26,7 +26,7 @@ import random
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
-from api.client import (
+from ledgermq.client import (
     AsyncAdmin,
     AsyncConsumer,
     AsyncProducer,
@@ -34,7 +34,7 @@ from api.client import (
     LedgerMQError,
     ReceivedMessage,
 )
-from api.demo_load import LoadSettings, task_failure
+from ledgermq.demo.load import LoadSettings, task_failure
 
 from .history import History, Read
 

@@ -1,20 +1,20 @@
 """The generated parts of docs/ match the code: the HTTP reference is the OpenAPI document
 of today's app, the CLI reference today's ``--help``, and the byte examples of
-docs/formats.md are what today's encoders write (``api/format_examples.py`` asserts
+docs/formats.md are what today's encoders write (``tools/format_examples.py`` asserts
 its tables against the decoders)."""
 
 from __future__ import annotations
 
 import pytest
 
-from api import docgen
+from tools import docgen
 
 GENERATED = docgen.generated()  # built once: an app, the CLI's parsers, the examples
 
 
 @pytest.mark.parametrize("path", sorted(GENERATED), ids=lambda p: p.name)
 def test_generated_docs_are_up_to_date(path) -> None:  # type: ignore[no-untyped-def]
-    assert path.read_text(encoding="utf-8") == GENERATED[path], "run `python -m api.docgen`"
+    assert path.read_text(encoding="utf-8") == GENERATED[path], "run `python -m tools.docgen`"
 
 
 def test_a_region_without_its_end_is_refused() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from dledger.runtime.local_cluster import LocalCluster
 from dledger.store import node_dir
+from ledgermq.processes import LocalCluster
 
 pytestmark = pytest.mark.asyncio
 

@@ -22,9 +22,9 @@ import pytest
 
 from dledger.core.messages import Role
 from dledger.core.settings import CoreSettings
-from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.store import StoreSettings
+from ledgermq.processes import free_ports
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio

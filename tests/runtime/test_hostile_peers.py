@@ -26,10 +26,10 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import MAX_TERM, GetRequest, VoteRequest
 from dledger.core.settings import CoreSettings
 from dledger.runtime.client import DLedgerClient
-from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.runtime.transport import TransportSettings
 from dledger.runtime.wire import encode
+from ledgermq.processes import free_ports
 from tests.waiting import until as _until
 
 from .test_peer_secret import STORE, _addr, _group, _max_term, _until_closed, _wait_leader

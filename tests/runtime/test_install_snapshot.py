@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from dledger.core.messages import Role
-from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.store import StoreSettings
+from ledgermq.processes import free_ports
 from tests.waiting import until as _until
 
 pytestmark = pytest.mark.asyncio

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from dledger.core.messages import PEER_MESSAGE_TYPES, HeartBeatRequest
-from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.transport import Transport
 from dledger.runtime.wire import WireMessage
+from ledgermq.processes import free_ports
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio

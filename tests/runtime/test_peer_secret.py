@@ -22,7 +22,6 @@ from dledger.codes import DLedgerCode, DLedgerError
 from dledger.core.messages import Role, VoteRequest
 from dledger.runtime import cli
 from dledger.runtime.client import DLedgerClient
-from dledger.runtime.local_cluster import LocalCluster, free_ports
 from dledger.runtime.peer_auth import (
     CLIENT_PROOF_BYTES,
     HELLO_BYTES,
@@ -40,6 +39,7 @@ from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.runtime.transport import PeerLink, TransportSettings, authenticate_to
 from dledger.runtime.wire import encode
 from dledger.store import StoreSettings
+from ledgermq.processes import LocalCluster, free_ports
 from tests.waiting import until as _until
 
 SECRET = b"correct horse battery staple"

@@ -14,9 +14,9 @@ from dledger.codes import DLedgerCode
 from dledger.core.messages import Role
 from dledger.core.node import RoleChange
 from dledger.runtime.client import DLedgerClient
-from dledger.runtime.local_cluster import free_ports
 from dledger.runtime.server import DLedgerServer, NotLeaderError, ServerConfig
 from dledger.store import BODY_OFFSET, EntryMeta, StoreSettings
+from ledgermq.processes import free_ports
 from tests.waiting import until as _until
 
 pytestmark = pytest.mark.asyncio

@@ -4,7 +4,7 @@ whole run and one 3-node LedgerMQ cluster of processes on 127.0.0.1.
 Spark runs in this process's JVM child; its Python workers are started by the JVM with
 ``PYSPARK_PYTHON``, which must be this interpreter (the project's ``.venv``, where the
 package is installed editable): a worker with another interpreter could not import
-``api.spark``. Everything binds 127.0.0.1 and the UI is off. The master URL
+``ledgermq.spark``. Everything binds 127.0.0.1 and the UI is off. The master URL
 ``local[2,4]`` is two threads with up to four attempts per task (plain ``local[2]``
 allows one, so a failed task could not be retried).
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from api.client import Admin, Producer
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import Admin, Producer
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.api.conftest import CLUSTER_ARGS
 from tests.waiting import wait_until
 
@@ -44,7 +44,7 @@ def spark() -> Iterator[Any]:
     spark_env()
     from pyspark.sql import SparkSession  # noqa: PLC0415 - after the environment is set
 
-    from api.spark import LedgerMQDataSource  # noqa: PLC0415
+    from ledgermq.spark import LedgerMQDataSource  # noqa: PLC0415
 
     session = (
         SparkSession.builder.master("local[2,4]")

@@ -19,7 +19,7 @@ import pyarrow as pa
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from api.client import Admin
+from ledgermq.client import Admin
 
 
 def row_value(partition: int, i: int) -> bytes:

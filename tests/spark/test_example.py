@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from api.client import Message
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import Message
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.spark.conftest import expected_rows, produce
 
 pytestmark = pytest.mark.spark

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from api.client import Admin, Message, Producer
-from api.cluster import LocalBrokerCluster
-from api.spark.source import SPARK_SCHEMA
+from ledgermq.client import Admin, Message, Producer
+from ledgermq.local_cluster import LocalBrokerCluster
+from ledgermq.spark.source import SPARK_SCHEMA
 from tests.spark.conftest import df_rows, expected_rows, produce
 from tests.waiting import wait_until
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from api.client import Admin
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import Admin
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.spark.conftest import expected_rows, produce, settled
 from tests.waiting import wait_until
 

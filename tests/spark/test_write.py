@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from pyspark.sql import types as T  # noqa: N812
 
-from api.client import Admin
-from api.cluster import LocalBrokerCluster
+from ledgermq.client import Admin
+from ledgermq.local_cluster import LocalBrokerCluster
 from tests.spark import flaky
 from tests.spark.conftest import expected_rows
 

@@ -36,7 +36,7 @@ The package, by concern: ``errors`` (the exceptions and the code → class table
 ``settings`` (``ClientSettings``), ``types`` (messages and results), ``exchange`` (the
 sans-I/O routing and retries), ``operations`` and ``consuming`` (the operations, written
 once), ``drivers`` (the I/O over httpx) and ``fronts`` (the public classes). Import from
-``api.client``: how the modules split it is not part of the API.
+``ledgermq.client``: how the modules split it is not part of the API.
 """
 
 from .consuming import Batch, ConsumerOps, Pacer, Start

@@ -32,7 +32,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .client import AsyncAdmin, ClientSettings, ClusterStatus, LedgerMQError
+from ..client import AsyncAdmin, ClientSettings, ClusterStatus, LedgerMQError
 
 T = TypeVar("T")
 EVENTS_SHOWN = 12  # lines of the story under the live table

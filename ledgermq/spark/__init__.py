@@ -1,4 +1,4 @@
-"""The PySpark data source ``ledgermq`` (docs/spark.md): ``from api.spark import
+"""The PySpark data source ``ledgermq`` (docs/spark.md): ``from ledgermq.spark import
 LedgerMQDataSource``, then ``spark.dataSource.register(LedgerMQDataSource)``.
 
 The package's pure parts (``options``, ``offsets``, ``pages``, ``produce``) and its

@@ -1,4 +1,4 @@
-"""A local LedgerMQ cluster: N ``python -m broker`` child processes on 127.0.0.1.
+"""A local LedgerMQ cluster: N ``python -m ledgermq`` child processes on 127.0.0.1.
 
 ``ledgermq cluster up`` runs one in the foreground; the tests and the HTTP benchmark use
 the same class. Each node gets an HTTP port and a Raft port, every node knows every
@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from dledger.runtime.local_cluster import ChildNodes, free_ports, peer_secret_env
+from ledgermq.processes import ChildNodes, free_ports, peer_secret_env
 
 
 class LocalBrokerCluster(ChildNodes):
@@ -66,7 +66,7 @@ class LocalBrokerCluster(ChildNodes):
         return [
             sys.executable,
             "-m",
-            "broker",
+            "ledgermq",
             "--node-id",
             node,
             "--group",

@@ -24,7 +24,7 @@ from typing import Literal
 
 import orjson
 
-from api.client import ClientSettings, parse_brokers
+from ledgermq.client import ClientSettings, parse_brokers
 
 from .offsets import EARLIEST, LATEST, OffsetSpec
 

@@ -28,7 +28,7 @@ pyspark 4 traps, and where each is handled:
 5. ``stop()`` is usually not called: nothing depends on it (no connection outlives a
    call).
 6. Arrow batches must match the derived schema exactly (``binary``,
-   ``timestamp("us", "UTC")``): the broker's pages are built in ``api.arrow_schema``'s
+   ``timestamp("us", "UTC")``): the broker's pages are built in ``ledgermq.client.arrow_schema``'s
    schema, and ``pages.from_stream`` casts anything else.
 7. Workers need ``PYSPARK_PYTHON`` set to the project's interpreter and the package
    installed (not added to ``sys.path``): the test fixtures and the example set it; the

@@ -1,7 +1,7 @@
-"""The Spark reader's pulls: ``api.client``'s operations over ``http.client``, with each
+"""The Spark reader's pulls: ``ledgermq.client``'s operations over ``http.client``, with each
 Arrow page read straight into one Arrow buffer.
 
-``api.client`` writes every operation once as a sans-I/O generator (routing over the
+``ledgermq.client`` writes every operation once as a sans-I/O generator (routing over the
 broker list, failover, bounded retries with backoff, the deadline) and runs it with an
 httpx driver. Here the same generators run with a leaner driver: one keep-alive
 ``http.client`` connection per broker. A reader moves a gigabyte per million messages,
@@ -27,7 +27,7 @@ from urllib.parse import urlencode, urlsplit
 import orjson
 import pyarrow as pa
 
-from api.client import (
+from ledgermq.client import (
     ARROW_STREAM,
     AdminOps,
     ArrowPage,

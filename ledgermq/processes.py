@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .client import DLedgerClient
-from .peer_auth import PEER_SECRET_ENV, PEER_SECRET_FILE_ENV
+from dledger.runtime.client import DLedgerClient
+from dledger.runtime.peer_auth import PEER_SECRET_ENV, PEER_SECRET_FILE_ENV
 
 
 def free_ports(n: int) -> list[int]:

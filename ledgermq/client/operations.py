@@ -1,7 +1,7 @@
 """The operations, each written once as a generator over an ``Exchange`` and run by every
 driver: ``AdminOps`` (topics, groups, cluster status, queries, pulls) and ``ProducerOps``
 (a producer session). Each builds its request and reads its answer; routing and retries
-are the exchange's. The consumer's are in ``api.client.consuming``."""
+are the exchange's. The consumer's are in ``ledgermq.client.consuming``."""
 
 from __future__ import annotations
 

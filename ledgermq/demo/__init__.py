@@ -2,8 +2,8 @@
 
 With no ``--brokers``, three ``ledgermq broker`` processes start on 127.0.0.1
 (``LocalBrokerCluster``, as ``cluster up``); a producer with a producer session and a
-consumer group run over HTTP with the project's client (``api.demo_load``); the view
-(``api.demo_view``) shows every node's role, term, commit and dispatch index and lag,
+consumer group run over HTTP with the project's client (``ledgermq.demo.load``); the view
+(``ledgermq.demo.view``) shows every node's role, term, commit and dispatch index and lag,
 and messages per second. Then, ``--kills`` times: kill -9 the MASTER, wait for the
 election and the new MASTER, measure how long writes were unavailable (the kill → the
 next batch acknowledged by another master), restart the old node and watch it catch up
@@ -37,12 +37,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-from .client import AsyncAdmin, ClientSettings, LedgerMQError, parse_brokers
-from .cliutil import add_option
-from .cluster import LocalBrokerCluster
-from .demo_load import Ack, LoadSettings, Workload, ensure_topic, percentile, topic_ends
-from .demo_view import Figures, Monitor, NodeRow, Rates, View, make_view
-from .replicas import QueueImage, compare_commitlogs, compare_consume_queues, read_queues
+from ..cli.util import add_option
+from ..client import AsyncAdmin, ClientSettings, LedgerMQError, parse_brokers
+from ..local_cluster import LocalBrokerCluster
+from ..replicas import QueueImage, compare_commitlogs, compare_consume_queues, read_queues
+from .load import Ack, LoadSettings, Workload, ensure_topic, percentile, topic_ends
+from .view import Figures, Monitor, NodeRow, Rates, View, make_view
 
 GROUP = "g0"  # the local cluster's DLedger group
 REFRESH_S = 0.25  # the view is redrawn this often

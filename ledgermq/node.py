@@ -1,6 +1,6 @@
 """One LedgerMQ node: the Raft runtime, the broker and the HTTP API on one event loop.
 
-``ledgermq broker`` (and ``python -m broker``) land in ``main``: options → settings →
+``ledgermq broker`` (and ``python -m ledgermq``) land in ``main``: options → settings →
 ``serve``. uvicorn serves the app inside this process's uvloop loop, beside the Raft
 runtime (docs/architecture.md): one loop, no threads between HTTP and the log. SIGINT/SIGTERM stop
 the HTTP server first (no new requests), then the broker (dispatch checkpoint, log
@@ -27,6 +27,10 @@ from typing import Any
 import orjson
 import uvicorn
 
+from api.app import create_app
+from api.auth import TokenTable
+from api.http_protocol import ConnectionLimits, guarded_protocol
+from api.metrics import METRICS_CACHE_S
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from dledger.core.settings import CoreSettings
@@ -34,11 +38,7 @@ from dledger.runtime.peer_auth import load_peer_secret
 from dledger.runtime.transport import TransportSettings, is_loopback, parse_address
 from dledger.store import StoreSettings
 
-from .app import create_app
-from .auth import TokenTable
-from .cliutil import add_option, env_name, fail
-from .http_protocol import ConnectionLimits, guarded_protocol
-from .metrics import METRICS_CACHE_S
+from .cli.util import add_option, env_name, fail
 
 log = logging.getLogger("ledgermq.node")
 
@@ -671,7 +671,7 @@ def run_broker(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m broker", description="one LedgerMQ node")
+    parser = argparse.ArgumentParser(prog="python -m ledgermq", description="one LedgerMQ node")
     add_broker_options(parser)
     return run_broker(parser.parse_args(argv))
 

@@ -1,5 +1,5 @@
 """The public classes: ``Admin``, ``Producer``, ``Consumer`` and their async twins. Each
-is a driver (``api.client.drivers``) holding one operations object, whose operations it
+is a driver (``ledgermq.client.drivers``) holding one operations object, whose operations it
 binds as its methods; the twins share their constructor and properties (the ``*Front``
 classes)."""
 

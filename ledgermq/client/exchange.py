@@ -3,7 +3,7 @@
 one ``Call`` into a successful ``Reply`` or raises the typed error: master discovery and
 its cache, ``307 NOT_MASTER`` redirects, retries with backoff, the deadline and
 ``max_attempts`` (the rules are in the package's docstring). No sockets here: the
-drivers (``api.client.drivers``, ``api.spark.pull``) perform the actions."""
+drivers (``ledgermq.client.drivers``, ``ledgermq.spark.pull``) perform the actions."""
 
 from __future__ import annotations
 

@@ -3,9 +3,9 @@
 - ``ledgermq broker``: one node (the embedded single-node default with no options);
 - ``ledgermq cluster up --nodes 3``: a local cluster as child processes, in the
   foreground until Ctrl-C;
-- ``ledgermq demo``: the 3-broker failover demonstration; ``store-demo``: the log store's;
+- ``ledgermq demo``: the 3-broker failover demonstration;
 - the client commands (``topic``, ``produce``, ``consume``, ``status``, ``group``,
-  ``leader``): ``api.cli_client``.
+  ``leader``): ``ledgermq.cli.client``.
 
 Every option also comes from a ``LEDGERMQ_<NAME>`` environment variable. Errors are one
 line on stderr, not a traceback.
@@ -21,18 +21,17 @@ import sys
 import time
 from pathlib import Path
 
-from dledger.runtime.local_cluster import ChildNodes
 from dledger.runtime.peer_auth import load_peer_secret
-from dledger.store.demo import run_demo as run_store_demo
+from ledgermq.processes import ChildNodes
 
-from .cli_client import add_client_commands, run_client_command
-from .cliutil import add_option
-from .demo import add_demo_options, run_demo
-from .node import add_broker_options, run_broker
+from ..demo import add_demo_options, run_demo
+from ..node import add_broker_options, run_broker
+from .client import add_client_commands, run_client_command
+from .util import add_option
 
-SERVER_COMMANDS = ("broker", "cluster", "demo", "store-demo", "bench")
+SERVER_COMMANDS = ("broker", "cluster", "demo", "bench")
 # ``ledgermq bench`` runs the comparison harness of the source checkout (make bench-peers)
-PEERS_BENCH = Path(__file__).resolve().parents[1] / "bench" / "peers_bench.py"
+PEERS_BENCH = Path(__file__).resolve().parents[2] / "bench" / "peers_bench.py"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,11 +66,6 @@ def build_parser() -> argparse.ArgumentParser:
             "then the accounting (--brokers: against a running cluster)",
         )
     )
-    sdemo = sub.add_parser("store-demo", help="run the log store demonstration and exit")
-    sdemo.add_argument("--data-dir", type=Path, default=None)
-    sdemo.add_argument("--entries", type=int, default=200_000)
-    sdemo.add_argument("--body-bytes", type=int, default=1024)
-    sdemo.add_argument("--batch", type=int, default=100)
     sub.add_parser(
         "bench",
         help="LedgerMQ next to NATS JetStream, etcd, pysyncobj and the HTTP floor (make"
@@ -104,7 +98,7 @@ def cluster_up(args: argparse.Namespace) -> int:
     keep running; with ``--restart-after`` it is started again after that many seconds,
     and comes back as a SLAVE. A node that dies again within ``STARTUP_GRACE_S`` of its
     restart is failing to start, not being killed: it stays down."""
-    from .cluster import LocalBrokerCluster  # noqa: PLC0415  # only this command needs it
+    from ..local_cluster import LocalBrokerCluster  # noqa: PLC0415  # only this command needs it
 
     n = args.nodes
     raft_base = args.raft_base_port or args.base_port + 1000
@@ -202,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             return cluster_up(args)
         if args.command == "demo":
             return run_demo(args)
-        if args.command == "store-demo":
-            run_store_demo(args.data_dir, args.entries, args.body_bytes, args.batch)
     except (OSError, ValueError, TimeoutError, RuntimeError, AssertionError) as e:
         print(f"ledgermq {args.command}: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
 """The Spark source's traffic with the brokers: queue bounds, offsets by time, reading a
 queue range as Arrow record batches, producing chunks under a producer session, group
-commits. No Spark here: ``api.client`` does the HTTP, failover and bounded retries.
+commits. No Spark here: ``ledgermq.client`` does the HTTP, failover and bounded retries.
 
 Which node answers:
 - planning (``queue_bounds``, ``offsets_for_times``) asks *every* broker of the list and
@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from api.client import (
+from ledgermq.client import (
     Admin,
     InvalidArgumentError,
     LedgerMQError,

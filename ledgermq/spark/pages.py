@@ -9,7 +9,7 @@ schema, so:
 - an Arrow pull's batches (``from_stream``) are handed on as they are, with no copy,
   when the stream's schema equals it, and cast column by column otherwise (a broker of
   another version);
-- a JSON pull's messages (``from_received``, as ``api.client`` decoded them, base64
+- a JSON pull's messages (``from_received``, as ``ledgermq.client`` decoded them, base64
   bodies included) are built into one batch; this is the slow path (objects per
   message), kept for brokers without the arrow extra and as the benchmark's baseline.
 """
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
-from api.arrow_schema import SCHEMA, TIMESTAMP
-from api.client import ReceivedMessage
+from ledgermq.client import ReceivedMessage
+from ledgermq.client.arrow_schema import SCHEMA, TIMESTAMP
 
 __all__ = ["SCHEMA", "PageError", "from_received", "from_stream", "slice_rows"]
 
@@ -56,7 +56,7 @@ def from_stream(content: bytes | memoryview) -> list[pa.RecordBatch]:
 
 
 def from_received(messages: Sequence[ReceivedMessage]) -> pa.RecordBatch:
-    """One record batch from a JSON pull's messages, as ``api.client`` decoded them."""
+    """One record batch from a JSON pull's messages, as ``ledgermq.client`` decoded them."""
     columns = [
         pa.array([m.key for m in messages], pa.string()),
         pa.array([list(m.keys) for m in messages], SCHEMA.field("keys").type),

@@ -2,7 +2,7 @@
 
 One producer with a producer session and one consumer group run in the background over
 HTTP with the project's own client (``AsyncProducer``, ``AsyncConsumer``), while the
-story (``api.demo``) kills and restarts nodes. Every message body names its run and its
+story (``ledgermq.demo``) kills and restarts nodes. Every message body names its run and its
 number (``<run>:<n>``), so what the consumer reads can be matched with what the producer
 was told, one message at a time.
 
@@ -34,7 +34,7 @@ from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from .client import (
+from ..client import (
     AsyncAdmin,
     AsyncConsumer,
     AsyncProducer,

@@ -1,5 +1,5 @@
 """The Arrow schema of a pull page (docs/spark.md), shared by the broker's encoder
-(``api.arrow``) and the Spark source (``api.spark``) without importing either side.
+(``api.arrow``) and the Spark source (``ledgermq.spark``) without importing either side.
 
 It is the schema Spark's ``to_arrow_schema`` derives from the source's declared schema
 (UTC session time zone), field for field: Spark refuses Arrow batches from a Python data

@@ -1,4 +1,4 @@
-"""The client-side ``ledgermq`` commands (docs/operations.md), over ``api.client``:
+"""The client-side ``ledgermq`` commands (docs/operations.md), over ``ledgermq.client``:
 
 - ``topic create|list|describe|delete``, ``group list``, ``group lag``;
 - ``produce``: messages from arguments, stdin (``-``) or ``--file``, one per line (or
@@ -28,7 +28,7 @@ from typing import IO, Any
 import httpx
 import orjson
 
-from .client import (
+from ..client import (
     Admin,
     ClientSettings,
     Consumer,
@@ -40,7 +40,7 @@ from .client import (
     ReceivedMessage,
     encode_message,
 )
-from .cliutil import add_brokers_option, add_option
+from .util import add_brokers_option, add_option
 
 Handler = Callable[[argparse.Namespace], int]
 
