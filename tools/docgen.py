@@ -21,7 +21,7 @@ from typing import Any
 from api.app import create_app
 from broker.broker import Broker
 from broker.settings import BrokerSettings
-from ledgermq.cli import build_parser
+from ledgermq.cli.main import build_parser
 
 from .format_examples import Example
 

@@ -143,7 +143,7 @@ def test_bench_runs_the_checkouts_comparison_harness_with_its_own_options() -> N
 
 
 def test_bench_outside_a_checkout_says_where_it_runs(monkeypatch: Any, capsys: Any) -> None:
-    from ledgermq import cli  # noqa: PLC0415
+    from ledgermq.cli import main as cli  # noqa: PLC0415
 
     monkeypatch.setattr(cli, "PEERS_BENCH", Path("/nonexistent/bench/peers_bench.py"))
     assert cli.main(["bench", "--quick"]) == 2
