@@ -20,6 +20,7 @@ on the hot path); their models document them in the OpenAPI schema.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -37,7 +38,7 @@ from . import http_protocol, models
 from .auth import TokenTable
 from .guard import RequestGuard
 from .metrics import METRICS_CACHE_S, NodeMetrics
-from .routes import cluster, groups, messages, probes, query, topics
+from .routes import cluster, groups, messages, probes, prometheus, query, topics
 from .routes.common import (
     DEFAULT_RETRY_AFTER_S,
     JSONBytes,
@@ -46,6 +47,7 @@ from .routes.common import (
     check_token,
     error_docs,
     error_response,
+    node_maxima,
     validation_message,
 )
 
@@ -101,19 +103,20 @@ def create_app(
     app.state.tokens = tokens
     limits = settings.limits
     app.state.long_polls = LongPolls(limits.max_long_polls, limits.max_long_polls_per_client)
-    _add_error_handlers(app, metrics)
+    for exc, handler in ERROR_HANDLERS:
+        app.add_exception_handler(exc, handler)
     app.add_middleware(RequestGuard, limits=settings.limits, tokens=tokens, metrics=metrics)
 
+    # The routers are the modules' own, shared by every app of the process; what differs
+    # between apps is chosen here, where they are included: the token check of /v1 and
+    # of /metrics.
+    app.include_router(probes.router)
     metrics_closed = tokens is not None and metrics_need_auth is not False
-    app.include_router(probes.build(metrics_need_auth=metrics_closed))
+    app.include_router(
+        prometheus.router, dependencies=[Depends(check_token)] if metrics_closed else []
+    )
     guarded = [Depends(check_token)] if tokens is not None else []
-    for router in (
-        cluster.build(),
-        topics.build(),
-        messages.build(settings.limits),
-        query.build(settings.limits),
-        groups.build(),
-    ):
+    for router in (cluster.router, topics.router, messages.router, query.router, groups.router):
         app.include_router(
             router, dependencies=guarded, responses=error_docs(401, 403) if guarded else None
         )
@@ -121,58 +124,76 @@ def create_app(
     return app
 
 
-def _add_error_handlers(app: FastAPI, metrics: NodeMetrics) -> None:
-    """Every error answers the error body of docs/http.md; a broker's NOT_MASTER is a 307
-    to the same path on the master, and a retryable refusal carries ``Retry-After``."""
+# ---- error handlers ------------------------------------------------------------------------
+# Every error answers the error body of docs/http.md; a broker's NOT_MASTER is a 307 to
+# the same path on the master, and a retryable refusal carries ``Retry-After``. Each
+# counts itself in the metrics of the app that answers (``app.state.metrics``).
 
-    @app.exception_handler(errors.BrokerError)
-    async def _on_broker_error(request: Request, e: errors.BrokerError) -> Response:
-        metrics.errors.labels(e.code).inc()
-        fields = e.fields  # retry_after_ms stays: clients may wait less than a second
-        if isinstance(e, errors.NotMasterError):
-            if e.leader_url:
-                url = e.leader_url.rstrip("/") + request.url.path
-                if request.url.query:
-                    url += "?" + request.url.query
-                return error_response(307, e.code, e.message, headers={"Location": url}, **fields)
-            return error_response(
-                503,
-                "NO_MASTER",
-                f"the master is {e.leader_id}, whose URL this node does not know (set --peer-urls)",
-                headers={"Retry-After": str(DEFAULT_RETRY_AFTER_S)},
-                **fields,
-            )
-        return broker_error_response(e)
 
-    @app.exception_handler(RequestValidationError)
-    async def _on_invalid(request: Request, e: RequestValidationError) -> Response:
-        metrics.errors.labels("INVALID_ARGUMENT").inc()
-        return error_response(422, "INVALID_ARGUMENT", validation_message(e))
+def _metrics_of(request: Request) -> NodeMetrics:
+    metrics: NodeMetrics = request.app.state.metrics
+    return metrics
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _on_http(request: Request, e: StarletteHTTPException) -> Response:
-        code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(e.status_code, "HTTP_ERROR")
-        return error_response(e.status_code, code, str(e.detail), headers=e.headers)
 
-    @app.exception_handler(ClientDisconnect)
-    async def _on_gone(request: Request, e: ClientDisconnect) -> Response:
-        # The client went away before its body arrived (it gave up on a paused node,
-        # say): nothing was read, nothing is done, nobody reads the answer. Not a bug.
-        metrics.errors.labels("CLIENT_DISCONNECT").inc()
-        log.info("%s %s: the client went away before its body arrived", request.method,
-                 request.url.path)  # fmt: skip
-        return error_response(499, "CLIENT_DISCONNECT", "the client went away")
+async def on_broker_error(request: Request, e: errors.BrokerError) -> Response:
+    _metrics_of(request).errors.labels(e.code).inc()
+    fields = e.fields  # retry_after_ms stays: clients may wait less than a second
+    if isinstance(e, errors.NotMasterError):
+        if e.leader_url:
+            url = e.leader_url.rstrip("/") + request.url.path
+            if request.url.query:
+                url += "?" + request.url.query
+            return error_response(307, e.code, e.message, headers={"Location": url}, **fields)
+        return error_response(
+            503,
+            "NO_MASTER",
+            f"the master is {e.leader_id}, whose URL this node does not know (set --peer-urls)",
+            headers={"Retry-After": str(DEFAULT_RETRY_AFTER_S)},
+            **fields,
+        )
+    return broker_error_response(e)
 
-    @app.exception_handler(Exception)
-    async def _on_bug(request: Request, e: Exception) -> Response:
-        log.exception("%s %s failed", request.method, request.url.path)
-        metrics.errors.labels("INTERNAL").inc()
-        return error_response(500, "INTERNAL", f"internal error: {type(e).__name__}")
+
+async def on_invalid(request: Request, e: RequestValidationError) -> Response:
+    _metrics_of(request).errors.labels("INVALID_ARGUMENT").inc()
+    return error_response(422, "INVALID_ARGUMENT", validation_message(e))
+
+
+async def on_http_error(request: Request, e: StarletteHTTPException) -> Response:
+    code = {404: "NOT_FOUND", 405: "METHOD_NOT_ALLOWED"}.get(e.status_code, "HTTP_ERROR")
+    return error_response(e.status_code, code, str(e.detail), headers=e.headers)
+
+
+async def on_client_gone(request: Request, e: ClientDisconnect) -> Response:
+    # The client went away before its body arrived (it gave up on a paused node, say):
+    # nothing was read, nothing is done, nobody reads the answer. Not a bug.
+    _metrics_of(request).errors.labels("CLIENT_DISCONNECT").inc()
+    log.info("%s %s: the client went away before its body arrived", request.method,
+             request.url.path)  # fmt: skip
+    return error_response(499, "CLIENT_DISCONNECT", "the client went away")
+
+
+async def on_bug(request: Request, e: Exception) -> Response:
+    log.exception("%s %s failed", request.method, request.url.path)
+    _metrics_of(request).errors.labels("INTERNAL").inc()
+    return error_response(500, "INTERNAL", f"internal error: {type(e).__name__}")
+
+
+# Each handler takes its own class (Starlette's type says ``Exception``): ``...`` here.
+ERROR_HANDLERS: tuple[tuple[type[Exception], Callable[..., Awaitable[Response]]], ...] = (
+    (errors.BrokerError, on_broker_error),
+    (RequestValidationError, on_invalid),
+    (StarletteHTTPException, on_http_error),
+    (ClientDisconnect, on_client_gone),
+    (Exception, on_bug),
+)
+"""Each exception class and its handler, in the order ``create_app`` adds them."""
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """The OpenAPI document, with the schemas of the produce body, which the route
-    parses by hand (JSON or NDJSON) and so does not declare as a parameter."""
+    parses by hand (JSON or NDJSON) and so does not declare as a parameter, and this
+    node's maxima of the parameters bounded by its limits (``NodeMaximum``)."""
     if app.openapi_schema is None:
         schema = get_openapi(
             title=app.title,
@@ -181,6 +202,8 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             description=app.description,
             routes=app.routes,
         )
+        settings: BrokerSettings = app.state.settings
+        node_maxima(schema, settings.limits)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
         for model in (models.ProduceRequest, models.ProduceMessage):
             js = model.model_json_schema(ref_template="#/components/schemas/{model}")

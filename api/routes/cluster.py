@@ -6,59 +6,55 @@ from starlette.responses import Response
 from .. import models
 from .common import AccessDep, BrokerDep, JSONBytes, SettingsDep, error_docs
 
+router = APIRouter(tags=["cluster"])
 
-def build() -> APIRouter:
-    router = APIRouter(tags=["cluster"])
 
-    @router.get("/v1/cluster", response_model=models.ClusterInfo)
-    async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
-        st = broker.status()
-        nodes = []
-        for node_id, addr in sorted(settings.peer_map.items()):
-            url = settings.peer_urls.get(node_id)
-            if node_id == settings.node_id and settings.advertised_url:
-                url = settings.advertised_url
-            peer = st.peers.get(node_id)
-            match = peer.match_index if peer else None
-            if node_id == settings.node_id and st.raft_role == "LEADER":
-                match = st.ledger_end_index
-            nodes.append(
-                {"node_id": node_id, "raft_addr": addr, "http_url": url, "match_index": match}
-            )
-        leader_url = st.leader_url
-        if st.leader_id == settings.node_id and settings.advertised_url:
-            leader_url = settings.advertised_url
-        return JSONBytes(
-            {
-                "group": st.group,
-                "node_id": st.node_id,
-                "raft_role": st.raft_role,
-                "broker_role": st.broker_role,
-                "term": st.term,
-                "leader_id": st.leader_id,
-                "leader_url": leader_url,
-                "nodes": nodes,
-                "ledger_begin_index": st.ledger_begin_index,
-                "ledger_end_index": st.ledger_end_index,
-                "committed_index": st.committed_index,
-                "dispatched_index": st.dispatched_index,
-                "snapshot_index": st.snapshot_index,
-                "snapshots_installed": st.snapshots_installed,
-            }
-        )
-
-    @router.post(
-        "/v1/cluster/leadership",
-        summary="transfer leadership; answers once the target leads",
-        response_model=models.LeadershipResult,
-        responses=error_docs(307, 409, 413, 503),
+@router.get("/v1/cluster", response_model=models.ClusterInfo)
+async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
+    st = broker.status()
+    nodes = []
+    for node_id, addr in sorted(settings.peer_map.items()):
+        url = settings.peer_urls.get(node_id)
+        if node_id == settings.node_id and settings.advertised_url:
+            url = settings.advertised_url
+        peer = st.peers.get(node_id)
+        match = peer.match_index if peer else None
+        if node_id == settings.node_id and st.raft_role == "LEADER":
+            match = st.ledger_end_index
+        nodes.append({"node_id": node_id, "raft_addr": addr, "http_url": url, "match_index": match})
+    leader_url = st.leader_url
+    if st.leader_id == settings.node_id and settings.advertised_url:
+        leader_url = settings.advertised_url
+    return JSONBytes(
+        {
+            "group": st.group,
+            "node_id": st.node_id,
+            "raft_role": st.raft_role,
+            "broker_role": st.broker_role,
+            "term": st.term,
+            "leader_id": st.leader_id,
+            "leader_url": leader_url,
+            "nodes": nodes,
+            "ledger_begin_index": st.ledger_begin_index,
+            "ledger_end_index": st.ledger_end_index,
+            "committed_index": st.committed_index,
+            "dispatched_index": st.dispatched_index,
+            "snapshot_index": st.snapshot_index,
+            "snapshots_installed": st.snapshots_installed,
+        }
     )
-    async def leadership(
-        body: models.LeadershipRequest, broker: BrokerDep, access: AccessDep
-    ) -> Response:
-        access.need("admin")
-        await broker.transfer_leadership(body.to)
-        st = broker.status()
-        return JSONBytes({"leader_id": st.leader_id or body.to, "term": st.term})
 
-    return router
+
+@router.post(
+    "/v1/cluster/leadership",
+    summary="transfer leadership; answers once the target leads",
+    response_model=models.LeadershipResult,
+    responses=error_docs(307, 409, 413, 503),
+)
+async def leadership(
+    body: models.LeadershipRequest, broker: BrokerDep, access: AccessDep
+) -> Response:
+    access.need("admin")
+    await broker.transfer_leadership(body.to)
+    st = broker.status()
+    return JSONBytes({"leader_id": st.leader_id or body.to, "term": st.term})

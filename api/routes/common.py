@@ -1,10 +1,13 @@
 """What every route file shares: the JSON response class, error bodies (docs/http.md), the
 path and query types, and the dependencies through which a route reaches the node's
-``Broker``, its settings, its metrics and the request's token (FastAPI's ``Depends``).
+``Broker``, its settings and limits, its metrics and the request's token (FastAPI's
+``Depends``).
 
-``create_app`` puts the broker, settings, metrics and token table on ``app.state``; the
-dependencies read them from there, so a route file holds no node of its own and one test
-process can serve several apps.
+The routes are module-level functions on module-level routers, so every app of the
+process serves the same route objects: ``create_app`` puts the broker, settings,
+metrics, token table and long-poll counter on ``app.state`` and the dependencies read
+them from there; a route file holds no node of its own, and one test process can serve
+several apps. A query parameter whose maximum is a node limit is a ``NodeMaximum``.
 """
 
 # No `from __future__ import annotations`: FastAPI reads these annotations at runtime.
@@ -13,6 +16,7 @@ import functools
 import hashlib
 import math
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import orjson
@@ -25,7 +29,7 @@ from starlette.responses import Response
 
 from broker import errors
 from broker.broker import Broker
-from broker.settings import BrokerSettings
+from broker.settings import BrokerSettings, Limits
 
 from .. import models
 from ..auth import Grant, TokenTable
@@ -81,6 +85,79 @@ def validation_message(e: ValidationError | RequestValidationError) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+# ---- query parameters bounded by a node limit ---------------------------------------------
+# FastAPI fixes a parameter's ``le`` when the route is declared, at import, and every app
+# of the process serves the same routes, so a maximum that is one of the node's limits
+# (one node may allow 5 s long polls, another in the same test process 30 s) cannot be
+# an ``le``. Such a parameter is declared with ``NodeMaximum.query`` and the route checks
+# it first thing (``check_maxima``: the same 422 ``le`` answered, before any other check
+# of the route); the app's OpenAPI document shows the app's maximum (``node_maxima``).
+# One difference remains: a request that also fails FastAPI's own validation of another
+# parameter is answered that error alone (``le`` listed both); fixed, it gets this one.
+
+NODE_MAXIMUM = "x-node-maximum"
+"""The OpenAPI mark of such a parameter: the ``Limits`` fields of its maximum; each app's
+document replaces it with ``maximum`` (``node_maxima``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMaximum:
+    """A query parameter ``param`` at most the largest of the node's ``limits`` (names
+    of ``Limits`` fields)."""
+
+    param: str
+    limits: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        unknown = set(self.limits) - set(Limits.__dataclass_fields__)
+        assert self.limits and not unknown, f"not fields of Limits: {sorted(unknown)}"
+
+    def of(self, limits: Limits) -> int:
+        top: int = max(getattr(limits, name) for name in self.limits)
+        return top
+
+    def query(self, **kwargs: Any) -> Any:
+        """The parameter's ``Query`` (``ge``, examples, ...), marked for the document."""
+        return Query(json_schema_extra={NODE_MAXIMUM: list(self.limits)}, **kwargs)
+
+
+def check_maxima(limits: Limits, *values: tuple[NodeMaximum, int]) -> None:
+    """422 ``INVALID_ARGUMENT`` for each parameter over its node maximum, with the error
+    FastAPI's ``le`` gave (``query.wait_ms: Input should be less than or equal to 5000``)."""
+    errs = []
+    for bound, value in values:
+        top = bound.of(limits)
+        if value > top:
+            errs.append(
+                {
+                    "type": "less_than_equal",
+                    "loc": ("query", bound.param),
+                    "msg": f"Input should be less than or equal to {top}",
+                    "input": value,
+                    "ctx": {"le": top},
+                }
+            )
+    if errs:
+        raise RequestValidationError(errs)
+
+
+def node_maxima(schema: dict[str, Any], limits: Limits) -> None:
+    """Write the maximum of every ``NodeMaximum`` parameter of an OpenAPI document for a
+    node with ``limits`` (where FastAPI puts an ``le``'s, before ``minimum``)."""
+    for operations in schema.get("paths", {}).values():
+        for op in operations.values():
+            for param in op.get("parameters", []) if isinstance(op, dict) else []:
+                js = param.get("schema", {})
+                names = js.get(NODE_MAXIMUM)
+                if names is None:
+                    continue
+                top = NodeMaximum(param["name"], tuple(names)).of(limits)
+                fields = [(k, v) for k, v in js.items() if k != NODE_MAXIMUM]
+                at = next((i for i, (k, _) in enumerate(fields) if k == "minimum"), len(fields))
+                fields.insert(at, ("maximum", top))
+                param["schema"] = dict(fields)
+
+
 TopicPath = Annotated[str, Path(pattern=models.TOPIC_PATTERN, examples=["orders"])]
 GroupPath = Annotated[str, Path(pattern=models.GROUP_PATTERN, examples=["billing"])]
 QueuePath = Annotated[int, Path(ge=0, le=65_535)]
@@ -108,8 +185,14 @@ async def _metrics(request: Request) -> NodeMetrics:
     return metrics
 
 
+async def _limits(request: Request) -> Limits:
+    limits: Limits = request.app.state.settings.limits
+    return limits
+
+
 BrokerDep = Annotated[Broker, Depends(_broker)]
 SettingsDep = Annotated[BrokerSettings, Depends(_settings)]
+LimitsDep = Annotated[Limits, Depends(_limits)]
 MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]
 
 bearer = HTTPBearer(auto_error=False, description="a token of the node's --auth-token(s)")

@@ -36,94 +36,90 @@ def offsets_out(offsets: dict[int, int]) -> dict[str, int]:
     return {str(q): o for q, o in sorted(offsets.items())}
 
 
-def build() -> APIRouter:
-    router = APIRouter(tags=["groups"])
-    add_offset_routes(router)
-    add_group_pull(router)
-    return router
+router = APIRouter(tags=["groups"])
+
+# The groups and their committed offsets: list, read, commit, reset.
 
 
-def add_offset_routes(router: APIRouter) -> None:
-    """The groups and their committed offsets: list, read, commit, reset."""
-
-    @router.get("/v1/groups", response_model=models.GroupList)
-    async def list_groups(broker: BrokerDep, access: AccessDep) -> Response:
-        access.need("consume")
-        return JSONBytes({"groups": broker.list_groups()})
-
-    @router.get(
-        "/v1/groups/{group}/offsets",
-        response_model=models.GroupOffsets,
-        responses=error_docs(404),
-    )
-    async def group_offsets(
-        group: GroupPath,
-        broker: BrokerDep,
-        access: AccessDep,
-        topic: Annotated[str | None, Query(pattern=models.TOPIC_PATTERN)] = None,
-    ) -> Response:
-        access.need("consume", topic)
-        return JSONBytes({"offsets": broker.group_offsets(group, topic)})
-
-    @router.put(
-        "/v1/groups/{group}/offsets",
-        summary="commit a group's offsets (replicated)",
-        response_model=models.OffsetsAnswer,
-        responses=error_docs(307, 404, 413, 503),
-    )
-    async def commit_offsets(
-        group: GroupPath, body: models.CommitOffsets, broker: BrokerDep, access: AccessDep
-    ) -> Response:
-        access.need("consume", body.topic)
-        offsets = queue_ids(body.offsets)
-        await broker.commit_offsets(group, body.topic, offsets)
-        return JSONBytes({"offsets": offsets_out(offsets)})
-
-    @router.post(
-        "/v1/groups/{group}/offsets/reset",
-        summary="move a group's offsets to earliest, latest or a store timestamp",
-        response_model=models.OffsetsAnswer,
-        responses=error_docs(307, 404, 413, 503),
-    )
-    async def reset_offsets(
-        group: GroupPath, body: models.ResetOffsets, broker: BrokerDep, access: AccessDep
-    ) -> Response:
-        access.need("consume", body.topic)
-        offsets = await broker.reset_offsets(group, body.topic, body.to)
-        return JSONBytes({"offsets": offsets_out(offsets)})
+@router.get("/v1/groups", response_model=models.GroupList)
+async def list_groups(broker: BrokerDep, access: AccessDep) -> Response:
+    access.need("consume")
+    return JSONBytes({"groups": broker.list_groups()})
 
 
-def add_group_pull(router: APIRouter) -> None:
-    """``POST /v1/groups/{group}/pull``: from the group's committed offsets."""
+@router.get(
+    "/v1/groups/{group}/offsets",
+    response_model=models.GroupOffsets,
+    responses=error_docs(404),
+)
+async def group_offsets(
+    group: GroupPath,
+    broker: BrokerDep,
+    access: AccessDep,
+    topic: Annotated[str | None, Query(pattern=models.TOPIC_PATTERN)] = None,
+) -> Response:
+    access.need("consume", topic)
+    return JSONBytes({"offsets": broker.group_offsets(group, topic)})
 
-    @router.post(
-        "/v1/groups/{group}/pull",
-        summary="pull from the group's committed offsets (long polling with wait_ms)",
-        response_model=models.GroupPullResponse,
-        responses=error_docs(307, 404, 413, 429, 503),
-    )
-    async def group_pull(
-        *,
-        group: GroupPath,
-        body: models.GroupPull,
-        broker: BrokerDep,
-        metrics: MetricsDep,
-        access: AccessDep,
-        long_poll: LongPollDep,
-    ) -> Response:
-        access.need("consume", body.topic)
-        with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
-            r = await broker.group_pull(
-                group,
-                body.topic,
-                max_messages=body.max_messages,
-                wait_ms=body.wait_ms,
-                queue_ids=body.queue_ids,
-                auto_commit=body.auto_commit,
-            )
-        return JSONBytes(
-            {
-                "messages": messages_out(metrics, body.topic, r.messages, body.encoding),
-                "next_offsets": offsets_out(r.next_offsets),
-            }
+
+@router.put(
+    "/v1/groups/{group}/offsets",
+    summary="commit a group's offsets (replicated)",
+    response_model=models.OffsetsAnswer,
+    responses=error_docs(307, 404, 413, 503),
+)
+async def commit_offsets(
+    group: GroupPath, body: models.CommitOffsets, broker: BrokerDep, access: AccessDep
+) -> Response:
+    access.need("consume", body.topic)
+    offsets = queue_ids(body.offsets)
+    await broker.commit_offsets(group, body.topic, offsets)
+    return JSONBytes({"offsets": offsets_out(offsets)})
+
+
+@router.post(
+    "/v1/groups/{group}/offsets/reset",
+    summary="move a group's offsets to earliest, latest or a store timestamp",
+    response_model=models.OffsetsAnswer,
+    responses=error_docs(307, 404, 413, 503),
+)
+async def reset_offsets(
+    group: GroupPath, body: models.ResetOffsets, broker: BrokerDep, access: AccessDep
+) -> Response:
+    access.need("consume", body.topic)
+    offsets = await broker.reset_offsets(group, body.topic, body.to)
+    return JSONBytes({"offsets": offsets_out(offsets)})
+
+
+# ``POST /v1/groups/{group}/pull``: from the group's committed offsets.
+@router.post(
+    "/v1/groups/{group}/pull",
+    summary="pull from the group's committed offsets (long polling with wait_ms)",
+    response_model=models.GroupPullResponse,
+    responses=error_docs(307, 404, 413, 429, 503),
+)
+async def group_pull(
+    *,
+    group: GroupPath,
+    body: models.GroupPull,
+    broker: BrokerDep,
+    metrics: MetricsDep,
+    access: AccessDep,
+    long_poll: LongPollDep,
+) -> Response:
+    access.need("consume", body.topic)
+    with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
+        r = await broker.group_pull(
+            group,
+            body.topic,
+            max_messages=body.max_messages,
+            wait_ms=body.wait_ms,
+            queue_ids=body.queue_ids,
+            auto_commit=body.auto_commit,
         )
+    return JSONBytes(
+        {
+            "messages": messages_out(metrics, body.topic, r.messages, body.encoding),
+            "next_offsets": offsets_out(r.next_offsets),
+        }
+    )

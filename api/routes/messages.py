@@ -1,5 +1,6 @@
 """Produce to a topic and pull from one of its queues (docs/http.md), JSON or NDJSON in, JSON
-or an Arrow IPC stream out (docs/spark.md)."""
+or an Arrow IPC stream out (docs/spark.md): ``router`` and its routes ``produce``,
+``pull`` and ``offset_for_time``, with the parsing and rendering they use."""
 
 import base64
 import binascii
@@ -37,10 +38,13 @@ from .common import (
     BrokerDep,
     EncodingQuery,
     JSONBytes,
+    LimitsDep,
     LongPollDep,
     MetricsDep,
+    NodeMaximum,
     QueuePath,
     TopicPath,
+    check_maxima,
     error_docs,
     validation_message,
 )
@@ -338,14 +342,9 @@ _PRODUCE_OPENAPI: dict[str, Any] = {
 }
 
 
-def build(limits: Limits) -> APIRouter:
-    """The routes, with this node's limits in their parameters (and OpenAPI)."""
-    router = APIRouter()
-    add_produce(router, limits)
-    add_pull(router, limits)
-    add_offset_for_time(router)
-    return router
-
+router = APIRouter()
+"""The routes of this file. Each is a module-level function with a comment, not a
+docstring (FastAPI would publish one as the operation's description)."""
 
 _RESULT_JSON = b'{"msg_id":"%b","queue_id":%d,"queue_offset":%d,"commitlog_offset":%d}'
 
@@ -360,113 +359,112 @@ def produce_answer(results: Sequence[ProduceResult]) -> Response:
     return Response(b'{"results":[%b]}' % b",".join(rows), media_type=JSONBytes.media_type)
 
 
-def add_produce(router: APIRouter, limits: Limits) -> None:
-    """``POST /v1/topics/{topic}/messages``: a batch, JSON or NDJSON, after quorum commit."""
-
-    @router.post(
-        "/v1/topics/{topic}/messages",
-        tags=["produce"],
-        summary="produce a batch; answers after quorum commit",
-        response_model=models.ProduceResponse,
-        responses=error_docs(307, 404, 409, 413, 429, 503, 507),
-        openapi_extra=_PRODUCE_OPENAPI,
-    )
-    async def produce(
-        topic: TopicPath,
-        request: Request,
-        broker: BrokerDep,
-        metrics: MetricsDep,
-        access: AccessDep,
-    ) -> Response:
-        access.need("produce", topic)
-        started = time.monotonic()
-        raw = await request.body()  # capped at max_request_bytes by the RequestGuard
-        req = parse_produce(
-            raw, request.headers.get("content-type", ""), request.query_params, limits
+# ``POST /v1/topics/{topic}/messages``: a batch, JSON or NDJSON, after quorum commit.
+@router.post(
+    "/v1/topics/{topic}/messages",
+    tags=["produce"],
+    summary="produce a batch; answers after quorum commit",
+    response_model=models.ProduceResponse,
+    responses=error_docs(307, 404, 409, 413, 429, 503, 507),
+    openapi_extra=_PRODUCE_OPENAPI,
+)
+async def produce(
+    *,
+    topic: TopicPath,
+    request: Request,
+    broker: BrokerDep,
+    limits: LimitsDep,
+    metrics: MetricsDep,
+    access: AccessDep,
+) -> Response:
+    access.need("produce", topic)
+    started = time.monotonic()
+    raw = await request.body()  # capped at max_request_bytes by the RequestGuard
+    req = parse_produce(raw, request.headers.get("content-type", ""), request.query_params, limits)
+    if len(req.messages) > limits.max_messages_per_request:
+        raise errors.PayloadTooLargeError(
+            f"{len(req.messages)} messages; at most {limits.max_messages_per_request}"
         )
-        if len(req.messages) > limits.max_messages_per_request:
-            raise errors.PayloadTooLargeError(
-                f"{len(req.messages)} messages; at most {limits.max_messages_per_request}"
-            )
-        batch = [to_broker_message(i, m) for i, m in enumerate(req.messages)]
-        results = await broker.produce(topic, batch, req.producer_id, req.sequence)
-        metrics.produce_latency.observe(time.monotonic() - started)
-        metrics.produced_messages.labels(topic).inc(len(batch))
-        metrics.produced_bytes.labels(topic).inc(sum(len(m.body) for m in batch))
-        return produce_answer(results)
+    batch = [to_broker_message(i, m) for i, m in enumerate(req.messages)]
+    results = await broker.produce(topic, batch, req.producer_id, req.sequence)
+    metrics.produce_latency.observe(time.monotonic() - started)
+    metrics.produced_messages.labels(topic).inc(len(batch))
+    metrics.produced_bytes.labels(topic).inc(sum(len(m.body) for m in batch))
+    return produce_answer(results)
 
 
-def add_pull(router: APIRouter, limits: Limits) -> None:
-    """``GET /v1/topics/{topic}/queues/{queue_id}/messages``: one queue, JSON or Arrow."""
-    max_pull_any = max(limits.max_pull_messages, limits.max_arrow_pull_messages)
+# The JSON pull takes at most max_pull_messages (the broker checks), an Arrow one
+# max_arrow_pull_messages.
+PULL_MAX_MESSAGES = NodeMaximum("max_messages", ("max_pull_messages", "max_arrow_pull_messages"))
+PULL_WAIT_MS = NodeMaximum("wait_ms", ("max_wait_ms",))
 
-    @router.get(
-        "/v1/topics/{topic}/queues/{queue_id}/messages",
-        tags=["consume"],
-        summary="pull from one queue (long polling with wait_ms)",
-        description=media.ARROW_PULL_DOC,
-        response_model=models.PullResponse,
-        responses={200: media.ARROW_PULL_RESPONSE, **error_docs(404, 406, 429, 503)},
-    )
-    async def pull(
-        *,
-        request: Request,
-        broker: BrokerDep,
-        metrics: MetricsDep,
-        access: AccessDep,
-        long_poll: LongPollDep,
-        topic: TopicPath,
-        queue_id: QueuePath,
-        offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
-        # The JSON pull takes at most max_pull_messages (the broker checks), an Arrow one
-        # max_arrow_pull_messages.
-        max_messages: Annotated[int, Query(ge=1, le=max_pull_any)] = 32,
-        wait_ms: Annotated[int, Query(ge=0, le=limits.max_wait_ms)] = 0,
-        tags: Annotated[str | None, Query(max_length=4096, examples=["TagA||TagB"])] = None,
-        encoding: EncodingQuery = "utf-8",
-    ) -> Response:
-        access.need("consume", topic)
-        if media.wants_arrow(request.headers.get("accept")):
-            if arrow_pull is None:
-                raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
-            with long_poll(wait_ms), metrics.long_polls.track_inprogress():
-                return await arrow_pull.pull_response(
-                    broker,
-                    metrics,
-                    topic,
-                    queue_id,
-                    offset,
-                    max_messages=max_messages,
-                    wait_ms=wait_ms,
-                    tags=tags,
-                )
-        make = JSONMessages(broker.settings.group, encoding)
+
+# ``GET /v1/topics/{topic}/queues/{queue_id}/messages``: one queue, JSON or Arrow.
+@router.get(
+    "/v1/topics/{topic}/queues/{queue_id}/messages",
+    tags=["consume"],
+    summary="pull from one queue (long polling with wait_ms)",
+    description=media.ARROW_PULL_DOC,
+    response_model=models.PullResponse,
+    responses={200: media.ARROW_PULL_RESPONSE, **error_docs(404, 406, 429, 503)},
+)
+async def pull(
+    *,
+    request: Request,
+    broker: BrokerDep,
+    limits: LimitsDep,
+    metrics: MetricsDep,
+    access: AccessDep,
+    long_poll: LongPollDep,
+    topic: TopicPath,
+    queue_id: QueuePath,
+    offset: Annotated[int, Query(ge=0, le=2**62)] = 0,
+    max_messages: Annotated[int, PULL_MAX_MESSAGES.query(ge=1)] = 32,
+    wait_ms: Annotated[int, PULL_WAIT_MS.query(ge=0)] = 0,
+    tags: Annotated[str | None, Query(max_length=4096, examples=["TagA||TagB"])] = None,
+    encoding: EncodingQuery = "utf-8",
+) -> Response:
+    check_maxima(limits, (PULL_MAX_MESSAGES, max_messages), (PULL_WAIT_MS, wait_ms))
+    access.need("consume", topic)
+    if media.wants_arrow(request.headers.get("accept")):
+        if arrow_pull is None:
+            raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
         with long_poll(wait_ms), metrics.long_polls.track_inprogress():
-            r = await broker.pull_as(
-                make, topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
+            return await arrow_pull.pull_response(
+                broker,
+                metrics,
+                topic,
+                queue_id,
+                offset,
+                max_messages=max_messages,
+                wait_ms=wait_ms,
+                tags=tags,
             )
-        if r.messages:
-            metrics.pulled_messages.labels(topic).inc(len(r.messages))
-            metrics.pulled_bytes.labels(topic).inc(make.body_bytes)
-        return Response(pull_json(r), media_type=JSONBytes.media_type)
+    make = JSONMessages(broker.settings.group, encoding)
+    with long_poll(wait_ms), metrics.long_polls.track_inprogress():
+        r = await broker.pull_as(
+            make, topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
+        )
+    if r.messages:
+        metrics.pulled_messages.labels(topic).inc(len(r.messages))
+        metrics.pulled_bytes.labels(topic).inc(make.body_bytes)
+    return Response(pull_json(r), media_type=JSONBytes.media_type)
 
 
-def add_offset_for_time(router: APIRouter) -> None:
-    """``GET /v1/topics/{topic}/queues/{queue_id}/offset``: an offset by store time."""
-
-    @router.get(
-        "/v1/topics/{topic}/queues/{queue_id}/offset",
-        tags=["consume"],
-        summary="the first offset whose store time is at or after a timestamp",
-        response_model=models.OffsetAnswer,
-        responses=error_docs(404, 429, 503),
-    )
-    async def offset_for_time(
-        topic: TopicPath,
-        queue_id: Annotated[int, Path(ge=0, le=65_535)],
-        timestamp: Annotated[int, Query(ge=0, le=2**62)],
-        broker: BrokerDep,
-        access: AccessDep,
-    ) -> Response:
-        access.need("consume", topic)
-        return JSONBytes({"offset": broker.offset_for_time(topic, queue_id, timestamp)})
+# ``GET /v1/topics/{topic}/queues/{queue_id}/offset``: an offset by store time.
+@router.get(
+    "/v1/topics/{topic}/queues/{queue_id}/offset",
+    tags=["consume"],
+    summary="the first offset whose store time is at or after a timestamp",
+    response_model=models.OffsetAnswer,
+    responses=error_docs(404, 429, 503),
+)
+async def offset_for_time(
+    topic: TopicPath,
+    queue_id: Annotated[int, Path(ge=0, le=65_535)],
+    timestamp: Annotated[int, Query(ge=0, le=2**62)],
+    broker: BrokerDep,
+    access: AccessDep,
+) -> Response:
+    access.need("consume", topic)
+    return JSONBytes({"offset": broker.offset_for_time(topic, queue_id, timestamp)})

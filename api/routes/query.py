@@ -6,7 +6,6 @@ from fastapi import APIRouter, Path, Query
 from starlette.responses import Response
 
 from broker import errors
-from broker.settings import Limits
 
 from .. import models
 from .common import (
@@ -14,51 +13,56 @@ from .common import (
     BrokerDep,
     EncodingQuery,
     JSONBytes,
+    LimitsDep,
     MetricsDep,
+    NodeMaximum,
     TopicPath,
+    check_maxima,
     error_docs,
 )
 from .messages import message_out, messages_out
 
+router = APIRouter(tags=["query"])
 
-def build(limits: Limits) -> APIRouter:
-    router = APIRouter(tags=["query"])
+KEY_QUERY_MAX = NodeMaximum("max", ("max_key_query_results",))
 
-    @router.get(
-        "/v1/topics/{topic}/messages",
-        summary="messages carrying a key (or a UNIQ_KEY)",
-        response_model=models.MessageList,
-        responses=error_docs(404, 429, 503),
-    )
-    async def query_by_key(
-        *,
-        topic: TopicPath,
-        key: Annotated[str, Query(min_length=1, max_length=1024)],
-        broker: BrokerDep,
-        metrics: MetricsDep,
-        access: AccessDep,
-        max: Annotated[int, Query(ge=1, le=limits.max_key_query_results)] = 64,
-        encoding: EncodingQuery = "utf-8",
-    ) -> Response:
-        access.need("consume", topic)
-        found = broker.query_by_key(topic, key, max)
-        return JSONBytes({"messages": messages_out(metrics, topic, found, encoding)})
 
-    @router.get(
-        "/v1/messages/{msg_id}",
-        response_model=models.MessageOut,
-        responses=error_docs(404, 429, 503),
-    )
-    async def get_message(
-        msg_id: Annotated[str, Path(max_length=256)],
-        broker: BrokerDep,
-        access: AccessDep,
-        encoding: EncodingQuery = "utf-8",
-    ) -> Response:
-        m = broker.get_message(msg_id)
-        if not access.may("consume", m.topic):
-            # Not the topic's name: the token may not learn what this id belongs to.
-            raise errors.ForbiddenError("this token may not read this message", needs="consume")
-        return JSONBytes(message_out(m, encoding))
+@router.get(
+    "/v1/topics/{topic}/messages",
+    summary="messages carrying a key (or a UNIQ_KEY)",
+    response_model=models.MessageList,
+    responses=error_docs(404, 429, 503),
+)
+async def query_by_key(
+    *,
+    topic: TopicPath,
+    key: Annotated[str, Query(min_length=1, max_length=1024)],
+    broker: BrokerDep,
+    limits: LimitsDep,
+    metrics: MetricsDep,
+    access: AccessDep,
+    max: Annotated[int, KEY_QUERY_MAX.query(ge=1)] = 64,
+    encoding: EncodingQuery = "utf-8",
+) -> Response:
+    check_maxima(limits, (KEY_QUERY_MAX, max))
+    access.need("consume", topic)
+    found = broker.query_by_key(topic, key, max)
+    return JSONBytes({"messages": messages_out(metrics, topic, found, encoding)})
 
-    return router
+
+@router.get(
+    "/v1/messages/{msg_id}",
+    response_model=models.MessageOut,
+    responses=error_docs(404, 429, 503),
+)
+async def get_message(
+    msg_id: Annotated[str, Path(max_length=256)],
+    broker: BrokerDep,
+    access: AccessDep,
+    encoding: EncodingQuery = "utf-8",
+) -> Response:
+    m = broker.get_message(msg_id)
+    if not access.may("consume", m.topic):
+        # Not the topic's name: the token may not learn what this id belongs to.
+        raise errors.ForbiddenError("this token may not read this message", needs="consume")
+    return JSONBytes(message_out(m, encoding))
