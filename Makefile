@@ -1,10 +1,11 @@
 # The two commands of the README: `make demo` and `make test`. Both set up .venv first.
+# `make test-fast` is the quick loop of docs/development.md (its tiers table).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint fmt bench bench-raft bench-broker bench-http bench-spark bench-failover bench-peers clean
+.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-http bench-spark bench-failover bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +25,12 @@ lint: setup
 
 test: setup lint
 	$(PY) -m pytest
+
+# The tiers that need no node process, no JVM and no root (tests/tiers.py FAST), in
+# FAST_WORKERS processes: their tests mostly wait on timers, so more workers than cores pay.
+FAST_WORKERS ?= 4
+test-fast: setup
+	$(PY) -m pytest -q -m "unit or docs" -n $(FAST_WORKERS)
 
 fmt: setup
 	$(VENV)/bin/ruff format .

@@ -18,7 +18,7 @@ Per trial: the answer (HTTP status and, on a failure, its ``reason``) and its ti
 ``ack_ms`` (from the request to the writer's first acknowledged produce after the answer)
 and ``pause_ms`` (the longest gap between two acknowledged produces from just before the
 request to that ack: how long writes stopped). Before the next trial every node runs and
-has caught up. The trial logic is shared with ``tests/api/test_transfer_faults.py``.
+has caught up. The trial logic is shared with ``tests/process/test_transfer_faults.py``.
 
     .venv/bin/python bench/transfer_bench.py --trials 20          # ~5 min
     .venv/bin/python bench/transfer_bench.py --kinds killed,paused --trials 5

@@ -1,22 +1,18 @@
-"""Fixtures of the API tests.
-
-- ``node``: one broker and its app in this process (``create_app``), reached through
-  httpx's ASGI transport: the fast path where a cluster adds nothing.
-- ``cluster3``: three ``python -m ledgermq`` processes on 127.0.0.1, shared by a module's
-  tests that do not kill nodes; ``fresh_cluster3`` builds one per test for those that do.
+"""Fixtures of the API tests: ``node``, one broker and its app in this process
+(``create_app``), reached through httpx's ASGI transport, the fast path where a cluster
+adds nothing. Clusters of node processes (``cluster3``, ``fresh_cluster3``) are the
+``process`` tier's, in ``tests/process/conftest.py``.
 """
 
 from __future__ import annotations
 
-import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 import pytest_asyncio
 from fastapi import FastAPI
 
@@ -25,11 +21,11 @@ from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from consumequeue import ConsumeQueueSettings
 from dledger.store import StoreSettings
-from ledgermq.local_cluster import LocalBrokerCluster
 from ledgermq.processes import free_ports
 from tests.waiting import until
 
-# Small segments, so the test data rolls files; production sizes otherwise.
+# The options of test clusters of node processes (tests/process, tests/spark): small
+# segments, so the test data rolls files; production sizes otherwise.
 CLUSTER_ARGS = ("--data-file-mb", "8", "--log-level", "INFO")
 # The in-process node's limits are small so that the limit tests send little.
 TEST_LIMITS = Limits(
@@ -89,34 +85,3 @@ async def running_node(settings: BrokerSettings) -> AsyncIterator[Node]:
 async def node(tmp_path: Path) -> AsyncIterator[Node]:
     async with running_node(node_settings(tmp_path / "n0")) as n:
         yield n
-
-
-def _start_cluster(data_dir: Path) -> LocalBrokerCluster:
-    c = LocalBrokerCluster(3, data_dir, extra_args=CLUSTER_ARGS)
-    c.start_all()
-    try:
-        c.wait_ready(timeout_s=90)
-    except BaseException:
-        c.stop_all()
-        raise
-    return c
-
-
-@pytest.fixture(scope="module")
-def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
-    data_dir = tmp_path_factory.mktemp("cluster3")
-    c = _start_cluster(data_dir)
-    try:
-        yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(data_dir, ignore_errors=True)
-
-
-@pytest.fixture
-def fresh_cluster3(tmp_path: Path) -> Iterator[LocalBrokerCluster]:
-    c = _start_cluster(tmp_path / "cluster")
-    try:
-        yield c
-    finally:
-        c.stop_all()

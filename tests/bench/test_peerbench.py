@@ -1,10 +1,9 @@
 """The pure parts of ``make bench-peers`` (bench/peerbench): the command line, the order
 of the runs, and the report built from a small results fixture. No server, peer or
-load generator runs here; the charts are drawn only where matplotlib is installed."""
+load generator runs here; the charts are drawn with matplotlib (a `dev` dependency)."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from typing import Any
@@ -203,7 +202,6 @@ def test_a_report_of_one_phase_has_no_empty_sections(results: dict[str, Any]) ->
     assert "## Consume" not in md and "## Failover" not in md and "## Restart" not in md
 
 
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib")
 def test_charts(results: dict[str, Any], tmp_path: Path) -> None:
     made = report.charts(results, tmp_path)
     assert [p.name for p in made] == ["throughput.png", "latency.png"]

@@ -5,7 +5,8 @@ The handshake itself in memory (``peer_auth``), then in-process ``DLedgerServer`
 on 127.0.0.1 (real sockets, real files): a group with one secret works; an outsider with
 a wrong or no secret gets nothing and changes nothing; raw sockets that skip, garble,
 stall or reflect the handshake are closed while the node keeps serving; the client; the
-command line and a local cluster of processes. Every wait polls with a deadline."""
+command line. A local cluster of processes with a secret is
+``tests/process/test_peer_secret.py``. Every wait polls with a deadline."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from dledger.runtime.server import DLedgerServer, ServerConfig
 from dledger.runtime.transport import PeerLink, TransportSettings, authenticate_to
 from dledger.runtime.wire import encode
 from dledger.store import StoreSettings
-from ledgermq.processes import LocalCluster, free_ports
+from ledgermq.processes import free_ports
 from tests.waiting import until as _until
 
 SECRET = b"correct horse battery staple"
@@ -528,31 +529,3 @@ def test_python_m_dledger_takes_the_secret_from_a_file_or_the_environment(
     monkeypatch.setenv("LEDGERMQ_PEER_SECRET", "")
     with pytest.raises(SystemExit, match="empty"):
         cli.settings_from_args(cli._node_parser().parse_args(base))
-
-
-@pytest.mark.asyncio
-async def test_a_local_cluster_of_processes_gets_the_secret_out_of_ps(tmp_path: Path) -> None:
-    with LocalCluster(3, tmp_path, peer_secret=SECRET) as cl:
-        cl.start_all()
-        async with cl.client() as client:
-            await cl.wait_for_leader(client, 30)
-            r = await client.append([b"over the wire"], timeout_s=20)
-            assert r.code is DLedgerCode.SUCCESS
-            st = await cl.wait_for(
-                client,
-                lambda st: (
-                    len(st) == 3 and all(s["committed_index"] >= r.first_index for s in st.values())
-                ),
-                20,
-            )
-            assert all(s["refused"]["auth_failures"] == 0 for s in st.values())
-            # All three up and serving (so /proc is complete): the command lines do not show the
-            # secret, the environments hold it.
-            for node in cl.ids:
-                proc = Path(f"/proc/{cl.procs[node].pid}")
-                assert b"--data-dir" in (proc / "cmdline").read_bytes()
-                assert SECRET not in (proc / "cmdline").read_bytes()
-                assert b"LEDGERMQ_PEER_SECRET=" + SECRET in (proc / "environ").read_bytes()
-        async with DLedgerClient(cl.peers, cl.group) as outsider:
-            with pytest.raises(PeerAuthError):
-                await outsider.status("n0")

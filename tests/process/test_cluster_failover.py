@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from ledgermq.local_cluster import LocalBrokerCluster
-from tests.api.test_cluster_contract import caught_up
+from tests.process.test_cluster_contract import caught_up
 from tests.waiting import wait_until
 
 
