@@ -157,6 +157,41 @@ class PullResult(Generic[_M]):
     max_offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Selection:
+    """The units a pull answers (``Reads._select``) and where the next pull starts:
+    an unfiltered selection's as stored, a filtered one's unpacked."""
+
+    next_offset: int
+    raw: bytes = b""
+    """Unfiltered: the units as stored (``broker.pages``), back to back."""
+    first: int = 0
+    """Unfiltered: the queue offset of ``raw``'s first unit."""
+    picked: list[tuple[int, int, int, int]] | None = None
+    """Filtered: ``(queue_offset, commitlog_offset, size, tags_hash)`` of each unit."""
+    records: dict[int, _Decoded] | None = None
+    """Filtered: the records read to check the tags, decoded, by commitlog offset: every
+    picked unit's record is here (and maybe some after the last)."""
+
+    @property
+    def count(self) -> int:
+        return len(self.raw) // UNIT_SIZE if self.picked is None else len(self.picked)
+
+    def page(self) -> tuple[bytes, Sequence[int]]:
+        """The units as stored and their queue offsets."""
+        if self.picked is None:
+            return self.raw, range(self.first, self.first + self.count)
+        units = b"".join([PAGE_UNIT.pack(c, size, t) for _, c, size, t in self.picked])
+        return units, [o for o, _, _, _ in self.picked]
+
+    def units(self) -> list[tuple[int, int, int]]:
+        """``(queue_offset, commitlog_offset, size)`` of each unit."""
+        if self.picked is not None:
+            return [(o, c, size) for o, c, size, _ in self.picked]
+        unpacked = PAGE_UNIT.iter_unpack(self.raw)
+        return [(o, c, size) for o, (c, size, _) in enumerate(unpacked, self.first)]
+
+
 _Found = TypeVar("_Found")
 _Found_co = TypeVar("_Found_co", covariant=True)
 
@@ -248,16 +283,23 @@ class Reads:
             commitlog_offset=commitlog_offset,
         )
 
-    def _read_pulled(
-        self,
-        units: list[tuple[int, int, int]],
-        make: MessageMaker[_M],
-        wanted: set[str] | None,
-    ) -> list[_M]:
+    def _read_pulled(self, units: list[tuple[int, int, int]], make: MessageMaker[_M]) -> list[_M]:
         """The messages of a page of consume-queue units ``(queue_offset,
         commitlog_offset, size)``, their records read in one go (a batch record once for
         all its messages) and checked like ``_record``, each made by ``make`` from its
-        record; with ``wanted`` (a tag filter's exact tags), only messages tagged so."""
+        record."""
+        records = self._read_records(units)
+        out: list[_M] = []
+        decoded = None
+        for queue_offset, commitlog_offset, _ in units:
+            if decoded is None or commitlog_offset != decoded.offset:
+                decoded = _Decoded.of(records[commitlog_offset])
+            out.append(decoded.make(queue_offset, make))
+        return out
+
+    def _read_records(self, units: Sequence[tuple[int, int, int]]) -> dict[int, memoryview]:
+        """The records the units ``(queue_offset, commitlog_offset, size)`` name, by
+        commitlog offset, read in one go and checked like ``_record``."""
         spans: list[tuple[int, int]] = []
         for _, commitlog_offset, size in units:
             if not spans or spans[-1][0] != commitlog_offset:
@@ -266,28 +308,7 @@ class Reads:
             records = self.commitlog.read_records(spans)
         except CorruptEntryError as e:
             raise self._damaged(e.pos + BODY_OFFSET, e.index, e.message) from None
-        out: list[_M] = []
-        k, decoded = -1, None
-        for queue_offset, commitlog_offset, _ in units:
-            if decoded is None or commitlog_offset != decoded.offset:
-                k += 1
-                decoded = _Decoded.of(records[k])
-            if wanted is None or decoded.tags(queue_offset) in wanted:
-                out.append(decoded.make(queue_offset, make))
-        return out
-
-    def _unit_tags(self) -> Callable[[int, int, int], str | None]:
-        """``tags(queue_offset, commitlog_offset, size)``: the exact TAGS of a unit's
-        message, for units in queue order; a record is read and decoded once for all
-        the units naming it (a batch record's messages)."""
-        last: list[_Decoded] = []
-
-        def tags(queue_offset: int, commitlog_offset: int, size: int) -> str | None:
-            if not last or last[0].offset != commitlog_offset:
-                last[:] = [_Decoded.of(self._record(commitlog_offset, size))]
-            return last[0].tags(queue_offset)
-
-        return tags
+        return {offset: record for (offset, _), record in zip(spans, records, strict=True)}
 
     def pulled_message(
         self, h: PullHead, queue_offset: int, address: int, body: memoryview, raw: memoryview
@@ -458,6 +479,116 @@ class Reads:
         self.host.correct_min_offsets()
         return self.queue_bounds(topic, queue_id)[0] > lo
 
+    def _select(
+        self,
+        topic: str,
+        queue_id: int,
+        queue_offset: int,
+        *,
+        max_messages: int,
+        max_bytes: int,
+        hashes: frozenset[int] | None,
+        wanted: set[str] | None,
+    ) -> _Selection:
+        """The units a pull answers from ``queue_offset``, for both pulls alike.
+
+        Without a tag filter: the next ``max_messages`` units, as few as keep their
+        records within ``max_bytes`` (``units_within``: at least one), as one slice. With
+        one: the units whose message's exact TAGS are ``wanted``, in queue order, at most
+        ``max_messages``, passing over the others (a unit whose tags hash is not in
+        ``hashes`` without reading it; one whose hash is, its record read: a tags-hash
+        collision is no match, so it spends neither a slot nor bytes), and stopping
+        before a message whose record would pass what is left of ``max_bytes`` once one
+        is taken. The next offset is the one after the last unit looked at.
+
+        A filtered selection reads the records of the units it checks a few at a time
+        (``_read_ahead``): those it would take if they all matched, in one read of the
+        log; ``_Selection.records`` keeps them decoded for the JSON pull."""
+        self.require_derived()
+        q = self.cq.find(topic, queue_id)
+        if q is None:
+            return _Selection(queue_offset)
+        if hashes is None:
+            first, units = q.read_raw(queue_offset, max_messages)
+            units = units_within(units, max_bytes)
+            count = len(units) // UNIT_SIZE
+            return _Selection(first + count if count else queue_offset, units, first)
+        found = q.read(queue_offset, max(max_messages * 4, 1024))
+        records: dict[int, _Decoded] = {}
+        kept: list[tuple[int, int, int, int]] = []
+        next_offset = queue_offset
+        budget = max_bytes
+        last_record = -1  # the messages of a batch record count its bytes once
+        read_to = 0  # the candidates of found[:read_to] have their records in `records`
+        for i, (unit_offset, commitlog_offset, size, thash) in enumerate(found):
+            new_record = commitlog_offset != last_record
+            if kept and new_record and size > budget:
+                break  # the budget is spent: this message starts the next pull
+            next_offset = unit_offset + 1
+            if thash not in hashes:
+                continue
+            if i >= read_to:
+                read_to = self._read_ahead(
+                    found,
+                    i,
+                    hashes=hashes,
+                    slots=max_messages - len(kept),
+                    budget=budget,
+                    last_record=last_record,
+                    taken=bool(kept),
+                    records=records,
+                )
+            if wanted is not None and records[commitlog_offset].tags(unit_offset) not in wanted:
+                continue  # a tags-hash collision: the exact tags decide
+            kept.append(found[i])
+            if new_record:
+                budget -= size
+                last_record = commitlog_offset
+            if len(kept) >= max_messages:
+                break
+        return _Selection(next_offset, picked=kept, records=records)
+
+    def _read_ahead(
+        self,
+        found: list[tuple[int, int, int, int]],
+        start: int,
+        *,
+        hashes: frozenset[int],
+        slots: int,
+        budget: int,
+        last_record: int,
+        taken: bool,
+        records: dict[int, _Decoded],
+    ) -> int:
+        """Read and decode into ``records`` (by commitlog offset) the records of the
+        tags-hash candidates ``_select`` takes from ``found[start]`` on if all of them
+        match (its rule, from its state: ``slots`` left, ``budget``, ``last_record``,
+        whether it has ``taken`` any), in one read of the log. Returns the index up to
+        which every candidate's record is in ``records``; without a collision, that is
+        as far as ``_select`` goes."""
+        want: list[tuple[int, int, int]] = []
+        n = 0
+        end = start
+        for unit_offset, commitlog_offset, size, thash in found[start:]:
+            new_record = commitlog_offset != last_record
+            if (taken or n) and new_record and size > budget:
+                break
+            end += 1
+            if thash not in hashes:
+                continue
+            if commitlog_offset not in records:
+                want.append((unit_offset, commitlog_offset, size))
+            n += 1
+            if new_record:
+                budget -= size
+                last_record = commitlog_offset
+            if n >= slots:
+                break
+        if want:
+            for offset, record in self._read_records(want).items():
+                records[offset] = _Decoded.of(record)
+        return end
+
     def _scan(
         self,
         make: MessageMaker[_M],
@@ -470,32 +601,23 @@ class Reads:
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
     ) -> tuple[list[_M], int, int]:
-        self.require_derived()
-        q = self.cq.find(topic, queue_id)
-        if q is None:
-            return [], 0, queue_offset
-        scan_limit = max_messages if hashes is None else max(max_messages * 4, 1024)
-        units = q.read(queue_offset, scan_limit)
-        picked: list[tuple[int, int, int]] = []
-        next_offset = queue_offset
-        budget = max_bytes
-        last_record = -1  # the messages of a batch record count its bytes once
-        for unit_offset, commitlog_offset, size, thash in units:
-            new_record = commitlog_offset != last_record
-            if picked and new_record and size > budget:
-                break  # the budget is spent: this message starts the next pull
-            next_offset = unit_offset + 1
-            if hashes is not None and thash not in hashes:
-                continue
-            picked.append((unit_offset, commitlog_offset, size))
-            if new_record:
-                budget -= size
-                last_record = commitlog_offset
-            if len(picked) >= max_messages:
-                break
-        # With a filter, the exact tags decide (a tags-hash collision passes the hashes).
-        out = self._read_pulled(picked, make, wanted) if picked else []
-        return out, len(out), next_offset
+        """``_select``, each message made by ``make`` (a filtered selection's from the
+        records it read to check the tags)."""
+        s = self._select(
+            topic,
+            queue_id,
+            queue_offset,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            hashes=hashes,
+            wanted=wanted,
+        )
+        if s.picked is not None and s.records is not None:
+            out = [s.records[c].make(o, make) for o, c, _, _ in s.picked]
+        else:
+            units = s.units()
+            out = self._read_pulled(units, make) if units else []
+        return out, len(out), s.next_offset
 
     def _scan_page(
         self,
@@ -508,49 +630,19 @@ class Reads:
         hashes: frozenset[int] | None,
         wanted: set[str] | None,
     ) -> tuple[RawPage, int, int]:
-        """``_scan`` for ``pull_page``: without a tag filter the units are taken as they
-        are, one slice, with no object per message; with one, unit by unit as ``_scan``."""
-        self.require_derived()
-        q = self.cq.find(topic, queue_id)
-        if q is None:
-            return RawPage(b""), 0, queue_offset
-        offsets: Sequence[int]
-        if hashes is None:
-            first, units = q.read_raw(queue_offset, max_messages)
-            units = units_within(units, max_bytes)
-            count = len(units) // UNIT_SIZE
-            next_offset = first + count if count else queue_offset
-            offsets = range(first, next_offset)
-        else:
-            kept: list[bytes] = []
-            offsets = []
-            next_offset = queue_offset
-            budget = max_bytes
-            last_record = -1  # the messages of a batch record count its bytes once
-            exact_tags = self._unit_tags()
-            for unit_offset, commitlog_offset, size, thash in q.read(
-                queue_offset, max(max_messages * 4, 1024)
-            ):
-                new_record = commitlog_offset != last_record
-                if kept and new_record and size > budget:
-                    break  # the budget is spent: this message starts the next pull
-                next_offset = unit_offset + 1
-                if thash not in hashes:
-                    continue
-                exact = wanted is None or exact_tags(unit_offset, commitlog_offset, size) in wanted
-                if not exact:
-                    continue  # a tags-hash collision: the exact tags decide
-                kept.append(PAGE_UNIT.pack(commitlog_offset, size, thash))
-                offsets.append(unit_offset)
-                if new_record:
-                    budget -= size
-                    last_record = commitlog_offset
-                if len(kept) >= max_messages:
-                    break
-            units, count = b"".join(kept), len(kept)
-        if not count:
-            return RawPage(b""), 0, next_offset
-
+        """``_select`` for ``pull_page``: the units as they are, no object per message."""
+        s = self._select(
+            topic,
+            queue_id,
+            queue_offset,
+            max_messages=max_messages,
+            max_bytes=max_bytes,
+            hashes=hashes,
+            wanted=wanted,
+        )
+        if not s.count:
+            return RawPage(b""), 0, s.next_offset
+        units, offsets = s.page()
         page = RawPage(
             units,
             self.commitlog.view,
@@ -558,7 +650,7 @@ class Reads:
             check=self._check_page,
             queue_offsets=offsets,
         )
-        return page, count, next_offset
+        return page, s.count, s.next_offset
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose store time is at or after ``timestamp_ms``."""
