@@ -38,7 +38,7 @@ instead of a reset. Every drop is counted by reason (``on_drop``: the
 ``ledgermq_http_connections_dropped_total`` series).
 
 Why a subclass of the httptools protocol rather than uvicorn's h11 protocol with
-``h11_max_incomplete_event_size`` (tests/api/http_protocol_bench.py, on 127.0.0.1): both
+``h11_max_incomplete_event_size`` (tests/process/http_protocol_bench.py, on 127.0.0.1): both
 refuse the 3 million headers and the 64 MB value for ~1 ms of server CPU, but h11 parses
 every request in Python, 169 us of CPU for an ordinary request against 74 us for
 httptools and 77 us for this protocol; it has no header count cap (7,500 headers under

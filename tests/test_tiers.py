@@ -23,7 +23,7 @@ PY = sys.executable
 def test_a_test_takes_its_own_marker_else_its_fixtures_else_its_path() -> None:
     assert tier_of("tests/api/test_x.py", {"spark"}, []) == "spark"
     assert tier_of("tests/api/test_x.py", set(), []) == "unit"
-    assert tier_of("tests/api/test_x.py", set(), [("tests.api.test_http_dos", "node")]) == "process"
+    assert tier_of("tests/api/test_x.py", set(), [("tests.api.test_fuzz", "node_url")]) == "process"
     # The `node` fixture of tests/api/conftest.py runs in this process: only where is told.
     assert tier_of("tests/api/test_x.py", set(), [("tests.api.conftest", "node")]) == "unit"
     assert tier_of("tests/process/test_x.py", set(), []) == "process"

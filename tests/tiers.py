@@ -68,14 +68,9 @@ BY_PATH: dict[str, str] = {
 }
 
 # Fixtures that start node processes outside tests/process, as (module, name): the
-# tests that use them are ``process`` tests. (The HTTP denial-of-service and schemathesis
-# tests stay in tests/api beside their in-process halves.)
-PROCESS_FIXTURES: frozenset[tuple[str, str]] = frozenset(
-    {
-        ("tests.api.test_http_dos", "node"),
-        ("tests.api.test_fuzz", "node_url"),
-    }
-)
+# tests that use them are ``process`` tests. (The schemathesis tests stay in tests/api
+# beside their in-process half.)
+PROCESS_FIXTURES: frozenset[tuple[str, str]] = frozenset({("tests.api.test_fuzz", "node_url")})
 
 # What a test may start only in a tier of NODE_TIERS: the command, and `python -m` of these.
 NODE_COMMAND = "ledgermq"

@@ -5,7 +5,7 @@
 - ``fresh_cluster3``: one per test, for those that do.
 
 A single ``ledgermq broker`` process with a test's own options is ``node_process``
-(``tests/api/nodeproc.py``).
+(``tests/process/nodeproc.py``).
 """
 
 from __future__ import annotations

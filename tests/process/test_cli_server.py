@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from tests.api.nodeproc import LEDGERMQ, ready
+from tests.process.nodeproc import LEDGERMQ, ready
 from tests.waiting import wait_until
 
 

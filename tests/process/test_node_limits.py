@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.api.nodeproc import node_process
+from tests.process.nodeproc import node_process
 from tests.waiting import wait_until
 
 

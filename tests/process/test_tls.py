@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from ledgermq.client import Admin, BrokerUnavailableError, Consumer, Producer
-from tests.api.nodeproc import node_process
+from tests.process.nodeproc import node_process
 
 
 def make_certificates(tmp_path: Path) -> tuple[Path, Path, Path]:

@@ -8,7 +8,7 @@ server's CPU per ordinary keep-alive request (10 headers), and the server's CPU,
 resident memory and the slowest concurrent ``/healthz`` while it takes the header bomb
 (3 million headers), a head of 7,500 headers that stays under 64 KiB, and a 64 MB
 header value. Run:
-``python -m tests.api.http_protocol_bench``.
+``python -m tests.process.http_protocol_bench``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 import httpx
 
 from ledgermq.processes import free_ports
-from tests.api.dos_attacks import LoopProbe, big_header, cpu_s, header_bomb, rss_kib
+from tests.process.dos_attacks import LoopProbe, big_header, cpu_s, header_bomb, rss_kib
 from tests.waiting import wait_until
 
 SERVER = """

@@ -7,7 +7,7 @@ refuse to send most of them), bounded in bytes and time. ``LoopProbe`` asks
 slowest answer while an attack runs is how long the node's event loop (which also runs
 Raft) was kept from answering. ``rss_kib`` reads the node's resident and peak memory.
 
-``python -m tests.api.dos_attacks [--node-arg=ARG ...]`` starts a node on 127.0.0.1 (the
+``python -m tests.process.dos_attacks [--node-arg=ARG ...]`` starts a node on 127.0.0.1 (the
 working tree's code), runs every attack at the sizes of issue 32 and prints the figures.
 """
 
@@ -293,7 +293,7 @@ def _summary(a: Answer) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from tests.api.nodeproc import node_process  # noqa: PLC0415  # only for the run
+    from tests.process.nodeproc import node_process  # noqa: PLC0415  # only for the run
 
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--node-arg", action="append", default=[], help="passed to the node")

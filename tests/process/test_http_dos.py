@@ -4,7 +4,7 @@ connection, a slow head and a slow body, idle connections giving way before a li
 request is refused, and ``/metrics`` rendered once, off the loop, for concurrent scrapes.
 
 The node runs with its limits scaled down (``NODE_ARGS``) so each test sends little and
-waits a second or two; the attacks are the ones of ``tests.api.dos_attacks``, at the sizes
+waits a second or two; the attacks are the ones of ``tests.process.dos_attacks``, at the sizes
 of the issue where they are cheap to send (3 million headers, a 64 MB header value).
 """
 
@@ -27,7 +27,7 @@ from api.http_protocol import ConnectionLimits
 from ledgermq.client import Admin
 from ledgermq.node import CONNECTION_OPTIONS, add_broker_options, settings_from_args
 from tests.api.conftest import TEST_LIMITS, node_settings, running_node
-from tests.api.dos_attacks import (
+from tests.process.dos_attacks import (
     LoopProbe,
     big_header,
     closed_by_peer,
@@ -36,7 +36,7 @@ from tests.api.dos_attacks import (
     silent_connections,
     slow_body,
 )
-from tests.api.nodeproc import NodeProcess, node_process
+from tests.process.nodeproc import NodeProcess, node_process
 from tests.waiting import wait_until
 
 MAX_CONNECTIONS = 32
