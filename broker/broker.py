@@ -275,8 +275,7 @@ class Broker:
         Retry-After) while there is none or while leadership is being handed over,
         ``DiskFullError`` or ``NodeFailedError``."""
         self._require_master_role()
-        core = self.server.core
-        transferee = core.member_state.transferee if core is not None else None
+        transferee = self.server.transferee
         if transferee is not None:
             # Raft refuses appends while it hands leadership over; the transfer ends
             # (either way) within a heartbeat or two, and the client's retry finds

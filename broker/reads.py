@@ -212,6 +212,41 @@ class _Scan(Protocol[_Found_co]):
     ) -> tuple[_Found_co, int, int]: ...
 
 
+def _candidates(
+    found: Sequence[tuple[int, int, int, int]],
+    start: int,
+    *,
+    hashes: frozenset[int],
+    slots: int,
+    budget: int,
+    last_record: int,
+    taken: bool,
+) -> tuple[int, list[int]]:
+    """A filtered pull's rule, written once: from ``found[start]`` on (units
+    ``(queue_offset, commitlog_offset, size, tags_hash)``), what it takes if every unit
+    whose tags hash is in ``hashes`` matches. It stops before a unit whose new record
+    would pass ``budget`` once anything is taken (``taken``, or a candidate here), and
+    after ``slots`` candidates. Returns the index after the last unit looked at and the
+    indexes of the candidates. A message of the record ``last_record`` (a batch record's
+    next one) costs no bytes."""
+    picked: list[int] = []
+    end = start
+    for _, commitlog_offset, size, thash in found[start:]:
+        new_record = commitlog_offset != last_record
+        if (taken or picked) and new_record and size > budget:
+            break
+        end += 1
+        if thash not in hashes:
+            continue
+        picked.append(end - 1)
+        if new_record:
+            budget -= size
+            last_record = commitlog_offset
+        if len(picked) >= slots:
+            break
+    return end, picked
+
+
 class Reads:
     """The broker's reads (``Broker.pull``, ``pull_page``, ``offset_for_time``,
     ``get_message``, ``query_by_key``, ``queue_bounds`` delegate here)."""
@@ -519,75 +554,44 @@ class Reads:
         next_offset = queue_offset
         budget = max_bytes
         last_record = -1  # the messages of a batch record count its bytes once
-        read_to = 0  # the candidates of found[:read_to] have their records in `records`
-        for i, (unit_offset, commitlog_offset, size, thash) in enumerate(found):
-            new_record = commitlog_offset != last_record
-            if kept and new_record and size > budget:
-                break  # the budget is spent: this message starts the next pull
-            next_offset = unit_offset + 1
-            if thash not in hashes:
-                continue
-            if i >= read_to:
-                read_to = self._read_ahead(
-                    found,
-                    i,
-                    hashes=hashes,
-                    slots=max_messages - len(kept),
-                    budget=budget,
-                    last_record=last_record,
-                    taken=bool(kept),
-                    records=records,
-                )
-            if wanted is not None and records[commitlog_offset].tags(unit_offset) not in wanted:
-                continue  # a tags-hash collision: the exact tags decide
-            kept.append(found[i])
-            if new_record:
-                budget -= size
-                last_record = commitlog_offset
-            if len(kept) >= max_messages:
-                break
+        pos = 0
+        # Rounds: the rule (``_candidates``) says what a pull takes from ``pos`` if every
+        # tags-hash candidate matches; their records are read in one go; the exact tags
+        # then decide. A candidate that does not match spent nothing, so the next round
+        # goes on from where this one stopped with what is really left. Without a
+        # collision the second round stops at once.
+        while pos < len(found) and len(kept) < max_messages:
+            end, candidates = _candidates(
+                found,
+                pos,
+                hashes=hashes,
+                slots=max_messages - len(kept),
+                budget=budget,
+                last_record=last_record,
+                taken=bool(kept),
+            )
+            if end == pos:
+                break  # the budget is spent: found[pos] starts the next pull
+            unread = [found[i][:3] for i in candidates if found[i][1] not in records]
+            if unread:
+                for offset, record in self._read_records(unread).items():
+                    records[offset] = _Decoded.of(record)
+            for i in candidates:
+                unit_offset, commitlog_offset, size, _ = found[i]
+                if wanted is not None and records[commitlog_offset].tags(unit_offset) not in wanted:
+                    continue  # a tags-hash collision: the exact tags decide
+                new_record = commitlog_offset != last_record
+                if kept and new_record and size > budget:
+                    # The round counted this record's bytes at an earlier message of it
+                    # that did not match: it is new here, and over what is left.
+                    return _Selection(unit_offset, picked=kept, records=records)
+                kept.append(found[i])
+                if new_record:
+                    budget -= size
+                    last_record = commitlog_offset
+            next_offset = found[end - 1][0] + 1
+            pos = end
         return _Selection(next_offset, picked=kept, records=records)
-
-    def _read_ahead(
-        self,
-        found: list[tuple[int, int, int, int]],
-        start: int,
-        *,
-        hashes: frozenset[int],
-        slots: int,
-        budget: int,
-        last_record: int,
-        taken: bool,
-        records: dict[int, _Decoded],
-    ) -> int:
-        """Read and decode into ``records`` (by commitlog offset) the records of the
-        tags-hash candidates ``_select`` takes from ``found[start]`` on if all of them
-        match (its rule, from its state: ``slots`` left, ``budget``, ``last_record``,
-        whether it has ``taken`` any), in one read of the log. Returns the index up to
-        which every candidate's record is in ``records``; without a collision, that is
-        as far as ``_select`` goes."""
-        want: list[tuple[int, int, int]] = []
-        n = 0
-        end = start
-        for unit_offset, commitlog_offset, size, thash in found[start:]:
-            new_record = commitlog_offset != last_record
-            if (taken or n) and new_record and size > budget:
-                break
-            end += 1
-            if thash not in hashes:
-                continue
-            if commitlog_offset not in records:
-                want.append((unit_offset, commitlog_offset, size))
-            n += 1
-            if new_record:
-                budget -= size
-                last_record = commitlog_offset
-            if n >= slots:
-                break
-        if want:
-            for offset, record in self._read_records(want).items():
-                records[offset] = _Decoded.of(record)
-        return end
 
     def _scan(
         self,
