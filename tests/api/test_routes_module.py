@@ -9,7 +9,6 @@ own maximum."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator
 from dataclasses import replace
 from types import ModuleType
 from typing import Any
@@ -28,19 +27,9 @@ from api.routes.query import query_by_key
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from tests.api.conftest import Node
+from tests.api.test_routes_deps import _api_routes
 
 ROUTE_MODULES = (probes, prometheus, cluster, topics, messages, query, groups)
-
-
-def _api_routes(routes: list[Any]) -> Iterator[APIRoute]:
-    """Every APIRoute, whether a FastAPI version flattens included routers or keeps
-    them (``original_router`` in newer ones)."""
-    for r in routes:
-        if isinstance(r, APIRoute):
-            yield r
-        inner = getattr(r, "original_router", None) or getattr(r, "router", None)
-        if inner is not None and hasattr(inner, "routes"):
-            yield from _api_routes(inner.routes)
 
 
 def _served(routes: list[Any]) -> dict[tuple[str, str], Any]:
