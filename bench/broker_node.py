@@ -20,7 +20,7 @@ Commands (``{"id": N, "cmd": ..., ...}``; every reply carries the same ``id`` an
 - ``probe_cancel``, ``exit``.
 
 Events (``{"event": ...}``): ``ready``; ``role`` on every broker role change (from a
-wrapper around ``Broker.set_role``, with ``time.monotonic()``, which is system-wide on
+wrapper around ``WriteGate.set_role``, with ``time.monotonic()``, which is system-wide on
 Linux, so the parent can compare it with the time of its kill); ``progress`` while a
 produce with ``until_pos`` runs.
 
@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from broker import errors
 from broker.broker import Broker, NewMessage
-from broker.role import BrokerRole
+from broker.gate import BrokerRole
 from broker.settings import BrokerSettings
 from dledger.store import StoreSettings
 
@@ -71,10 +71,10 @@ class Node:
         self.load: asyncio.Task[dict[str, Any]] | None = None
         self.probe: asyncio.Task[None] | None = None
         self.pool = [os.urandom(1024) for _ in range(64)]
-        orig = broker.set_role
+        orig = broker.gate.set_role
 
         def set_role(role: BrokerRole, term: int, why: str) -> None:
-            before = (broker.role, broker.role_term)
+            before = (broker.gate.role, broker.gate.role_term)
             orig(role, term, why)
             if role is BrokerRole.MASTER:
                 self.master_event.set()
@@ -96,7 +96,7 @@ class Node:
                     }
                 )
 
-        broker.set_role = set_role  # type: ignore[method-assign]
+        broker.gate.set_role = set_role  # type: ignore[method-assign]
 
     def emit(self, msg: dict[str, Any]) -> None:
         self.out.write(orjson.dumps(msg) + b"\n")
@@ -155,7 +155,7 @@ class Node:
         if not self.b.is_master:
             raise RuntimeError("not MASTER")
         pool = self.bodies(body_size)
-        term0 = self.b.role_term
+        term0 = self.b.gate.role_term
         start = time.monotonic()
         stop_at = start + (float(duration) if duration else hard_s)
         latencies: list[float] = []
@@ -221,7 +221,7 @@ class Node:
             "max_ms": _round(max(latencies) if latencies else None),
             "errors": errs,
             "ledger_end_pos": store.ledger_end_pos,
-            "terms": [term0, self.b.role_term],
+            "terms": [term0, self.b.gate.role_term],
         }
 
     async def cmd_load_start(self, req: dict[str, Any]) -> dict[str, Any]:

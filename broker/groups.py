@@ -13,13 +13,17 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import errors
-from .host import GroupHost
+from .gate import WriteGate
 from .metadata import GROUP_NAME, MetadataState, op_commit_offsets
 from .reads import PulledMessage, Reads
 from .settings import BrokerSettings
+from .topics import MetadataLog, Topics
+
+if TYPE_CHECKING:
+    from .reput import ReputService
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +33,24 @@ class GroupPullResult:
 
 
 class ConsumerGroups:
-    """The broker's consumer groups (``Broker.list_groups``, ``group_offsets``,
-    ``commit_offsets``, ``reset_offsets``, ``group_pull`` delegate here)."""
+    """The node's consumer groups: their committed offsets (written through the
+    ``WriteGate`` and the ``MetadataLog``) and the pulls from them (through ``Reads``)."""
 
     def __init__(
-        self, host: GroupHost, *, settings: BrokerSettings, meta: MetadataState, reads: Reads
+        self,
+        *,
+        settings: BrokerSettings,
+        gate: WriteGate,
+        topics: Topics,
+        metalog: MetadataLog,
+        meta: MetadataState,
+        reads: Reads,
+        dispatch: ReputService,
     ) -> None:
-        self.host = host
+        self.gate = gate
+        self.topics = topics
+        self.metalog = metalog
+        self.dispatch = dispatch  # a group pull long-polls its queues' arrivals
         self.settings = settings
         self.meta = meta
         self.reads = reads
@@ -74,9 +89,9 @@ class ConsumerGroups:
         return out
 
     async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
-        self.host.require_master()  # a write: a slave may not know a topic the master made
+        self.gate.require_master()  # a write: a slave may not know a topic the master made
         self._check_group(group)
-        t = self.host.topic(topic)
+        t = self.topics.get(topic)
         clean: dict[int, int] = {}
         for qid, queue_offset in offsets.items():
             if not 0 <= qid < t.queues:
@@ -88,12 +103,12 @@ class ConsumerGroups:
             clean[qid] = queue_offset
         if not clean:
             raise errors.InvalidArgumentError("no offsets")
-        await self.host.append_meta(op_commit_offsets(group, topic, clean))
+        await self.metalog.append(op_commit_offsets(group, topic, clean))
 
     async def reset_offsets(self, group: str, topic: str, to: str | int) -> dict[int, int]:
         """Move a group's offsets to ``earliest``, ``latest`` or a store timestamp."""
-        self.host.require_master()  # a write: redirect before computing anything
-        t = self.host.topic(topic)
+        self.gate.require_master()  # a write: redirect before computing anything
+        t = self.topics.get(topic)
         offsets = {}
         for qid in range(t.queues):
             lo, hi = self.reads.queue_bounds(topic, qid)
@@ -123,10 +138,10 @@ class ConsumerGroups:
         """Messages from the group's committed offsets (a new group starts at the
         earliest retained message), across the chosen queues."""
         if auto_commit:
-            self.host.require_master()  # the commit is a write: go to the master before pulling
+            self.gate.require_master()  # the commit is a write: go to the master before pulling
         self._check_group(group)
         self.reads.check_pull_args(max_messages, wait_ms)
-        t = self.host.topic(topic)
+        t = self.topics.get(topic)
         qids = list(range(t.queues)) if queue_ids is None else list(queue_ids)
         for qid in qids:
             self.reads.check_queue(topic, qid)
@@ -165,7 +180,7 @@ class ConsumerGroups:
     async def _wait_any(self, topic: str, next_offsets: dict[int, int], timeout_s: float) -> None:
         """Until one of the queues holds a message at its next offset (or the timeout)."""
         waits = [
-            asyncio.ensure_future(self.host.wait_queue(topic, qid, queue_offset, timeout_s))
+            asyncio.ensure_future(self.dispatch.wait_queue(topic, qid, queue_offset, timeout_s))
             for qid, queue_offset in next_offsets.items()
         ]
         try:

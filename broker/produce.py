@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from dledger.codes import DLedgerError
+from dledger.runtime.server import DLedgerServer
 
 from . import errors, sessions
 from .batch import encode_batch_record, queue_runs
 from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
-from .host import ProduceHost
+from .gate import WriteGate
 from .message import (
     PROP_KEYS,
     PROP_TAGS,
@@ -43,6 +45,10 @@ from .metadata import PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
 from .properties import inner_properties
 from .settings import BrokerSettings
+from .topics import Topics, check_topic_name
+
+if TYPE_CHECKING:
+    from .reput import ReputService
 
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
 
@@ -75,23 +81,37 @@ def now_ms() -> int:
 
 
 class Producer:
-    """The broker's produce path (``Broker.produce`` delegates here once the topic is
-    known)."""
+    """The broker's produce path. It is handed what it works with: the ``WriteGate``
+    (master, term, append errors), the topics, the commit log and its Raft server, the
+    dispatcher (a result is answered once readable), the replicated metadata (the
+    session table), the node's counters, and the clock and the UNIQ_KEY source (the
+    simulation passes its own)."""
 
     def __init__(
         self,
-        host: ProduceHost,
         *,
         settings: BrokerSettings,
+        gate: WriteGate,
+        topics: Topics,
         commitlog: DLedgerCommitLog,
+        server: DLedgerServer,
+        dispatch: ReputService,
         meta: MetadataState,
         stats: dict[str, int],
+        clock: Callable[[], int] = now_ms,
+        uniq_key: Callable[[], str] = new_uniq_key,
     ) -> None:
-        self.host = host
         self.settings = settings
+        self.gate = gate
+        self.topics = topics
         self.commitlog = commitlog
+        self.server = server
+        self.dispatch = dispatch
         self.meta = meta
-        self.stats = stats  # the broker's: "produced", "deduplicated" counted here
+        self.stats = stats  # the node's: "produced", "deduplicated" counted here
+        self.clock = clock
+        self.uniq_key = uniq_key
+        self.store_host = settings.store_host
         self._msg_id = msg_id_maker(settings.group)
         # This master's attempts at session batches (the rule: broker/sessions.py), and
         # the answer each running one will give to the requests that join it.
@@ -111,6 +131,21 @@ class Producer:
             raise errors.InvalidArgumentError("sequence must be >= 0")
 
     async def produce(
+        self,
+        topic_name: str,
+        messages: Sequence[NewMessage],
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> list[ProduceResult]:
+        """Append after validation; results after quorum commit (and dispatch). A topic
+        that does not exist is created when ``auto_create_topics`` allows."""
+        check_topic_name(topic_name)
+        self.check_request(messages, producer_id, sequence)
+        await self.gate.require_master_soon()
+        topic = await self.topics.get_or_create(topic_name)
+        return await self.produce_to(topic, messages, producer_id, sequence)
+
+    async def produce_to(
         self,
         topic: TopicMeta,
         messages: Sequence[NewMessage],
@@ -188,7 +223,7 @@ class Producer:
             m.properties,
             tags=m.tags,
             keys=m.keys,
-            uniq_key=new_uniq_key(),
+            uniq_key=self.uniq_key(),
             session=None if session is None else (*session[:2], index_in_batch, session[2]),
         )
         raw_props = self._checked_properties(topic, m, index_in_batch, props)
@@ -198,7 +233,7 @@ class Producer:
             properties=raw_props,
             born_timestamp=m.born_timestamp if m.born_timestamp is not None else now,
             store_timestamp=now,
-            store_host=self.host.store_host,
+            store_host=self.store_host,
         )
         if queue_id is not None:
             return OutgoingMessage(record, queue_id)
@@ -267,7 +302,7 @@ class Producer:
             [(m.body, p) for m, p in zip(run, raw_props, strict=True)],
             session=None if session is None else (*session[:2], index_in_batch, session[2]),
             timestamp=now,
-            store_host=self.host.store_host,
+            store_host=self.store_host,
         )
         return OutgoingMessage(record, queue_id, count=len(run))
 
@@ -281,7 +316,7 @@ class Producer:
             d = self.sessions.begin(
                 key,
                 len(messages),
-                term=self.host.role_term,
+                term=self.gate.role_term,
                 table=self.meta.sessions,
                 settled=self._settled,
             )
@@ -353,26 +388,26 @@ class Producer:
                 a,
                 answer=answer,
                 appended=appended,
-                master_term=self.host.role_term if self.host.is_master else None,
-                ledger_end=self.host.store.ledger_end_index,
+                master_term=self.gate.role_term if self.gate.is_master else None,
+                ledger_end=self.server.ledger_end_index,
                 settled=self._settled,
             )
             self._attempt_answers.pop(a, None)
 
     def _settled(self, index: int) -> bool:
-        return self.host.committed_index >= index and self.host.dispatched_index >= index
+        return self.server.committed_index >= index and self.dispatch.dispatched_index >= index
 
     async def _settle(self, term: int, target: int | None = None) -> bool:
         """Wait (bounded) until all that this master appended, up to ``target`` when
         given, is committed and dispatched; False if it is not master in ``term``."""
-        if not self.host.is_master or self.host.role_term != term:
+        if not self.gate.is_master or self.gate.role_term != term:
             return False
         if target is None:
-            target = self.host.store.ledger_end_index
+            target = self.server.ledger_end_index
         timeout_s = self.settings.append_timeout_ms / 1000
-        if not await self.host.wait_committed(target, timeout_s):
+        if not await self.server.wait_committed(target, timeout_s):
             return False
-        return await self.host.wait_dispatched(target, timeout_s)
+        return await self.dispatch.wait_dispatched(target, timeout_s)
 
     def _results(self, results: Sequence[sessions.Result]) -> list[ProduceResult]:
         return [self._result(q, o, c) for q, o, c in results]
@@ -392,7 +427,7 @@ class Producer:
         session: tuple[str, int, int] | None,
         first_in_batch: int,
     ) -> list[sessions.Result]:
-        now = now_ms()
+        now = self.clock()
         if self.settings.batch_records and len(messages) > 1:
             batch = self._encode_batched(topic, messages, session, first_in_batch, now)
         else:
@@ -400,14 +435,15 @@ class Producer:
                 self._encode(topic, m, first_in_batch + i, session, now)
                 for i, m in enumerate(messages)
             ]
-        self.host.require_master()  # encoding took no await, but be explicit before appending
+        self.gate.require_master()  # encoding took no await, but be explicit before appending
         try:
             placed: list[PutResult] = await self.commitlog.put_messages(topic, batch)
         except DLedgerError as e:
-            raise self.host.append_error(e) from None
+            raise self.gate.append_error(e) from None
         # Wait until dispatched, so a read right after the answer finds the messages and
         # a retry finds the session's results (bounded; the commit already happened).
-        await self.host.wait_dispatched(placed[-1].index, self.settings.append_timeout_ms / 1000)
+        timeout_s = self.settings.append_timeout_ms / 1000
+        await self.dispatch.wait_dispatched(placed[-1].index, timeout_s)
         self.stats["produced"] += len(messages)
         # Message i of a batch record: queue offset base + i, address record offset + i.
         return [

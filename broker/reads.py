@@ -21,17 +21,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Generic, Protocol, TypeAlias, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeAlias, TypeVar
 
 from consumequeue import UNIT_SIZE, ConsumeQueueStore, KeyIndex, parse_tag_expression
 from consumequeue.queue import UNIT as PAGE_UNIT
 from dledger.codes import DLedgerCode, DLedgerError
-from dledger.store import BODY_OFFSET, CorruptEntryError
+from dledger.store import BODY_OFFSET, CorruptEntryError, FileStore
 
 from . import errors
 from .batch import INNER_MIN_SIZE, InnerRecord, inner_records
 from .commitlog import DLedgerCommitLog
-from .host import ReadHost
 from .message import (
     INNER_BATCH_FLAG,
     PROP_KEYS,
@@ -49,6 +48,10 @@ from .pages import RawPage, RawPullResult, damaged_record, units_within
 from .properties import decode_properties, split_keys
 from .recovery import last_index_within
 from .settings import BrokerSettings
+from .topics import Topics
+
+if TYPE_CHECKING:
+    from .reput import ReputService
 
 log = logging.getLogger(__name__)
 
@@ -253,16 +256,22 @@ class Reads:
 
     def __init__(
         self,
-        host: ReadHost,
         *,
         settings: BrokerSettings,
         commitlog: DLedgerCommitLog,
+        store: FileStore,
         cq: ConsumeQueueStore,
         keys: KeyIndex,
+        topics: Topics,
+        dispatch: ReputService,
         stats: dict[str, int],
     ) -> None:
-        self.host = host
         self.settings = settings
+        self.store = store
+        self.topics = topics
+        # Waits for a queue's next message (long polls), the snapshot install that
+        # holds the reads off, and the min offsets retention moved.
+        self.dispatch = dispatch
         self.commitlog = commitlog
         self.cq = cq
         self.keys = keys
@@ -273,7 +282,7 @@ class Reads:
     def require_derived(self) -> None:
         """Reads of the consume queues and the key index wait out a snapshot install
         (its thread is replacing the files): 429 BUSY with a short Retry-After."""
-        if self.host.installing:
+        if self.dispatch.installing:
             raise errors.BusyError(
                 "installing a snapshot from the leader; retry shortly", retry_after_ms=200
             )
@@ -282,6 +291,18 @@ class Reads:
         self.require_derived()
         q = self.cq.find(topic, queue_id)
         return (0, 0) if q is None else (q.min_offset, q.max_offset)
+
+    def describe_topic(self, name: str) -> dict[str, Any]:
+        """The topic and each queue's bounds (``GET /topics/{topic}``)."""
+        t = self.topics.get(name)
+        return {
+            "name": t.name,
+            "queues": [
+                {"queue_id": q, "min_offset": lo, "max_offset": hi}
+                for q in range(t.queues)
+                for lo, hi in [self.queue_bounds(name, q)]
+            ],
+        }
 
     def _record(self, commitlog_offset: int, size: int | None = None) -> memoryview:
         """A committed record, checked (``DLedgerCommitLog.read_record``: the entry CRC
@@ -368,7 +389,7 @@ class Reads:
         )
 
     def check_queue(self, topic: str, queue_id: int) -> TopicMeta:
-        t = self.host.topic(topic)
+        t = self.topics.get(topic)
         if not 0 <= queue_id < t.queues:
             raise errors.InvalidArgumentError(f"queue_id {queue_id} is not in 0..{t.queues - 1}")
         return t
@@ -501,7 +522,7 @@ class Reads:
             if left <= 0:
                 lo, hi = self.queue_bounds(topic, queue_id)
                 return status, None, queue_offset, lo, hi
-            await self.host.wait_queue(topic, queue_id, queue_offset, left)
+            await self.dispatch.wait_queue(topic, queue_id, queue_offset, left)
 
     def _deleted_under_us(self, e: DLedgerError, topic: str, queue_id: int, lo: int) -> bool:
         """A record the queue still listed was gone (retention deleted the log head
@@ -511,7 +532,7 @@ class Reads:
         False for any other error, which is the caller's to raise."""
         if e.code is not DLedgerCode.INDEX_OUT_OF_RANGE:
             return False
-        self.host.correct_min_offsets()
+        self.dispatch.correct_min_offsets()
         return self.queue_bounds(topic, queue_id)[0] > lo
 
     def _select(
@@ -686,7 +707,7 @@ class Reads:
         """The message at a message address (a message id's, the key index's): a
         record's commitlog offset, or inside a batch record the record's offset plus the
         message's index (``broker.batch``). None when no message is there."""
-        store = self.host.store
+        store = self.store
         if address < store.ledger_begin_pos + BODY_OFFSET or address + 4 > store.committed_pos:
             return None
         try:
@@ -712,7 +733,7 @@ class Reads:
     def _record_holding(self, address: int) -> tuple[memoryview, int] | None:
         """The committed record (and its commitlog offset) that holds ``address``, which
         is not a record's start: a batch record's, maybe (a binary search of the log)."""
-        store = self.host.store
+        store = self.store
         index = last_index_within(store, address, store.committed_index)
         if index < store.ledger_begin_index:
             return None
@@ -724,13 +745,13 @@ class Reads:
             return None
 
     def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
-        t = self.host.topic(topic)
+        t = self.topics.get(topic)
         limit = self.settings.limits.max_key_query_results
         if not 1 <= max_results <= limit:
             raise errors.InvalidArgumentError(f"max must be 1..{limit}")
         # The key index holds every message's keys, whatever became of its topic: a
         # message before the current incarnation's create entry belongs to a deleted one.
-        store = self.host.store
+        store = self.store
         floor = -1
         if t.created_index >= store.ledger_begin_index:
             floor = store.get_meta(t.created_index).pos

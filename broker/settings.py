@@ -126,6 +126,12 @@ class BrokerSettings:
     def peer_map(self) -> dict[str, str]:
         return parse_peers(self.peers)
 
+    @property
+    def store_host(self) -> tuple[str, int]:
+        """STOREHOST of every record this node writes: its Raft address."""
+        host, _, port = self.peer_map[self.node_id].rpartition(":")
+        return host, int(port)
+
     def server_config(self) -> ServerConfig:
         return ServerConfig(
             group=self.group,

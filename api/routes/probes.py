@@ -3,8 +3,6 @@
 from fastapi import APIRouter
 from starlette.responses import Response
 
-from broker.role import BrokerRole
-
 from .. import models
 from .common import BrokerDep, JSONBytes, SettingsDep
 
@@ -35,7 +33,7 @@ async def readyz(broker: BrokerDep, settings: SettingsDep) -> Response:
         reason = "no master known"
     elif st.dispatched_index < st.committed_index:
         reason = f"dispatch at {st.dispatched_index} of {st.committed_index}"
-    elif st.leader_id == settings.node_id and broker.role is not BrokerRole.MASTER:
+    elif st.leader_id == settings.node_id and not broker.is_master:
         reason = "leader still catching up"
     if reason:
         return JSONBytes({"ready": False, "reason": reason}, status_code=503)

@@ -166,14 +166,22 @@ class DLedgerServer:
 
     # ---- lifecycle -------------------------------------------------------------------------
 
+    async def open(self) -> FileStore:
+        """Open the log (once): what is built over it (a broker's dispatcher) can be made
+        before ``start`` joins the group. ``start`` opens it when nobody did."""
+        if self.store is None:
+            # The node loop syncs before replies leave (flush=sync); the store's own
+            # thread then only moves the checkpoint. With flush=async it flushes.
+            cfg = self.config
+            self.store = await asyncio.to_thread(FileStore, cfg.store_dir, cfg.store)
+            for hook in self._hooks:
+                self.store.add_append_hook(hook)
+        return self.store
+
     async def start(self) -> None:
         cfg = self.config
-        store_settings = cfg.store
-        # The node loop syncs before replies leave (flush=sync); the store's own thread
-        # then only moves the checkpoint. With flush=async the store's thread flushes.
-        self.store = await asyncio.to_thread(FileStore, cfg.store_dir, store_settings)
-        for hook in self._hooks:
-            self.store.add_append_hook(hook)
+        await self.open()
+        assert self.store is not None
         seed = cfg.seed if cfg.seed is not None else random.SystemRandom().getrandbits(64)
         self.core = DLedgerCore(
             group=cfg.group,
@@ -574,6 +582,11 @@ class DLedgerServer:
     @property
     def committed_pos(self) -> int:
         return self._store().committed_pos
+
+    @property
+    def ledger_end_index(self) -> int:
+        """The last entry of the log here, committed or not."""
+        return self._store().ledger_end_index
 
     async def wait_committed(self, index: int, timeout_s: float) -> bool:
         """Wait until ``committed_index >= index``; False on timeout. The core moves the

@@ -102,7 +102,7 @@ async def test_writes_are_refused_under_the_disk_reserve_and_resume_above_it(fs:
         await b.produce("t", _msgs(10, "a"))
         ballast = Ballast(fs)
         ballast.leave_free(1 * MiB)
-        await until(lambda: b._disk_free() < 2 * MiB, what="the broker sees the disk")
+        await until(lambda: b.gate._disk_free() < 2 * MiB, what="the broker sees the disk")
         with pytest.raises(errors.DiskFullError, match="reserve") as info:
             await b.produce("t", _msgs(1, "b"))
         assert info.value.http_status == 507
@@ -112,7 +112,7 @@ async def test_writes_are_refused_under_the_disk_reserve_and_resume_above_it(fs:
         assert len(await _all_bodies(b, "t")) == 10
         ballast.remove()
         await until(lambda: free_bytes(fs) > 2 * MiB, what="space back")
-        await until(lambda: b._disk_free() > 2 * MiB, what="the broker sees it")
+        await until(lambda: b.gate._disk_free() > 2 * MiB, what="the broker sees it")
         await b.produce("t", _msgs(3, "c"))
         assert len(await _all_bodies(b, "t")) == 13
     finally:

@@ -11,13 +11,8 @@ from typing import Any
 import pytest
 
 from broker import errors
-from broker.broker import (
-    NO_LEADER_RETRY_AFTER_MS,
-    PROMOTING_RETRY_AFTER_MS,
-    Broker,
-    NewMessage,
-)
-from broker.role import BrokerRole
+from broker.broker import Broker, NewMessage
+from broker.gate import NO_LEADER_RETRY_AFTER_MS, PROMOTING_RETRY_AFTER_MS, BrokerRole
 from dledger.core.messages import PushEntryRequest
 from dledger.core.settings import CoreSettings
 from tests.broker.harness import BrokerCluster
@@ -156,11 +151,11 @@ async def test_a_slave_redirects_to_the_new_master_the_moment_it_follows_it(
         assert ei.value.leader_id == new
         assert ei.value.leader_url == slave.settings.peer_urls.get(new)
         leader = c.brokers[new]
-        if leader.role is not BrokerRole.MASTER:  # still promoting (a few ms)
+        if leader.gate.role is not BrokerRole.MASTER:  # still promoting (a few ms)
             with pytest.raises(errors.NoMasterError) as nm:
                 await leader.produce("t", [NewMessage(b"x")])
             assert nm.value.fields["retry_after_ms"] == PROMOTING_RETRY_AFTER_MS
-        await until(lambda: leader.role is BrokerRole.MASTER, what="the new MASTER")
+        await until(lambda: leader.gate.role is BrokerRole.MASTER, what="the new MASTER")
         assert leader.role_handler.last_promotion["promotion_total_ms"] >= 0
         assert "promotion_noop_ms" in leader.status().stats
     finally:
@@ -180,7 +175,7 @@ async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
         m = await c.master()
         await m.create_topic("t", 1)
         first = await m.produce("t", [NewMessage(b"a")], producer_id="p", sequence=0)
-        term = m.role_term
+        term = m.gate.role_term
         followers = [b for b in c.brokers.values() if b is not m]
         blocked = _drop_appends(followers)
         with pytest.raises(errors.UnknownOutcomeError):
@@ -193,9 +188,9 @@ async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
         blocked.clear()  # the followers take appends again: the first copy commits
         # (the leader re-pushes after max_wait_ack_ms; on a loaded machine that may take
         # longer than one settle wait, so wait for it rather than race it)
-        await until(lambda: m.dispatched_index >= end, what="the first copy is dispatched")
+        await until(lambda: m.dispatcher.dispatched_index >= end, what="the first copy is dispatched")
         again = await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
-        assert (m.role_term, m.is_master) == (term, True), "the test needs one master term"
+        assert (m.gate.role_term, m.is_master) == (term, True), "the test needs one master term"
         assert again[0].queue_offset == first[0].queue_offset + 1
         await c.converged()
         assert [b.queue_bounds("t", 0) for b in c.brokers.values()] == [(0, 2)] * 3

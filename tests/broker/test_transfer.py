@@ -16,7 +16,7 @@ import pytest
 
 from broker import errors
 from broker.broker import Broker, NewMessage
-from broker.role import BrokerRole
+from broker.gate import BrokerRole
 from dledger.codes import DLedgerCode
 from dledger.core.messages import LeadershipTransferRequest
 from tests.broker.harness import BrokerCluster
@@ -66,7 +66,7 @@ async def test_a_transfer_the_target_refuses_leaves_the_master_serving(tmp_path:
     and is stored here; the transfer answers TRANSFER_FAILED with the target's refusal."""
     async with _cluster(tmp_path, 2) as (c, m, target):
         await m.produce("t", [NewMessage(b"before")])
-        term = m.role_term
+        term = m.gate.role_term
         refused = _refuse_takes(c, target)
         transfer = asyncio.create_task(m.transfer_leadership(target))
         await _started(m, target)
@@ -77,10 +77,14 @@ async def test_a_transfer_the_target_refuses_leaves_the_master_serving(tmp_path:
         assert e.fields["reason"] == "TAKE_LEADERSHIP_FAILED" and e.fields["to"] == target
         assert e.fields["leader_id"] == m.settings.node_id
         assert refused, "the target saw the request"
-        assert (m.role, m.role_term, m.server.transferee) == (BrokerRole.MASTER, term, None)
+        assert (m.gate.role, m.gate.role_term, m.server.transferee) == (
+            BrokerRole.MASTER,
+            term,
+            None,
+        )
         assert during[0].queue_offset >= 0
         after = await m.produce("t", [NewMessage(b"after")])
-        assert after[0].queue_offset >= 0 and m.role_term == term
+        assert after[0].queue_offset >= 0 and m.gate.role_term == term
 
 
 async def test_a_transfer_to_a_stopped_slave_fails_at_once_and_writes_go_on(

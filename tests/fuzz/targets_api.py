@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import orjson
@@ -25,9 +25,11 @@ from api.routes.messages import to_broker_message
 from broker import errors
 from broker.broker import Broker
 from broker.commitlog import OutgoingMessage, PutResult
+from broker.gate import BrokerRole
 from broker.metadata import TopicMeta
 from broker.settings import BrokerSettings, Limits
 from broker.status import BrokerStatus
+from dledger.store import FileStore
 
 from ..asgi import http_scope
 from .reader import Reader, Writer
@@ -134,6 +136,7 @@ class _NoDispatch:
 
     installing = False
     stall = None
+    dispatched_index = -1
 
     async def wait_dispatched(self, index: int, timeout_s: float) -> bool:
         return True
@@ -151,22 +154,27 @@ class _EmptyLog:
 
 class _FuzzBroker(Broker):
     """A broker that checks and encodes like the real one but appends nothing: it is the
-    master of a log that takes every write at once."""
+    master of a log that takes every write at once. Its collaborators are the real
+    ones, built over an empty log and a dispatcher with nothing to wait for."""
 
     def __init__(self, settings: BrokerSettings) -> None:
         super().__init__(settings)
-        self.dispatcher = _NoDispatch()  # type: ignore[assignment]
-        self.server.store = _EmptyLog()  # type: ignore[assignment]
+        log = cast(FileStore, _EmptyLog())
+        self.server.store = log
+        self._assemble(log)
+        self.gate.role = BrokerRole.MASTER  # no Raft here: the role the handler would set
         self.commitlog.put_messages = self._put_messages  # type: ignore[method-assign]
+        self.metalog.append = self._append_meta  # type: ignore[method-assign]
+        self.leadership.transfer = self._transfer  # type: ignore[method-assign]
         self.reset()
+
+    def _dispatcher_over(self, store: Any) -> Any:
+        return _NoDispatch()
 
     def reset(self) -> None:
         self.meta.topics = {"t": TopicMeta("t", 4, -1)}
         self.meta.offsets = {}
         self.meta.sessions.clear()
-
-    def _require_master(self) -> None:
-        pass
 
     async def _put_messages(
         self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
@@ -178,7 +186,7 @@ class _FuzzBroker(Broker):
         self.meta.apply_op(self.meta.applied_index + 1, orjson.dumps(op))
         return self.meta.applied_index
 
-    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> None:
+    async def _transfer(self, to: str, timeout_s: float = 5.0) -> None:
         if to not in self.settings.peer_map:
             raise errors.UnknownNodeError(f"{to} is not a member")
 

@@ -130,6 +130,7 @@ import orjson
 from broker.batch import batch_inners, encode_batch_record, queue_runs
 from broker.commitlog import DLedgerCommitLog, OutgoingMessage
 from broker.errors import SequenceTooOldError
+from broker.gate import BrokerRole
 from broker.message import (
     INNER_BATCH_FLAG,
     PROP_BATCH_INDEX,
@@ -159,7 +160,6 @@ from broker.metadata import (
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
 from broker.properties import inner_properties, split_keys
 from broker.reput import ReputService
-from broker.role import BrokerRole
 from broker.sessions import (
     Answer,
     Attempt,

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 
+from broker.gate import BrokerRole
 from broker.promotion import Promotion, Step
-from broker.role import BrokerRole
 from broker.sessions import Attempt, ProducerSessions
 from dledger.codes import DLedgerCode
 
