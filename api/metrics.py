@@ -187,7 +187,7 @@ async def _queue_bounds(b: Broker) -> list[tuple[str, int, int, int]] | None:
     install replaces the queues."""
     out: list[tuple[str, int, int, int]] = []
     since_yield = 0
-    for t in b.list_topics():
+    for t in b.topics.all():
         if b.dispatcher is None or b.dispatcher.installing:
             return None
         if b.meta.topics.get(t.name) is not t:  # deleted (or made again) meanwhile

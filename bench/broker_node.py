@@ -133,7 +133,7 @@ class Node:
         }
 
     async def cmd_create_topic(self, req: dict[str, Any]) -> dict[str, Any]:
-        t, created = await self.b.create_topic(req["topic"], req.get("queues"))
+        t, created = await self.b.topics.create(req["topic"], req.get("queues"))
         return {"queues": t.queues, "created": created}
 
     async def cmd_exit(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -242,7 +242,7 @@ class Node:
         topic = req["topic"]
         max_messages = int(req.get("max_messages", 1000))
         deadline = time.monotonic() + float(req.get("timeout", 600))
-        queues = self.b.topic(topic).queues
+        queues = self.b.topics.get(topic).queues
         ends = [self.b.queue_bounds(topic, q)[1] for q in range(queues)]
         total = nbytes = pulls = 0
         start = time.monotonic()

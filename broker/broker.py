@@ -38,7 +38,7 @@ from .commitlog import DLedgerCommitLog
 from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
 from .leadership import Leadership
-from .metadata import MetadataState, SnapshotFiles, TopicMeta
+from .metadata import MetadataState, SnapshotFiles
 from .pages import RawPullResult
 from .produce import NewMessage, Producer, ProduceResult, now_ms
 from .promotion import queue_table_from
@@ -247,27 +247,6 @@ class Broker:
         self.commitlog.clear_queue_table()
 
     # ---- the collaborators' entry points, until the API and tests reach them directly --
-
-    async def create_topic(self, name: str, queues: int | None = None) -> tuple[TopicMeta, bool]:
-        return await self.topics.create(name, queues)
-
-    def list_topics(self) -> list[TopicMeta]:
-        return self.topics.list()
-
-    def topic(self, name: str) -> TopicMeta:
-        return self.topics.get(name)
-
-    def describe_topic(self, name: str) -> dict[str, Any]:
-        return self.reads.describe_topic(name)
-
-    async def delete_topic(self, name: str) -> None:
-        await self.topics.delete(name)
-
-    async def append_meta(self, op: dict[str, Any]) -> int:
-        return await self.metalog.append(op)
-
-    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> None:
-        await self.leadership.transfer(to, timeout_s)
 
     # ---- produce (broker/produce.py) -------------------------------------------------
 

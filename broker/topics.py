@@ -110,7 +110,8 @@ class Topics:
             raise errors.TopicNotFoundError(f"topic {name} does not exist", topic=name)
         return t
 
-    def list(self) -> list[TopicMeta]:
+    def all(self) -> list[TopicMeta]:
+        """Every topic, by name."""
         return sorted(self.meta.topics.values(), key=lambda t: t.name)
 
     async def create(self, name: str, queues: int | None = None) -> tuple[TopicMeta, bool]:

@@ -50,7 +50,7 @@ async def test_the_json_pull_is_message_out_of_every_message(
     await c.start_all()
     try:
         b = await c.master()
-        await b.create_topic("t", 2)
+        await b.topics.create("t", 2)
         rng = random.Random(7)
         for seq in range(6):  # a session's messages carry session properties
             await b.produce("t", _messages(rng, rng.randrange(1, 40)))

@@ -45,7 +45,7 @@ def test_inner_records_round_trip_and_refuse_what_does_not_fit() -> None:
 async def test_a_request_is_one_entry_and_every_message_reads_as_its_own(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 2)
+        await b.topics.create("t", 2)
         end = b.store.ledger_end_index
         msgs = [
             NewMessage(
@@ -94,7 +94,7 @@ async def test_a_request_is_one_entry_and_every_message_reads_as_its_own(tmp_pat
 async def test_pinned_queues_split_a_request_into_one_record_per_run(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 2)
+        await b.topics.create("t", 2)
         end = b.store.ledger_end_index
         pins = [0, 0, 1, 1, 0]
         results = await b.produce(
@@ -121,7 +121,7 @@ async def test_a_session_retry_answers_the_batch_and_restart_rebuilds_its_units(
 ) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         batch = [NewMessage(b"a", keys=["ka"]), NewMessage(b"b"), NewMessage(b"c")]
         first = await b.produce("t", batch, producer_id="p1", sequence=1)
         assert await b.produce("t", batch, producer_id="p1", sequence=1) == first

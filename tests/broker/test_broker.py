@@ -28,11 +28,11 @@ async def _single(tmp_path: Path, **overrides: object) -> tuple[BrokerCluster, B
 async def test_produce_then_pull_in_queue_order(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        t, created = await b.create_topic("orders", 2)
+        t, created = await b.topics.create("orders", 2)
         assert created and t.queues == 2
-        assert (await b.create_topic("orders", 2))[1] is False
+        assert (await b.topics.create("orders", 2))[1] is False
         with pytest.raises(errors.TopicConflictError):
-            await b.create_topic("orders", 3)
+            await b.topics.create("orders", 3)
         msgs = [NewMessage(f"m{i}".encode(), tags="A" if i % 2 else "B") for i in range(10)]
         results = [(await b.produce("orders", [m]))[0] for m in msgs]
         assert [r.queue_id for r in results] == [0, 1] * 5  # round-robin
@@ -67,7 +67,7 @@ async def test_physical_offset_is_the_position_in_the_dledger_files(tmp_path: Pa
 async def test_tag_filter_sharding_key_and_pinned_queue(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 4)
+        await b.topics.create("t", 4)
         msgs = [NewMessage(b"%d" % i, tags=("TagA", "TagB", "TagC")[i % 3]) for i in range(9)]
         await b.produce("t", [NewMessage(m.body, m.tags, queue_id=2) for m in msgs])
         r = await b.pull("t", 2, 0, max_messages=32, tags="TagA||TagC")
@@ -85,7 +85,7 @@ async def test_tag_filter_sharding_key_and_pinned_queue(tmp_path: Path) -> None:
 async def test_long_poll_is_woken_by_dispatch(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         started = time.monotonic()
         waiter = asyncio.ensure_future(b.pull("t", 0, 0, max_messages=10, wait_ms=10_000))
         await asyncio.sleep(0)
@@ -113,13 +113,13 @@ async def test_a_long_poll_across_a_topic_delete_waits_for_the_new_incarnation(
         return not w.done()
 
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         await b.produce("t", [NewMessage(b"first")])
         waiter = asyncio.ensure_future(b.dispatcher.wait_queue("t", 0, 1, 30))
         assert await still_waiting(waiter) and b.dispatcher.waiting_on("t", 0) == 1
-        await b.delete_topic("t")
+        await b.topics.delete("t")
         assert await still_waiting(waiter)
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         await b.produce("t", [NewMessage(b"again")])  # queue offset 0 of the new one
         assert await still_waiting(waiter)
         await b.produce("t", [NewMessage(b"wanted")])
@@ -152,7 +152,7 @@ async def test_producer_session_answers_a_retry_with_the_original_results(tmp_pa
 async def test_group_offsets_commit_reset_and_group_pull(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 2)
+        await b.topics.create("t", 2)
         await b.produce("t", [NewMessage(b"%d" % i) for i in range(6)])
         r = await b.group_pull("g", "t", max_messages=4, auto_commit=True)
         assert len(r.messages) == 4
@@ -177,10 +177,10 @@ async def test_group_offsets_commit_reset_and_group_pull(tmp_path: Path) -> None
 async def test_query_by_key_skips_a_deleted_incarnation_of_the_topic(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         await b.produce("t", [NewMessage(b"old", keys=["k"])])
-        await b.delete_topic("t")
-        await b.create_topic("t", 2)
+        await b.topics.delete("t")
+        await b.topics.create("t", 2)
         assert b.query_by_key("t", "k") == []
         await b.produce("t", [NewMessage(b"new", keys=["k"])])
         assert [m.body for m in b.query_by_key("t", "k")] == [b"new"]
@@ -191,7 +191,7 @@ async def test_query_by_key_skips_a_deleted_incarnation_of_the_topic(tmp_path: P
 async def test_query_by_key_and_offset_by_time(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         before = int(time.time() * 1000) - 1
         await b.produce("t", [NewMessage(b"a", keys=["order-1"])])
         await b.produce("t", [NewMessage(b"b")])
@@ -217,10 +217,10 @@ async def test_bad_input_is_refused_and_writes_nothing(tmp_path: Path) -> None:
         with pytest.raises(errors.TopicNotFoundError):
             await b.produce("nope", [NewMessage(b"x")])
         with pytest.raises(errors.InvalidArgumentError):
-            await b.create_topic("%SYS%mine", 1)
+            await b.topics.create("%SYS%mine", 1)
         with pytest.raises(errors.InvalidArgumentError):
-            await b.create_topic("bad/name", 1)
-        await b.create_topic("t", 1)
+            await b.topics.create("bad/name", 1)
+        await b.topics.create("t", 1)
         end = b.store.ledger_end_index
         lim = b.settings.limits
         with pytest.raises(errors.PayloadTooLargeError):
@@ -241,14 +241,14 @@ async def test_bad_input_is_refused_and_writes_nothing(tmp_path: Path) -> None:
 async def test_topic_delete_drops_queues_and_recreate_starts_at_zero(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         await b.produce("t", [NewMessage(b"old")] * 3)
         await b.commit_offsets("g", "t", {0: 2})
-        await b.delete_topic("t")
-        assert "t" not in {t.name for t in b.list_topics()}
+        await b.topics.delete("t")
+        assert "t" not in {t.name for t in b.topics.all()}
         with pytest.raises(errors.TopicNotFoundError):
             await b.pull("t", 0, 0)
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         [res] = await b.produce("t", [NewMessage(b"new")])
         assert res.queue_offset == 0
         assert b.meta.committed_offset("g", "t", 0) is None
@@ -259,7 +259,7 @@ async def test_topic_delete_drops_queues_and_recreate_starts_at_zero(tmp_path: P
 async def test_restart_rebuilds_deleted_consume_queues_identically(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 3)
+        await b.topics.create("t", 3)
         held = [0, 0, 0]  # each queue's messages
         for i in range(5):
             for r in await b.produce("t", [NewMessage(b"%d" % i, keys=[f"k{i}"])] * 50):
@@ -296,7 +296,7 @@ async def test_restart_rebuilds_deleted_consume_queues_identically(tmp_path: Pat
 async def test_retention_moves_min_offsets_never_past_dispatch(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 2)
+        await b.topics.create("t", 2)
         for i in range(30):
             await b.produce("t", [NewMessage(b"%04d" % i + b"x" * 1020)] * 100)
         store = b.store
@@ -337,7 +337,7 @@ async def test_a_pull_that_races_retention_answers_offset_illegal(tmp_path: Path
     answers OFFSET_ILLEGAL from the new head (it raised INDEX_OUT_OF_RANGE before)."""
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         for i in range(30):
             await b.produce("t", [NewMessage(b"%04d" % i + b"x" * 1020)] * 100)
         await b.dispatcher.snapshot()
@@ -365,7 +365,7 @@ async def test_a_tag_filter_that_matches_nothing_scans_a_bounded_backlog(
     max_filter_scan_units per pull, in chunks between which the loop runs."""
     c, b = await _single(tmp_path, limits=replace(Limits(), max_filter_scan_units=3000))
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         for _batch in range(10):
             await b.produce("t", [NewMessage(b"m", tags="A") for _ in range(1000)])
         ticks = 0

@@ -68,7 +68,7 @@ async def _all_bodies(b: Broker, topic: str) -> list[bytes]:
 async def test_dispatch_stalls_on_a_full_disk_and_resumes_when_space_returns(fs: Path) -> None:
     b = await _single(fs, disk_reserve_bytes=0)  # no reserve: the stall path itself
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         first = _msgs(10, "a")
         await b.produce("t", first)
         ballast = Ballast(fs)
@@ -98,7 +98,7 @@ async def test_dispatch_stalls_on_a_full_disk_and_resumes_when_space_returns(fs:
 async def test_writes_are_refused_under_the_disk_reserve_and_resume_above_it(fs: Path) -> None:
     b = await _single(fs, disk_reserve_bytes=2 * MiB, disk_check_interval_ms=50)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         await b.produce("t", _msgs(10, "a"))
         ballast = Ballast(fs)
         ballast.leave_free(1 * MiB)
@@ -108,7 +108,7 @@ async def test_writes_are_refused_under_the_disk_reserve_and_resume_above_it(fs:
         assert info.value.http_status == 507
         assert info.value.fields["retry_after_ms"] > 0
         with pytest.raises(errors.DiskFullError):
-            await b.create_topic("u", 1)  # metadata writes too
+            await b.topics.create("u", 1)  # metadata writes too
         assert len(await _all_bodies(b, "t")) == 10
         ballast.remove()
         await until(lambda: free_bytes(fs) > 2 * MiB, what="space back")

@@ -41,7 +41,7 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 2)
+        await m.topics.create("t", 2)
         first = await m.produce("t", [NewMessage(b"a%d" % i) for i in range(20)])
         await m.commit_offsets("grp", "t", {0: 4, 1: 3})
         [s] = await m.produce("t", [NewMessage(b"s")], producer_id="p", sequence=1)
@@ -59,8 +59,8 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(
                 # a topic the master just made (it answered 404, not 307), and creating
                 # one that exists is a write too.
                 for write in (
-                    b.create_topic("t", 2),
-                    b.delete_topic("not-here-yet"),
+                    b.topics.create("t", 2),
+                    b.topics.delete("not-here-yet"),
                     b.commit_offsets("grp", "not-here-yet", {0: 1}),
                     b.reset_offsets("grp", "not-here-yet", "earliest"),
                 ):
@@ -91,7 +91,7 @@ async def test_consume_queue_files_are_byte_identical_on_every_replica(tmp_path:
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 3)
+        await m.topics.create("t", 3)
         for i in range(10):
             await m.produce("t", [NewMessage(b"x" * i, keys=[f"k{i}"])] * 30)
         await c.converged()
@@ -117,7 +117,7 @@ async def test_a_slave_without_a_known_leader_says_no_master(tmp_path: Path) -> 
         b = c.brokers["n0"]
         await until(lambda: b.server.core is not None)
         with pytest.raises(errors.NoMasterError) as ei:
-            await b.create_topic("t", 1)
+            await b.topics.create("t", 1)
         assert ei.value.fields["retry_after_ms"] == NO_LEADER_RETRY_AFTER_MS
     finally:
         await c.close()
@@ -134,7 +134,7 @@ async def test_a_slave_redirects_to_the_new_master_the_moment_it_follows_it(
     await c.start_all()
     try:
         old = await c.master()
-        await old.create_topic("t", 1)
+        await old.topics.create("t", 1)
         await c.converged()
         old_id = old.settings.node_id
         await c.stop(old_id)
@@ -173,7 +173,7 @@ async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 1)
+        await m.topics.create("t", 1)
         first = await m.produce("t", [NewMessage(b"a")], producer_id="p", sequence=0)
         term = m.gate.role_term
         followers = [b for b in c.brokers.values() if b is not m]
@@ -188,7 +188,9 @@ async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
         blocked.clear()  # the followers take appends again: the first copy commits
         # (the leader re-pushes after max_wait_ack_ms; on a loaded machine that may take
         # longer than one settle wait, so wait for it rather than race it)
-        await until(lambda: m.dispatcher.dispatched_index >= end, what="the first copy is dispatched")
+        await until(
+            lambda: m.dispatcher.dispatched_index >= end, what="the first copy is dispatched"
+        )
         again = await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
         assert (m.gate.role_term, m.is_master) == (term, True), "the test needs one master term"
         assert again[0].queue_offset == first[0].queue_offset + 1

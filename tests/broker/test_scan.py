@@ -54,7 +54,7 @@ async def test_a_tags_hash_collision_spends_no_slot_in_either_pull(tmp_path: Pat
     assert tags_hash(other) != tags_hash(wanted)
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         singles = [collider, wanted, wanted, collider, collider, wanted, other, wanted, collider]
         batch = [collider, wanted, collider, wanted]  # one batch record: a unit per message
         tail = [collider, collider, wanted]

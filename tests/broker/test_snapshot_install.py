@@ -85,16 +85,16 @@ async def _start_lagging_follower(
     c = BrokerCluster(tmp_path, n=3, **overrides)
     await c.start_all()
     m = await c.master()
-    await m.create_topic("t", 2)
-    await m.create_topic("gone", 1)
+    await m.topics.create("t", 2)
+    await m.topics.create("gone", 1)
     await _produce(m, "t", "a", 3)
     await m.commit_offsets("grp", "t", {0: 10, 1: 20})
     await c.converged()
     lag = next(n for n, b in c.brokers.items() if b is not m)
     await c.stop(lag)
     await _produce(m, "t", "b", 30)  # about 3 MB: 3 segments of 1 MiB
-    await m.delete_topic("gone")
-    await m.create_topic("gone", 3)  # another incarnation
+    await m.topics.delete("gone")
+    await m.topics.create("gone", 3)  # another incarnation
     await m.commit_offsets("grp", "t", {0: 700})
     await m.produce("t", [NewMessage(b"s")], producer_id="p1", sequence=7)
     begin = await _delete_head(m)
@@ -161,7 +161,7 @@ async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Pa
 
         # The installed node takes over: offsets continue without gap or duplicate.
         before = {q: f.queue_bounds("t", q)[1] for q in (0, 1)}
-        await m.transfer_leadership(lag, timeout_s=10)
+        await m.leadership.transfer(lag, timeout_s=10)
         await until(lambda: f.is_master, 20, "installed node is master")
         res = await f.produce("t", [NewMessage(b"n%d" % i) for i in range(10)])
         for q in (0, 1):
@@ -230,7 +230,7 @@ async def test_install_refuses_data_that_is_not_a_broker_snapshot(tmp_path: Path
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 2)
+        await m.topics.create("t", 2)
         await m.produce("t", _msgs("a", 5))
         await m.dispatcher.snapshot()
         good = m.snapshots.path(m.dispatcher.snapshot_index).read_bytes()
@@ -264,8 +264,8 @@ async def test_a_rebuild_over_a_deleted_log_head_starts_queues_at_their_next_off
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("idle", 1)
-        await m.create_topic("t", 2)
+        await m.topics.create("idle", 1)
+        await m.topics.create("t", 2)
         idle = await m.produce("idle", _msgs("i", 5))
         await _produce(m, "t", "a", 30)  # about 3 MB: 3 segments of 1 MiB
         begin = await _delete_head(m)
@@ -302,7 +302,7 @@ async def test_a_metadata_snapshot_makes_the_commit_point_durable_first(tmp_path
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 1)
+        await m.topics.create("t", 1)
         await m.produce("t", _msgs("a", 5))
         checkpoint = CheckpointFile(m.store.dir / "checkpoint")
         before = checkpoint.load()
