@@ -2,7 +2,7 @@
 
 It owns the ``DLedgerServer`` (Raft), the ``DLedgerCommitLog`` (append hook, queue
 offsets), the consume queues and the key index, the replicated metadata, the
-``ReputService`` and the ``RoleChangeHandler``. Writes (produce, topic admin, offset
+``Dispatch`` and the ``RoleChangeHandler``. Writes (produce, topic admin, offset
 commits, leadership transfer) need the MASTER role; reads are served by every node from
 committed, dispatched data.
 
@@ -35,6 +35,7 @@ from dledger.store import FileStore
 
 from . import errors
 from .commitlog import DLedgerCommitLog
+from .dispatch import Dispatch
 from .groups import ConsumerGroups, GroupPullResult
 from .message import encode_message
 from .metadata import (
@@ -51,7 +52,6 @@ from .pages import RawPullResult
 from .produce import NewMessage, Producer, ProduceResult, now_ms
 from .promotion import own_term_committed, queue_table_from
 from .reads import MessageMaker, PulledMessage, PullResult, Reads
-from .reput import ReputService
 from .role import BrokerRole, RoleChangeHandler
 from .settings import BrokerSettings
 from .status import BrokerStatus, PeerStatus
@@ -94,7 +94,7 @@ class Broker:
         self.keys = KeyIndex(root / "index" / settings.group, settings.key_index)
         self.meta = MetadataState(settings.max_producer_sessions)
         self.snapshots = SnapshotFiles(root / "metadata" / settings.group, settings.snapshots_kept)
-        self.dispatcher: ReputService = None  # type: ignore[assignment]  # set in start()
+        self.dispatcher: Dispatch = None  # type: ignore[assignment]  # set in start()
         self.role = BrokerRole.SLAVE
         self.role_term = -1
         self.role_handler = RoleChangeHandler(self, settings.master_catch_up_timeout_ms)
@@ -131,7 +131,7 @@ class Broker:
         host, _, port = s.peer_map[s.node_id].rpartition(":")
         self.store_host = (host, int(port))
         await self.server.start()
-        self.dispatcher = ReputService(
+        self.dispatcher = Dispatch(
             self.store,
             self.cq,
             self.keys,
