@@ -14,7 +14,7 @@ is handed its parts), then joins the Raft group. Nothing calls back into the
   message id and key;
 - ``ConsumerGroups`` (``broker/groups.py``): committed offsets and group pulls;
 - ``Leadership`` (``broker/leadership.py``): leadership transfer;
-- ``ReputService`` (``broker/reput.py``): committed entries → consume queues, key
+- ``Dispatch`` (``broker/dispatch/``): committed entries → consume queues, key
   index, metadata; snapshots, checkpoints, long-poll wake-ups.
 
 Writes need the MASTER role; reads are served by every node from committed, dispatched
@@ -35,6 +35,7 @@ from dledger.runtime.server import DLedgerServer
 from dledger.store import FileStore
 
 from .commitlog import DLedgerCommitLog
+from .dispatch import Dispatch
 from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
 from .leadership import Leadership
@@ -43,7 +44,6 @@ from .pages import RawPullResult
 from .produce import NewMessage, Producer, ProduceResult, now_ms
 from .promotion import queue_table_from
 from .reads import MessageMaker, PulledMessage, PullResult, Reads
-from .reput import ReputService
 from .role import RoleChangeHandler
 from .settings import BrokerSettings
 from .status import BrokerStatus, PeerStatus
@@ -74,7 +74,7 @@ def _error_text(e: BaseException | None) -> str | None:
 
 class Broker:
     # Built by ``start`` (they need the open log); reading one before is an error.
-    dispatcher: ReputService
+    dispatcher: Dispatch
     role_handler: RoleChangeHandler
     metalog: MetadataLog
     topics: Topics
@@ -106,10 +106,10 @@ class Broker:
         assert self.server.store is not None, "broker not started"
         return self.server.store
 
-    def _dispatcher_over(self, store: FileStore) -> ReputService:
+    def _dispatcher_over(self, store: FileStore) -> Dispatch:
         """The dispatcher of the open log: committed entries → what the reads serve."""
         s = self.settings
-        return ReputService(
+        return Dispatch(
             store,
             self.cq,
             self.keys,

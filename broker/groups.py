@@ -23,7 +23,7 @@ from .settings import BrokerSettings
 from .topics import MetadataLog, Topics
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +45,7 @@ class ConsumerGroups:
         metalog: MetadataLog,
         meta: MetadataState,
         reads: Reads,
-        dispatch: ReputService,
+        dispatch: Dispatch,
     ) -> None:
         self.gate = gate
         self.topics = topics

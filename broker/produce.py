@@ -48,7 +48,7 @@ from .settings import BrokerSettings
 from .topics import Topics, check_topic_name
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 _PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
 
@@ -95,7 +95,7 @@ class Producer:
         topics: Topics,
         commitlog: DLedgerCommitLog,
         server: DLedgerServer,
-        dispatch: ReputService,
+        dispatch: Dispatch,
         meta: MetadataState,
         stats: dict[str, int],
         clock: Callable[[], int] = now_ms,

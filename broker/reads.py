@@ -51,7 +51,7 @@ from .settings import BrokerSettings
 from .topics import Topics
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class Reads:
         cq: ConsumeQueueStore,
         keys: KeyIndex,
         topics: Topics,
-        dispatch: ReputService,
+        dispatch: Dispatch,
         stats: dict[str, int],
     ) -> None:
         self.settings = settings

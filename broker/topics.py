@@ -39,7 +39,7 @@ from .metadata import (
 from .settings import BrokerSettings
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 
 class MetadataLog:
@@ -50,7 +50,7 @@ class MetadataLog:
         settings: BrokerSettings,
         gate: WriteGate,
         commitlog: DLedgerCommitLog,
-        dispatch: ReputService,
+        dispatch: Dispatch,
         clock: Callable[[], int],
     ) -> None:
         self.settings = settings

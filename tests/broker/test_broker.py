@@ -116,7 +116,7 @@ async def test_a_long_poll_across_a_topic_delete_waits_for_the_new_incarnation(
         await b.topics.create("t", 1)
         await b.produce("t", [NewMessage(b"first")])
         waiter = asyncio.ensure_future(b.dispatcher.wait_queue("t", 0, 1, 30))
-        assert await still_waiting(waiter) and b.dispatcher.waiting_on("t", 0) == 1
+        assert await still_waiting(waiter) and b.dispatcher.arrivals.waiting_on("t", 0) == 1
         await b.topics.delete("t")
         assert await still_waiting(waiter)
         await b.topics.create("t", 1)
@@ -124,7 +124,7 @@ async def test_a_long_poll_across_a_topic_delete_waits_for_the_new_incarnation(
         assert await still_waiting(waiter)
         await b.produce("t", [NewMessage(b"wanted")])
         assert await asyncio.wait_for(waiter, 5)
-        assert b.dispatcher.waiting_on("t", 0) == 0
+        assert b.dispatcher.arrivals.waiting_on("t", 0) == 0
     finally:
         await c.close()
 
@@ -301,7 +301,7 @@ async def test_retention_moves_min_offsets_never_past_dispatch(tmp_path: Path) -
             await b.produce("t", [NewMessage(b"%04d" % i + b"x" * 1020)] * 100)
         store = b.store
         # Nothing is deleted while neither a checkpoint nor a snapshot covers the head.
-        b.dispatcher.snapshot_index = -1
+        b.dispatcher.snapshot_manager.snapshot_index = -1
         store.set_retention_floor(store.ledger_begin_pos)
         assert await asyncio.to_thread(store.clean, True) == 0
         await b.dispatcher.snapshot()

@@ -38,7 +38,7 @@ async def _churn(b: Broker) -> bytes:
         if i == 20:
             await b.dispatcher.snapshot()
             await b.dispatcher.checkpoint()
-            half_way = b.dispatcher.checkpoint_path.read_bytes()
+            half_way = b.dispatcher.checkpoints.path.read_bytes()
     await b.topics.delete("t")
     await b.topics.create("t", 3)
     for i in range(30):

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from broker.broker import Broker, NewMessage
+from broker.dispatch.appliers import state_appliers
+from broker.dispatch.snapshots import snapshot_bytes
 from broker.metadata import MetadataState
 from dledger.core.dispatcher import DispatcherState
 from dledger.core.settings import CoreSettings
@@ -45,7 +47,7 @@ async def _delete_head(m: Broker) -> int:
     they allow; returns the master's new log begin."""
     await m.dispatcher.snapshot()
     await m.dispatcher.checkpoint()
-    assert m.dispatcher.served_index == m.dispatcher.snapshot_index
+    assert m.dispatcher.snapshot_manager.served_index == m.dispatcher.snapshot_index
     await asyncio.to_thread(m.store.clean, True)
     return m.store.ledger_begin_index
 
@@ -212,7 +214,8 @@ async def test_a_crash_between_install_and_log_reset_installs_again(
         master_id = m.settings.node_id
         await c.stop(master_id)
         m = await c.start(master_id)
-        await until(lambda: m.dispatcher.served_index >= 0, 30, "restarted master serves")
+        snapshots = m.dispatcher.snapshot_manager
+        await until(lambda: snapshots.served_index >= 0, 30, "restarted master serves")
         f = await c.start(lag)
         await until(lambda: f.server.stats["snapshot_installs"] >= 1, 30, "install again")
         m = await c.master(timeout_s=30)
@@ -235,9 +238,10 @@ async def test_install_refuses_data_that_is_not_a_broker_snapshot(tmp_path: Path
         await m.dispatcher.snapshot()
         good = m.snapshots.path(m.dispatcher.snapshot_index).read_bytes()
         before = (_state(m), m.queue_bounds("t", 0), m.dispatcher.dispatched_index)
-        no_table = MetadataState().to_snapshot()
+        empty = MetadataState()
+        no_table = snapshot_bytes(empty, state_appliers(empty))
         wrong_index = good
-        bad_table = MetadataState().to_snapshot({"queues": {"t/0": -1}})
+        bad_table = snapshot_bytes(empty, state_appliers(empty), {"queues": {"t/0": -1}})
         for data, index in [
             (b"not json", 5),
             (no_table, -1),
