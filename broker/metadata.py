@@ -34,6 +34,11 @@ import orjson
 
 from dledger.store import write_atomic
 
+from .jsonint import json_int
+from .pop.state import PopState
+
+POP_OP_PREFIX = "pop."
+
 log = logging.getLogger(__name__)
 
 SYS_TOPIC = "%SYS%META"
@@ -42,18 +47,6 @@ TOPIC_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 GROUP_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_QUEUES = 65_536  # per topic: the API's bound; more is not a table we made
-I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def json_int(value: Any, what: str) -> int:
-    """A JSON integer within i64 (a digit string too: map keys are strings). A float, a
-    bool or a larger number is malformed: it never came from this code, and the next
-    snapshot (orjson, 64-bit integers) could not hold it."""
-    if isinstance(value, str):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not I64_MIN <= value <= I64_MAX:
-        raise ValueError(f"{what}: {value!r} is not a 64-bit integer")
-    return value
 
 
 @dataclass(slots=True)
@@ -102,6 +95,8 @@ class MetadataState:
         # group → topic → queue id → committed offset (the next message to consume)
         self.offsets: dict[str, dict[str, dict[int, int]]] = {}
         self.sessions: OrderedDict[str, ProducerSession] = OrderedDict()
+        # POP groups: configuration, handed-out messages (``broker/pop/state.py``)
+        self.pop = PopState()
 
     # ---- applying the log --------------------------------------------------------------
 
@@ -122,6 +117,8 @@ class MetadataState:
                     return name
             elif kind == "commit_offsets":
                 self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"])
+            elif isinstance(kind, str) and kind.startswith(POP_OP_PREFIX):
+                pass  # the POP applier's (broker/pop/applier.py)
             else:
                 log.warning("entry %d: unknown metadata operation %r skipped", index, kind)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:

@@ -21,6 +21,7 @@ from typing import Any
 
 from consumequeue import KeyIndex
 
+from ..jsonint import json_int
 from ..message import PROP_BATCH_INDEX, PROP_BATCH_SIZE, PROP_PRODUCER_ID, PROP_PRODUCER_SEQ
 from ..metadata import (
     MAX_QUEUES,
@@ -28,8 +29,8 @@ from ..metadata import (
     MetadataState,
     ProducerSession,
     TopicMeta,
-    json_int,
 )
+from ..pop.applier import PopApplier
 from .entry import Committed, StateApplier
 
 log = logging.getLogger(__name__)
@@ -145,7 +146,7 @@ def state_appliers(
 ) -> list[StateApplier[Any]]:
     """The replicated state's appliers, in the order each entry reaches them and their
     parts stand in a snapshot: register a new kind of replicated state here."""
-    return [MetadataApplier(meta, on_topic_deleted), SessionApplier(meta)]
+    return [MetadataApplier(meta, on_topic_deleted), SessionApplier(meta), PopApplier(meta)]
 
 
 class KeyIndexApplier:

@@ -37,7 +37,8 @@ import orjson
 
 from dledger.store import FileStore
 
-from ..metadata import MetadataState, SnapshotFiles, json_int
+from ..jsonint import json_int
+from ..metadata import MetadataState, SnapshotFiles
 from .entry import StateApplier
 
 log = logging.getLogger(__name__)

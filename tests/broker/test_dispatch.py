@@ -18,11 +18,11 @@ from broker.dispatch.appliers import state_appliers
 from broker.dispatch.entry import Applier, Committed, StateApplier
 from broker.dispatch.snapshots import parse_snapshot, snapshot_bytes
 from broker.dispatch.walk import ReputMessageService
+from broker.jsonint import json_int
 from broker.message import encode_message
 from broker.metadata import (
     SYS_TOPIC,
     MetadataState,
-    json_int,
     op_commit_offsets,
     op_create_topic,
 )
@@ -161,7 +161,8 @@ def test_a_new_state_applier_has_its_part_and_reads_older_snapshots_as_empty() -
     ReputMessageService(store, meta, parts, [], {"entries": 0, "skipped": 0}).dispatch_some(9)
     assert toy.applied == [0, 1, 2, 5] and toy.last == {"t": 3}  # the last one's stamp
     data = snapshot_bytes(meta, parts)
-    fields = ["version", "applied_index", "topics", "offsets", "sessions", "last_seen", "extra"]
+    fields = ["version", "applied_index", "topics", "offsets", "sessions", "pop", "last_seen"]
+    fields.append("extra")
     assert list(orjson.loads(data)) == fields
     again, new_toy = MetadataState(), _LastSeen()
     parse_snapshot(data, [*state_appliers(again), new_toy]).adopt(again)
