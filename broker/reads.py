@@ -40,8 +40,9 @@ from .message import (
     STORE_TIMESTAMP_POS,
     SYSTEM_PROPERTIES,
     MessageFormatError,
-    PullHead,
-    decode_pull_head,
+    RecordHead,
+    check_ipv4,
+    decode_head,
 )
 from .metadata import SYS_TOPIC, TopicMeta
 from .msgid import msg_id_maker, parse_msg_id
@@ -75,9 +76,9 @@ class PulledMessage:
 
 _M = TypeVar("_M")
 
-MessageMaker: TypeAlias = Callable[[PullHead, int, int, memoryview, memoryview], _M]
+MessageMaker: TypeAlias = Callable[[RecordHead, int, int, memoryview, memoryview], _M]
 """``make(head, queue_offset, address, body, properties)``: what a pull answers for one
-message, made straight from the record it lies in (``head``, its ``decode_pull_head``):
+message, made straight from the record it lies in (``head``, its ``decode_head``):
 its queue offset, its message address (the message id's offset) and views of its BODY
 and encoded PROPERTIES. ``Reads.pulled_message`` makes a ``PulledMessage``; the HTTP
 pull makes its JSON with no object in between."""
@@ -89,7 +90,7 @@ class _Decoded:
     its head and, for a batch record (``broker.batch``), its walked inner records."""
 
     record: memoryview
-    head: PullHead
+    head: RecordHead
     inners: list[InnerRecord] | None
     # TAGS by PROPERTIES block: a batch record's messages share one as a rule, so a tag
     # filter decodes it once for all of them.
@@ -97,7 +98,8 @@ class _Decoded:
 
     @classmethod
     def of(cls, record: memoryview) -> _Decoded:
-        h = decode_pull_head(record)
+        h = decode_head(record)
+        check_ipv4(h.sys_flag)
         if not h.sys_flag & INNER_BATCH_FLAG:
             return cls(record, h, None)
         return cls(record, h, inner_records(record, h.body_at, h.body_at + h.body_len))
@@ -143,7 +145,7 @@ class _Decoded:
 
 
 def _properties_of(
-    head: PullHead, queue_offset: int, address: int, body: memoryview, props: memoryview
+    head: RecordHead, queue_offset: int, address: int, body: memoryview, props: memoryview
 ) -> memoryview:
     return props
 
@@ -346,7 +348,7 @@ class Reads:
         return {offset: record for (offset, _), record in zip(spans, records, strict=True)}
 
     def pulled_message(
-        self, h: PullHead, queue_offset: int, address: int, body: memoryview, raw: memoryview
+        self, h: RecordHead, queue_offset: int, address: int, body: memoryview, raw: memoryview
     ) -> PulledMessage:
         """A ``MessageMaker`` of ``PulledMessage``s: every field decoded."""
         props = decode_properties(raw)

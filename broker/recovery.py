@@ -35,7 +35,7 @@ from dledger.store import BODY_OFFSET, MAGIC_NORMAL, FileStore
 from dledger.store.meta import fsync_dir
 
 from .batch import INNER_BATCH_FLAG, batch_inners
-from .message import MessageFormatError, peek_dispatch
+from .message import MessageFormatError, decode_head
 from .metadata import MetadataState, SnapshotFiles
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ class Recovery:
         if magic != MAGIC_NORMAL:
             return None
         try:
-            info = peek_dispatch(raw, body_at)
+            info = decode_head(raw, body_at)
             count = len(batch_inners(raw, body_at)[1]) if info.sys_flag & INNER_BATCH_FLAG else 1
         except MessageFormatError:
             return None

@@ -62,11 +62,11 @@ from .message import (
     PROP_BATCH_SIZE,
     PROP_PRODUCER_ID,
     PROP_PRODUCER_SEQ,
-    DispatchInfo,
     MessageFormatError,
+    RecordHead,
+    decode_head,
     decode_message,
     decode_properties,
-    peek_dispatch,
     tags_and_keys,
 )
 from .metadata import SYS_TOPIC, MetadataState, SnapshotFiles
@@ -397,7 +397,7 @@ class ReputService:
         try:
             if magic != MAGIC_NORMAL:
                 raise MessageFormatError(f"entry magic {magic}")
-            info = peek_dispatch(raw, body_at)
+            info = decode_head(raw, body_at)
             if info.physical_offset != pos + BODY_OFFSET:
                 raise MessageFormatError(
                     f"PHYSICALOFFSET {info.physical_offset} is not pos + 48 = {pos + BODY_OFFSET}"
@@ -414,7 +414,7 @@ class ReputService:
                 if deleted is not None and index > self.derived_index:
                     self._drop_topic(deleted)
             return
-        props = info.properties_raw
+        props = raw[info.props_at : info.props_at + info.props_len]
         if meta_fresh and _SESSION_MARK in props:
             self._record_session(info, props, 1 if inners is None else len(inners))
         commitlog_offset = pos + BODY_OFFSET
@@ -431,7 +431,7 @@ class ReputService:
 
     def _queue_units(  # noqa: PLR0917 - the entry's parts, as _dispatch_entry has them
         self,
-        info: DispatchInfo,
+        info: RecordHead,
         commitlog_offset: int,
         size: int,
         hashes: Sequence[int],
@@ -459,7 +459,7 @@ class ReputService:
     def _dispatch_batch(  # noqa: PLR0917 - the entry's parts, as _dispatch_entry has them
         self,
         raw: bytes,
-        info: DispatchInfo,
+        info: RecordHead,
         inners: list[InnerRecord],
         commitlog_offset: int,
         size: int,
@@ -485,7 +485,7 @@ class ReputService:
     def _body(raw: bytes, body_at: int) -> bytes:
         return decode_message(raw, body_at, verify_crc=False).body
 
-    def _record_session(self, info: DispatchInfo, props_raw: bytes, count: int) -> None:
+    def _record_session(self, info: RecordHead, props_raw: bytes, count: int) -> None:
         """The session results of a record's ``count`` messages (a batch record's are
         at queue offsets base + i and addresses offset + i)."""
         props = decode_properties(props_raw)

@@ -22,7 +22,7 @@ from broker.message import (
     PROP_KEYS,
     PROP_TAGS,
     SYSTEM_PROPERTIES,
-    PullHead,
+    RecordHead,
     decode_properties,
 )
 from broker.msgid import msg_id_maker
@@ -118,7 +118,7 @@ class JSONMessages:
         self.body_bytes = 0  # of the messages made: the pulled-bytes metric
 
     def __call__(
-        self, h: PullHead, queue_offset: int, address: int, body: memoryview, props: memoryview
+        self, h: RecordHead, queue_offset: int, address: int, body: memoryview, props: memoryview
     ) -> bytes:
         self.body_bytes += len(body)
         topic = self._topics.get(h.topic)
