@@ -262,9 +262,7 @@ async def pull_response(
     r = await pull_arrow(
         broker, topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
     )
-    if r.count:
-        metrics.pulled_messages.labels(topic).inc(r.count)
-        metrics.pulled_bytes.labels(topic).inc(r.body_bytes)
+    metrics.count_pulled(topic, r.count, r.body_bytes)
     headers = {
         media.PULL_STATUS: r.status,
         media.PULL_NEXT_OFFSET: str(r.next_offset),

@@ -102,6 +102,13 @@ class NodeMetrics:
         )
         broker.server.commit_observers.append(lambda s, _n: self.commit_latency.observe(s))
 
+    def count_pulled(self, topic: str, messages: int, body_bytes: int) -> None:
+        """``messages`` served to consumers of ``topic`` (pulls, group pulls, key queries),
+        holding ``body_bytes`` of bodies."""
+        if messages:
+            self.pulled_messages.labels(topic).inc(messages)
+            self.pulled_bytes.labels(topic).inc(body_bytes)
+
     async def render(self) -> bytes:
         """The exposition: cached if fresh, else the render under way, else a new one."""
         loop = asyncio.get_running_loop()

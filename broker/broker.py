@@ -574,10 +574,10 @@ class Broker:
         return self.reads.offset_for_time(topic, queue_id, timestamp_ms)
 
     def get_message(self, msg_id: str) -> PulledMessage:
-        return self.reads.get_message(msg_id)
+        return self.reads.get_message(self.reads.pulled_message, msg_id)
 
     def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
-        return self.reads.query_by_key(topic, key, max_results)
+        return self.reads.query_by_key(self.reads.pulled_message, topic, key, max_results)
 
     # ---- consumer groups (broker/groups.py) --------------------------------------------
 
@@ -603,9 +603,10 @@ class Broker:
         wait_ms: int = 0,
         queue_ids: Sequence[int] | None = None,
         auto_commit: bool = False,
-    ) -> GroupPullResult:
+    ) -> GroupPullResult[PulledMessage]:
         """``ConsumerGroups.group_pull``: from the group's committed offsets."""
         return await self.groups.group_pull(
+            self.reads.pulled_message,
             group,
             topic,
             max_messages=max_messages,

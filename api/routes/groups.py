@@ -9,6 +9,7 @@ from starlette.responses import Response
 from broker import errors
 
 from .. import models
+from ..json_messages import JSONMessages, group_pull_json
 from .common import (
     AccessDep,
     BrokerDep,
@@ -18,7 +19,6 @@ from .common import (
     MetricsDep,
     error_docs,
 )
-from .messages import messages_out
 
 
 def queue_ids(offsets: dict[str, int]) -> dict[int, int]:
@@ -108,8 +108,10 @@ async def group_pull(
     long_poll: LongPollDep,
 ) -> Response:
     access.need("consume", body.topic)
+    make = JSONMessages(broker.settings.group, body.encoding)
     with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
-        r = await broker.group_pull(
+        r = await broker.groups.group_pull(
+            make,
             group,
             body.topic,
             max_messages=body.max_messages,
@@ -117,9 +119,6 @@ async def group_pull(
             queue_ids=body.queue_ids,
             auto_commit=body.auto_commit,
         )
-    return JSONBytes(
-        {
-            "messages": messages_out(metrics, body.topic, r.messages, body.encoding),
-            "next_offsets": offsets_out(r.next_offsets),
-        }
-    )
+    metrics.count_pulled(body.topic, len(r.messages), make.body_bytes)
+    content = group_pull_json(r.messages, offsets_out(r.next_offsets))
+    return Response(content, media_type=JSONBytes.media_type)

@@ -8,6 +8,7 @@ from starlette.responses import Response
 from broker import errors
 
 from .. import models
+from ..json_messages import JSONMessages, messages_json
 from .common import (
     AccessDep,
     BrokerDep,
@@ -20,7 +21,6 @@ from .common import (
     check_maxima,
     error_docs,
 )
-from .messages import message_out, messages_out
 
 router = APIRouter(tags=["query"])
 
@@ -46,8 +46,10 @@ async def query_by_key(
 ) -> Response:
     check_maxima(limits, (KEY_QUERY_MAX, max))
     access.need("consume", topic)
-    found = broker.query_by_key(topic, key, max)
-    return JSONBytes({"messages": messages_out(metrics, topic, found, encoding)})
+    make = JSONMessages(broker.settings.group, encoding)
+    found = broker.reads.query_by_key(make, topic, key, max)
+    metrics.count_pulled(topic, len(found), make.body_bytes)
+    return Response(messages_json(found), media_type=JSONBytes.media_type)
 
 
 @router.get(
@@ -61,8 +63,10 @@ async def get_message(
     access: AccessDep,
     encoding: EncodingQuery = "utf-8",
 ) -> Response:
-    m = broker.get_message(msg_id)
-    if not access.may("consume", m.topic):
+    topic, content = broker.reads.get_message(
+        JSONMessages(broker.settings.group, encoding).with_topic, msg_id
+    )
+    if not access.may("consume", topic):
         # Not the topic's name: the token may not learn what this id belongs to.
         raise errors.ForbiddenError("this token may not read this message", needs="consume")
-    return JSONBytes(message_out(m, encoding))
+    return Response(content, media_type=JSONBytes.media_type)
