@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from consumequeue import ConsumeQueueStore, KeyIndex
 from dledger.codes import DLedgerError
@@ -40,7 +39,6 @@ from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
 from .leadership import Leadership
 from .metadata import MetadataState, SnapshotFiles
-from .pages import RawPullResult
 from .produce import NewMessage, Producer, ProduceResult, now_ms
 from .promotion import queue_table_from
 from .reads import MessageMaker, PulledMessage, PullResult, Reads
@@ -245,128 +243,6 @@ class Broker:
         )
         await self.dispatcher.install(last_index, data)
         self.commitlog.clear_queue_table()
-
-    # ---- the collaborators' entry points, until the API and tests reach them directly --
-
-    # ---- produce (broker/produce.py) -------------------------------------------------
-
-    async def produce(
-        self,
-        topic_name: str,
-        messages: Sequence[NewMessage],
-        producer_id: str | None = None,
-        sequence: int | None = None,
-    ) -> list[ProduceResult]:
-        return await self.producer.produce(topic_name, messages, producer_id, sequence)
-
-    # ---- reads (broker/reads.py) -------------------------------------------------------
-
-    async def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        tags: str | None = None,
-        max_bytes: int | None = None,
-    ) -> PullResult[PulledMessage]:
-        """``Reads.pull``: messages of one queue from ``queue_offset``."""
-        return await self.reads.pull(
-            self.reads.pulled_message,
-            topic,
-            queue_id,
-            queue_offset,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            tags=tags,
-            max_bytes=max_bytes,
-        )
-
-    async def pull_as(
-        self,
-        make: MessageMaker[_M],
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        tags: str | None = None,
-    ) -> PullResult[_M]:
-        """``Reads.pull``: ``pull``, each message made by ``make`` (``MessageMaker``)."""
-        return await self.reads.pull(
-            make,
-            topic,
-            queue_id,
-            queue_offset,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            tags=tags,
-        )
-
-    async def pull_page(
-        self,
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        tags: str | None = None,
-    ) -> RawPullResult:
-        """``Reads.pull_page``: ``pull`` with the messages as stored."""
-        return await self.reads.pull_page(
-            topic, queue_id, queue_offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
-        )
-
-    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
-        return self.reads.queue_bounds(topic, queue_id)
-
-    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return self.reads.offset_for_time(topic, queue_id, timestamp_ms)
-
-    def get_message(self, msg_id: str) -> PulledMessage:
-        return self.reads.get_message(msg_id)
-
-    def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
-        return self.reads.query_by_key(topic, key, max_results)
-
-    # ---- consumer groups (broker/groups.py) --------------------------------------------
-
-    def list_groups(self) -> list[str]:
-        return self.groups.list_groups()
-
-    def group_offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
-        return self.groups.group_offsets(group, topic)
-
-    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
-        await self.groups.commit_offsets(group, topic, offsets)
-
-    async def reset_offsets(self, group: str, topic: str, to: str | int) -> dict[int, int]:
-        """Move a group's offsets to ``earliest``, ``latest`` or a store timestamp."""
-        return await self.groups.reset_offsets(group, topic, to)
-
-    async def group_pull(
-        self,
-        group: str,
-        topic: str,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        queue_ids: Sequence[int] | None = None,
-        auto_commit: bool = False,
-    ) -> GroupPullResult:
-        """``ConsumerGroups.group_pull``: from the group's committed offsets."""
-        return await self.groups.group_pull(
-            group,
-            topic,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            queue_ids=queue_ids,
-            auto_commit=auto_commit,
-        )
 
     # ---- status ------------------------------------------------------------------------
 

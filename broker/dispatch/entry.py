@@ -37,11 +37,11 @@ from dledger.store import BODY_OFFSET, MAGIC_NORMAL
 from ..batch import INNER_BATCH_FLAG, InnerRecord, batch_inners
 from ..message import (
     PROP_TAGS,
-    DispatchInfo,
     MessageFormatError,
+    RecordHead,
+    decode_head,
     decode_message,
     decode_properties,
-    peek_dispatch,
     tags_and_keys,
 )
 from ..metadata import SYS_TOPIC
@@ -61,7 +61,7 @@ class Committed:
     size: int  # the entry's, header included
     raw: bytes  # the read the entry lies in
     body_at: int  # where its message record starts in ``raw``
-    info: DispatchInfo
+    info: RecordHead
     system: bool  # a ``%SYS%META`` operation: it goes to no queue and has no keys
     inners: list[InnerRecord] | None  # a batch record's messages; None: one message
     props: dict[str, str]  # the record's properties (a batch record's outer block)
@@ -89,7 +89,7 @@ def decode(  # noqa: PLR0917 - the entry header's fields, as the walk unpacks th
     if magic != MAGIC_NORMAL:
         raise MessageFormatError(f"entry magic {magic}")
     body_at = off + BODY_OFFSET
-    info = peek_dispatch(raw, body_at)
+    info = decode_head(raw, body_at)
     commitlog_offset = pos + BODY_OFFSET
     if info.physical_offset != commitlog_offset:
         raise MessageFormatError(
@@ -98,7 +98,7 @@ def decode(  # noqa: PLR0917 - the entry header's fields, as the walk unpacks th
     inners = batch_inners(raw, body_at)[1] if info.sys_flag & INNER_BATCH_FLAG else None
     if info.topic == SYS_TOPIC:
         return Committed(index, pos, size, raw, body_at, info, True, inners, {}, (), ())
-    props = decode_properties(info.properties_raw)
+    props = decode_properties(raw[info.props_at : info.props_at + info.props_len])
     if inners is None:
         keys = index_keys(props)
         units = (tags_hash(props.get(PROP_TAGS)),)

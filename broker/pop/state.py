@@ -1,5 +1,5 @@
 """POP consumer-group state: which messages of a topic a group has handed out, to be
-acknowledged, retried or dead-lettered (docs/consuming.md; API.md §7).
+acknowledged, retried or dead-lettered (docs/consuming.md).
 
 This is replicated state, a pure function of the committed entries in log order (a
 ``StateApplier``, ``broker/pop/applier.py``): the master decides what to hand out from

@@ -34,7 +34,7 @@ async def _churn(b: Broker) -> bytes:
     offset commit. Returns the dispatch checkpoint file as it was half-way."""
     await b.topics.create("t", 2)
     for i in range(40):
-        await b.produce("t", [NewMessage(b"old%d" % i, keys=[f"k{i % 7}", f"o{i}"])])
+        await b.producer.produce("t", [NewMessage(b"old%d" % i, keys=[f"k{i % 7}", f"o{i}"])])
         if i == 20:
             await b.dispatcher.snapshot()
             await b.dispatcher.checkpoint()
@@ -42,8 +42,8 @@ async def _churn(b: Broker) -> bytes:
     await b.topics.delete("t")
     await b.topics.create("t", 3)
     for i in range(30):
-        await b.produce("t", [NewMessage(b"new%d" % i, keys=[f"k{i % 7}"])] * 2)
-    await b.commit_offsets("g", "t", {1: 5})
+        await b.producer.produce("t", [NewMessage(b"new%d" % i, keys=[f"k{i % 7}"])] * 2)
+    await b.groups.commit_offsets("g", "t", {1: 5})
     return half_way
 
 
@@ -85,9 +85,12 @@ async def test_restart_after_delete_and_recreate_rebuilds_the_same_files(
         assert b.dispatcher.stats["rebuilds"] == (lost in ("consume queues", "older checkpoint"))
         assert _derived(c) == before
         assert b.topics.get("t") == topic and b.meta.committed_offset("g", "t", 1) == 5
-        assert [b.queue_bounds("t", q) for q in range(3)] == [(0, 20)] * 3
-        assert [m.body for m in b.query_by_key("t", "k3")][:2] == [b"new24", b"new24"]
-        [res] = await b.produce("t", [NewMessage(b"next")], producer_id="p", sequence=0)
+        assert [b.reads.queue_bounds("t", q) for q in range(3)] == [(0, 20)] * 3
+        assert [m.body for m in b.reads.query_by_key(b.reads.pulled_message, "t", "k3")][:2] == [
+            b"new24",
+            b"new24",
+        ]
+        [res] = await b.producer.produce("t", [NewMessage(b"next")], producer_id="p", sequence=0)
         assert res.queue_offset == 20
     finally:
         await c.close()
@@ -108,8 +111,8 @@ async def test_a_damaged_metadata_snapshot_never_stops_a_restart(
     try:
         await until(lambda: b.is_master, what="master")
         await b.topics.create("t", 2)
-        await b.produce("t", [NewMessage(b"a%d" % i) for i in range(10)])
-        await b.commit_offsets("g", "t", {0: 3})
+        await b.producer.produce("t", [NewMessage(b"a%d" % i) for i in range(10)])
+        await b.groups.commit_offsets("g", "t", {0: 3})
         await b.dispatcher.snapshot()
     finally:
         await c.stop("n0")
@@ -121,8 +124,8 @@ async def test_a_damaged_metadata_snapshot_never_stops_a_restart(
         await until(lambda: b.is_master, what="master again")
         assert b.meta.topics["t"].queues == 2
         assert b.meta.committed_offset("g", "t", 0) == 3
-        r = await b.pull("t", 0, 0, max_messages=100)
-        r1 = await b.pull("t", 1, 0, max_messages=100)
+        r = await b.reads.pull(b.reads.pulled_message, "t", 0, 0, max_messages=100)
+        r1 = await b.reads.pull(b.reads.pulled_message, "t", 1, 0, max_messages=100)
         assert len(r.messages) + len(r1.messages) == 10
     finally:
         await c.close()

@@ -13,11 +13,11 @@ from broker.dispatch.appliers import state_appliers
 from broker.dispatch.snapshots import parse_queue_table, parse_snapshot, snapshot_bytes
 from broker.message import (
     MessageFormatError,
+    decode_head,
     decode_message,
     decode_properties,
     encode_message,
     encode_properties,
-    peek_dispatch,
     tags_and_keys,
 )
 from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
@@ -43,7 +43,7 @@ def _message_seeds() -> list[bytes]:
 
 @target("message_codec", max_len=2048, seeds=_message_seeds)
 def message_codec(data: bytes) -> None:
-    """A CommitLog message record (``decode_message``, ``peek_dispatch``), a property block
+    """A CommitLog message record (``decode_message``, ``decode_head``), a property block
     and a message id: a value or ``MessageFormatError``. The two record decoders refuse
     the same records and agree on what they both read."""
     r = Reader(data)
@@ -55,7 +55,7 @@ def message_codec(data: bytes) -> None:
     except MessageFormatError:
         m = None
     try:
-        info = peek_dispatch(buf, offset)
+        info = decode_head(buf, offset)
     except MessageFormatError:
         info = None
     if m is not None:
