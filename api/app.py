@@ -38,7 +38,7 @@ from . import http_protocol, models
 from .auth import TokenTable
 from .guard import RequestGuard
 from .metrics import METRICS_CACHE_S, NodeMetrics
-from .routes import cluster, groups, messages, probes, prometheus, query, topics
+from .routes import cluster, groups, messages, pop, probes, prometheus, query, topics
 from .routes.common import (
     DEFAULT_RETRY_AFTER_S,
     JSONBytes,
@@ -116,7 +116,14 @@ def create_app(
         prometheus.router, dependencies=[Depends(check_token)] if metrics_closed else []
     )
     guarded = [Depends(check_token)] if tokens is not None else []
-    for router in (cluster.router, topics.router, messages.router, query.router, groups.router):
+    for router in (
+        cluster.router,
+        topics.router,
+        messages.router,
+        query.router,
+        groups.router,
+        pop.router,
+    ):
         app.include_router(
             router, dependencies=guarded, responses=error_docs(401, 403) if guarded else None
         )

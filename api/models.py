@@ -7,7 +7,7 @@ and rendered with orjson; their models here document them in the OpenAPI documen
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -203,8 +203,20 @@ class GroupOffset(BaseModel):
     lag: int
 
 
+class PopOffsets(BaseModel):
+    """A POP group's queue: the first offset never handed out, what is in flight, and
+    the lag (neither acknowledged nor dead-lettered)."""
+
+    topic: str
+    queue_id: int
+    next_offset: int
+    in_flight: int
+    max_offset: int
+    lag: int
+
+
 class GroupOffsets(BaseModel):
-    offsets: list[GroupOffset]
+    offsets: list[GroupOffset] | list[PopOffsets]
 
 
 class CommitOffsets(_Request):
@@ -237,3 +249,97 @@ class GroupPull(_Request):
 class GroupPullResponse(BaseModel):
     messages: list[MessageOut]
     next_offsets: dict[str, int]
+
+
+# ---- shared consumption (POP groups, docs/consuming.md) -----------------------------------
+
+
+class RetryList(_Request):
+    policy: Literal["list"]
+    delays_ms: list[Annotated[int, Field(ge=0, le=604_800_000)]] = Field(
+        min_length=1, max_length=64, examples=[[1000, 5000, 10000, 30000, 60000]]
+    )
+
+
+class RetryExponential(_Request):
+    policy: Literal["exponential"]
+    initial_ms: Annotated[int, Field(ge=0, le=604_800_000)] = 1000
+    multiplier: Annotated[float, Field(ge=1, le=10)] = 2.0
+    max_ms: Annotated[int, Field(ge=0, le=604_800_000)] = 7_200_000
+
+
+class GroupConfig(_Request):
+    mode: Literal["pop"] = "pop"
+    fifo: bool = False
+    max_delivery_attempts: Annotated[int, Field(ge=1, le=1000)] = 17
+    retry: RetryList | RetryExponential | None = None
+    start: Literal["latest", "earliest"] | Annotated[int, Field(ge=0, le=2**62)] = "latest"
+
+
+class PopTopicState(BaseModel):
+    topic: str
+    in_flight: int
+    dead_lettered: int
+
+
+class GroupDescription(BaseModel):
+    group: str
+    mode: Literal["pop", "offsets"]
+    fifo: bool | None = None
+    max_delivery_attempts: int | None = None
+    retry: dict[str, Any] | None = None
+    start: str | int | None = None
+    topics: list[PopTopicState] = []
+
+
+class Receive(_Request):
+    topic: TopicName
+    max_messages: Annotated[int, Field(ge=1)] = 32
+    invisible_ms: Annotated[int, Field(ge=0)] = 30_000
+    wait_ms: Annotated[int, Field(ge=0)] = 0
+    tags: Annotated[str | None, Field(max_length=4096, examples=["TagA||TagB"])] = None
+    attempt_id: Annotated[str | None, Field(min_length=1, max_length=128)] = None
+    encoding: Encoding = "utf-8"
+
+
+class ReceivedMessage(MessageOut):
+    receipt_handle: str = Field(examples=["v1:0:17:4211"])
+    delivery_attempt: int
+    invisible_until: int
+
+
+class ReceiveResponse(BaseModel):
+    messages: list[ReceivedMessage]
+
+
+ReceiptHandle = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class Ack(_Request):
+    topic: TopicName
+    receipt_handles: list[ReceiptHandle] = Field(min_length=1)
+
+
+class Nack(Ack):
+    delay_ms: Annotated[int | None, Field(ge=0, le=604_800_000)] = None
+
+
+class HandleResult(BaseModel):
+    receipt_handle: str
+    status: Literal["OK", "INVALID_RECEIPT_HANDLE"]
+
+
+class AckResponse(BaseModel):
+    results: list[HandleResult]
+
+
+class ChangeInvisible(_Request):
+    topic: TopicName
+    receipt_handle: ReceiptHandle
+    invisible_ms: Annotated[int, Field(ge=0)]
+
+
+class ChangeInvisibleResponse(BaseModel):
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until: int

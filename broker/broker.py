@@ -39,6 +39,8 @@ from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
 from .leadership import Leadership
 from .metadata import MetadataState, SnapshotFiles
+from .pop.applier import PopApplier
+from .pop.service import PopGroups
 from .produce import NewMessage, Producer, ProduceResult, now_ms
 from .promotion import queue_table_from
 from .reads import MessageMaker, PulledMessage, PullResult, Reads
@@ -80,6 +82,7 @@ class Broker:
     reads: Reads
     groups: ConsumerGroups
     leadership: Leadership
+    pop: PopGroups
 
     def __init__(self, settings: BrokerSettings) -> None:
         self.settings = settings
@@ -170,6 +173,18 @@ class Broker:
             dispatch=dispatch,
         )
         self.leadership = Leadership(s, gate, server)
+        self.pop = PopGroups(
+            settings=s,
+            gate=gate,
+            topics=topics,
+            metalog=self.metalog,
+            meta=meta,
+            reads=self.reads,
+            producer=self.producer,
+            dispatch=dispatch,
+            applier=next(a for a in dispatch.state if isinstance(a, PopApplier)),
+            clock=now_ms,
+        )
 
     async def start(self) -> None:
         self._assemble(await self.server.open())

@@ -57,6 +57,21 @@ class GroupNotFoundError(BrokerError):
     http_status = 404
 
 
+class GroupModeConflictError(BrokerError):
+    """The group has another mode (``offsets`` or ``pop``), fixed when it was made."""
+
+    code = "GROUP_MODE_CONFLICT"
+    http_status = 409
+
+
+class InvalidReceiptHandleError(BrokerError):
+    """The receipt handle is not current: its message was acked, handed out again,
+    nacked or its invisible time changed (a new handle); nothing changed."""
+
+    code = "INVALID_RECEIPT_HANDLE"
+    http_status = 409
+
+
 class SequenceTooOldError(BrokerError):
     """A producer session retried a sequence below its last one: those results are gone."""
 

@@ -61,8 +61,17 @@ class ConsumerGroups:
         if not GROUP_NAME.fullmatch(group):
             raise errors.InvalidArgumentError(f"invalid group name {group!r}")
 
+    def _check_offsets_mode(self, group: str) -> None:
+        """``GroupModeConflictError`` for a POP group: its offsets are the broker's."""
+        self._check_group(group)
+        if group in self.meta.pop.groups:
+            raise errors.GroupModeConflictError(
+                f"group {group} is a POP group: receive and ack (docs/consuming.md)"
+            )
+
     def list_groups(self) -> list[str]:
-        return sorted(self.meta.offsets)
+        """Every group: those that committed offsets and the POP groups."""
+        return sorted(set(self.meta.offsets) | set(self.meta.pop.groups))
 
     def group_offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
         self._check_group(group)
@@ -92,7 +101,7 @@ class ConsumerGroups:
 
     async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
         self.gate.require_master()  # a write: a slave may not know a topic the master made
-        self._check_group(group)
+        self._check_offsets_mode(group)
         t = self.topics.get(topic)
         clean: dict[int, int] = {}
         for qid, queue_offset in offsets.items():
@@ -143,7 +152,7 @@ class ConsumerGroups:
         (``Reads.pull``'s ``MessageMaker``)."""
         if auto_commit:
             self.gate.require_master()  # the commit is a write: go to the master before pulling
-        self._check_group(group)
+        self._check_offsets_mode(group)
         self.reads.check_pull_args(max_messages, wait_ms)
         t = self.topics.get(topic)
         qids = list(range(t.queues)) if queue_ids is None else list(queue_ids)

@@ -57,6 +57,12 @@ class Limits:
     # either → 429 LIMIT_REACHED, nothing written.
     max_topics: int = 1024
     max_total_queues: int = 8192
+    # POP groups (docs/consuming.md): messages of one queue in flight for a group at once
+    # (RocketMQ's popInflightMessageThreshold), handles per ack/nack, invisible times.
+    max_pop_in_flight_per_queue: int = 2000
+    max_receipt_handles: int = 1024
+    min_invisible_ms: int = 100
+    max_invisible_ms: int = 12 * 3_600_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from broker import errors
 from broker.broker import Broker
 from broker.groups import ConsumerGroups
 from broker.leadership import Leadership
+from broker.pop.service import PopGroups
 from broker.produce import Producer
 from broker.reads import Reads
 from broker.settings import BrokerSettings, Limits
@@ -204,6 +205,11 @@ async def _groups(request: Request) -> ConsumerGroups:
     return groups
 
 
+async def _pop(request: Request) -> PopGroups:
+    pop: PopGroups = request.app.state.broker.pop
+    return pop
+
+
 async def _leadership(request: Request) -> Leadership:
     leadership: Leadership = request.app.state.broker.leadership
     return leadership
@@ -230,6 +236,7 @@ ReadsDep = Annotated[Reads, Depends(_reads)]
 TopicsDep = Annotated[Topics, Depends(_topics)]
 GroupsDep = Annotated[ConsumerGroups, Depends(_groups)]
 LeadershipDep = Annotated[Leadership, Depends(_leadership)]
+PopDep = Annotated[PopGroups, Depends(_pop)]
 SettingsDep = Annotated[BrokerSettings, Depends(_settings)]
 LimitsDep = Annotated[Limits, Depends(_limits)]
 MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]

@@ -17,6 +17,7 @@ from .common import (
     JSONBytes,
     LongPollDep,
     MetricsDep,
+    PopDep,
     error_docs,
 )
 
@@ -55,10 +56,13 @@ async def list_groups(groups: GroupsDep, access: AccessDep) -> Response:
 async def group_offsets(
     group: GroupPath,
     groups: GroupsDep,
+    pop: PopDep,
     access: AccessDep,
     topic: Annotated[str | None, Query(pattern=models.TOPIC_PATTERN)] = None,
 ) -> Response:
     access.need("consume", topic)
+    if group in groups.meta.pop.groups:  # a POP group's: handed out, in flight, lag
+        return JSONBytes({"offsets": pop.offsets(group, topic)})
     return JSONBytes({"offsets": groups.group_offsets(group, topic)})
 
 

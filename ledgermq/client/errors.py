@@ -120,6 +120,18 @@ class ForbiddenError(LedgerMQError):
     CODE = "FORBIDDEN"
 
 
+class GroupModeConflictError(LedgerMQError):
+    """The group has the other mode (``offsets`` or ``pop``), fixed when it was made."""
+
+    CODE = "GROUP_MODE_CONFLICT"
+
+
+class InvalidReceiptHandleError(LedgerMQError):
+    """The receipt handle is not current (acked, delivered again, nacked or changed)."""
+
+    CODE = "INVALID_RECEIPT_HANDLE"
+
+
 class BrokerUnavailableError(LedgerMQError):
     """No broker answered (connection refused, timeouts) within the deadline."""
 
@@ -146,6 +158,8 @@ ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         CorruptEntryError,
         UnauthenticatedError,
         ForbiddenError,
+        GroupModeConflictError,
+        InvalidReceiptHandleError,
         BrokerUnavailableError,
     )
 }

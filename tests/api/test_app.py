@@ -464,6 +464,12 @@ async def test_openapi_document_is_complete(node: Node) -> None:
         ("put", "/v1/groups/{group}/offsets"),
         ("post", "/v1/groups/{group}/offsets/reset"),
         ("post", "/v1/groups/{group}/pull"),
+        ("put", "/v1/groups/{group}"),
+        ("get", "/v1/groups/{group}"),
+        ("post", "/v1/groups/{group}/receive"),
+        ("post", "/v1/groups/{group}/ack"),
+        ("post", "/v1/groups/{group}/nack"),
+        ("post", "/v1/groups/{group}/invisible"),
         ("get", "/v1/messages/{msg_id}"),
     }
     assert {(m, p) for p, ops in paths.items() for m in ops} == expected

@@ -1,0 +1,561 @@
+"""``PopGroups``: the master's side of shared consumption (docs/consuming.md).
+
+The master decides from the replicated state (``MetadataState.pop``, the same on every
+node) what a receive hands out, appends that decision (``pop.receive``) and answers
+with what applying it handed out: a message is never given to a consumer before its
+in-flight record is committed, so a new master knows it is out. Acks, nacks and
+changes of the invisible time are appended the same way and answered from their
+outcome; a message whose attempts are spent is written to ``%DLQ%<group>`` (the copy
+and the end of its flight are one entry, ``broker/pop/applier.py``).
+
+Concurrency on the master: offsets picked by a receive whose entry is not applied yet
+are reserved (``_reserved``) and the queue's next offset as that receive moves it is
+kept (``_pending_next``), so two receives of one loop turn pick different messages.
+Both are held only while their request runs (released in ``finally``), so nothing of
+them outlives a lost leadership. The applier checks every pick again against the state
+the entry meets, so the overlay is for liveness; safety does not rest on it.
+
+Invariants:
+- every operation passes the ``WriteGate`` first: a SLAVE redirects, as for produce;
+- a receive waits at most ``wait_ms`` (long polling), woken by new messages (arrivals)
+  and by the next flight falling due, never by polling faster than ``POLL_SLICE_S``;
+- at most ``max_pop_in_flight_per_queue`` messages of a queue are in flight for a group,
+  and a request names at most ``max_receipt_handles`` handles.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from .. import errors
+from ..gate import WriteGate
+from ..message import RecordHead
+from ..metadata import GROUP_NAME, MetadataState, TopicMeta
+from ..produce import NewMessage, Producer
+from ..reads import MessageMaker, Reads
+from ..settings import BrokerSettings
+from ..topics import MetadataLog, Topics
+from .applier import (
+    PROP_DELIVERY_ATTEMPTS,
+    PROP_DLQ_ORIGIN_MSG_ID,
+    PROP_DLQ_ORIGIN_QUEUE_ID,
+    PROP_DLQ_ORIGIN_QUEUE_OFFSET,
+    PROP_DLQ_ORIGIN_TOPIC,
+    PROP_POP_EPOCH,
+    PopApplier,
+    dlq_topic,
+)
+from .state import MAX_TIME_MS, Delivered, Flight, Handle, PopConfig, PopState, QueueState
+
+if TYPE_CHECKING:
+    from ..dispatch import Dispatch
+
+_M = TypeVar("_M")
+
+POLL_SLICE_S = 1.0  # a waiting receive looks again at least this often
+_HANDLE = re.compile(r"v1:(\d{1,5}):(\d{1,19}):(\d{1,19})")
+
+
+def handle_text(queue_id: int, offset: int, epoch: int) -> str:
+    """A receipt handle as clients see it: no node, nothing node-local."""
+    return f"v1:{queue_id}:{offset}:{epoch}"
+
+
+def parse_handle(text: str) -> Handle | None:
+    m = _HANDLE.fullmatch(text)
+    return None if m is None else (int(m[1]), int(m[2]), int(m[3]))
+
+
+def _with_offset(make: MessageMaker[_M]) -> MessageMaker[tuple[int, _M]]:
+    """``make``, each message paired with its queue offset."""
+
+    def made(
+        h: RecordHead, queue_offset: int, address: int, body: memoryview, props: memoryview
+    ) -> tuple[int, _M]:
+        return queue_offset, make(h, queue_offset, address, body, props)
+
+    return made
+
+
+@dataclass(frozen=True, slots=True)
+class Received(Generic[_M]):
+    """A message a receive handed out: what the maker made of it, and its flight."""
+
+    message: _M
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until: int
+
+
+@dataclass(slots=True)
+class _Selection(Generic[_M]):
+    picks: list[tuple[int, int, int, list[int]]]  # (queue, start, end, offsets): the op's
+    made: dict[tuple[int, int], _M]  # (queue, offset) → the message made
+    spent: list[tuple[int, int, Flight]]  # attempts spent: to the dead letters
+    next_due: int | None  # the earliest flight due after now (a waiting receive wakes)
+    ends: dict[int, int]  # each queue's offset past what this receive looked at
+
+
+class PopGroups:
+    def __init__(
+        self,
+        *,
+        settings: BrokerSettings,
+        gate: WriteGate,
+        topics: Topics,
+        metalog: MetadataLog,
+        meta: MetadataState,
+        reads: Reads,
+        producer: Producer,
+        dispatch: Dispatch,
+        applier: PopApplier,
+        clock: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self.gate = gate
+        self.topics = topics
+        self.metalog = metalog
+        self.meta = meta
+        self.reads = reads
+        self.producer = producer
+        self.dispatch = dispatch
+        self.applier = applier
+        self.clock = clock
+        self._reserved: dict[tuple[str, str, int], set[int]] = {}
+        self._pending_next: dict[tuple[str, str, int], int] = {}
+        self._rr: dict[tuple[str, str], int] = {}  # where the next receive starts
+        self._changed = asyncio.Event()  # set (and replaced) when an ack or nack lands
+        self._selecting: dict[tuple[str, str], asyncio.Lock] = {}
+
+    @property
+    def state(self) -> PopState:
+        return self.meta.pop
+
+    # ---- configuration ---------------------------------------------------------------
+
+    def _check_group(self, group: str) -> None:
+        if not GROUP_NAME.fullmatch(group):
+            raise errors.InvalidArgumentError(f"invalid group name {group!r}")
+
+    def config(self, group: str) -> PopConfig:
+        """A POP group's configuration; ``GroupNotFoundError`` for any other group."""
+        self._check_group(group)
+        cfg = self.state.groups.get(group)
+        if cfg is None:
+            raise errors.GroupNotFoundError(f"group {group} is not a POP group")
+        return cfg
+
+    async def configure(self, group: str, doc: dict[str, Any]) -> PopConfig:
+        """Create a POP group or change its configuration (``PUT /v1/groups/{group}``)."""
+        self._check_group(group)
+        try:
+            cfg = PopConfig.from_json(doc)
+        except (ValueError, TypeError) as e:
+            raise errors.InvalidArgumentError(f"group config: {e}") from None
+        await self.gate.require_master_soon()
+        if group in self.meta.offsets:
+            raise errors.GroupModeConflictError(
+                f"group {group} commits offsets: its mode is offsets, not pop"
+            )
+        await self.metalog.append({"op": "pop.config", "group": group, "config": cfg.to_json()})
+        return self.state.groups.get(group, cfg)
+
+    async def _config_for_use(self, group: str) -> PopConfig:
+        """The group's configuration, created with the defaults on its first use."""
+        cfg = self.state.groups.get(group)
+        if cfg is not None:
+            return cfg
+        return await self.configure(group, {})
+
+    def _check_topic(self, topic: str) -> TopicMeta:
+        return self.topics.get(topic)
+
+    # ---- receive -----------------------------------------------------------------------
+
+    async def receive(
+        self,
+        make: MessageMaker[_M],
+        group: str,
+        topic: str,
+        *,
+        max_messages: int = 32,
+        invisible_ms: int = 30_000,
+        wait_ms: int = 0,
+        tags: str | None = None,
+        attempt_id: str | None = None,
+    ) -> list[Received[_M]]:
+        """Hand out up to ``max_messages`` of ``topic`` to one consumer of ``group``,
+        each invisible to the group for ``invisible_ms``; waits up to ``wait_ms`` for
+        one. A FIFO receive retried with the same ``attempt_id`` gets the same messages
+        while they are in flight."""
+        self._check_group(group)
+        lim = self.settings.limits
+        if not 1 <= max_messages <= lim.max_pull_messages:
+            raise errors.InvalidArgumentError(f"max_messages must be 1..{lim.max_pull_messages}")
+        if not lim.min_invisible_ms <= invisible_ms <= lim.max_invisible_ms:
+            raise errors.InvalidArgumentError(
+                f"invisible_ms must be {lim.min_invisible_ms}..{lim.max_invisible_ms}"
+            )
+        if not 0 <= wait_ms <= lim.max_wait_ms:
+            raise errors.InvalidArgumentError(f"wait_ms must be 0..{lim.max_wait_ms}")
+        if attempt_id is not None and not 1 <= len(attempt_id) <= 128:
+            raise errors.InvalidArgumentError("attempt_id: 1..128 characters")
+        await self.gate.require_master_soon()
+        t = self._check_topic(topic)
+        cfg = await self._config_for_use(group)
+        deadline = time.monotonic() + wait_ms / 1000
+        while True:
+            if attempt_id is not None:
+                again = await self._same_attempt(make, group, t, attempt_id)
+                if again:
+                    return again
+            # One selection at a time per group and topic: what one picks is reserved
+            # before the next looks (the appends and their waits overlap).
+            async with self._selecting.setdefault((group, t.name), asyncio.Lock()):
+                sel = await self._select(make, group, t, cfg, max_messages, tags)
+                self._reserve(group, t.name, sel)
+            try:
+                if sel.spent:
+                    await self._dead_letter(group, t, sel.spent)
+                if any(offsets for _, _, _, offsets in sel.picks):
+                    return await self._hand_out(group, t, sel, invisible_ms, attempt_id)
+            finally:
+                self._release(group, t.name, sel)
+            if sel.spent:
+                continue  # their queues may hold more now
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            if sel.next_due is not None:
+                left = min(left, max(0.0, (sel.next_due - self.clock()) / 1000) + 0.001)
+            await self._wait_arrival(t, sel, min(left, POLL_SLICE_S))
+            self.gate.require_master()
+
+    def _reserve(self, group: str, topic: str, sel: _Selection[_M]) -> None:
+        for q, _, end, offsets in sel.picks:
+            k = (group, topic, q)
+            self._reserved.setdefault(k, set()).update(offsets)
+            self._pending_next[k] = max(self._pending_next.get(k, -1), end)
+        for q, o, _ in sel.spent:
+            self._reserved.setdefault((group, topic, q), set()).add(o)
+
+    def _release(self, group: str, topic: str, sel: _Selection[_M]) -> None:
+        """Forget what ``_reserve`` held: the entry is applied (or failed)."""
+        held = [(q, offsets) for q, _, _, offsets in sel.picks]
+        held += [(q, [o]) for q, o, _ in sel.spent]
+        for q, offsets in held:
+            k = (group, topic, q)
+            left = self._reserved.get(k, set()).difference(offsets)
+            if left:
+                self._reserved[k] = left
+            else:
+                self._reserved.pop(k, None)
+        for q, _, end, _ in sel.picks:
+            k = (group, topic, q)
+            if self._pending_next.get(k, -1) <= end:
+                self._pending_next.pop(k, None)
+
+    async def _select(  # noqa: PLR0917 - the receive's arguments
+        self,
+        make: MessageMaker[_M],
+        group: str,
+        t: TopicMeta,
+        cfg: PopConfig,
+        max_messages: int,
+        tags: str | None,
+    ) -> _Selection[_M]:
+        """What this receive would hand out now: per queue, from a rotating first queue
+        (fair across queues), due redeliveries in offset order, then fresh messages."""
+        now = self.clock()
+        cap = self.settings.limits.max_pop_in_flight_per_queue
+        sel: _Selection[_M] = _Selection([], {}, [], None, {})
+        first = self._rr.get((group, t.name), 0) % t.queues
+        self._rr[(group, t.name)] = first + 1
+        left = max_messages
+        for i in range(t.queues):
+            q = (first + i) % t.queues
+            key = (group, t.name, q)
+            qs = self.state.queues.get(key)
+            reserved = self._reserved.get(key, set())
+            flights = {} if qs is None else qs.flights
+            start = self._next_of(key, qs, cfg)
+            sel.ends[q] = start
+            if left <= 0:
+                continue
+            if cfg.fifo and (reserved or (qs is not None and qs.blocked(now))):
+                continue
+            offsets: list[int] = []
+            for o in sorted(flights):
+                f = flights[o]
+                if o in reserved:
+                    continue
+                if f.due > now:
+                    sel.next_due = f.due if sel.next_due is None else min(sel.next_due, f.due)
+                    continue
+                if f.attempt >= cfg.max_delivery_attempts:
+                    sel.spent.append((q, o, f))
+                    continue
+                if left > 0 and (m := await self._one(make, t.name, q, o)) is not None:
+                    sel.made[(q, o)] = m
+                    offsets.append(o)
+                    left -= 1
+            end = start
+            room = min(left, cap - len(flights) - len(reserved))
+            if room > 0 and not (cfg.fifo and flights):
+                r = await self.reads.pull(
+                    _with_offset(make), t.name, q, start, max_messages=room, tags=tags
+                )
+                end = max(start, r.next_offset)
+                for o, m in r.messages:
+                    sel.made[(q, o)] = m
+                    offsets.append(o)
+                left -= len(r.messages)
+            sel.ends[q] = end
+            if offsets or end > start:
+                sel.picks.append((q, start, end, offsets))
+        return sel
+
+    def _next_of(self, key: tuple[str, str, int], qs: QueueState | None, cfg: PopConfig) -> int:
+        """Where the queue's fresh messages start for the group: after what it handed out
+        (and what a receive under way here moves it to); on its first receive, where
+        the group's ``start`` says; never below what retention kept."""
+        _, topic, q = key
+        lo, hi = self.reads.queue_bounds(topic, q)
+        if qs is not None:
+            nxt = qs.next
+        elif cfg.start == "latest":
+            nxt = hi
+        elif cfg.start == "earliest":
+            nxt = lo
+        else:
+            nxt = self.reads.offset_for_time(topic, q, int(cfg.start))
+        return max(nxt, lo, self._pending_next.get(key, -1))
+
+    async def _one(self, make: MessageMaker[_M], topic: str, q: int, offset: int) -> _M | None:
+        """The message at ``offset`` of the queue, or None when retention deleted it."""
+        r = await self.reads.pull(_with_offset(make), topic, q, offset, max_messages=1)
+        return next((m for o, m in r.messages if o == offset), None)
+
+    async def _same_attempt(
+        self, make: MessageMaker[_M], group: str, t: TopicMeta, attempt_id: str
+    ) -> list[Received[_M]]:
+        """The messages a receive with ``attempt_id`` handed out and that are still
+        invisible: what its retry gets again (same handles)."""
+        now = self.clock()
+        out: list[Received[_M]] = []
+        for q, qs in self.state.topic_queues(group, t.name):
+            for o in sorted(qs.flights):
+                f = qs.flights[o]
+                if f.attempt_id == attempt_id and f.visible_at > now:
+                    m = await self._one(make, t.name, q, o)
+                    if m is not None:
+                        out.append(Received(m, handle_text(q, o, f.epoch), f.attempt, f.visible_at))
+        return out
+
+    async def _hand_out(
+        self,
+        group: str,
+        t: TopicMeta,
+        sel: _Selection[_M],
+        invisible_ms: int,
+        attempt_id: str | None,
+    ) -> list[Received[_M]]:
+        """Append the receive, and answer with what applying it handed out."""
+        index = await self.metalog.append(
+            {
+                "op": "pop.receive",
+                "group": group,
+                "topic": t.name,
+                "invisible_ms": invisible_ms,
+                "attempt_id": attempt_id,
+                "picks": sel.picks,
+            }
+        )
+        delivered = self.applier.outcome(index)
+        if not isinstance(delivered, list):
+            raise errors.UnknownOutcomeError("the receive was not applied in time; retry")
+        out: list[Received[_M]] = []
+        for d in delivered:
+            assert isinstance(d, Delivered)
+            out.append(
+                Received(
+                    sel.made[(d.queue_id, d.offset)],
+                    handle_text(d.queue_id, d.offset, d.epoch),
+                    d.attempt,
+                    d.visible_at,
+                )
+            )
+        return out
+
+    async def _dead_letter(
+        self, group: str, t: TopicMeta, spent: Sequence[tuple[int, int, Flight]]
+    ) -> None:
+        """Copy each message whose attempts are spent into ``%DLQ%<group>``: the copy
+        carries its origin and the handle it ends (one entry: no second copy after a
+        failover). A message retention deleted is left in flight."""
+        dlq = dlq_topic(group)
+        if dlq not in self.meta.topics:
+            await self.topics.create(dlq, 1)
+        for q, o, f in spent:
+            m = await self._one(self.reads.pulled_message, t.name, q, o)
+            if m is None:
+                continue
+            props = dict(m.properties)
+            props.update(
+                {
+                    PROP_DLQ_ORIGIN_TOPIC: t.name,
+                    PROP_DLQ_ORIGIN_QUEUE_ID: str(q),
+                    PROP_DLQ_ORIGIN_QUEUE_OFFSET: str(o),
+                    PROP_DLQ_ORIGIN_MSG_ID: m.msg_id,
+                    PROP_DELIVERY_ATTEMPTS: str(f.attempt),
+                    PROP_POP_EPOCH: str(f.epoch),
+                }
+            )
+            copy = NewMessage(m.body, m.tags, m.keys, props, queue_id=0)
+            await self.producer.produce_to(self.topics.get(dlq), [copy], None, None)
+        self._moved()
+
+    async def _wait_arrival(self, t: TopicMeta, sel: _Selection[_M], timeout_s: float) -> None:
+        """Until a queue of the topic grows past where this receive looked, an ack or a
+        nack of the group changes what may go out, or ``timeout_s``."""
+        waits = [
+            asyncio.ensure_future(self.dispatch.wait_queue(t.name, q, end, timeout_s))
+            for q, end in sel.ends.items()
+        ]
+        waits.append(asyncio.ensure_future(self._changed.wait()))
+        try:
+            await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    def _moved(self) -> None:
+        """Something a waiting receive may now hand out changed: wake them all."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # ---- ack, nack, invisible -------------------------------------------------------------
+
+    def _handles(self, handles: Sequence[str]) -> list[Handle | None]:
+        lim = self.settings.limits.max_receipt_handles
+        if not 1 <= len(handles) <= lim:
+            raise errors.InvalidArgumentError(f"receipt_handles: 1..{lim} handles")
+        return [parse_handle(h) for h in handles]
+
+    async def _settle(
+        self, group: str, topic: str, op: dict[str, Any], handles: Sequence[str]
+    ) -> list[bool]:
+        """Append an ack or a nack of the handles that are current here now; whether
+        each held (a handle not current here is INVALID, with no write)."""
+        self._check_group(group)
+        parsed = self._handles(handles)
+        await self.gate.require_master_soon()
+        self.topics.get(topic)
+        self.config(group)
+        live = [h for h in parsed if h is not None and self._current(group, topic, h)]
+        held: dict[Handle, bool] = {}
+        if live:
+            index = await self.metalog.append(
+                {**op, "group": group, "topic": topic, "handles": [list(h) for h in live]}
+            )
+            outcome = self.applier.outcome(index)
+            if not isinstance(outcome, list):
+                raise errors.UnknownOutcomeError("not applied in time; retry")
+            held = {h: bool(ok) for h, ok in zip(live, outcome, strict=True)}
+            self._moved()
+        return [h is not None and held.get(h, False) for h in parsed]
+
+    def _current(self, group: str, topic: str, h: Handle) -> bool:
+        qs = self.state.queues.get((group, topic, h[0]))
+        f = None if qs is None else qs.flights.get(h[1])
+        return f is not None and f.epoch == h[2]
+
+    async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[bool]:
+        """Each handle's message is done for the group, if the handle is current."""
+        return await self._settle(group, topic, {"op": "pop.ack"}, handles)
+
+    async def nack(
+        self, group: str, topic: str, handles: Sequence[str], delay_ms: int | None = None
+    ) -> list[bool]:
+        """Each handle's message goes out again after ``delay_ms`` (the group's retry
+        delay for its next attempt when None)."""
+        if delay_ms is not None and not 0 <= delay_ms <= MAX_TIME_MS:
+            raise errors.InvalidArgumentError(f"delay_ms must be 0..{MAX_TIME_MS}")
+        return await self._settle(group, topic, {"op": "pop.nack", "delay_ms": delay_ms}, handles)
+
+    async def change_invisible(
+        self, group: str, topic: str, handle: str, invisible_ms: int
+    ) -> Received[None]:
+        """The handle's message stays invisible ``invisible_ms`` from now; its new
+        handle (``InvalidReceiptHandleError`` when the handle is not current)."""
+        lim = self.settings.limits
+        if not 0 <= invisible_ms <= lim.max_invisible_ms:
+            raise errors.InvalidArgumentError(f"invisible_ms must be 0..{lim.max_invisible_ms}")
+        self._check_group(group)
+        (h,) = self._handles([handle])
+        await self.gate.require_master_soon()
+        self.topics.get(topic)
+        self.config(group)
+        if h is None or not self._current(group, topic, h):
+            raise errors.InvalidReceiptHandleError("the receipt handle is not current")
+        index = await self.metalog.append(
+            {
+                "op": "pop.invisible",
+                "group": group,
+                "topic": topic,
+                "handle": list(h),
+                "invisible_ms": invisible_ms,
+            }
+        )
+        d = self.applier.outcome(index)
+        if not isinstance(d, Delivered):
+            raise errors.InvalidReceiptHandleError("the receipt handle is not current")
+        self._moved()
+        return Received(None, handle_text(d.queue_id, d.offset, d.epoch), d.attempt, d.visible_at)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    def describe(self, group: str) -> dict[str, Any]:
+        """``GET /v1/groups/{group}``: its configuration, and per topic what is in flight
+        and was dead-lettered."""
+        cfg = self.config(group)
+        topics = sorted({t for g, t, _ in self.state.queues if g == group})
+        dead = self.state.dead.get(group, {})
+        return {
+            "group": group,
+            **cfg.to_json(),
+            "topics": [
+                {
+                    "topic": name,
+                    "in_flight": self.state.in_flight(group, name),
+                    "dead_lettered": dead.get(name, 0),
+                }
+                for name in topics
+            ],
+        }
+
+    def offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
+        """Per queue: ``next_offset`` (the first never handed out), ``in_flight``,
+        ``max_offset`` and ``lag`` (neither acknowledged nor dead-lettered)."""
+        self.config(group)
+        out = []
+        for (g, name, q), qs in sorted(self.state.queues.items()):
+            if g != group or (topic is not None and name != topic):
+                continue
+            _, hi = self.reads.queue_bounds(name, q)
+            out.append(
+                {
+                    "topic": name,
+                    "queue_id": q,
+                    "next_offset": qs.next,
+                    "in_flight": len(qs.flights),
+                    "max_offset": hi,
+                    "lag": max(0, hi - qs.next) + len(qs.flights),
+                }
+            )
+        return out
