@@ -102,6 +102,13 @@ class NodeMetrics:
         )
         broker.server.commit_observers.append(lambda s, _n: self.commit_latency.observe(s))
 
+    def count_pulled(self, topic: str, messages: int, body_bytes: int) -> None:
+        """``messages`` served to consumers of ``topic`` (pulls, group pulls, key queries),
+        holding ``body_bytes`` of bodies."""
+        if messages:
+            self.pulled_messages.labels(topic).inc(messages)
+            self.pulled_bytes.labels(topic).inc(body_bytes)
+
     async def render(self) -> bytes:
         """The exposition: cached if fresh, else the render under way, else a new one."""
         loop = asyncio.get_running_loop()
@@ -187,13 +194,13 @@ async def _queue_bounds(b: Broker) -> list[tuple[str, int, int, int]] | None:
     install replaces the queues."""
     out: list[tuple[str, int, int, int]] = []
     since_yield = 0
-    for t in b.list_topics():
+    for t in b.topics.all():
         if b.dispatcher is None or b.dispatcher.installing:
             return None
         if b.meta.topics.get(t.name) is not t:  # deleted (or made again) meanwhile
             continue
         for qid in range(t.queues):
-            lo, hi = b.queue_bounds(t.name, qid)
+            lo, hi = b.reads.queue_bounds(t.name, qid)
             out.append((t.name, qid, lo, hi))
         since_yield += t.queues
         if since_yield >= SNAPSHOT_SLICE:

@@ -12,7 +12,7 @@ commands (JSON lines on the children's stdin/stdout) and kills nodes.
    ``--queues`` (8) queues, back to back for ``--duration`` s. messages/s, MB/s (bodies,
    10^6 B), p50/p99 latency per batch (``produce`` call → results, i.e. after quorum
    commit and local dispatch).
-2. ``pull``: every queue read from offset 0 to its end with ``Broker.pull(...,
+2. ``pull``: every queue read from offset 0 to its end with ``Reads.pull(...,
    max_messages=1000)``, on the master and then on a slave (after it dispatched
    everything). The data was just written, so these are page-cache reads.
 3. ``fill``: produce on the master until its store's ``ledger_end_pos`` reaches

@@ -133,7 +133,7 @@ class Node:
         }
 
     async def cmd_create_topic(self, req: dict[str, Any]) -> dict[str, Any]:
-        t, created = await self.b.create_topic(req["topic"], req.get("queues"))
+        t, created = await self.b.topics.create(req["topic"], req.get("queues"))
         return {"queues": t.queues, "created": created}
 
     async def cmd_exit(self, req: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +179,7 @@ class Node:
                 i += batch
                 t0 = time.monotonic()
                 try:
-                    await self.b.produce(topic, msgs)
+                    await self.b.producer.produce(topic, msgs)
                 except errors.BrokerError as e:
                     errs[e.code] = errs.get(e.code, 0) + 1
                     if not self.b.is_master:
@@ -242,8 +242,8 @@ class Node:
         topic = req["topic"]
         max_messages = int(req.get("max_messages", 1000))
         deadline = time.monotonic() + float(req.get("timeout", 600))
-        queues = self.b.topic(topic).queues
-        ends = [self.b.queue_bounds(topic, q)[1] for q in range(queues)]
+        queues = self.b.topics.get(topic).queues
+        ends = [self.b.reads.queue_bounds(topic, q)[1] for q in range(queues)]
         total = nbytes = pulls = 0
         start = time.monotonic()
         for q in range(queues):
@@ -252,7 +252,14 @@ class Node:
             for _ in range(ends[q] + 1):
                 if offset >= ends[q] or time.monotonic() > deadline:
                     break
-                r = await self.b.pull(topic, q, offset, max_messages=max_messages, wait_ms=0)
+                r = await self.b.reads.pull(
+                    self.b.reads.pulled_message,
+                    topic,
+                    q,
+                    offset,
+                    max_messages=max_messages,
+                    wait_ms=0,
+                )
                 pulls += 1
                 # A pull that finds messages never awaits: yield between pulls as separate
                 # requests would, or a long read-out starves this node's Raft heartbeats.
@@ -293,7 +300,7 @@ class Node:
                 attempts += 1
                 t0 = time.monotonic()
                 try:
-                    await self.b.produce(topic, [NewMessage(body)])
+                    await self.b.producer.produce(topic, [NewMessage(body)])
                 except errors.BrokerError as e:
                     first_error = first_error or e.code
                     await asyncio.sleep(0.001)

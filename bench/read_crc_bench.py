@@ -133,7 +133,7 @@ async def measure_pull(repeat: int) -> dict[str, float]:
                 await asyncio.sleep(0.01)
             for _ in range(20):
                 batch = [NewMessage(body=os.urandom(1024), queue_id=0) for _ in range(100)]
-                await broker.produce("bench", batch)
+                await broker.producer.produce("bench", batch)
             app = create_app(settings, broker)
             checked = broker.commitlog.read_record
             server = broker.server
@@ -153,7 +153,13 @@ async def measure_pull(repeat: int) -> dict[str, float]:
                             t0, n = time.perf_counter(), 0
                             for off in range(0, 2000, 32):
                                 if via == "broker":
-                                    r = await broker.pull("bench", 0, off, max_messages=32)
+                                    r = await broker.reads.pull(
+                                        broker.reads.pulled_message,
+                                        "bench",
+                                        0,
+                                        off,
+                                        max_messages=32,
+                                    )
                                     n += len(r.messages)
                                 else:
                                     q = {"offset": off, "max_messages": 32}

@@ -14,7 +14,7 @@ is handed its parts), then joins the Raft group. Nothing calls back into the
   message id and key;
 - ``ConsumerGroups`` (``broker/groups.py``): committed offsets and group pulls;
 - ``Leadership`` (``broker/leadership.py``): leadership transfer;
-- ``ReputService`` (``broker/reput.py``): committed entries → consume queues, key
+- ``Dispatch`` (``broker/dispatch/``): committed entries → consume queues, key
   index, metadata; snapshots, checkpoints, long-poll wake-ups.
 
 Writes need the MASTER role; reads are served by every node from committed, dispatched
@@ -25,8 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from consumequeue import ConsumeQueueStore, KeyIndex
 from dledger.codes import DLedgerError
@@ -35,15 +34,14 @@ from dledger.runtime.server import DLedgerServer
 from dledger.store import FileStore
 
 from .commitlog import DLedgerCommitLog
+from .dispatch import Dispatch
 from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
 from .leadership import Leadership
-from .metadata import MetadataState, SnapshotFiles, TopicMeta
-from .pages import RawPullResult
+from .metadata import MetadataState, SnapshotFiles
 from .produce import NewMessage, Producer, ProduceResult, now_ms
 from .promotion import queue_table_from
 from .reads import MessageMaker, PulledMessage, PullResult, Reads
-from .reput import ReputService
 from .role import RoleChangeHandler
 from .settings import BrokerSettings
 from .status import BrokerStatus, PeerStatus
@@ -74,7 +72,7 @@ def _error_text(e: BaseException | None) -> str | None:
 
 class Broker:
     # Built by ``start`` (they need the open log); reading one before is an error.
-    dispatcher: ReputService
+    dispatcher: Dispatch
     role_handler: RoleChangeHandler
     metalog: MetadataLog
     topics: Topics
@@ -106,10 +104,10 @@ class Broker:
         assert self.server.store is not None, "broker not started"
         return self.server.store
 
-    def _dispatcher_over(self, store: FileStore) -> ReputService:
+    def _dispatcher_over(self, store: FileStore) -> Dispatch:
         """The dispatcher of the open log: committed entries → what the reads serve."""
         s = self.settings
-        return ReputService(
+        return Dispatch(
             store,
             self.cq,
             self.keys,
@@ -245,149 +243,6 @@ class Broker:
         )
         await self.dispatcher.install(last_index, data)
         self.commitlog.clear_queue_table()
-
-    # ---- the collaborators' entry points, until the API and tests reach them directly --
-
-    async def create_topic(self, name: str, queues: int | None = None) -> tuple[TopicMeta, bool]:
-        return await self.topics.create(name, queues)
-
-    def list_topics(self) -> list[TopicMeta]:
-        return self.topics.list()
-
-    def topic(self, name: str) -> TopicMeta:
-        return self.topics.get(name)
-
-    def describe_topic(self, name: str) -> dict[str, Any]:
-        return self.reads.describe_topic(name)
-
-    async def delete_topic(self, name: str) -> None:
-        await self.topics.delete(name)
-
-    async def append_meta(self, op: dict[str, Any]) -> int:
-        return await self.metalog.append(op)
-
-    async def transfer_leadership(self, to: str, timeout_s: float = 5.0) -> None:
-        await self.leadership.transfer(to, timeout_s)
-
-    # ---- produce (broker/produce.py) -------------------------------------------------
-
-    async def produce(
-        self,
-        topic_name: str,
-        messages: Sequence[NewMessage],
-        producer_id: str | None = None,
-        sequence: int | None = None,
-    ) -> list[ProduceResult]:
-        return await self.producer.produce(topic_name, messages, producer_id, sequence)
-
-    # ---- reads (broker/reads.py) -------------------------------------------------------
-
-    async def pull(
-        self,
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        tags: str | None = None,
-        max_bytes: int | None = None,
-    ) -> PullResult[PulledMessage]:
-        """``Reads.pull``: messages of one queue from ``queue_offset``."""
-        return await self.reads.pull(
-            self.reads.pulled_message,
-            topic,
-            queue_id,
-            queue_offset,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            tags=tags,
-            max_bytes=max_bytes,
-        )
-
-    async def pull_as(
-        self,
-        make: MessageMaker[_M],
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        tags: str | None = None,
-    ) -> PullResult[_M]:
-        """``Reads.pull``: ``pull``, each message made by ``make`` (``MessageMaker``)."""
-        return await self.reads.pull(
-            make,
-            topic,
-            queue_id,
-            queue_offset,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            tags=tags,
-        )
-
-    async def pull_page(
-        self,
-        topic: str,
-        queue_id: int,
-        queue_offset: int,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        tags: str | None = None,
-    ) -> RawPullResult:
-        """``Reads.pull_page``: ``pull`` with the messages as stored."""
-        return await self.reads.pull_page(
-            topic, queue_id, queue_offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
-        )
-
-    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
-        return self.reads.queue_bounds(topic, queue_id)
-
-    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return self.reads.offset_for_time(topic, queue_id, timestamp_ms)
-
-    def get_message(self, msg_id: str) -> PulledMessage:
-        return self.reads.get_message(msg_id)
-
-    def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
-        return self.reads.query_by_key(topic, key, max_results)
-
-    # ---- consumer groups (broker/groups.py) --------------------------------------------
-
-    def list_groups(self) -> list[str]:
-        return self.groups.list_groups()
-
-    def group_offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
-        return self.groups.group_offsets(group, topic)
-
-    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
-        await self.groups.commit_offsets(group, topic, offsets)
-
-    async def reset_offsets(self, group: str, topic: str, to: str | int) -> dict[int, int]:
-        """Move a group's offsets to ``earliest``, ``latest`` or a store timestamp."""
-        return await self.groups.reset_offsets(group, topic, to)
-
-    async def group_pull(
-        self,
-        group: str,
-        topic: str,
-        *,
-        max_messages: int = 32,
-        wait_ms: int = 0,
-        queue_ids: Sequence[int] | None = None,
-        auto_commit: bool = False,
-    ) -> GroupPullResult:
-        """``ConsumerGroups.group_pull``: from the group's committed offsets."""
-        return await self.groups.group_pull(
-            group,
-            topic,
-            max_messages=max_messages,
-            wait_ms=wait_ms,
-            queue_ids=queue_ids,
-            auto_commit=auto_commit,
-        )
 
     # ---- status ------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ from .commitlog import DLedgerCommitLog
 from .settings import BrokerSettings
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 log = logging.getLogger(__name__)
 
@@ -61,13 +61,13 @@ class WriteGate:
         self.commitlog = commitlog
         # The dispatcher, whose stall refuses writes; it comes with the open log
         # (``watch``): there is no write to refuse before.
-        self.dispatch: ReputService | None = None
+        self.dispatch: Dispatch | None = None
         self.role = BrokerRole.SLAVE
         self.role_term = -1
         self._disk_checked_at = -1e18
         self._disk_free_bytes = 1 << 62
 
-    def watch(self, dispatch: ReputService) -> None:
+    def watch(self, dispatch: Dispatch) -> None:
         """Refuse writes while ``dispatch`` is stalled on a disk error."""
         self.dispatch = dispatch
 

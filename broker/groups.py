@@ -13,22 +13,24 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import errors
 from .gate import WriteGate
 from .metadata import GROUP_NAME, MetadataState, op_commit_offsets
-from .reads import PulledMessage, Reads
+from .reads import MessageMaker, Reads, Sized
 from .settings import BrokerSettings
 from .topics import MetadataLog, Topics
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
+
+_M = TypeVar("_M")
 
 
 @dataclass(frozen=True, slots=True)
-class GroupPullResult:
-    messages: list[PulledMessage]
+class GroupPullResult(Generic[_M]):
+    messages: list[_M]
     next_offsets: dict[int, int]
 
 
@@ -45,7 +47,7 @@ class ConsumerGroups:
         metalog: MetadataLog,
         meta: MetadataState,
         reads: Reads,
-        dispatch: ReputService,
+        dispatch: Dispatch,
     ) -> None:
         self.gate = gate
         self.topics = topics
@@ -127,6 +129,7 @@ class ConsumerGroups:
 
     async def group_pull(
         self,
+        make: MessageMaker[_M],
         group: str,
         topic: str,
         *,
@@ -134,9 +137,10 @@ class ConsumerGroups:
         wait_ms: int = 0,
         queue_ids: Sequence[int] | None = None,
         auto_commit: bool = False,
-    ) -> GroupPullResult:
+    ) -> GroupPullResult[_M]:
         """Messages from the group's committed offsets (a new group starts at the
-        earliest retained message), across the chosen queues."""
+        earliest retained message), across the chosen queues, each made by ``make``
+        (``Reads.pull``'s ``MessageMaker``)."""
         if auto_commit:
             self.gate.require_master()  # the commit is a write: go to the master before pulling
         self._check_group(group)
@@ -147,7 +151,7 @@ class ConsumerGroups:
             self.reads.check_queue(topic, qid)
         deadline = time.monotonic() + wait_ms / 1000
         while True:
-            out: list[PulledMessage] = []
+            out: list[_M] = []
             next_offsets: dict[int, int] = {}
             # One response budget across the queues: once spent, the other queues wait
             # for the next pull (a queue's one message may pass what is left of it).
@@ -156,8 +160,9 @@ class ConsumerGroups:
                 lo, _ = self.reads.queue_bounds(topic, qid)
                 start = self.meta.committed_offset(group, topic, qid)
                 start = lo if start is None or start < lo else start
+                sized = Sized(make)
                 r = await self.reads.pull(
-                    self.reads.pulled_message,
+                    sized,
                     topic,
                     qid,
                     start,
@@ -166,7 +171,7 @@ class ConsumerGroups:
                 )
                 next_offsets[qid] = r.next_offset
                 out.extend(r.messages)
-                budget -= sum(m.size for m in r.messages)
+                budget -= sized.size
                 if len(out) >= max_messages or budget <= 0:
                     break
             left = deadline - time.monotonic()

@@ -27,6 +27,12 @@ Invariants:
 - PROPERTIES are ``name\\x01value\\x02`` pairs (``broker.properties``: their codec and
   the system properties, re-exported here with ``MessageFormatError``).
 
+The fixed header is declared once (``_LAYOUT``: each field's position and struct code);
+the structs that read or write it are made from that declaration. Its readers share one
+view of a stored record, ``RecordHead`` (``decode_head``: dispatch, recovery, the pulls
+and the lookups); ``decode_message`` reads every field; ``broker.columns`` reads a page
+of records at once, by the same rules.
+
 Every malformed input raises ``MessageFormatError`` (a ``ValueError``) naming the field;
 ``IndexError``/``struct.error``/``UnicodeError`` never leak out of this module.
 """
@@ -97,21 +103,20 @@ __all__ = [
     "SYS_FLAG_V6_MASK",
     "TOTAL_SIZE_POS",
     "Buffer",
-    "DispatchInfo",
     "Host",
     "MessageFormatError",
-    "PullHead",
+    "RecordHead",
     "StoredMessage",
     "bytes_to_host",
+    "check_ipv4",
+    "decode_head",
     "decode_message",
     "decode_properties",
-    "decode_pull_head",
     "encode_message",
     "encode_properties",
     "host_to_bytes",
     "message_properties",
     "message_size",
-    "peek_dispatch",
     "set_physical_offset",
     "set_queue_id_and_offset",
     "set_queue_offset",
@@ -157,21 +162,68 @@ MAX_BODY_SIZE: Final = _MAX_TOTAL_SIZE - MIN_MESSAGE_SIZE + 1
 SYS_FLAG_V6_MASK: Final = 0x10 | 0x20  # BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
 INNER_BATCH_FLAG: Final = 0x1 << 7  # RocketMQ's: a batch record (``broker.batch``)
 
-# The whole fixed header in one struct, hosts split into (4-byte address, port) so that
-# encoding needs no per-call concatenation of the 8-byte host fields.
-_HEADER = struct.Struct(">iiIiiqqiq4siq4siiqi")
+# The fixed header, declared once: each field's position and struct code, in order (a
+# host is its 4 address bytes and its i32 port, so that encoding needs no per-call
+# concatenation of the 8-byte host fields). ``_header`` makes a struct of any of its
+# fields, the others skipped as padding, and checks the positions against the codes.
+_LAYOUT: Final = (
+    (TOTAL_SIZE_POS, "i"),
+    (MAGIC_CODE_POS, "i"),
+    (BODY_CRC_POS, "I"),
+    (QUEUE_ID_POS, "i"),
+    (FLAG_POS, "i"),
+    (QUEUE_OFFSET_POS, "q"),
+    (PHYSICAL_OFFSET_POS, "q"),
+    (SYS_FLAG_POS, "i"),
+    (BORN_TIMESTAMP_POS, "q"),
+    (BORN_HOST_POS, "4si"),
+    (STORE_TIMESTAMP_POS, "q"),
+    (STORE_HOST_POS, "4si"),
+    (RECONSUME_TIMES_POS, "i"),
+    (PREPARED_TX_OFFSET_POS, "q"),
+    (BODY_LENGTH_POS, "i"),
+)
+
+
+def _header(*fields: int) -> struct.Struct:
+    """The fixed header as one struct of the fields at these positions (in layout
+    order), every other field skipped as padding."""
+    assert list(fields) == sorted(fields), "fields in layout order"
+    fmt, at = ">", 0
+    for pos, code in _LAYOUT:
+        assert pos == at, f"the layout has a gap or an overlap at byte {pos}"
+        size = struct.calcsize(">" + code)
+        fmt += code if pos in fields else f"{size}x"
+        at += size
+    assert at == FIXED_HEADER_SIZE and set(fields) <= {pos for pos, _ in _LAYOUT}
+    return struct.Struct(fmt)
+
+
+_HEADER = _header(*(pos for pos, _ in _LAYOUT))  # every field: encode_message
+# What a record's readers use (``decode_head``), and the rest (``decode_message``).
+_HEAD = _header(
+    TOTAL_SIZE_POS,
+    MAGIC_CODE_POS,
+    QUEUE_ID_POS,
+    QUEUE_OFFSET_POS,
+    PHYSICAL_OFFSET_POS,
+    SYS_FLAG_POS,
+    BORN_TIMESTAMP_POS,
+    STORE_TIMESTAMP_POS,
+    BODY_LENGTH_POS,
+)
+_REST = _header(
+    BODY_CRC_POS,
+    FLAG_POS,
+    BORN_HOST_POS,
+    STORE_HOST_POS,
+    RECONSUME_TIMES_POS,
+    PREPARED_TX_OFFSET_POS,
+)
 _HOST = struct.Struct(">4si")
 _QUEUE_ID = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
-# The dispatcher's fields only: total, magic, queue id, queue offset, physical offset,
-# sys flag, store timestamp, body length; everything else is padding it never converts.
-# TOTALSIZE, MAGICCODE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET, SYSFLAG, BORNTIMESTAMP,
-# STORETIMESTAMP, BODY length: what a pull returns (decode_pull_head)
-_PULL = struct.Struct(">ii4xi4xqqiq8xq20xi")
-_PEEK = struct.Struct(">ii4xi4xqqi16xq20xi")
-
-assert _HEADER.size == FIXED_HEADER_SIZE == _PEEK.size
 
 
 def message_size(body_len: int, topic_len: int, properties_len: int) -> int:
@@ -271,8 +323,7 @@ def _checked_parts(
         raise MessageFormatError(
             f"PROPERTIES: {len(props_b)} bytes, at most {MAX_PROPERTIES_SIZE} fit the u16 length"
         )
-    if sys_flag & SYS_FLAG_V6_MASK:
-        raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
+    check_ipv4(sys_flag)
     if not (0 <= born_port <= 0xFFFF and 0 <= store_port <= 0xFFFF):
         _check_port(born_port)
         _check_port(store_port)
@@ -409,6 +460,118 @@ def set_store_host(buf: bytearray | memoryview, host: Host, base: int = 0) -> No
 # --- Decoding -----------------------------------------------------------------------------
 
 
+def _check_lengths(
+    buf: Buffer, offset: int, total: int, magic: int, body_len: int
+) -> tuple[int, int]:
+    """Validate the record's sizes; return (topic_len, props_len). Cheap integer checks;
+    the caller has checked that a whole fixed header is available at ``offset``."""
+    avail = len(buf) - offset
+    if magic != MAGIC_CODE:
+        raise MessageFormatError(f"MAGICCODE: {magic} at byte {offset}, expected {MAGIC_CODE}")
+    if not MIN_MESSAGE_SIZE <= total <= avail:
+        raise MessageFormatError(
+            f"TOTALSIZE: {total} at byte {offset}, must be {MIN_MESSAGE_SIZE}..{avail} "
+            "(the bytes available)"
+        )
+    if not 0 <= body_len <= total - MIN_MESSAGE_SIZE:
+        raise MessageFormatError(f"BODY: length {body_len} does not fit TOTALSIZE {total}")
+    topic_len = buf[offset + BODY_POS + body_len]
+    if not 0 < topic_len <= MAX_TOPIC_SIZE:
+        raise MessageFormatError(f"TOPIC: length {topic_len}, must be 1..{MAX_TOPIC_SIZE}")
+    props_at = BODY_POS + body_len + 1 + topic_len
+    if props_at + 2 > total:
+        raise MessageFormatError(f"TOPIC: length {topic_len} does not fit TOTALSIZE {total}")
+    (props_len,) = _U16.unpack_from(buf, offset + props_at)
+    if props_at + 2 + props_len != total:
+        raise MessageFormatError(
+            f"PROPERTIES: length {props_len} disagrees with TOTALSIZE {total} "
+            f"(record would be {props_at + 2 + props_len} bytes)"
+        )
+    return topic_len, int(props_len)
+
+
+def _check_header(buf: Buffer, offset: int) -> None:
+    avail = len(buf) - offset
+    if offset < 0 or avail < FIXED_HEADER_SIZE:
+        raise MessageFormatError(
+            f"TOTALSIZE: {max(avail, 0)} bytes at offset {offset}, a header needs "
+            f"{FIXED_HEADER_SIZE}"
+        )
+
+
+def _topic(buf: Buffer, start: int, end: int) -> str:
+    try:
+        return str(buf[start:end], "utf-8")
+    except UnicodeDecodeError:
+        raise MessageFormatError("TOPIC: not valid UTF-8") from None
+
+
+def check_ipv4(sys_flag: int) -> None:
+    """Refuse SYSFLAG's IPv6 host bits: their host fields would be 20 bytes, and nothing
+    after BORNHOST would lie where this codec reads it."""
+    if sys_flag & SYS_FLAG_V6_MASK:
+        raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
+
+
+class RecordHead(NamedTuple):
+    """The one view of a stored record that its readers share (``decode_head``): the
+    fields dispatch and the reads use, and where its BODY and PROPERTIES lie in the
+    buffer it was read from (positions in that buffer, not copies: a reader slices and
+    decodes only what it uses; a batch record's BODY is its inner records,
+    ``broker.batch``). No host, flag, reconsume count or body CRC (``decode_message``)."""
+
+    size: int
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    sys_flag: int  # INNER_BATCH_FLAG: a batch record (``broker.batch``)
+    born_timestamp: int
+    store_timestamp: int
+    topic: str
+    body_at: int
+    body_len: int
+    props_at: int
+    props_len: int
+
+
+def decode_head(buf: Buffer, offset: int = 0) -> RecordHead:
+    """The head of the record at ``buf[offset]``: one unpack of its readers' fields, and
+    nothing copied but the topic; bytes after its TOTALSIZE are ignored.
+
+    Checks the sizes, MAGICCODE and TOPIC, with ``decode_message``'s errors, and nothing
+    else: not the body CRC (a reader of committed bytes has the DLedger entry's, which
+    covers the whole record), not the PROPERTIES block (a reader meets its errors when
+    it decodes it), and not the IPv6 host flags (``check_ipv4``: dispatch indexes such a
+    record, as it always has, and the reads refuse to serve it).
+    """
+    _check_header(buf, offset)
+    total, magic, queue_id, queue_offset, physical_offset, sys_flag, born_ts, store_ts, body_len = (
+        _HEAD.unpack_from(buf, offset)
+    )
+    topic_len, props_len = _check_lengths(buf, offset, total, magic, body_len)
+    body_at = offset + BODY_POS
+    topic_at = body_at + body_len + 1
+    props_at = topic_at + topic_len + 2
+    # tuple.__new__: a NamedTuple's own constructor is a Python call, 2.6x slower
+    return tuple.__new__(
+        RecordHead,
+        (
+            total,
+            queue_id,
+            queue_offset,
+            physical_offset,
+            sys_flag,
+            born_ts,
+            store_ts,
+            _topic(buf, topic_at, topic_at + topic_len),
+            body_at,
+            body_len,
+            props_at,
+            props_len,
+        ),
+    )
+
+
 @dataclass(slots=True, frozen=True)
 class StoredMessage:
     """A decoded record. ``properties`` holds every property, system ones included."""
@@ -454,190 +617,35 @@ class StoredMessage:
         return {k: v for k, v in self.properties.items() if k not in SYSTEM_PROPERTIES}
 
 
-def _check_lengths(
-    buf: Buffer, offset: int, total: int, magic: int, body_len: int
-) -> tuple[int, int]:
-    """Validate the record's sizes; return (topic_len, props_len). Cheap integer checks.
-
-    Shared by decode_message and peek_dispatch so both refuse exactly the same records;
-    callers have checked that a whole fixed header is available at ``offset``.
-    """
-    avail = len(buf) - offset
-    if magic != MAGIC_CODE:
-        raise MessageFormatError(f"MAGICCODE: {magic} at byte {offset}, expected {MAGIC_CODE}")
-    if not MIN_MESSAGE_SIZE <= total <= avail:
-        raise MessageFormatError(
-            f"TOTALSIZE: {total} at byte {offset}, must be {MIN_MESSAGE_SIZE}..{avail} "
-            "(the bytes available)"
-        )
-    if not 0 <= body_len <= total - MIN_MESSAGE_SIZE:
-        raise MessageFormatError(f"BODY: length {body_len} does not fit TOTALSIZE {total}")
-    topic_len = buf[offset + BODY_POS + body_len]
-    if not 0 < topic_len <= MAX_TOPIC_SIZE:
-        raise MessageFormatError(f"TOPIC: length {topic_len}, must be 1..{MAX_TOPIC_SIZE}")
-    props_at = BODY_POS + body_len + 1 + topic_len
-    if props_at + 2 > total:
-        raise MessageFormatError(f"TOPIC: length {topic_len} does not fit TOTALSIZE {total}")
-    (props_len,) = _U16.unpack_from(buf, offset + props_at)
-    if props_at + 2 + props_len != total:
-        raise MessageFormatError(
-            f"PROPERTIES: length {props_len} disagrees with TOTALSIZE {total} "
-            f"(record would be {props_at + 2 + props_len} bytes)"
-        )
-    return topic_len, int(props_len)
-
-
-def _check_header(buf: Buffer, offset: int) -> None:
-    avail = len(buf) - offset
-    if offset < 0 or avail < FIXED_HEADER_SIZE:
-        raise MessageFormatError(
-            f"TOTALSIZE: {max(avail, 0)} bytes at offset {offset}, a header needs "
-            f"{FIXED_HEADER_SIZE}"
-        )
-
-
-def _topic(buf: Buffer, start: int, end: int) -> str:
-    try:
-        return str(buf[start:end], "utf-8")
-    except UnicodeDecodeError:
-        raise MessageFormatError("TOPIC: not valid UTF-8") from None
-
-
 def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> StoredMessage:
-    """The record starting at ``buf[offset]``; bytes after its TOTALSIZE are ignored."""
-    _check_header(buf, offset)
-    (
-        total,
-        magic,
-        body_crc,
-        queue_id,
-        flag,
-        queue_offset,
-        physical_offset,
-        sys_flag,
-        born_ts,
-        born_ip,
-        born_port,
-        store_ts,
-        store_ip,
-        store_port,
-        reconsume_times,
-        prepared_tx_offset,
-        body_len,
-    ) = _HEADER.unpack_from(buf, offset)
-    topic_len, props_len = _check_lengths(buf, offset, total, magic, body_len)
-    if sys_flag & SYS_FLAG_V6_MASK:
-        raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
-    body_at = offset + BODY_POS
-    body = bytes(buf[body_at : body_at + body_len])
+    """Every field of the record at ``buf[offset]``: ``decode_head``'s checks, the IPv4
+    hosts (``check_ipv4``), the body CRC (unless ``verify_crc`` is false) and the
+    PROPERTIES block; bytes after its TOTALSIZE are ignored."""
+    h = decode_head(buf, offset)
+    check_ipv4(h.sys_flag)
+    body_crc, flag, born_ip, born_port, store_ip, store_port, reconsume_times, prepared_tx = (
+        _REST.unpack_from(buf, offset)
+    )
+    body = bytes(buf[h.body_at : h.body_at + h.body_len])
     if verify_crc and zlib.crc32(body) != body_crc:
         raise MessageFormatError(
             f"BODYCRC: stored {body_crc:#010x}, body has {zlib.crc32(body):#010x}"
         )
-    topic_at = body_at + body_len + 1
-    props_at = topic_at + topic_len + 2
     return StoredMessage(
-        size=total,
+        size=h.size,
         body_crc=body_crc,
-        queue_id=queue_id,
+        queue_id=h.queue_id,
         flag=flag,
-        queue_offset=queue_offset,
-        physical_offset=physical_offset,
-        sys_flag=sys_flag,
-        born_timestamp=born_ts,
+        queue_offset=h.queue_offset,
+        physical_offset=h.physical_offset,
+        sys_flag=h.sys_flag,
+        born_timestamp=h.born_timestamp,
         born_host=(_ip_str(born_ip), born_port),
-        store_timestamp=store_ts,
+        store_timestamp=h.store_timestamp,
         store_host=(_ip_str(store_ip), store_port),
         reconsume_times=reconsume_times,
-        prepared_tx_offset=prepared_tx_offset,
+        prepared_tx_offset=prepared_tx,
         body=body,
-        topic=_topic(buf, topic_at, topic_at + topic_len),
-        properties=decode_properties(buf[props_at : props_at + props_len]),
-    )
-
-
-class PullHead(NamedTuple):
-    """What a pull reads of a committed record's own fields (``decode_pull_head``): no
-    host, no flag, no reconsume count, and where its BODY and PROPERTIES lie in the
-    buffer rather than copies of them; a reader slices and decodes only what it returns
-    (a batch record's BODY is its inner records: ``broker.batch``)."""
-
-    size: int
-    queue_id: int
-    queue_offset: int
-    physical_offset: int
-    born_timestamp: int
-    store_timestamp: int
-    topic: str
-    sys_flag: int
-    body_at: int
-    body_len: int
-    props_at: int
-    props_len: int
-
-
-def decode_pull_head(buf: Buffer) -> PullHead:
-    """``decode_message`` for a read that checked the entry CRC (it covers the whole
-    record): the same size, magic and IPv4 checks, the same errors but those of the
-    PROPERTIES block, which a reader meets when it decodes them (``decode_properties``),
-    one unpack of only the fields a pull returns, and nothing copied but the topic."""
-    _check_header(buf, 0)
-    total, magic, queue_id, queue_offset, physical_offset, sys_flag, born_ts, store_ts, body_len = (
-        _PULL.unpack_from(buf)
-    )
-    topic_len, props_len = _check_lengths(buf, 0, total, magic, body_len)
-    if sys_flag & SYS_FLAG_V6_MASK:
-        raise MessageFormatError(f"SYSFLAG: {sys_flag:#x} sets IPv6 host flags (IPv4 only)")
-    topic_at = BODY_POS + body_len + 1
-    props_at = topic_at + topic_len + 2
-    return PullHead(
-        total,
-        queue_id,
-        queue_offset,
-        physical_offset,
-        born_ts,
-        store_ts,
-        _topic(buf, topic_at, topic_at + topic_len),
-        sys_flag,
-        BODY_POS,
-        body_len,
-        props_at,
-        props_len,
-    )
-
-
-class DispatchInfo(NamedTuple):
-    """What the dispatcher needs of a committed record, without touching the body."""
-
-    topic: str
-    queue_id: int
-    queue_offset: int
-    physical_offset: int
-    store_timestamp: int
-    properties_raw: bytes
-    sys_flag: int  # INNER_BATCH_FLAG: a batch record (``broker.batch``)
-
-
-def peek_dispatch(buf: Buffer, offset: int = 0) -> DispatchInfo:
-    """The dispatch fields of the record at ``buf[offset]``: one unpack, two slices.
-
-    Validates the same sizes and magic as ``decode_message`` but neither the body CRC
-    (the DLedger entry CRC already covered the bytes) nor the UTF-8 of the properties.
-    The record's size is its entry's body size (TOTALSIZE, checked against the buffer).
-    """
-    _check_header(buf, offset)
-    total, magic, queue_id, queue_offset, physical_offset, sys_flag, store_ts, body_len = (
-        _PEEK.unpack_from(buf, offset)
-    )
-    topic_len, props_len = _check_lengths(buf, offset, total, magic, body_len)
-    topic_at = offset + BODY_POS + body_len + 1
-    props_at = topic_at + topic_len + 2
-    return DispatchInfo(
-        _topic(buf, topic_at, topic_at + topic_len),
-        queue_id,
-        queue_offset,
-        physical_offset,
-        store_ts,
-        bytes(buf[props_at : props_at + props_len]),
-        sys_flag,
+        topic=h.topic,
+        properties=decode_properties(buf[h.props_at : h.props_at + h.props_len]),
     )

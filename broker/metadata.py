@@ -15,7 +15,10 @@ Invariants:
 - The session table is bounded (LRU by log order, hence identical everywhere).
 
 A snapshot is the whole table at one index (``snapshot-<index>`` files), so retention
-may delete the log head behind it and a restart replays only what follows it.
+may delete the log head behind it and a restart replays only what follows it. Its bytes
+are composed of the appliers' parts (``broker/dispatch/snapshots.py``): the topics and
+offsets are ``MetadataApplier``'s, the sessions ``SessionApplier``'s
+(``broker/dispatch/appliers.py``).
 """
 
 from __future__ import annotations
@@ -31,6 +34,11 @@ import orjson
 
 from dledger.store import write_atomic
 
+from .jsonint import json_int
+from .pop.state import PopState
+
+POP_OP_PREFIX = "pop."
+
 log = logging.getLogger(__name__)
 
 SYS_TOPIC = "%SYS%META"
@@ -38,20 +46,7 @@ SYS_PREFIX = "%SYS%"
 TOPIC_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 GROUP_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
-SNAPSHOT_VERSION = 1
 MAX_QUEUES = 65_536  # per topic: the API's bound; more is not a table we made
-I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _int(value: Any, what: str) -> int:
-    """A JSON integer within i64 (a digit string too: map keys are strings). A float, a
-    bool or a larger number is malformed: it never came from this code, and the next
-    snapshot (orjson, 64-bit integers) could not hold it."""
-    if isinstance(value, str):
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int) or not I64_MIN <= value <= I64_MAX:
-        raise ValueError(f"{what}: {value!r} is not a 64-bit integer")
-    return value
 
 
 @dataclass(slots=True)
@@ -100,6 +95,8 @@ class MetadataState:
         # group → topic → queue id → committed offset (the next message to consume)
         self.offsets: dict[str, dict[str, dict[int, int]]] = {}
         self.sessions: OrderedDict[str, ProducerSession] = OrderedDict()
+        # POP groups: configuration, handed-out messages (``broker/pop/state.py``)
+        self.pop = PopState()
 
     # ---- applying the log --------------------------------------------------------------
 
@@ -111,7 +108,7 @@ class MetadataState:
             op = orjson.loads(body)
             kind = op["op"]
             if kind == "create_topic":
-                self._create_topic(index, str(op["name"]), _int(op["queues"], "queues"))
+                self._create_topic(index, str(op["name"]), json_int(op["queues"], "queues"))
             elif kind == "delete_topic":
                 name = str(op["name"])
                 if self.topics.pop(name, None) is not None:
@@ -120,6 +117,8 @@ class MetadataState:
                     return name
             elif kind == "commit_offsets":
                 self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"])
+            elif isinstance(kind, str) and kind.startswith(POP_OP_PREFIX):
+                pass  # the POP applier's (broker/pop/applier.py)
             else:
                 log.warning("entry %d: unknown metadata operation %r skipped", index, kind)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
@@ -140,7 +139,7 @@ class MetadataState:
             return  # deleted in between: nothing to commit to
         table = self.offsets.setdefault(group, {}).setdefault(topic, {})
         for q, o in offsets.items():
-            qid, queue_offset = _int(q, "queue id"), _int(o, "offset")
+            qid, queue_offset = json_int(q, "queue id"), json_int(o, "offset")
             if 0 <= qid < meta.queues and queue_offset >= 0:
                 table[qid] = queue_offset
 
@@ -177,80 +176,6 @@ class MetadataState:
         incarnation deleted by now goes nowhere (its queues are gone)."""
         topic = self.topics.get(topic_name)
         return topic is not None and topic.created_index < index and queue_id < topic.queues
-
-    # ---- snapshots ----------------------------------------------------------------------
-
-    def to_snapshot(self, extra: dict[str, Any] | None = None) -> bytes:
-        return orjson.dumps(
-            {
-                "version": SNAPSHOT_VERSION,
-                "applied_index": self.applied_index,
-                "topics": [[t.name, t.queues, t.created_index] for t in self.topics.values()],
-                "offsets": {
-                    g: {t: {str(q): o for q, o in qs.items()} for t, qs in ts.items()}
-                    for g, ts in self.offsets.items()
-                },
-                "sessions": [[p, s.seq, s.size, s.results] for p, s in self.sessions.items()],
-                "extra": extra or {},
-            }
-        )
-
-    def adopt(self, loaded: MetadataState) -> None:
-        """Become ``loaded`` (a snapshot's), in place: the broker and the dispatcher
-        hold a reference to this object."""
-        self.applied_index = loaded.applied_index
-        self.topics = loaded.topics
-        self.offsets = loaded.offsets
-        self.sessions = loaded.sessions
-
-    @classmethod
-    def from_snapshot(cls, raw: bytes, max_sessions: int) -> tuple[MetadataState, dict[str, Any]]:
-        """Parse a snapshot; any malformed input (not JSON, not an object, a field of the
-        wrong shape or type) is a ``ValueError`` naming what is wrong, never another
-        exception: the bytes come from a file or from the leader."""
-        try:
-            d = orjson.loads(raw)
-        except orjson.JSONDecodeError as e:
-            raise ValueError(f"metadata snapshot is not JSON: {e}") from None
-        if not isinstance(d, dict):
-            raise ValueError(f"metadata snapshot is a JSON {type(d).__name__}, not an object")
-        if d.get("version") != SNAPSHOT_VERSION:
-            raise ValueError(f"unsupported snapshot version {d.get('version')!r}")
-        try:
-            return cls._from_fields(d, max_sessions)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"malformed metadata snapshot: {type(e).__name__}: {e}") from None
-
-    @classmethod
-    def _from_fields(
-        cls, d: dict[str, Any], max_sessions: int
-    ) -> tuple[MetadataState, dict[str, Any]]:
-        st = cls(max_sessions)
-        st.applied_index = _int(d["applied_index"], "applied_index")
-        for name, queues, created in d["topics"]:
-            n = _int(queues, "queues")
-            if (
-                not isinstance(name, str)
-                or not TOPIC_NAME.fullmatch(name)
-                or not 1 <= n <= MAX_QUEUES
-            ):
-                raise ValueError(f"bad topic {name!r} with {queues!r} queues")
-            st.topics[name] = TopicMeta(name, n, _int(created, "created_index"))
-        for g, ts in d["offsets"].items():
-            st.offsets[str(g)] = {
-                str(t): {_int(q, "queue id"): _int(o, "offset") for q, o in qs.items()}
-                for t, qs in ts.items()
-            }
-        for pid, seq, size, results in d["sessions"]:
-            st.sessions[str(pid)] = ProducerSession(
-                _int(seq, "sequence"),
-                _int(size, "batch size"),
-                [(_int(a, "result"), _int(b, "result"), _int(c, "result")) for a, b, c in results],
-            )
-        extra = d.get("extra") or {}
-        if not isinstance(extra, dict):
-            raise ValueError(f"extra is a {type(extra).__name__}, not an object")
-        return st, dict(extra)
 
 
 class SnapshotFiles:

@@ -18,7 +18,7 @@ from typing import Final
 
 from .message import MessageFormatError
 
-__all__ = ["make_msg_id", "msg_id_maker", "new_uniq_key", "parse_msg_id"]
+__all__ = ["make_msg_id", "msg_id_maker", "msg_id_prefix", "new_uniq_key", "parse_msg_id"]
 
 _I64_MAX: Final = 2**63 - 1
 _GROUP_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -35,12 +35,17 @@ def make_msg_id(group: str, commitlog_offset: int) -> str:
     return msg_id_maker(group)(commitlog_offset)
 
 
+def msg_id_prefix(group: str) -> str:
+    """What every message id of ``group`` starts with: its checked, upper-case hex."""
+    if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
+        raise MessageFormatError(f"msg id: group {group!r} must match [A-Za-z0-9_-]{{1,64}}")
+    return group.encode().hex().upper()
+
+
 def msg_id_maker(group: str) -> Callable[[int], str]:
     """``make_msg_id`` with ``group`` checked and hex-encoded once, for every id of a
     pull or a produce answer."""
-    if not isinstance(group, str) or not _GROUP_RE.fullmatch(group):
-        raise MessageFormatError(f"msg id: group {group!r} must match [A-Za-z0-9_-]{{1,64}}")
-    prefix = group.encode().hex().upper()
+    prefix = msg_id_prefix(group)
 
     def make(commitlog_offset: int) -> str:
         if not 0 <= commitlog_offset <= _I64_MAX:

@@ -38,7 +38,7 @@ from .settings import BrokerSettings
 from .topics import Topics, check_topic_name
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 __all__ = ["AnswerSlot", "LoopAnswerSlot", "NewMessage", "ProduceResult", "Producer", "now_ms"]
 
@@ -110,7 +110,7 @@ class Producer:
         topics: Topics,
         commitlog: DLedgerCommitLog,
         server: DLedgerServer,
-        dispatch: ReputService,
+        dispatch: Dispatch,
         meta: MetadataState,
         stats: dict[str, int],
         clock: Callable[[], int] = now_ms,

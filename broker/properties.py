@@ -37,6 +37,7 @@ __all__ = [
     "add_session",
     "decode_properties",
     "encode_properties",
+    "index_keys",
     "inner_properties",
     "message_properties",
     "split_keys",
@@ -188,11 +189,16 @@ def split_keys(keys: str | None) -> list[str]:
     return [k for k in keys.split(_KEY_SEPARATOR) if k] if keys else []
 
 
-def tags_and_keys(properties_raw: Buffer) -> tuple[str | None, list[str]]:
-    """TAGS and every key to index: KEYS split on spaces, then UNIQ_KEY (no duplicates)."""
-    props = decode_properties(properties_raw)
+def index_keys(props: Mapping[str, str]) -> list[str]:
+    """Every key to index: KEYS split on spaces, then UNIQ_KEY (no duplicates)."""
     keys = split_keys(props.get(PROP_KEYS))
     uniq = props.get(PROP_UNIQ_KEY)
     if uniq and uniq not in keys:
         keys.append(uniq)
-    return props.get(PROP_TAGS), keys
+    return keys
+
+
+def tags_and_keys(properties_raw: Buffer) -> tuple[str | None, list[str]]:
+    """TAGS and every key to index (``index_keys``)."""
+    props = decode_properties(properties_raw)
+    return props.get(PROP_TAGS), index_keys(props)

@@ -39,19 +39,20 @@ from .message import (
     STORE_TIMESTAMP_POS,
     SYSTEM_PROPERTIES,
     MessageFormatError,
-    PullHead,
-    decode_pull_head,
+    RecordHead,
+    check_ipv4,
+    decode_head,
 )
 from .metadata import SYS_TOPIC, TopicMeta
 from .msgid import msg_id_maker, parse_msg_id
 from .pages import RawPage, RawPullResult, damaged_record, units_within
-from .properties import decode_properties, split_keys
+from .properties import decode_properties, split_keys, tags_and_keys
 from .recovery import last_index_within
 from .settings import BrokerSettings
 from .topics import Topics
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +79,38 @@ class PulledMessage:
 
 _M = TypeVar("_M")
 
-MessageMaker: TypeAlias = Callable[[PullHead, int, int, memoryview, memoryview], _M]
-"""``make(head, queue_offset, address, body, properties)``: what a pull answers for one
-message, made straight from the record it lies in (``head``, its ``decode_pull_head``):
-its queue offset, its message address (the message id's offset) and views of its BODY
-and encoded PROPERTIES. ``Reads.pulled_message`` makes a ``PulledMessage``; the HTTP
-pull makes its JSON with no object in between."""
+MessageMaker: TypeAlias = Callable[[RecordHead, int, int, memoryview, memoryview], _M]
+"""``make(head, queue_offset, address, body, properties)``: what a read answers for
+one message (a pull's, a group pull's, a lookup's by id or key), made straight from the
+record it lies in (``head``, its ``decode_head``): its queue offset, its message address
+(the message id's offset) and views of its BODY and encoded PROPERTIES, valid during the
+call. ``Reads.pulled_message`` makes a ``PulledMessage``; the HTTP front makes its JSON
+with no object in between."""
+
+
+def stored_size(head: RecordHead, body: memoryview, properties: memoryview) -> int:
+    """The stored bytes of a message (what response budgets count): its record's, or in
+    a batch record its inner record's (``broker.batch``)."""
+    if head.sys_flag & INNER_BATCH_FLAG:
+        return INNER_MIN_SIZE + len(body) + len(properties)
+    return head.size
+
+
+class Sized(Generic[_M]):
+    """A ``MessageMaker``: ``make``'s messages, with the ``stored_size`` of those made
+    summed in ``size`` (a group pull's budget across its queues)."""
+
+    __slots__ = ("make", "size")
+
+    def __init__(self, make: MessageMaker[_M]) -> None:
+        self.make = make
+        self.size = 0
+
+    def __call__(
+        self, head: RecordHead, queue_offset: int, address: int, body: memoryview, props: memoryview
+    ) -> _M:
+        self.size += stored_size(head, body, props)
+        return self.make(head, queue_offset, address, body, props)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +119,7 @@ class _Decoded:
     its head and, for a batch record (``broker.batch``), its walked inner records."""
 
     record: memoryview
-    head: PullHead
+    head: RecordHead
     inners: list[InnerRecord] | None
     # TAGS by PROPERTIES block: a batch record's messages share one as a rule, so a tag
     # filter decodes it once for all of them.
@@ -100,7 +127,8 @@ class _Decoded:
 
     @classmethod
     def of(cls, record: memoryview) -> _Decoded:
-        h = decode_pull_head(record)
+        h = decode_head(record)
+        check_ipv4(h.sys_flag)
         if not h.sys_flag & INNER_BATCH_FLAG:
             return cls(record, h, None)
         return cls(record, h, inner_records(record, h.body_at, h.body_at + h.body_len))
@@ -146,7 +174,7 @@ class _Decoded:
 
 
 def _properties_of(
-    head: PullHead, queue_offset: int, address: int, body: memoryview, props: memoryview
+    head: RecordHead, queue_offset: int, address: int, body: memoryview, props: memoryview
 ) -> memoryview:
     return props
 
@@ -263,7 +291,7 @@ class Reads:
         cq: ConsumeQueueStore,
         keys: KeyIndex,
         topics: Topics,
-        dispatch: ReputService,
+        dispatch: Dispatch,
         stats: dict[str, int],
     ) -> None:
         self.settings = settings
@@ -367,11 +395,10 @@ class Reads:
         return {offset: record for (offset, _), record in zip(spans, records, strict=True)}
 
     def pulled_message(
-        self, h: PullHead, queue_offset: int, address: int, body: memoryview, raw: memoryview
+        self, h: RecordHead, queue_offset: int, address: int, body: memoryview, raw: memoryview
     ) -> PulledMessage:
         """A ``MessageMaker`` of ``PulledMessage``s: every field decoded."""
         props = decode_properties(raw)
-        inner = h.sys_flag & INNER_BATCH_FLAG
         return PulledMessage(
             topic=h.topic,
             queue_id=h.queue_id,
@@ -385,7 +412,7 @@ class Reads:
             properties={k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES},
             born_timestamp=h.born_timestamp,
             store_timestamp=h.store_timestamp,
-            size=INNER_MIN_SIZE + len(body) + len(raw) if inner else h.size,
+            size=stored_size(h, body, raw),
         )
 
     def check_queue(self, topic: str, queue_id: int) -> TopicMeta:
@@ -691,22 +718,25 @@ class Reads:
 
         return q.first_offset_at_or_after(reached)
 
-    def get_message(self, msg_id: str) -> PulledMessage:
+    def get_message(self, make: MessageMaker[_M], msg_id: str) -> _M:
+        """The message a message id names, made by ``make``; ``MessageNotFoundError``
+        when there is none (another group's id, no message at its address)."""
         try:
             group, commitlog_offset = parse_msg_id(msg_id)
         except MessageFormatError as e:
             raise errors.InvalidArgumentError(f"invalid msg_id: {e}") from None
         if group != self.settings.group:
             raise errors.MessageNotFoundError(f"msg_id {msg_id} belongs to group {group}")
-        m = self._message_at(commitlog_offset)
+        m = self._message_at(commitlog_offset, make)
         if m is None:
             raise errors.MessageNotFoundError(f"no message {msg_id}")
         return m
 
-    def _message_at(self, address: int) -> PulledMessage | None:
-        """The message at a message address (a message id's, the key index's): a
-        record's commitlog offset, or inside a batch record the record's offset plus the
-        message's index (``broker.batch``). None when no message is there."""
+    def _message_at(self, address: int, make: MessageMaker[_M]) -> _M | None:
+        """The message at a message address (a message id's, the key index's), made by
+        ``make``: a record's commitlog offset, or inside a batch record the record's
+        offset plus the message's index (``broker.batch``). None when no message is
+        there, or when what is there does not read as one (``MessageFormatError``)."""
         store = self.store
         if address < store.ledger_begin_pos + BODY_OFFSET or address + 4 > store.committed_pos:
             return None
@@ -726,7 +756,7 @@ class Reads:
                 return None
             if not 0 <= i < decoded.count:
                 return None
-            return decoded.make(decoded.head.queue_offset + i, self.pulled_message)
+            return decoded.make(decoded.head.queue_offset + i, make)
         except MessageFormatError:
             return None
 
@@ -744,7 +774,12 @@ class Reads:
         except DLedgerError:
             return None
 
-    def query_by_key(self, topic: str, key: str, max_results: int = 64) -> list[PulledMessage]:
+    def query_by_key(
+        self, make: MessageMaker[_M], topic: str, key: str, max_results: int = 64
+    ) -> list[_M]:
+        """The messages of ``topic`` whose KEYS or UNIQ_KEY is ``key``, oldest first, made
+        by ``make``: at most ``max_results``, and past the first, as many as keep their
+        stored bytes within ``max_response_bytes``."""
         t = self.topics.get(topic)
         limit = self.settings.limits.max_key_query_results
         if not 1 <= max_results <= limit:
@@ -755,20 +790,32 @@ class Reads:
         floor = -1
         if t.created_index >= store.ledger_begin_index:
             floor = store.get_meta(t.created_index).pos
-        out: list[PulledMessage] = []
+
+        out: list[_M] = []
         budget = self.settings.limits.max_response_bytes
+
+        def take(
+            h: RecordHead, queue_offset: int, address: int, body: memoryview, raw: memoryview
+        ) -> bool:
+            """Add the message to ``out`` (made by ``make``) if it is of ``topic`` and
+            carries the key (the index may return hash collisions); False once the
+            response budget is spent: fewer than asked."""
+            nonlocal budget
+            if h.topic != topic:
+                return True
+            if key not in tags_and_keys(raw)[1]:  # KEYS and UNIQ_KEY
+                return True
+            size = stored_size(h, body, raw)
+            if out and size > budget:
+                return False
+            out.append(make(h, queue_offset, address, body, raw))
+            budget -= size
+            return True
+
         self.require_derived()
         for commitlog_offset in self.keys.query(key, max_results * 2):
             if commitlog_offset <= floor:
                 continue
-            m = self._message_at(commitlog_offset)
-            if m is None or m.topic != topic:
-                continue
-            if key in m.keys or m.uniq_key == key:  # the index may return hash collisions
-                if out and m.size > budget:
-                    break  # the response budget is spent: fewer than asked
-                out.append(m)
-                budget -= m.size
-                if len(out) >= max_results:
-                    break
+            if self._message_at(commitlog_offset, take) is False or len(out) >= max_results:
+                break
         return out

@@ -1,46 +1,51 @@
-"""Where dispatch resumes after a restart: the dispatch checkpoint, the metadata snapshot
-and the derived files cut back to agree with them (docs/architecture.md).
+"""Checkpoint and recovery: how far dispatch got, durably (the dispatch checkpoint,
+RocketMQ's ``StoreCheckpoint``), and where it resumes after a restart
+(docs/architecture.md, docs/formats.md "The dispatch checkpoint").
 
-``ReputService.recover`` drives a ``Recovery`` over the node's files, before the node
-starts; this module holds what that needs of the files and nothing of dispatch itself:
-
-- the dispatch checkpoint (``consumequeue/checkpoint-<group>``): its format
-  (``checkpoint_bytes``, ``read_checkpoint``), and cutting the consume queues and the key
-  index back to exactly what it recorded (``Recovery.restore_checkpoint``);
-- the newest metadata snapshot the local log continues (``Recovery.load_snapshot``), and
-  its queue table (``parse_queue_table``), from which a rebuild starts every queue at its
-  next offset before the log head (``Recovery.start_over``).
+``consumequeue/checkpoint-<group>`` records the dispatched index, every queue's length
+and the key index's position; it is written after the store's commit point, the queues
+and the key index are fsynced (``StoreCheckpoint.write``). On a restart
+(``StoreCheckpoint.recover``) the queues and the key index are cut back to exactly that
+(a dirty tail, torn sectors after a power loss, queues made since), the metadata comes
+from the newest snapshot (``broker/dispatch/snapshots.py``), and the entries between the
+two are replayed for the metadata alone (and for the keys a damaged index lost). A
+snapshot newer than the checkpoint is fine too (the consume queues' rule,
+``broker/dispatch/queues.py``), with the queues of topics it says were deleted since
+dropped. A checkpoint that cannot be trusted restarts dispatch from the log head: the
+queues and the key index are rebuilt from the commitlog, each queue from its next offset
+before the head, which the snapshot's queue table gives, when retention or an install
+deleted entries before it.
 
 Invariants:
 - a checkpoint is trusted only when every entry it covers is committed in the local log
   and every queue it names is there, at least as long, and holds no later unit;
   otherwise recovery rebuilds from the log head (and deletes the checkpoint first,
   durably: the rebuilt files are not synced);
-- a snapshot past the log end is deleted (no local log continues it); one before the
-  log head ends the search (the entries after it are gone).
+- the key index depends on no metadata (every message's keys): what it lost is indexed
+  again by the replay, from the last message it holds;
+- recovery runs before the node starts: nothing waits on the loop yet.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import struct
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import orjson
 
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex
-from dledger.store import BODY_OFFSET, MAGIC_NORMAL, FileStore
+from dledger.store import BODY_OFFSET, FileStore, write_atomic
 from dledger.store.meta import fsync_dir
 
-from .batch import INNER_BATCH_FLAG, batch_inners
-from .message import MessageFormatError, peek_dispatch
-from .metadata import MetadataState, SnapshotFiles
+from .dispatch.entry import ENTRY_HEAD, decode
+from .dispatch.queues import ConsumeQueueApplier, queue_of, queue_table
+from .dispatch.snapshots import LoadedSnapshot, parse_queue_table
+from .dispatch.walk import READ_BYTES, ReputMessageService
+from .message import MessageFormatError
+from .metadata import MetadataState
 
 log = logging.getLogger(__name__)
-
-ENTRY_HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos (docs/formats.md)
 
 Checkpoint = tuple[int, dict[str, int], tuple[int, int]]
 """(dispatched index, ``{"topic/queue_id": length}``, the key index's position)."""
@@ -70,24 +75,6 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
         return None
 
 
-def parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
-    """``{"topic/queue_id": next_offset}`` → ``{(topic, queue_id): next_offset}``."""
-    if not isinstance(raw, dict):
-        raise ValueError("the snapshot has no queue table")
-    out: dict[tuple[str, int], int] = {}
-    for key, next_offset in raw.items():
-        topic, _, queue_id = str(key).rpartition("/")
-        if (
-            not topic
-            or not queue_id.isdigit()
-            or not isinstance(next_offset, int)
-            or next_offset < 0
-        ):
-            raise ValueError(f"bad queue table entry {key!r}: {next_offset!r}")
-        out[topic, int(queue_id)] = next_offset
-    return out
-
-
 def last_index_within(store: FileStore, commitlog_offset: int, hi: int) -> int:
     """The last entry up to ``hi`` whose message starts at or before
     ``commitlog_offset`` (``begin - 1`` when none): a binary search over the log."""
@@ -110,17 +97,9 @@ def pos_of(store: FileStore, index: int) -> int:
     return store.get_meta(index).pos
 
 
-@dataclass(frozen=True, slots=True)
-class LoadedSnapshot:
-    index: int
-    raw: bytes
-    servable: bool  # it has a queue table (older snapshots lack it): Raft may send it
-    queues: Any  # that queue table as stored
-
-
-class Recovery:
-    """One restart's look at the files: the store (read only), the derived files it cuts
-    back, the metadata it replaces with a snapshot's."""
+class StoreCheckpoint:
+    """The dispatch checkpoint file, and the restart that resumes from it over the store
+    (read only), the derived files it cuts back and the metadata it holds."""
 
     def __init__(
         self,
@@ -128,49 +107,91 @@ class Recovery:
         cq: ConsumeQueueStore,
         keys: KeyIndex,
         meta: MetadataState,
-        snapshots: SnapshotFiles,
-        *,
-        checkpoint_path: Path,
+        path: Path,
     ) -> None:
         self.store = store
         self.cq = cq
         self.keys = keys
         self.meta = meta
-        self.snapshots = snapshots
-        self.checkpoint_path = checkpoint_path
-        self.keys_restored = True  # False: key index files were dropped as damaged
+        self.path = path
+        self.index = -1  # the dispatched index the file on disk records
 
-    def load_snapshot(self) -> LoadedSnapshot | None:
-        """Adopt the newest readable metadata snapshot the local log can continue."""
+    def data(self, index: int) -> bytes:
+        """What the queues and the key index hold now, as dispatched up to ``index``."""
+        return checkpoint_bytes(index, queue_table(self.cq), self.keys.position())
+
+    async def write(self, index: int) -> bool:
+        """fsync the consume queues and the key index, then record exactly what they hold
+        (every queue's length, the key index's position): ``recover`` cuts them back to
+        that, whatever part of later writes a power loss kept. False, doing nothing, when
+        the checkpoint is at ``index`` already. Taken on the loop thread between two
+        dispatch steps; the caller keeps other writers of the files away."""
+        if index == self.index:
+            return False
+        data = self.data(index)
+        await asyncio.to_thread(self._flush)
+        await asyncio.to_thread(write_atomic, self.path, data)
+        self.index = index
+        return True
+
+    def _flush(self) -> None:
+        # The store's checkpoint first: it makes the commit point durable, and recovery
+        # can resume from this checkpoint only if the local log knows its entries are
+        # committed (so it never serves an entry its own log does not call committed).
+        self.store.flush()
+        self.cq.flush()
+        self.keys.flush()
+
+    def delete(self) -> None:
+        """Durably: what it recorded is about to change."""
+        self.path.unlink(missing_ok=True)
+        fsync_dir(self.path.parent)
+
+    def replace(self, index: int) -> None:
+        """Sync the queues and the key index, whatever they hold (an install has just
+        replaced them), and record them as dispatched up to ``index``. In a thread."""
+        self.cq.flush()
+        self.keys.flush()
+        write_atomic(self.path, self.data(index))
+
+    # ---- a restart ---------------------------------------------------------------------
+
+    def recover(
+        self,
+        snapshot: LoadedSnapshot | None,
+        walk: ReputMessageService,
+        queues: ConsumeQueueApplier,
+    ) -> bool:
+        """Bring the consume queues and the key index back to the checkpoint (or, when it
+        cannot be trusted, to nothing: True, a rebuild) and replay what the metadata,
+        adopted from ``snapshot`` already, and the key index lack. Dispatch resumes at
+        the checkpoint (the module docstring)."""
         store = self.store
-        for index in reversed(self.snapshots.indexes()):
-            if index > store.ledger_end_index:
-                # No local log continues it: an install that crashed before the log was
-                # reset (Raft sends it again), or entries a power loss took. Kept, it
-                # would crowd the usable snapshots out of the few that are kept.
-                log.warning("metadata snapshot %d is past the log end: deleted", index)
-                self.snapshots.path(index).unlink(missing_ok=True)
-                continue
-            if index < store.ledger_begin_index - 1:
-                break  # the entries after it are gone
-            try:
-                raw = self.snapshots.path(index).read_bytes()
-                loaded, extra = MetadataState.from_snapshot(raw, self.meta.max_sessions)
-            except (OSError, ValueError, KeyError, TypeError) as e:
-                log.warning("metadata snapshot %d unusable, trying an older one: %s", index, e)
-                continue
-            self.meta.adopt(loaded)
-            return LoadedSnapshot(index, raw, "queues" in extra, extra.get("queues"))
-        if store.ledger_begin_index > 0:
-            log.error(
-                "no metadata snapshot for a log that begins at entry %d", store.ledger_begin_index
-            )
-        return None
+        begin = store.ledger_begin_index
+        restored = self._restore()
+        if restored is None:
+            index = keys_index = begin - 1
+            self._start_over(snapshot)
+            queues.rebuild_until = store.committed_index
+        else:
+            index, keys_index = restored
+        queues.held_index = index
+        walk.reset(max(begin - 1, min(self.meta.applied_index, keys_index, index)))
+        walk.replay(index)
+        if keys_index < index:
+            # Keys the checkpoint says are durable were indexed again: make them so before
+            # anything relies on it (the next checkpoint waits for the next entry).
+            self.keys.flush()
+        self._drop_stale_topics(index)
+        self.index = index
+        return restored is None
 
-    def restore_checkpoint(self) -> int | None:
+    def _restore(self) -> tuple[int, int] | None:
         """Cut the consume queues and the key index back to exactly what the checkpoint
-        recorded; its dispatched index, or None when it cannot be trusted."""
-        checkpoint = read_checkpoint(self.checkpoint_path)
+        recorded: its dispatched index and the last entry whose keys the key index holds
+        (the same, unless key files were dropped as damaged); None when it cannot be
+        trusted."""
+        checkpoint = read_checkpoint(self.path)
         try:
             self.cq.load()
         except ConsumeQueueError as e:  # derived data: never a reason not to start
@@ -182,8 +203,8 @@ class Recovery:
         index, queues, keys = checkpoint
         if not store.ledger_begin_index - 1 <= index <= store.committed_index:
             # Entries it covers are not all in the local log, or not known committed here
-            # (``checkpoint`` makes the store's commit point durable first, so only a
-            # damaged store gets here).
+            # (``write`` makes the store's commit point durable first, so only a damaged
+            # store gets here).
             log.warning("dispatch checkpoint %d is outside the local log: rebuilding", index)
             return None
         cut = pos_of(store, index + 1)  # where the first entry after the checkpoint starts
@@ -201,18 +222,22 @@ class Recovery:
         if any(queues.values()):
             log.warning("consume queues of the checkpoint are missing: rebuilding")
             return None
-        self.keys_restored = self.keys.restore(keys)
+        keys_restored = self.keys.restore(keys)
         if self.keys.last_commitlog_offset >= cut:  # not the files it recorded: index anew
             self.keys.clear()
-            self.keys_restored = False
-        return index
+            keys_restored = False
+        if keys_restored:
+            return index, index
+        # Key index files dropped as damaged: the replay indexes again what is not there.
+        keys_index = last_index_within(store, self.keys.last_commitlog_offset, index)
+        log.warning("key index restored up to entry %d only: indexing the rest", keys_index)
+        return index, keys_index
 
-    def start_over(self, snapshot: LoadedSnapshot | None) -> None:
+    def _start_over(self, snapshot: LoadedSnapshot | None) -> None:
         """No checkpoint to trust: empty queues and key index, to be rebuilt from the log
         head. The old checkpoint goes first, durably: the rebuilt files are not synced,
         and a later restart must not take them for what it recorded."""
-        self.checkpoint_path.unlink(missing_ok=True)
-        fsync_dir(self.checkpoint_path.parent)
+        self.delete()
         self.cq.delete_all()
         self.keys.clear()
         if snapshot is not None:
@@ -241,12 +266,12 @@ class Recovery:
         held: dict[tuple[str, int], int] = {}  # messages up to ``s`` in the log, per queue
         index = begin
         while index <= s:
-            raw, count, _ = store.read_batch(index, 4 << 20, s - index + 1)
+            raw, count, _ = store.read_batch(index, READ_BYTES, s - index + 1)
             assert count > 0, f"committed entry {index} is not in the log"
             off = 0
             for _ in range(count):
                 magic, size, i, _term, pos = ENTRY_HEAD.unpack_from(raw, off)
-                found = self._queue_of(raw, off + BODY_OFFSET, magic, i, pos)
+                found = self._queue_of(raw, off, magic, size, i, pos)
                 off += size
                 if found is not None:
                     key, messages = found
@@ -257,25 +282,19 @@ class Recovery:
             if first > 0:
                 self.cq.queue(*key).reset(first)
 
-    def _queue_of(
-        self, raw: bytes, body_at: int, magic: int, index: int, pos: int
+    def _queue_of(  # noqa: PLR0917 - the entry header's fields, as the caller unpacks them
+        self, raw: bytes, off: int, magic: int, size: int, index: int, pos: int
     ) -> tuple[tuple[str, int], int] | None:
-        """The queue the entry at ``raw[body_at - 48:]`` goes into, by the metadata held
-        (dispatch's rule, ``MetadataState.queued``), and how many messages it holds."""
-        if magic != MAGIC_NORMAL:
-            return None
+        """The queue the entry at ``raw[off:]`` goes into, by the metadata held
+        (dispatch's rule, ``queue_of``), and how many messages it holds."""
         try:
-            info = peek_dispatch(raw, body_at)
-            count = len(batch_inners(raw, body_at)[1]) if info.sys_flag & INNER_BATCH_FLAG else 1
+            e = decode(raw, off, magic, index, pos, size)
         except MessageFormatError:
-            return None
-        if info.physical_offset != pos + BODY_OFFSET or not self.meta.queued(
-            info.topic, info.queue_id, index
-        ):
-            return None
-        return (info.topic, info.queue_id), count
+            return None  # not a message record: dispatch skips it
+        key = queue_of(e, self.meta)
+        return None if key is None else (key, e.count)
 
-    def drop_stale_topics(self, index: int) -> None:
+    def _drop_stale_topics(self, index: int) -> None:
         """Drop the queues of topics the metadata says were deleted (or deleted and
         created anew) after ``index``: a newer snapshot's deletes are not replayed."""
         for name in list(self.cq.topics()):

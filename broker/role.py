@@ -28,7 +28,7 @@ from .gate import BrokerRole, WriteGate
 from .promotion import Promotion, Step, own_term_committed
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class RoleChangeHandler:
         self,
         gate: WriteGate,
         server: DLedgerServer,
-        dispatch: ReputService,
+        dispatch: Dispatch,
         rebuild_queue_table: Callable[[], int],
         catch_up_warn_ms: int,
     ) -> None:

@@ -39,7 +39,7 @@ from .metadata import (
 from .settings import BrokerSettings
 
 if TYPE_CHECKING:
-    from .reput import ReputService
+    from .dispatch import Dispatch
 
 
 class MetadataLog:
@@ -50,7 +50,7 @@ class MetadataLog:
         settings: BrokerSettings,
         gate: WriteGate,
         commitlog: DLedgerCommitLog,
-        dispatch: ReputService,
+        dispatch: Dispatch,
         clock: Callable[[], int],
     ) -> None:
         self.settings = settings
@@ -110,7 +110,8 @@ class Topics:
             raise errors.TopicNotFoundError(f"topic {name} does not exist", topic=name)
         return t
 
-    def list(self) -> list[TopicMeta]:
+    def all(self) -> list[TopicMeta]:
+        """Every topic, by name."""
         return sorted(self.meta.topics.values(), key=lambda t: t.name)
 
     async def create(self, name: str, queues: int | None = None) -> tuple[TopicMeta, bool]:

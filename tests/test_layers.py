@@ -7,7 +7,8 @@ resolved), with no file excepted:
   (the client's wire contract: the Arrow schema), nothing else of ``ledgermq``;
 - ``ledgermq.client`` imports nothing of ours; ``ledgermq.spark`` only the client;
 - the rest of ``ledgermq`` (the CLI, the node process, local clusters, the demo) sits
-  on top and may import anything; ``tools`` (generators run by hand) too.
+  on top and may import anything; ``tools`` (generators run by hand) too;
+- dispatch's appliers read no clock and no randomness (``broker/dispatch`` but its loop).
 """
 
 from __future__ import annotations
@@ -107,3 +108,34 @@ def test_only_the_role_change_handler_sets_the_broker_role() -> None:
         and node.func.attr == "set_role"
     ]
     assert not found, f"the broker role is set outside the RoleChangeHandler: {found}"
+
+
+# Dispatch's appliers are deterministic (docs/architecture.md, "Adding an applier"): time
+# comes from the entries, which the master stamps, never from the node's clock, and
+# nothing is random, or replicas would differ. Only the loop (``service.py``: its
+# checkpoint and snapshot intervals, its log throttles) reads a clock.
+DISPATCH = ROOT / "broker" / "dispatch"
+CLOCKS_AND_CHANCE = {"time", "datetime", "random", "secrets", "uuid"}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The first part of every absolute module name ``path`` imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_dispatch_appliers_read_no_clock_or_randomness() -> None:
+    found = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in sorted(DISPATCH.glob("*.py"))
+        if path.name != "service.py"
+        for name in sorted(_top_level_imports(path) & CLOCKS_AND_CHANCE)
+    ]
+    assert not found, found
+    # the rule sees what it bans: the loop does read the clock
+    assert "time" in _top_level_imports(DISPATCH / "service.py")

@@ -23,7 +23,10 @@ PY = sys.executable
 def test_a_test_takes_its_own_marker_else_its_fixtures_else_its_path() -> None:
     assert tier_of("tests/api/test_x.py", {"spark"}, []) == "spark"
     assert tier_of("tests/api/test_x.py", set(), []) == "unit"
-    assert tier_of("tests/api/test_x.py", set(), [("tests.api.test_fuzz", "node_url")]) == "process"
+    assert (
+        tier_of("tests/api/test_x.py", set(), [("tests.process.test_schemathesis", "node_url")])
+        == "process"
+    )
     # The `node` fixture of tests/api/conftest.py runs in this process: only where is told.
     assert tier_of("tests/api/test_x.py", set(), [("tests.api.conftest", "node")]) == "unit"
     assert tier_of("tests/process/test_x.py", set(), []) == "process"
@@ -43,8 +46,10 @@ def test_no_tier_two_tiers_or_a_node_fixture_in_a_tier_without_nodes_are_refused
     with pytest.raises(TierError, match="2 tier markers"):
         tier_of("tests/api/test_x.py", {"unit", "process"}, [])
     with pytest.raises(TierError, match="starts nodes"):
-        tier_of("tests/api/test_x.py", {"unit"}, [("tests.api.test_fuzz", "node_url")])
-    assert tier_of("tests/api/test_x.py", {"spark"}, [("tests.api.test_fuzz", "node_url")])
+        tier_of("tests/api/test_x.py", {"unit"}, [("tests.process.test_schemathesis", "node_url")])
+    assert tier_of(
+        "tests/api/test_x.py", {"spark"}, [("tests.process.test_schemathesis", "node_url")]
+    )
 
 
 def test_every_collected_test_has_exactly_one_tier(request: pytest.FixtureRequest) -> None:

@@ -5,8 +5,8 @@ A test's tier is, in this order (``tests/conftest.py`` applies it at collection)
 
 1. the tier marker it carries itself: a module's ``pytestmark``, a class's or a
    function's decorator (``tests/spark``'s modules and the README tour say ``spark``);
-2. ``process`` when it uses a fixture that starts node processes and lives outside
-   ``tests/process`` (``PROCESS_FIXTURES``);
+2. ``process`` when it uses a fixture that starts node processes
+   (``PROCESS_FIXTURES``);
 3. the tier of its path's longest entry in ``BY_PATH``.
 
 A test with no tier by these rules, or with two, fails the collection: a new test
@@ -67,10 +67,11 @@ BY_PATH: dict[str, str] = {
     "tests/test_tiers.py": "unit",
 }
 
-# Fixtures that start node processes outside tests/process, as (module, name): the
-# tests that use them are ``process`` tests. (The schemathesis tests stay in tests/api
-# beside their in-process half.)
-PROCESS_FIXTURES: frozenset[tuple[str, str]] = frozenset({("tests.api.test_fuzz", "node_url")})
+# Fixtures that start node processes, as (module, name): the tests that use them are
+# ``process`` tests wherever they live, and a marker of a tier without nodes is refused.
+PROCESS_FIXTURES: frozenset[tuple[str, str]] = frozenset(
+    {("tests.process.test_schemathesis", "node_url")}
+)
 
 # What a test may start only in a tier of NODE_TIERS: the command, and `python -m` of these.
 NODE_COMMAND = "ledgermq"

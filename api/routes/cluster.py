@@ -4,7 +4,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from .. import models
-from .common import AccessDep, BrokerDep, JSONBytes, SettingsDep, error_docs
+from .common import AccessDep, BrokerDep, JSONBytes, LeadershipDep, SettingsDep, error_docs
 
 router = APIRouter(tags=["cluster"])
 
@@ -52,9 +52,12 @@ async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
     responses=error_docs(307, 409, 413, 503),
 )
 async def leadership(
-    body: models.LeadershipRequest, broker: BrokerDep, access: AccessDep
+    body: models.LeadershipRequest,
+    leadership: LeadershipDep,
+    broker: BrokerDep,
+    access: AccessDep,
 ) -> Response:
     access.need("admin")
-    await broker.transfer_leadership(body.to)
+    await leadership.transfer(body.to)
     st = broker.status()
     return JSONBytes({"leader_id": st.leader_id or body.to, "term": st.term})

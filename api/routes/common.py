@@ -29,7 +29,12 @@ from starlette.responses import Response
 
 from broker import errors
 from broker.broker import Broker
+from broker.groups import ConsumerGroups
+from broker.leadership import Leadership
+from broker.produce import Producer
+from broker.reads import Reads
 from broker.settings import BrokerSettings, Limits
+from broker.topics import Topics
 
 from .. import models
 from ..auth import Grant, TokenTable
@@ -175,6 +180,35 @@ async def _broker(request: Request) -> Broker:
     return broker
 
 
+# The broker's collaborators (``broker/broker.py`` builds them): a route names the one it
+# uses, not the whole node.
+
+
+async def _producer(request: Request) -> Producer:
+    producer: Producer = request.app.state.broker.producer
+    return producer
+
+
+async def _reads(request: Request) -> Reads:
+    reads: Reads = request.app.state.broker.reads
+    return reads
+
+
+async def _topics(request: Request) -> Topics:
+    topics: Topics = request.app.state.broker.topics
+    return topics
+
+
+async def _groups(request: Request) -> ConsumerGroups:
+    groups: ConsumerGroups = request.app.state.broker.groups
+    return groups
+
+
+async def _leadership(request: Request) -> Leadership:
+    leadership: Leadership = request.app.state.broker.leadership
+    return leadership
+
+
 async def _settings(request: Request) -> BrokerSettings:
     settings: BrokerSettings = request.app.state.settings
     return settings
@@ -191,6 +225,11 @@ async def _limits(request: Request) -> Limits:
 
 
 BrokerDep = Annotated[Broker, Depends(_broker)]
+ProducerDep = Annotated[Producer, Depends(_producer)]
+ReadsDep = Annotated[Reads, Depends(_reads)]
+TopicsDep = Annotated[Topics, Depends(_topics)]
+GroupsDep = Annotated[ConsumerGroups, Depends(_groups)]
+LeadershipDep = Annotated[Leadership, Depends(_leadership)]
 SettingsDep = Annotated[BrokerSettings, Depends(_settings)]
 LimitsDep = Annotated[Limits, Depends(_limits)]
 MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]

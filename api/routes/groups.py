@@ -9,16 +9,16 @@ from starlette.responses import Response
 from broker import errors
 
 from .. import models
+from ..json_messages import JSONMessages, group_pull_json
 from .common import (
     AccessDep,
-    BrokerDep,
     GroupPath,
+    GroupsDep,
     JSONBytes,
     LongPollDep,
     MetricsDep,
     error_docs,
 )
-from .messages import messages_out
 
 
 def queue_ids(offsets: dict[str, int]) -> dict[int, int]:
@@ -42,9 +42,9 @@ router = APIRouter(tags=["groups"])
 
 
 @router.get("/v1/groups", response_model=models.GroupList)
-async def list_groups(broker: BrokerDep, access: AccessDep) -> Response:
+async def list_groups(groups: GroupsDep, access: AccessDep) -> Response:
     access.need("consume")
-    return JSONBytes({"groups": broker.list_groups()})
+    return JSONBytes({"groups": groups.list_groups()})
 
 
 @router.get(
@@ -54,12 +54,12 @@ async def list_groups(broker: BrokerDep, access: AccessDep) -> Response:
 )
 async def group_offsets(
     group: GroupPath,
-    broker: BrokerDep,
+    groups: GroupsDep,
     access: AccessDep,
     topic: Annotated[str | None, Query(pattern=models.TOPIC_PATTERN)] = None,
 ) -> Response:
     access.need("consume", topic)
-    return JSONBytes({"offsets": broker.group_offsets(group, topic)})
+    return JSONBytes({"offsets": groups.group_offsets(group, topic)})
 
 
 @router.put(
@@ -69,11 +69,11 @@ async def group_offsets(
     responses=error_docs(307, 404, 413, 503),
 )
 async def commit_offsets(
-    group: GroupPath, body: models.CommitOffsets, broker: BrokerDep, access: AccessDep
+    group: GroupPath, body: models.CommitOffsets, groups: GroupsDep, access: AccessDep
 ) -> Response:
     access.need("consume", body.topic)
     offsets = queue_ids(body.offsets)
-    await broker.commit_offsets(group, body.topic, offsets)
+    await groups.commit_offsets(group, body.topic, offsets)
     return JSONBytes({"offsets": offsets_out(offsets)})
 
 
@@ -84,10 +84,10 @@ async def commit_offsets(
     responses=error_docs(307, 404, 413, 503),
 )
 async def reset_offsets(
-    group: GroupPath, body: models.ResetOffsets, broker: BrokerDep, access: AccessDep
+    group: GroupPath, body: models.ResetOffsets, groups: GroupsDep, access: AccessDep
 ) -> Response:
     access.need("consume", body.topic)
-    offsets = await broker.reset_offsets(group, body.topic, body.to)
+    offsets = await groups.reset_offsets(group, body.topic, body.to)
     return JSONBytes({"offsets": offsets_out(offsets)})
 
 
@@ -102,14 +102,16 @@ async def group_pull(
     *,
     group: GroupPath,
     body: models.GroupPull,
-    broker: BrokerDep,
+    groups: GroupsDep,
     metrics: MetricsDep,
     access: AccessDep,
     long_poll: LongPollDep,
 ) -> Response:
     access.need("consume", body.topic)
+    make = JSONMessages(groups.settings.group, body.encoding)
     with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
-        r = await broker.group_pull(
+        r = await groups.group_pull(
+            make,
             group,
             body.topic,
             max_messages=body.max_messages,
@@ -117,9 +119,6 @@ async def group_pull(
             queue_ids=body.queue_ids,
             auto_commit=body.auto_commit,
         )
-    return JSONBytes(
-        {
-            "messages": messages_out(metrics, body.topic, r.messages, body.encoding),
-            "next_offsets": offsets_out(r.next_offsets),
-        }
-    )
+    metrics.count_pulled(body.topic, len(r.messages), make.body_bytes)
+    content = group_pull_json(r.messages, offsets_out(r.next_offsets))
+    return Response(content, media_type=JSONBytes.media_type)

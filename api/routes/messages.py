@@ -4,8 +4,6 @@ or an Arrow IPC stream out (docs/spark.md): ``router`` and its routes ``produce`
 
 import base64
 import binascii
-import contextlib
-import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,32 +15,24 @@ from pydantic import ValidationError
 from starlette.responses import Response
 
 from broker import errors
-from broker.broker import NewMessage, ProduceResult, PulledMessage, PullResult
-from broker.message import (
-    PROP_KEYS,
-    PROP_TAGS,
-    SYSTEM_PROPERTIES,
-    PullHead,
-    decode_properties,
-)
-from broker.msgid import msg_id_maker
-from broker.properties import split_keys
+from broker.broker import NewMessage, ProduceResult
 from broker.settings import Limits
 
 from .. import media, models
+from ..json_messages import JSONMessages, pull_json
 from ..json_shape import check_json_shape, ndjson_lines
-from ..metrics import NodeMetrics
 from .common import (
     NDJSON,
     AccessDep,
-    BrokerDep,
     EncodingQuery,
     JSONBytes,
     LimitsDep,
     LongPollDep,
     MetricsDep,
     NodeMaximum,
+    ProducerDep,
     QueuePath,
+    ReadsDep,
     TopicPath,
     check_maxima,
     error_docs,
@@ -53,125 +43,6 @@ try:  # the Arrow pull needs the optional `arrow` extra (pyarrow, numpy)
     from .. import arrow as arrow_pull
 except ImportError:  # pragma: no cover - the test environment installs it
     arrow_pull = None  # type: ignore[assignment]
-
-
-def message_out(m: PulledMessage, encoding: str) -> dict[str, Any]:
-    """A message as docs/http.md shows it; ``utf-8`` falls back to base64 per message."""
-    body: str | None = None
-    enc = "utf-8"
-    if encoding == "utf-8":
-        try:
-            body = m.body.decode("utf-8")
-        except UnicodeDecodeError:
-            body = None
-    if body is None:
-        body, enc = base64.b64encode(m.body).decode("ascii"), "base64"
-    return {
-        "topic": m.topic,
-        "queue_id": m.queue_id,
-        "queue_offset": m.queue_offset,
-        "msg_id": m.msg_id,
-        "commitlog_offset": m.commitlog_offset,
-        "body": body,
-        "encoding": enc,
-        "key": m.keys[0] if m.keys else None,
-        "keys": m.keys,
-        "tags": m.tags,
-        "properties": m.properties,
-        "born_timestamp": m.born_timestamp,
-        "store_timestamp": m.store_timestamp,
-    }
-
-
-def messages_out(
-    metrics: NodeMetrics, topic: str, found: Sequence[PulledMessage], encoding: str
-) -> list[Any]:
-    if found:
-        metrics.pulled_messages.labels(topic).inc(len(found))
-        metrics.pulled_bytes.labels(topic).inc(sum(len(m.body) for m in found))
-    return [message_out(m, encoding) for m in found]
-
-
-_msg_ids = functools.cache(msg_id_maker)  # a node's group is checked and hex-encoded once
-
-_MESSAGE_JSON = (
-    b'{"topic":%b,"queue_id":%d,"queue_offset":%d,"msg_id":"%b","commitlog_offset":%d,'
-    b'"body":%b,"encoding":"%b",%b,"born_timestamp":%d,"store_timestamp":%d}'
-)
-_PULL_JSON = b'{"status":"%b","messages":[%b],"next_offset":%d,"min_offset":%d,"max_offset":%d}'
-
-
-class JSONMessages:
-    """The JSON pull's ``MessageMaker``: each message rendered straight from its record
-    as ``message_out`` shows it, into pre-built fragments, with no object in between.
-    Its properties are decoded and rendered once per distinct PROPERTIES block (a batch
-    record's messages share one as a rule; at most ``PROPS_CACHE`` are kept per pull)."""
-
-    PROPS_CACHE = 256
-    __slots__ = ("_base64", "_msg_id", "_props", "_topics", "body_bytes")
-
-    def __init__(self, group: str, encoding: str) -> None:
-        self._msg_id = _msg_ids(group)
-        self._base64 = encoding == "base64"
-        self._topics: dict[str, bytes] = {}
-        self._props: dict[bytes, bytes] = {}
-        self.body_bytes = 0  # of the messages made: the pulled-bytes metric
-
-    def __call__(
-        self, h: PullHead, queue_offset: int, address: int, body: memoryview, props: memoryview
-    ) -> bytes:
-        self.body_bytes += len(body)
-        topic = self._topics.get(h.topic)
-        if topic is None:
-            topic = self._topics[h.topic] = orjson.dumps(h.topic)
-        text, enc = None, b"utf-8"
-        if not self._base64:
-            with contextlib.suppress(UnicodeDecodeError):  # then base64, for this message
-                text = orjson.dumps(str(body, "utf-8"))
-        if text is None:
-            text, enc = b'"%b"' % base64.b64encode(body), b"base64"
-        raw = bytes(props)
-        rest = self._props.get(raw)
-        if rest is None:
-            rest = self._properties(raw)
-        return _MESSAGE_JSON % (
-            topic,
-            h.queue_id,
-            queue_offset,
-            self._msg_id(address).encode(),
-            address,
-            text,
-            enc,
-            rest,
-            h.born_timestamp,
-            h.store_timestamp,
-        )
-
-    def _properties(self, raw: bytes) -> bytes:
-        """``"key":…,"keys":…,"tags":…,"properties":…`` of an encoded PROPERTIES block."""
-        props = decode_properties(raw)
-        keys = split_keys(props.get(PROP_KEYS))
-        user = {k: v for k, v in props.items() if k not in SYSTEM_PROPERTIES}
-        out = b'"key":%b,"keys":%b,"tags":%b,"properties":%b' % (
-            orjson.dumps(keys[0] if keys else None),
-            orjson.dumps(keys),
-            orjson.dumps(props.get(PROP_TAGS)),
-            orjson.dumps(user),
-        )
-        if len(self._props) < self.PROPS_CACHE:
-            self._props[raw] = out
-        return out
-
-
-def pull_json(r: PullResult[bytes]) -> bytes:
-    """A pull's JSON answer (docs/http.md) of messages ``JSONMessages`` made."""
-    return _PULL_JSON % (
-        r.status.encode(),
-        b",".join(r.messages),
-        r.next_offset,
-        r.min_offset,
-        r.max_offset,
-    )
 
 
 def to_broker_message(i: int, m: Mapping[str, Any]) -> NewMessage:
@@ -372,7 +243,7 @@ async def produce(
     *,
     topic: TopicPath,
     request: Request,
-    broker: BrokerDep,
+    producer: ProducerDep,
     limits: LimitsDep,
     metrics: MetricsDep,
     access: AccessDep,
@@ -386,7 +257,7 @@ async def produce(
             f"{len(req.messages)} messages; at most {limits.max_messages_per_request}"
         )
     batch = [to_broker_message(i, m) for i, m in enumerate(req.messages)]
-    results = await broker.produce(topic, batch, req.producer_id, req.sequence)
+    results = await producer.produce(topic, batch, req.producer_id, req.sequence)
     metrics.produce_latency.observe(time.monotonic() - started)
     metrics.produced_messages.labels(topic).inc(len(batch))
     metrics.produced_bytes.labels(topic).inc(sum(len(m.body) for m in batch))
@@ -411,7 +282,7 @@ PULL_WAIT_MS = NodeMaximum("wait_ms", ("max_wait_ms",))
 async def pull(
     *,
     request: Request,
-    broker: BrokerDep,
+    reads: ReadsDep,
     limits: LimitsDep,
     metrics: MetricsDep,
     access: AccessDep,
@@ -431,7 +302,7 @@ async def pull(
             raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
         with long_poll(wait_ms), metrics.long_polls.track_inprogress():
             return await arrow_pull.pull_response(
-                broker,
+                reads,
                 metrics,
                 topic,
                 queue_id,
@@ -440,14 +311,12 @@ async def pull(
                 wait_ms=wait_ms,
                 tags=tags,
             )
-    make = JSONMessages(broker.settings.group, encoding)
+    make = JSONMessages(reads.settings.group, encoding)
     with long_poll(wait_ms), metrics.long_polls.track_inprogress():
-        r = await broker.pull_as(
+        r = await reads.pull(
             make, topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
         )
-    if r.messages:
-        metrics.pulled_messages.labels(topic).inc(len(r.messages))
-        metrics.pulled_bytes.labels(topic).inc(make.body_bytes)
+    metrics.count_pulled(topic, len(r.messages), make.body_bytes)
     return Response(pull_json(r), media_type=JSONBytes.media_type)
 
 
@@ -463,8 +332,8 @@ async def offset_for_time(
     topic: TopicPath,
     queue_id: Annotated[int, Path(ge=0, le=65_535)],
     timestamp: Annotated[int, Query(ge=0, le=2**62)],
-    broker: BrokerDep,
+    reads: ReadsDep,
     access: AccessDep,
 ) -> Response:
     access.need("consume", topic)
-    return JSONBytes({"offset": broker.offset_for_time(topic, queue_id, timestamp)})
+    return JSONBytes({"offset": reads.offset_for_time(topic, queue_id, timestamp)})

@@ -8,19 +8,19 @@ from starlette.responses import Response
 from broker import errors
 
 from .. import models
+from ..json_messages import JSONMessages, messages_json
 from .common import (
     AccessDep,
-    BrokerDep,
     EncodingQuery,
     JSONBytes,
     LimitsDep,
     MetricsDep,
     NodeMaximum,
+    ReadsDep,
     TopicPath,
     check_maxima,
     error_docs,
 )
-from .messages import message_out, messages_out
 
 router = APIRouter(tags=["query"])
 
@@ -37,7 +37,7 @@ async def query_by_key(
     *,
     topic: TopicPath,
     key: Annotated[str, Query(min_length=1, max_length=1024)],
-    broker: BrokerDep,
+    reads: ReadsDep,
     limits: LimitsDep,
     metrics: MetricsDep,
     access: AccessDep,
@@ -46,8 +46,10 @@ async def query_by_key(
 ) -> Response:
     check_maxima(limits, (KEY_QUERY_MAX, max))
     access.need("consume", topic)
-    found = broker.query_by_key(topic, key, max)
-    return JSONBytes({"messages": messages_out(metrics, topic, found, encoding)})
+    make = JSONMessages(reads.settings.group, encoding)
+    found = reads.query_by_key(make, topic, key, max)
+    metrics.count_pulled(topic, len(found), make.body_bytes)
+    return Response(messages_json(found), media_type=JSONBytes.media_type)
 
 
 @router.get(
@@ -57,12 +59,14 @@ async def query_by_key(
 )
 async def get_message(
     msg_id: Annotated[str, Path(max_length=256)],
-    broker: BrokerDep,
+    reads: ReadsDep,
     access: AccessDep,
     encoding: EncodingQuery = "utf-8",
 ) -> Response:
-    m = broker.get_message(msg_id)
-    if not access.may("consume", m.topic):
+    topic, content = reads.get_message(
+        JSONMessages(reads.settings.group, encoding).with_topic, msg_id
+    )
+    if not access.may("consume", topic):
         # Not the topic's name: the token may not learn what this id belongs to.
         raise errors.ForbiddenError("this token may not read this message", needs="consume")
-    return JSONBytes(message_out(m, encoding))
+    return Response(content, media_type=JSONBytes.media_type)

@@ -2,8 +2,9 @@
 
 One class for every "wait until N is reached" of a node: the Raft commit index
 (``DLedgerServer.wait_committed``), the dispatched index and each consume queue's next
-offset (``ReputService.wait_dispatched``, ``wait_queue``). Its owner moves it
-(``advance``); any number of tasks wait for their own target (``wait``).
+offset (the broker's ``ReputMessageService.wait_dispatched``, ``Arrivals.wait_queue``).
+Its owner moves it (``advance``); any number of tasks wait for their own target
+(``wait``).
 
 Invariants:
 - ``index`` only grows through ``advance`` (a lower value is ignored). ``reset`` is the
@@ -23,7 +24,7 @@ Invariants:
   order: nothing depends on hashing (the broker simulation replays by seed);
 - not thread-safe: waits and moves on one event loop. ``advance`` and ``reset`` touch
   no loop while nobody waits, so an owner may move it in a thread before any waiter
-  exists (``ReputService.recover``).
+  exists (the broker's ``Dispatch.recover``).
 
 Stopping: there is nothing to close. A waiter left when its owner stops ends by its own
 timeout or by being cancelled. A wait that returned at once after a stop would make the

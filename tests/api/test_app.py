@@ -334,7 +334,7 @@ async def test_long_poll_wakes_on_commit(node: Node) -> None:
     pull = asyncio.create_task(
         node.http.get("/v1/topics/lp/queues/0/messages", params={"wait_ms": 5000})
     )
-    await until(lambda: node.broker.dispatcher.waiting_on("lp", 0), what="pull waits")
+    await until(lambda: node.broker.dispatcher.arrivals.waiting_on("lp", 0), what="pull waits")
     assert not pull.done()
     await produce(node, "lp", {"body": "wake"})
     produced = time.monotonic()

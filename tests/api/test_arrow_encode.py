@@ -20,10 +20,14 @@ from hypothesis import strategies as st
 from api.arrow import SCHEMA, PageFormatError, encode_page, ipc_stream
 from broker.batch import encode_batch_record
 from broker.message import (
+    BODY_POS,
     PROP_BATCH_INDEX,
     PROP_KEYS,
     PROP_TAGS,
     PROP_UNIQ_KEY,
+    SYS_FLAG_POS,
+    TOTAL_SIZE_POS,
+    MessageFormatError,
     decode_message,
     encode_message,
     message_properties,
@@ -284,3 +288,54 @@ def test_the_messages_of_a_batch_record_are_found_by_their_units_queue_offsets()
         arrow_rows(page_of(bytes(log), unit))  # a page without them cannot tell
     with pytest.raises(PageFormatError, match="not in its record"):
         arrow_rows(replace(page_of(bytes(log), unit), queue_offsets=[105]))
+
+
+def _respliced_topic(topic: bytes) -> bytearray:
+    """A record of topic "orders" whose TOPIC field is ``topic`` (any length, any bytes),
+    TOTALSIZE set to match: what ``encode_message`` would refuse to write."""
+    raw = encode_message(topic="orders", body=b"x", properties={"a": "b"}, born_timestamp=1)
+    at = BODY_POS + 1  # the TOPIC length byte, after the 1-byte body
+    out = raw[:at] + bytes([len(topic) & 0xFF]) + topic + raw[at + 1 + len("orders") :]
+    struct.pack_into(">i", out, TOTAL_SIZE_POS, len(out))
+    return out
+
+
+def _ipv6_flagged() -> bytearray:
+    raw = encode_message(topic="orders", body=b"x", born_timestamp=1)
+    struct.pack_into(">i", raw, SYS_FLAG_POS, 0x20)  # STOREHOSTADDRESS_V6_FLAG
+    return raw
+
+
+@pytest.mark.parametrize(
+    ("what", "record"),
+    [
+        ("SYSFLAG", _ipv6_flagged()),
+        ("TOPIC", _respliced_topic(b"")),
+        ("TOPIC", _respliced_topic(b"t" * 128)),
+        ("TOPIC", _respliced_topic(b"\xffrders")),
+        *[
+            ("PROPERTIES", encode_message(topic="orders", body=b"", properties=p, born_timestamp=1))
+            for p in (b"a\x01b\x02\x02", b"TAGS\x01a\x02TAGS\x01b\x02")
+        ],
+    ],
+)
+def test_a_record_the_json_pull_refuses_the_arrow_pull_refuses(
+    what: str, record: bytearray
+) -> None:
+    """The two pulls read a record by the same rules: what the JSON pull's decoder
+    (``decode_message`` without its body CRC: the entry CRC covers the record) refuses,
+    the Arrow encoder refuses too, never a row the JSON pull would not answer."""
+    with pytest.raises(MessageFormatError, match=what):
+        decode_message(record, verify_crc=False)
+    log, units = records_log(record)
+    with pytest.raises(PageFormatError, match=what):
+        encode_page(page_of(log, units), topic="orders", group=GROUP)
+
+
+def test_a_record_of_another_topic_is_refused() -> None:
+    """A page's rows show its topic: a unit naming another topic's record (a damaged
+    consume queue) is refused, not shown under the wrong topic."""
+    for other in ("orderz", "o", "orders2"):
+        log, units = records_log(encode_message(topic=other, body=b"x", born_timestamp=1))
+        with pytest.raises(PageFormatError, match="TOPIC"):
+            encode_page(page_of(log, units), topic="orders", group=GROUP)

@@ -225,7 +225,7 @@ async def test_a_page_whose_records_retention_took_is_answered_busy(node: Node) 
     await node.http.post("/v1/topics", json={"name": "gone", "queues": 1})
     for _ in range(30):
         await produce(node, "gone", *[{"body": "x" * 1000} for _ in range(100)])
-    page = (await node.broker.pull_page("gone", 0, 0, max_messages=50)).page
+    page = (await node.broker.reads.pull_page("gone", 0, 0, max_messages=50)).page
     assert page.count == 50
     await node.broker.dispatcher.snapshot()
     await node.broker.dispatcher.checkpoint()

@@ -57,7 +57,7 @@ async def test_a_damaged_copy_is_refused_counted_and_read_from_another_replica(
         master = await cluster.master()
         sent = [NewMessage(body=f"message {i}".encode(), keys=[f"k{i}"]) for i in range(4)]
         # One request each: one record each (a request's batch record is damaged whole).
-        results = [(await master.produce("orders", [m]))[0] for m in sent]
+        results = [(await master.producer.produce("orders", [m]))[0] for m in sent]
         await cluster.converged()
         victim_id = next(n for n, b in cluster.brokers.items() if b is not master)
         victim = cluster.brokers[victim_id]

@@ -89,7 +89,14 @@ async def test_a_pull_of_big_messages_answers_fewer_and_continues(big: Node) -> 
 async def test_a_message_bigger_than_the_budget_comes_alone(big: Node) -> None:
     await produce_big(big, "alone", 3)
     small = replace(BIG, max_response_bytes=MiB // 2)
-    r = await big.broker.pull("alone", 0, 0, max_messages=100, max_bytes=small.max_response_bytes)
+    r = await big.broker.reads.pull(
+        big.broker.reads.pulled_message,
+        "alone",
+        0,
+        0,
+        max_messages=100,
+        max_bytes=small.max_response_bytes,
+    )
     assert [m.queue_offset for m in r.messages] == [0] and r.next_offset == 1
 
 
@@ -112,9 +119,9 @@ async def test_group_pull_and_key_query_keep_the_budget(big: Node) -> None:
 
 async def test_an_arrow_page_keeps_its_budget(big: Node) -> None:
     await produce_big(big, "arrow", 5)
-    page = (await big.broker.pull_page("arrow", 0, 0, max_messages=100)).page
+    page = (await big.broker.reads.pull_page("arrow", 0, 0, max_messages=100)).page
     assert page.count == 2  # 2.5 MiB of pages: two 1 MiB records
-    r = await big.broker.pull_page("arrow", 0, 2, max_messages=100)
+    r = await big.broker.reads.pull_page("arrow", 0, 2, max_messages=100)
     assert r.page.count == 2 and r.next_offset == 4
 
 

@@ -156,8 +156,8 @@ def test_data_removed_by_retention_fails_the_read_or_is_skipped(served: Served) 
         return await asyncio.to_thread(b.store.clean, True)
 
     assert served.run(retention()) >= 1
-    wait_until(lambda: b.queue_bounds("old", 0)[0] > 0, 30, "the min offset moves")
-    lo, hi = b.queue_bounds("old", 0)
+    wait_until(lambda: b.reads.queue_bounds("old", 0)[0] > 0, 30, "the min offset moves")
+    lo, hi = b.reads.queue_bounds("old", 0)
     conn = connection(served.url)
     strict = transfer.ReadSettings(pull_batch_size=200)
     with pytest.raises(DataLossError, match=rf"queue 0: messages 0\.\.{lo - 1} were removed"):
@@ -202,7 +202,7 @@ def test_a_rerun_of_the_same_session_stores_nothing_twice(served: Served) -> Non
     # Chunks 0-2 are older than the session's last: skipped; chunk 3 is its last batch,
     # answered with its original results.
     assert (again.acknowledged, again.skipped) == (5, 15)
-    assert served.broker.queue_bounds("w", 0) == (0, 20)
+    assert served.broker.reads.queue_bounds("w", 0) == (0, 20)
 
 
 def test_the_prefetch_helper_keeps_order_raises_errors_and_stops_early() -> None:

@@ -45,7 +45,7 @@ def test_inner_records_round_trip_and_refuse_what_does_not_fit() -> None:
 async def test_a_request_is_one_entry_and_every_message_reads_as_its_own(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 2)
+        await b.topics.create("t", 2)
         end = b.store.ledger_end_index
         msgs = [
             NewMessage(
@@ -53,7 +53,7 @@ async def test_a_request_is_one_entry_and_every_message_reads_as_its_own(tmp_pat
             )
             for i in range(10)
         ]
-        results = await b.produce("t", msgs)
+        results = await b.producer.produce("t", msgs)
         assert b.store.ledger_end_index == end + 1  # one entry for the ten
         [qid] = {r.queue_id for r in results}  # one round-robin pick for the request
         assert [r.queue_offset for r in results] == list(range(10))
@@ -63,7 +63,7 @@ async def test_a_request_is_one_entry_and_every_message_reads_as_its_own(tmp_pat
         record = decode_message(b.store.get(end + 1).body, verify_crc=True)
         assert record.sys_flag & INNER_BATCH_FLAG and record.properties["INNER_NUM"] == "10"
 
-        r = await b.pull("t", qid, 0, max_messages=32)
+        r = await b.reads.pull(b.reads.pulled_message, "t", qid, 0, max_messages=32)
         assert r.status == "FOUND" and r.next_offset == 10 and r.max_offset == 10
         assert [m.body for m in r.messages] == [m.body for m in msgs]
         for m, res, sent in zip(r.messages, results, msgs, strict=True):
@@ -73,19 +73,21 @@ async def test_a_request_is_one_entry_and_every_message_reads_as_its_own(tmp_pat
                 res.queue_offset,
             )
             assert (m.tags, m.keys, m.properties) == (sent.tags, list(sent.keys), sent.properties)
-            assert b.get_message(m.msg_id) == m
-        part = await b.pull("t", qid, 4, max_messages=3)
+            assert b.reads.get_message(b.reads.pulled_message, m.msg_id) == m
+        part = await b.reads.pull(b.reads.pulled_message, "t", qid, 4, max_messages=3)
         assert [m.queue_offset for m in part.messages] == [4, 5, 6] and part.next_offset == 7
-        odd = await b.pull("t", qid, 0, max_messages=32, tags="A")
+        odd = await b.reads.pull(b.reads.pulled_message, "t", qid, 0, max_messages=32, tags="A")
         assert [m.body for m in odd.messages] == [b"m%d" % i for i in range(1, 10, 2)]
-        assert [m.body for m in b.query_by_key("t", "k7")] == [b"m7"]
+        assert [m.body for m in b.reads.query_by_key(b.reads.pulled_message, "t", "k7")] == [b"m7"]
         # A byte budget counts the record once: all of its messages come with it.
-        tight = await b.pull("t", qid, 0, max_messages=32, max_bytes=1)
+        tight = await b.reads.pull(
+            b.reads.pulled_message, "t", qid, 0, max_messages=32, max_bytes=1
+        )
         assert len(tight.messages) == 10
         # No message lies between two message addresses of a batch, nor past its last.
         inside = results[0].msg_id[:-16] + f"{base + 10:016X}"
         with pytest.raises(Exception, match="no message"):
-            b.get_message(inside)
+            b.reads.get_message(b.reads.pulled_message, inside)
     finally:
         await c.close()
 
@@ -94,10 +96,10 @@ async def test_a_request_is_one_entry_and_every_message_reads_as_its_own(tmp_pat
 async def test_pinned_queues_split_a_request_into_one_record_per_run(tmp_path: Path) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 2)
+        await b.topics.create("t", 2)
         end = b.store.ledger_end_index
         pins = [0, 0, 1, 1, 0]
-        results = await b.produce(
+        results = await b.producer.produce(
             "t", [NewMessage(b"%d" % i, queue_id=q) for i, q in enumerate(pins)]
         )
         assert b.store.ledger_end_index == end + 3  # [0, 0], [1, 1], [0]: the last one single
@@ -108,7 +110,7 @@ async def test_pinned_queues_split_a_request_into_one_record_per_run(tmp_path: P
             (1, 1),
             (0, 2),
         ]
-        r0 = await b.pull("t", 0, 0)
+        r0 = await b.reads.pull(b.reads.pulled_message, "t", 0, 0)
         assert [m.body for m in r0.messages] == [b"0", b"1", b"4"]
         assert [m.msg_id for m in r0.messages] == [results[i].msg_id for i in (0, 1, 4)]
     finally:
@@ -121,21 +123,21 @@ async def test_a_session_retry_answers_the_batch_and_restart_rebuilds_its_units(
 ) -> None:
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         batch = [NewMessage(b"a", keys=["ka"]), NewMessage(b"b"), NewMessage(b"c")]
-        first = await b.produce("t", batch, producer_id="p1", sequence=1)
-        assert await b.produce("t", batch, producer_id="p1", sequence=1) == first
-        assert b.queue_bounds("t", 0) == (0, 3)
-        before = await b.pull("t", 0, 0)
+        first = await b.producer.produce("t", batch, producer_id="p1", sequence=1)
+        assert await b.producer.produce("t", batch, producer_id="p1", sequence=1) == first
+        assert b.reads.queue_bounds("t", 0) == (0, 3)
+        before = await b.reads.pull(b.reads.pulled_message, "t", 0, 0)
         await c.stop("n0")
         c.wipe_consume_queues("n0")
         b = await c.start("n0")
         await c.master()
-        await until(lambda: b.queue_bounds("t", 0) == (0, 3), 20, "the queue rebuilt")
-        after = await b.pull("t", 0, 0)
+        await until(lambda: b.reads.queue_bounds("t", 0) == (0, 3), 20, "the queue rebuilt")
+        after = await b.reads.pull(b.reads.pulled_message, "t", 0, 0)
         assert after.messages == before.messages
-        assert [m.body for m in b.query_by_key("t", "ka")] == [b"a"]
-        assert await b.produce("t", batch, producer_id="p1", sequence=1) == first
+        assert [m.body for m in b.reads.query_by_key(b.reads.pulled_message, "t", "ka")] == [b"a"]
+        assert await b.producer.produce("t", batch, producer_id="p1", sequence=1) == first
     finally:
         await c.close()
 
@@ -146,11 +148,14 @@ async def test_replicas_serve_the_same_batched_messages(tmp_path: Path) -> None:
     await c.start_all()
     try:
         m = await c.master()
-        results = await m.produce("t", [NewMessage(b"%d" % i, tags="T") for i in range(50)])
+        results = await m.producer.produce(
+            "t", [NewMessage(b"%d" % i, tags="T") for i in range(50)]
+        )
         qid = results[0].queue_id
         for node in c.brokers.values():
-            await until(lambda node=node: node.queue_bounds("t", qid)[1] == 50, 20, "dispatched")
-            r = await node.pull("t", qid, 0, max_messages=100)
+            reads = node.reads
+            await until(lambda reads=reads: reads.queue_bounds("t", qid)[1] == 50, 20, "dispatched")
+            r = await node.reads.pull(node.reads.pulled_message, "t", qid, 0, max_messages=100)
             assert [x.msg_id for x in r.messages] == [x.msg_id for x in results]
             assert [x.body for x in r.messages] == [b"%d" % i for i in range(50)]
     finally:

@@ -57,7 +57,7 @@ async def _all_bodies(b: Broker, topic: str) -> list[bytes]:
     out: list[bytes] = []
     offset = 0
     for _ in range(100):
-        r = await b.pull(topic, 0, offset, max_messages=1000)
+        r = await b.reads.pull(b.reads.pulled_message, topic, 0, offset, max_messages=1000)
         out += [m.body for m in r.messages]
         if r.next_offset == offset:
             return out
@@ -68,20 +68,20 @@ async def _all_bodies(b: Broker, topic: str) -> list[bytes]:
 async def test_dispatch_stalls_on_a_full_disk_and_resumes_when_space_returns(fs: Path) -> None:
     b = await _single(fs, disk_reserve_bytes=0)  # no reserve: the stall path itself
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         first = _msgs(10, "a")
-        await b.produce("t", first)
+        await b.producer.produce("t", first)
         ballast = Ballast(fs)
         ballast.leave_free(0)
         # The commitlog's segment has its blocks already: these commit. The consume
         # queue rolls every 64 units (harness settings) and finds no space: stalled.
         second = _msgs(100, "b")
-        results = await b.produce("t", second)
+        results = await b.producer.produce("t", second)
         assert [r.queue_offset for r in results] == list(range(10, 110))
         await until(lambda: b.dispatcher.stall is not None, what="dispatch stalled")
         assert b.status().dispatch_stall is not None
         with pytest.raises(errors.DiskFullError, match="dispatch is stalled"):
-            await b.produce("t", _msgs(1, "c"))
+            await b.producer.produce("t", _msgs(1, "c"))
         readable = await _all_bodies(b, "t")  # reads go on, up to where dispatch is
         assert readable == [m.body for m in (first + second)][: len(readable)]
         assert len(readable) < len(first) + len(second)
@@ -89,7 +89,7 @@ async def test_dispatch_stalls_on_a_full_disk_and_resumes_when_space_returns(fs:
         ballast.remove()
         await until(lambda: b.dispatcher.stall is None, timeout_s=20, what="dispatch resumed")
         third = _msgs(5, "d")
-        await b.produce("t", third)
+        await b.producer.produce("t", third)
         assert await _all_bodies(b, "t") == [m.body for m in first + second + third]
     finally:
         await b.stop()
@@ -98,22 +98,22 @@ async def test_dispatch_stalls_on_a_full_disk_and_resumes_when_space_returns(fs:
 async def test_writes_are_refused_under_the_disk_reserve_and_resume_above_it(fs: Path) -> None:
     b = await _single(fs, disk_reserve_bytes=2 * MiB, disk_check_interval_ms=50)
     try:
-        await b.create_topic("t", 1)
-        await b.produce("t", _msgs(10, "a"))
+        await b.topics.create("t", 1)
+        await b.producer.produce("t", _msgs(10, "a"))
         ballast = Ballast(fs)
         ballast.leave_free(1 * MiB)
         await until(lambda: b.gate._disk_free() < 2 * MiB, what="the broker sees the disk")
         with pytest.raises(errors.DiskFullError, match="reserve") as info:
-            await b.produce("t", _msgs(1, "b"))
+            await b.producer.produce("t", _msgs(1, "b"))
         assert info.value.http_status == 507
         assert info.value.fields["retry_after_ms"] > 0
         with pytest.raises(errors.DiskFullError):
-            await b.create_topic("u", 1)  # metadata writes too
+            await b.topics.create("u", 1)  # metadata writes too
         assert len(await _all_bodies(b, "t")) == 10
         ballast.remove()
         await until(lambda: free_bytes(fs) > 2 * MiB, what="space back")
         await until(lambda: b.gate._disk_free() > 2 * MiB, what="the broker sees it")
-        await b.produce("t", _msgs(3, "c"))
+        await b.producer.produce("t", _msgs(3, "c"))
         assert len(await _all_bodies(b, "t")) == 13
     finally:
         await b.stop()

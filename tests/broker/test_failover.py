@@ -25,7 +25,7 @@ async def _bodies(c: BrokerCluster, node: str, topic: str, qid: int) -> list[byt
     b = c.brokers[node]
     out: list[bytes] = []
     for _ in range(100):  # bounded
-        r = await b.pull(topic, qid, len(out), max_messages=1000)
+        r = await b.reads.pull(b.reads.pulled_message, topic, qid, len(out), max_messages=1000)
         if r.status != "FOUND":
             return out
         assert [m.queue_offset for m in r.messages] == list(range(len(out), r.next_offset))
@@ -41,10 +41,10 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 2)
-        first = await m.produce("t", [NewMessage(b"a%d" % i) for i in range(20)])
-        await m.commit_offsets("grp", "t", {0: 4, 1: 3})
-        [s] = await m.produce("t", [NewMessage(b"s")], producer_id="p", sequence=1)
+        await m.topics.create("t", 2)
+        first = await m.producer.produce("t", [NewMessage(b"a%d" % i) for i in range(20)])
+        await m.groups.commit_offsets("grp", "t", {0: 4, 1: 3})
+        [s] = await m.producer.produce("t", [NewMessage(b"s")], producer_id="p", sequence=1)
         in_q0 = sum(r.queue_id == 0 for r in [*first, s])
         await c.converged()
         for node, b in c.brokers.items():
@@ -52,17 +52,17 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(
             assert len(await _bodies(c, node, "t", 0)) == in_q0, node
             if b is not m:
                 with pytest.raises(errors.NotMasterError) as ei:
-                    await b.produce("t", [NewMessage(b"x")])
+                    await b.producer.produce("t", [NewMessage(b"x")])
                 assert ei.value.leader_id == m.settings.node_id
                 assert ei.value.leader_addr == m.settings.peer_map[m.settings.node_id]
                 # Every write redirects before it looks at its topic: a slave may not know
                 # a topic the master just made (it answered 404, not 307), and creating
                 # one that exists is a write too.
                 for write in (
-                    b.create_topic("t", 2),
-                    b.delete_topic("not-here-yet"),
-                    b.commit_offsets("grp", "not-here-yet", {0: 1}),
-                    b.reset_offsets("grp", "not-here-yet", "earliest"),
+                    b.topics.create("t", 2),
+                    b.topics.delete("not-here-yet"),
+                    b.groups.commit_offsets("grp", "not-here-yet", {0: 1}),
+                    b.groups.reset_offsets("grp", "not-here-yet", "earliest"),
                 ):
                     with pytest.raises(errors.NotMasterError):
                         await write
@@ -71,8 +71,8 @@ async def test_failover_keeps_queue_offsets_contiguous_and_group_offsets(
         m2 = await c.master(timeout_s=30)
         assert m2.settings.node_id != old
         # the retried session batch is answered from the replicated session table
-        again = await m2.produce("t", [NewMessage(b"s")], producer_id="p", sequence=1)
-        second = await m2.produce("t", [NewMessage(b"b%d" % i) for i in range(20)])
+        again = await m2.producer.produce("t", [NewMessage(b"s")], producer_id="p", sequence=1)
+        second = await m2.producer.produce("t", [NewMessage(b"b%d" % i) for i in range(20)])
         assert again == [s]
         q0 = [r.queue_offset for r in [*first, s, *second] if r.queue_id == 0]
         assert sorted(q0) == list(range(len(q0))) and len(q0) > in_q0  # no gap, no reuse
@@ -91,9 +91,9 @@ async def test_consume_queue_files_are_byte_identical_on_every_replica(tmp_path:
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 3)
+        await m.topics.create("t", 3)
         for i in range(10):
-            await m.produce("t", [NewMessage(b"x" * i, keys=[f"k{i}"])] * 30)
+            await m.producer.produce("t", [NewMessage(b"x" * i, keys=[f"k{i}"])] * 30)
         await c.converged()
         for b in c.brokers.values():
             await b.dispatcher.checkpoint()
@@ -105,7 +105,9 @@ async def test_consume_queue_files_are_byte_identical_on_every_replica(tmp_path:
             }
         assert files["n0"] and files["n0"] == files["n1"] == files["n2"]
         for b in c.brokers.values():
-            assert [x.body for x in b.query_by_key("t", "k7")] == [b"x" * 7] * 30
+            assert [x.body for x in b.reads.query_by_key(b.reads.pulled_message, "t", "k7")] == [
+                b"x" * 7
+            ] * 30
     finally:
         await c.close()
 
@@ -117,7 +119,7 @@ async def test_a_slave_without_a_known_leader_says_no_master(tmp_path: Path) -> 
         b = c.brokers["n0"]
         await until(lambda: b.server.core is not None)
         with pytest.raises(errors.NoMasterError) as ei:
-            await b.create_topic("t", 1)
+            await b.topics.create("t", 1)
         assert ei.value.fields["retry_after_ms"] == NO_LEADER_RETRY_AFTER_MS
     finally:
         await c.close()
@@ -134,7 +136,7 @@ async def test_a_slave_redirects_to_the_new_master_the_moment_it_follows_it(
     await c.start_all()
     try:
         old = await c.master()
-        await old.create_topic("t", 1)
+        await old.topics.create("t", 1)
         await c.converged()
         old_id = old.settings.node_id
         await c.stop(old_id)
@@ -147,13 +149,13 @@ async def test_a_slave_redirects_to_the_new_master_the_moment_it_follows_it(
         new = await until(new_leader, what="both survivors follow one new leader")
         slave = next(b for b in rest if b.settings.node_id != new)
         with pytest.raises(errors.NotMasterError) as ei:
-            await slave.produce("t", [NewMessage(b"x")])
+            await slave.producer.produce("t", [NewMessage(b"x")])
         assert ei.value.leader_id == new
         assert ei.value.leader_url == slave.settings.peer_urls.get(new)
         leader = c.brokers[new]
         if leader.gate.role is not BrokerRole.MASTER:  # still promoting (a few ms)
             with pytest.raises(errors.NoMasterError) as nm:
-                await leader.produce("t", [NewMessage(b"x")])
+                await leader.producer.produce("t", [NewMessage(b"x")])
             assert nm.value.fields["retry_after_ms"] == PROMOTING_RETRY_AFTER_MS
         await until(lambda: leader.gate.role is BrokerRole.MASTER, what="the new MASTER")
         assert leader.role_handler.last_promotion["promotion_total_ms"] >= 0
@@ -173,27 +175,29 @@ async def test_a_retry_after_a_settle_timeout_never_appends_the_batch_again(
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 1)
-        first = await m.produce("t", [NewMessage(b"a")], producer_id="p", sequence=0)
+        await m.topics.create("t", 1)
+        first = await m.producer.produce("t", [NewMessage(b"a")], producer_id="p", sequence=0)
         term = m.gate.role_term
         followers = [b for b in c.brokers.values() if b is not m]
         blocked = _drop_appends(followers)
         with pytest.raises(errors.UnknownOutcomeError):
-            await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
+            await m.producer.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
         end = m.store.ledger_end_index
         with pytest.raises(errors.UnknownOutcomeError) as retry:
-            await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
+            await m.producer.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
         assert m.store.ledger_end_index == end, "the retry appended the batch again"
         assert "not settled yet" in str(retry.value)
         blocked.clear()  # the followers take appends again: the first copy commits
         # (the leader re-pushes after max_wait_ack_ms; on a loaded machine that may take
         # longer than one settle wait, so wait for it rather than race it)
-        await until(lambda: m.dispatcher.dispatched_index >= end, what="the first copy is dispatched")
-        again = await m.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
+        await until(
+            lambda: m.dispatcher.dispatched_index >= end, what="the first copy is dispatched"
+        )
+        again = await m.producer.produce("t", [NewMessage(b"b")], producer_id="p", sequence=1)
         assert (m.gate.role_term, m.is_master) == (term, True), "the test needs one master term"
         assert again[0].queue_offset == first[0].queue_offset + 1
         await c.converged()
-        assert [b.queue_bounds("t", 0) for b in c.brokers.values()] == [(0, 2)] * 3
+        assert [b.reads.queue_bounds("t", 0) for b in c.brokers.values()] == [(0, 2)] * 3
     finally:
         await c.close()
 

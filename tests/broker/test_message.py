@@ -39,19 +39,18 @@ from broker.message import (
     SYS_FLAG_POS,
     SYSTEM_PROPERTIES,
     TOTAL_SIZE_POS,
-    DispatchInfo,
     MessageFormatError,
-    PullHead,
+    RecordHead,
     StoredMessage,
     bytes_to_host,
+    check_ipv4,
+    decode_head,
     decode_message,
     decode_properties,
-    decode_pull_head,
     encode_message,
     encode_properties,
     host_to_bytes,
     message_size,
-    peek_dispatch,
     set_physical_offset,
     set_queue_offset,
     set_store_host,
@@ -234,17 +233,23 @@ def test_encode_decode_round_trip(
     # Inside a larger buffer (a DLedger entry), as a memoryview, at an offset.
     big = bytes(48) + bytes(raw) + b"trailing"
     assert decode_message(memoryview(big), 48) == decode_message(raw)
-    info = peek_dispatch(big, 48)
-    assert info == DispatchInfo(
-        topic,
+    head = decode_head(big, 48)
+    props_raw = encode_properties(props)
+    assert head == RecordHead(
+        len(raw),
         queue_id,
         queue_offset,
         physical_offset,
-        store_timestamp,
-        encode_properties(props),
         sys_flag,
+        born_timestamp,
+        store_timestamp,
+        topic,
+        48 + 88,
+        len(body),
+        48 + len(raw) - len(props_raw),
+        len(props_raw),
     )
-    assert decode_properties(info.properties_raw) == props
+    assert big[head.props_at : head.props_at + head.props_len] == props_raw
     assert _pull_view(memoryview(raw)) == (
         len(raw),
         queue_id,
@@ -429,9 +434,9 @@ def test_decode_names_the_inconsistent_field() -> None:
     for bad, field in cases:
         with pytest.raises(MessageFormatError, match=field):
             decode_message(bad)
-        if field not in {"SYSFLAG"}:  # peek skips SYSFLAG
+        if field not in {"SYSFLAG"}:  # the head leaves the hosts to its readers
             with pytest.raises(MessageFormatError, match=field):
-                peek_dispatch(bad)
+                decode_head(bad)
     for offset in (-1, len(raw), len(raw) + 5):
         with pytest.raises(MessageFormatError):
             decode_message(raw, offset)
@@ -441,7 +446,7 @@ def test_decode_names_the_inconsistent_field() -> None:
 @given(data=st.binary(max_size=200), offset=st.integers(-4, 210))
 def test_garbage_only_ever_raises_message_format_error(data: bytes, offset: int) -> None:
     for buf in (data, memoryview(data)):
-        for parse in (decode_message, peek_dispatch):
+        for parse in (decode_message, decode_head):
             with contextlib.suppress(MessageFormatError):
                 parse(buf, offset)
 
@@ -456,7 +461,7 @@ def test_truncated_or_damaged_records_only_ever_raise_message_format_error(
         if i < len(raw):
             raw[i] ^= 0xA5
     for buf in (bytes(raw[:cut]), memoryview(raw)[:cut]):
-        for parse in (decode_message, peek_dispatch):
+        for parse in (decode_message, decode_head):
             with contextlib.suppress(MessageFormatError):
                 parse(buf)
 
@@ -464,8 +469,8 @@ def test_truncated_or_damaged_records_only_ever_raise_message_format_error(
 @settings(max_examples=300)
 @given(cut=st.integers(0, 200), flips=st.lists(st.integers(0, 199), max_size=4))
 def test_the_pull_decoder_refuses_what_decode_message_refuses(cut: int, flips: list[int]) -> None:
-    """``decode_pull_head`` (the pull's lean decoder), with the PROPERTIES it points at
-    decoded, takes exactly the records that ``decode_message`` without its body CRC
+    """``decode_head`` and ``check_ipv4`` (what a pull checks), with the PROPERTIES it
+    points at decoded, take exactly the records that ``decode_message`` without its body CRC
     takes, and reads the same fields of them."""
     raw = _sample(body=b"b" * 40, properties={"TAGS": "t", "KEYS": "a b", "x": "y"})
     for i in flips:
@@ -493,12 +498,24 @@ def test_the_pull_decoder_refuses_what_decode_message_refuses(cut: int, flips: l
 
 
 def _pull_view(buf: memoryview) -> tuple[object, ...]:
-    """What a pull reads of a record: ``decode_pull_head``'s fields, then the BODY and
+    """What a pull reads of a record: ``decode_head``'s fields, then the BODY and
     the decoded PROPERTIES it points at."""
-    h: PullHead = decode_pull_head(buf)
+    h: RecordHead = decode_head(buf)
+    check_ipv4(h.sys_flag)
     body = bytes(buf[h.body_at : h.body_at + h.body_len])
     props = decode_properties(buf[h.props_at : h.props_at + h.props_len])
-    return (*h[:8], body, props)
+    return (
+        h.size,
+        h.queue_id,
+        h.queue_offset,
+        h.physical_offset,
+        h.born_timestamp,
+        h.store_timestamp,
+        h.topic,
+        h.sys_flag,
+        body,
+        props,
+    )
 
 
 @settings(max_examples=200)

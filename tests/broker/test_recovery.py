@@ -32,18 +32,18 @@ async def _churn(b: Broker) -> bytes:
     """Messages with keys in a topic of 2 queues, a snapshot half-way through them; the
     topic deleted and made again with 3 queues, more messages (some keys again) and an
     offset commit. Returns the dispatch checkpoint file as it was half-way."""
-    await b.create_topic("t", 2)
+    await b.topics.create("t", 2)
     for i in range(40):
-        await b.produce("t", [NewMessage(b"old%d" % i, keys=[f"k{i % 7}", f"o{i}"])])
+        await b.producer.produce("t", [NewMessage(b"old%d" % i, keys=[f"k{i % 7}", f"o{i}"])])
         if i == 20:
             await b.dispatcher.snapshot()
             await b.dispatcher.checkpoint()
-            half_way = b.dispatcher.checkpoint_path.read_bytes()
-    await b.delete_topic("t")
-    await b.create_topic("t", 3)
+            half_way = b.dispatcher.checkpoints.path.read_bytes()
+    await b.topics.delete("t")
+    await b.topics.create("t", 3)
     for i in range(30):
-        await b.produce("t", [NewMessage(b"new%d" % i, keys=[f"k{i % 7}"])] * 2)
-    await b.commit_offsets("g", "t", {1: 5})
+        await b.producer.produce("t", [NewMessage(b"new%d" % i, keys=[f"k{i % 7}"])] * 2)
+    await b.groups.commit_offsets("g", "t", {1: 5})
     return half_way
 
 
@@ -74,7 +74,7 @@ async def test_restart_after_delete_and_recreate_rebuilds_the_same_files(
     try:
         b = await c.master()
         half_way = await _churn(b)
-        topic = b.topic("t")
+        topic = b.topics.get("t")
         await c.stop("n0")
         before = _derived(c)
         _lose(c, lost, half_way)
@@ -84,10 +84,13 @@ async def test_restart_after_delete_and_recreate_rebuilds_the_same_files(
         # units than it recorded: not the queues it recorded.
         assert b.dispatcher.stats["rebuilds"] == (lost in ("consume queues", "older checkpoint"))
         assert _derived(c) == before
-        assert b.topic("t") == topic and b.meta.committed_offset("g", "t", 1) == 5
-        assert [b.queue_bounds("t", q) for q in range(3)] == [(0, 20)] * 3
-        assert [m.body for m in b.query_by_key("t", "k3")][:2] == [b"new24", b"new24"]
-        [res] = await b.produce("t", [NewMessage(b"next")], producer_id="p", sequence=0)
+        assert b.topics.get("t") == topic and b.meta.committed_offset("g", "t", 1) == 5
+        assert [b.reads.queue_bounds("t", q) for q in range(3)] == [(0, 20)] * 3
+        assert [m.body for m in b.reads.query_by_key(b.reads.pulled_message, "t", "k3")][:2] == [
+            b"new24",
+            b"new24",
+        ]
+        [res] = await b.producer.produce("t", [NewMessage(b"next")], producer_id="p", sequence=0)
         assert res.queue_offset == 20
     finally:
         await c.close()
@@ -107,9 +110,9 @@ async def test_a_damaged_metadata_snapshot_never_stops_a_restart(
     b = await c.start("n0")
     try:
         await until(lambda: b.is_master, what="master")
-        await b.create_topic("t", 2)
-        await b.produce("t", [NewMessage(b"a%d" % i) for i in range(10)])
-        await b.commit_offsets("g", "t", {0: 3})
+        await b.topics.create("t", 2)
+        await b.producer.produce("t", [NewMessage(b"a%d" % i) for i in range(10)])
+        await b.groups.commit_offsets("g", "t", {0: 3})
         await b.dispatcher.snapshot()
     finally:
         await c.stop("n0")
@@ -121,8 +124,8 @@ async def test_a_damaged_metadata_snapshot_never_stops_a_restart(
         await until(lambda: b.is_master, what="master again")
         assert b.meta.topics["t"].queues == 2
         assert b.meta.committed_offset("g", "t", 0) == 3
-        r = await b.pull("t", 0, 0, max_messages=100)
-        r1 = await b.pull("t", 1, 0, max_messages=100)
+        r = await b.reads.pull(b.reads.pulled_message, "t", 0, 0, max_messages=100)
+        r1 = await b.reads.pull(b.reads.pulled_message, "t", 1, 0, max_messages=100)
         assert len(r.messages) + len(r1.messages) == 10
     finally:
         await c.close()

@@ -39,8 +39,10 @@ async def _both(
     b: Broker, offset: int, max_messages: int, tags: str
 ) -> tuple[tuple[str, list[int], int], tuple[str, list[int], int]]:
     """(status, queue offsets, next offset) of the JSON pull and of the page pull."""
-    j = await b.pull("t", 0, offset, max_messages=max_messages, tags=tags)
-    p = await b.pull_page("t", 0, offset, max_messages=max_messages, tags=tags)
+    j = await b.reads.pull(
+        b.reads.pulled_message, "t", 0, offset, max_messages=max_messages, tags=tags
+    )
+    p = await b.reads.pull_page("t", 0, offset, max_messages=max_messages, tags=tags)
     return (
         (j.status, [m.queue_offset for m in j.messages], j.next_offset),
         (p.status, list(p.page.queue_offsets), p.next_offset),
@@ -54,18 +56,18 @@ async def test_a_tags_hash_collision_spends_no_slot_in_either_pull(tmp_path: Pat
     assert tags_hash(other) != tags_hash(wanted)
     c, b = await _single(tmp_path)
     try:
-        await b.create_topic("t", 1)
+        await b.topics.create("t", 1)
         singles = [collider, wanted, wanted, collider, collider, wanted, other, wanted, collider]
         batch = [collider, wanted, collider, wanted]  # one batch record: a unit per message
         tail = [collider, collider, wanted]
         for tag in singles:
-            await b.produce("t", [NewMessage(tag.encode(), tag, queue_id=0)])
-        await b.produce("t", [NewMessage(t.encode(), t, queue_id=0) for t in batch])
+            await b.producer.produce("t", [NewMessage(tag.encode(), tag, queue_id=0)])
+        await b.producer.produce("t", [NewMessage(t.encode(), t, queue_id=0) for t in batch])
         for tag in tail:
-            await b.produce("t", [NewMessage(tag.encode(), tag, queue_id=0)])
+            await b.producer.produce("t", [NewMessage(tag.encode(), tag, queue_id=0)])
         sent = singles + batch + tail
         n = len(sent)
-        assert b.queue_bounds("t", 0) == (0, n)
+        assert b.reads.queue_bounds("t", 0) == (0, n)
 
         # The case at the heart of it: the collider at 0 is no match, so two slots take
         # the wanted messages at 1 and 2 in both pulls.

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from broker.broker import Broker, NewMessage
+from broker.dispatch.appliers import state_appliers
+from broker.dispatch.snapshots import snapshot_bytes
 from broker.metadata import MetadataState
 from dledger.core.dispatcher import DispatcherState
 from dledger.core.settings import CoreSettings
@@ -37,7 +39,7 @@ def _msgs(tag: str, n: int) -> list[NewMessage]:
 
 async def _produce(m: Broker, topic: str, tag: str, batches: int) -> None:
     for i in range(batches):
-        await m.produce(topic, _msgs(f"{tag}{i}-", 100))
+        await m.producer.produce(topic, _msgs(f"{tag}{i}-", 100))
 
 
 async def _delete_head(m: Broker) -> int:
@@ -45,7 +47,7 @@ async def _delete_head(m: Broker) -> int:
     they allow; returns the master's new log begin."""
     await m.dispatcher.snapshot()
     await m.dispatcher.checkpoint()
-    assert m.dispatcher.served_index == m.dispatcher.snapshot_index
+    assert m.dispatcher.snapshot_manager.served_index == m.dispatcher.snapshot_index
     await asyncio.to_thread(m.store.clean, True)
     return m.store.ledger_begin_index
 
@@ -62,7 +64,7 @@ async def _queue_view(b: Broker, topic: str, qid: int, lo: int) -> list[tuple[in
     out: list[tuple[int, int, bytes]] = []
     offset = lo
     for _ in range(100):  # bounded
-        r = await b.pull(topic, qid, offset, max_messages=1000)
+        r = await b.reads.pull(b.reads.pulled_message, topic, qid, offset, max_messages=1000)
         if r.status != "FOUND":
             break
         out += [(m.queue_offset, m.commitlog_offset, m.body) for m in r.messages]
@@ -85,18 +87,18 @@ async def _start_lagging_follower(
     c = BrokerCluster(tmp_path, n=3, **overrides)
     await c.start_all()
     m = await c.master()
-    await m.create_topic("t", 2)
-    await m.create_topic("gone", 1)
+    await m.topics.create("t", 2)
+    await m.topics.create("gone", 1)
     await _produce(m, "t", "a", 3)
-    await m.commit_offsets("grp", "t", {0: 10, 1: 20})
+    await m.groups.commit_offsets("grp", "t", {0: 10, 1: 20})
     await c.converged()
     lag = next(n for n, b in c.brokers.items() if b is not m)
     await c.stop(lag)
     await _produce(m, "t", "b", 30)  # about 3 MB: 3 segments of 1 MiB
-    await m.delete_topic("gone")
-    await m.create_topic("gone", 3)  # another incarnation
-    await m.commit_offsets("grp", "t", {0: 700})
-    await m.produce("t", [NewMessage(b"s")], producer_id="p1", sequence=7)
+    await m.topics.delete("gone")
+    await m.topics.create("gone", 3)  # another incarnation
+    await m.groups.commit_offsets("grp", "t", {0: 700})
+    await m.producer.produce("t", [NewMessage(b"s")], producer_id="p1", sequence=7)
     begin = await _delete_head(m)
     assert begin > 0, "retention deleted nothing"
     await _drop_queued_pushes(m, lag)
@@ -139,44 +141,44 @@ async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Pa
         assert _state(f) == _state(m)
         assert f.meta.committed_offset("grp", "t", 0) == 700
         for qid in (0, 1):
-            fmin, fmax = f.queue_bounds("t", qid)
-            mmin, mmax = m.queue_bounds("t", qid)
+            fmin, fmax = f.reads.queue_bounds("t", qid)
+            mmin, mmax = m.reads.queue_bounds("t", qid)
             assert fmax == mmax and mmin <= fmin <= fmax
             # What the follower holds is what the master holds at the same offsets.
             fview = await _queue_view(f, "t", qid, fmin)
             mview = await _queue_view(m, "t", qid, fmin)
             assert fview == mview
         # Messages after the install are dispatched and indexed by key on the follower.
-        await m.produce("t", _msgs("after", 10))
+        await m.producer.produce("t", _msgs("after", 10))
         await c.converged()
         for qid in (0, 1):
-            assert f.queue_bounds("t", qid)[1] == m.queue_bounds("t", qid)[1]
+            assert f.reads.queue_bounds("t", qid)[1] == m.reads.queue_bounds("t", qid)[1]
         _same_log_from(f, m)
-        found = f.query_by_key("t", "after3")
+        found = f.reads.query_by_key(f.reads.pulled_message, "t", "after3")
         assert [x.body for x in found] == [_msgs("after", 10)[3].body]
         # The retried session batch is answered from the installed session table.
         await c.converged()
-        again = await m.produce("t", [NewMessage(b"s")], producer_id="p1", sequence=7)
+        again = await m.producer.produce("t", [NewMessage(b"s")], producer_id="p1", sequence=7)
         assert f.meta.sessions["p1"].results[0][1] == again[0].queue_offset
 
         # The installed node takes over: offsets continue without gap or duplicate.
-        before = {q: f.queue_bounds("t", q)[1] for q in (0, 1)}
-        await m.transfer_leadership(lag, timeout_s=10)
+        before = {q: f.reads.queue_bounds("t", q)[1] for q in (0, 1)}
+        await m.leadership.transfer(lag, timeout_s=10)
         await until(lambda: f.is_master, 20, "installed node is master")
-        res = await f.produce("t", [NewMessage(b"n%d" % i) for i in range(10)])
+        res = await f.producer.produce("t", [NewMessage(b"n%d" % i) for i in range(10)])
         for q in (0, 1):
             got = sorted(r.queue_offset for r in res if r.queue_id == q)
             assert got == list(range(before[q], before[q] + len(got)))
-        await f.commit_offsets("grp", "t", {1: 800})
+        await f.groups.commit_offsets("grp", "t", {1: 800})
         await c.converged()
         assert _state(f) == _state(m)
 
         # A restart recovers from the installed snapshot: the log no longer begins at 0.
-        bounds = {q: f.queue_bounds("t", q) for q in (0, 1)}
+        bounds = {q: f.reads.queue_bounds("t", q) for q in (0, 1)}
         await c.stop(lag)
         f = await c.start(lag)
         assert f.dispatcher.snapshot_index >= snap_index
-        assert {q: f.queue_bounds("t", q) for q in (0, 1)} == bounds
+        assert {q: f.reads.queue_bounds("t", q) for q in (0, 1)} == bounds
         await c.converged()
         assert _state(f) == _state(c.brokers[m.settings.node_id])
     finally:
@@ -212,14 +214,15 @@ async def test_a_crash_between_install_and_log_reset_installs_again(
         master_id = m.settings.node_id
         await c.stop(master_id)
         m = await c.start(master_id)
-        await until(lambda: m.dispatcher.served_index >= 0, 30, "restarted master serves")
+        snapshots = m.dispatcher.snapshot_manager
+        await until(lambda: snapshots.served_index >= 0, 30, "restarted master serves")
         f = await c.start(lag)
         await until(lambda: f.server.stats["snapshot_installs"] >= 1, 30, "install again")
         m = await c.master(timeout_s=30)
         await c.converged()
         assert _state(f) == _state(m)
         for qid in (0, 1):
-            assert f.queue_bounds("t", qid)[1] == m.queue_bounds("t", qid)[1]
+            assert f.reads.queue_bounds("t", qid)[1] == m.reads.queue_bounds("t", qid)[1]
         _same_log_from(f, m)
     finally:
         await c.close()
@@ -230,14 +233,15 @@ async def test_install_refuses_data_that_is_not_a_broker_snapshot(tmp_path: Path
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 2)
-        await m.produce("t", _msgs("a", 5))
+        await m.topics.create("t", 2)
+        await m.producer.produce("t", _msgs("a", 5))
         await m.dispatcher.snapshot()
         good = m.snapshots.path(m.dispatcher.snapshot_index).read_bytes()
-        before = (_state(m), m.queue_bounds("t", 0), m.dispatcher.dispatched_index)
-        no_table = MetadataState().to_snapshot()
+        before = (_state(m), m.reads.queue_bounds("t", 0), m.dispatcher.dispatched_index)
+        empty = MetadataState()
+        no_table = snapshot_bytes(empty, state_appliers(empty))
         wrong_index = good
-        bad_table = MetadataState().to_snapshot({"queues": {"t/0": -1}})
+        bad_table = snapshot_bytes(empty, state_appliers(empty), {"queues": {"t/0": -1}})
         for data, index in [
             (b"not json", 5),
             (no_table, -1),
@@ -246,7 +250,11 @@ async def test_install_refuses_data_that_is_not_a_broker_snapshot(tmp_path: Path
         ]:
             with pytest.raises(ValueError):
                 await m.dispatcher.install(index, data)
-            assert (_state(m), m.queue_bounds("t", 0), m.dispatcher.dispatched_index) == before
+            assert (
+                _state(m),
+                m.reads.queue_bounds("t", 0),
+                m.dispatcher.dispatched_index,
+            ) == before
     finally:
         await c.close()
 
@@ -264,30 +272,30 @@ async def test_a_rebuild_over_a_deleted_log_head_starts_queues_at_their_next_off
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("idle", 1)
-        await m.create_topic("t", 2)
-        idle = await m.produce("idle", _msgs("i", 5))
+        await m.topics.create("idle", 1)
+        await m.topics.create("t", 2)
+        idle = await m.producer.produce("idle", _msgs("i", 5))
         await _produce(m, "t", "a", 30)  # about 3 MB: 3 segments of 1 MiB
         begin = await _delete_head(m)
         assert m.store.ledger_begin_pos > idle[-1].commitlog_offset, "idle's messages remain"
         await _produce(m, "t", "b", 1)  # the snapshot (at the log head) is not the last entry
-        bounds = {q: m.queue_bounds("t", q) for q in (0, 1)}
+        bounds = {q: m.reads.queue_bounds("t", q) for q in (0, 1)}
         node = m.settings.node_id
         await c.stop(node)
         c.wipe_consume_queues(node)  # derived data: rebuilt from the log
         m = await c.start(node)
         assert m.dispatcher.stats["rebuilds"] == 1 and m.store.ledger_begin_index == begin
         m = await c.master()
-        assert m.queue_bounds("idle", 0) == (5, 5)
+        assert m.reads.queue_bounds("idle", 0) == (5, 5)
         for q in (0, 1):
-            lo, hi = m.queue_bounds("t", q)
+            lo, hi = m.reads.queue_bounds("t", q)
             assert hi == bounds[q][1] and bounds[q][0] <= lo < hi
             first = m.cq.queue("t", q).get(lo)
             assert first is not None and first[0] >= m.store.ledger_begin_pos
-        again = await m.produce("idle", [NewMessage(b"next")])
+        again = await m.producer.produce("idle", [NewMessage(b"next")])
         assert again[0].queue_offset == 5
         for q in (0, 1):  # the rebuilt queues continue where they were too
-            res = await m.produce("t", [NewMessage(b"n", queue_id=q)])
+            res = await m.producer.produce("t", [NewMessage(b"n", queue_id=q)])
             assert res[0].queue_offset == bounds[q][1]
     finally:
         await c.close()
@@ -302,8 +310,8 @@ async def test_a_metadata_snapshot_makes_the_commit_point_durable_first(tmp_path
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", 1)
-        await m.produce("t", _msgs("a", 5))
+        await m.topics.create("t", 1)
+        await m.producer.produce("t", _msgs("a", 5))
         checkpoint = CheckpointFile(m.store.dir / "checkpoint")
         before = checkpoint.load()
         assert before is None or before.committed_index < m.dispatcher.dispatched_index

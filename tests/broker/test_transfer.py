@@ -32,7 +32,7 @@ async def _cluster(tmp_path: Path, queues: int) -> AsyncIterator[tuple[BrokerClu
     await c.start_all()
     try:
         m = await c.master()
-        await m.create_topic("t", queues)
+        await m.topics.create("t", queues)
         yield c, m, next(n for n in c.brokers if c.brokers[n] is not m)
     finally:
         await c.close()
@@ -65,12 +65,12 @@ async def test_a_transfer_the_target_refuses_leaves_the_master_serving(tmp_path:
     must not leave the broker SLAVE. A produce racing the transfer waits for it to end
     and is stored here; the transfer answers TRANSFER_FAILED with the target's refusal."""
     async with _cluster(tmp_path, 2) as (c, m, target):
-        await m.produce("t", [NewMessage(b"before")])
+        await m.producer.produce("t", [NewMessage(b"before")])
         term = m.gate.role_term
         refused = _refuse_takes(c, target)
-        transfer = asyncio.create_task(m.transfer_leadership(target))
+        transfer = asyncio.create_task(m.leadership.transfer(target))
         await _started(m, target)
-        during = await m.produce("t", [NewMessage(b"during")])
+        during = await m.producer.produce("t", [NewMessage(b"during")])
         with pytest.raises(errors.TransferFailedError) as ei:
             await transfer
         e = ei.value
@@ -83,7 +83,7 @@ async def test_a_transfer_the_target_refuses_leaves_the_master_serving(tmp_path:
             None,
         )
         assert during[0].queue_offset >= 0
-        after = await m.produce("t", [NewMessage(b"after")])
+        after = await m.producer.produce("t", [NewMessage(b"after")])
         assert after[0].queue_offset >= 0 and m.gate.role_term == term
 
 
@@ -97,24 +97,24 @@ async def test_a_transfer_to_a_stopped_slave_fails_at_once_and_writes_go_on(
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         with pytest.raises(errors.TransferFailedError) as ei:
-            await m.transfer_leadership(target)
+            await m.leadership.transfer(target)
         took = loop.time() - t0
         assert ei.value.fields["reason"] == "NETWORK_ERROR", ei.value.message
         silence_s = m.settings.core.leadership_transfer_silence_ms / 1000
         assert took < silence_s + 0.5, f"{took:.2f} s"
         assert m.is_master
-        await m.produce("t", [NewMessage(b"x")])
+        await m.producer.produce("t", [NewMessage(b"x")])
 
 
 async def test_a_write_during_a_transfer_that_succeeds_is_sent_to_the_new_master(
     tmp_path: Path,
 ) -> None:
     async with _cluster(tmp_path, 1) as (c, m, target):
-        transfer = asyncio.create_task(m.transfer_leadership(target))
+        transfer = asyncio.create_task(m.leadership.transfer(target))
         await _started(m, target)
         answer: Any
         try:
-            answer = await m.produce("t", [NewMessage(b"during")])
+            answer = await m.producer.produce("t", [NewMessage(b"during")])
         except (errors.NotMasterError, errors.NoMasterError) as e:
             answer = e
         await transfer
@@ -124,7 +124,7 @@ async def test_a_write_during_a_transfer_that_succeeds_is_sent_to_the_new_master
         # Held until the transfer ended, then refused with where to go (or, had the
         # transfer failed, stored here): never a lost leadership that lasts.
         assert isinstance(answer, errors.NotMasterError | errors.NoMasterError), answer
-        await new.produce("t", [NewMessage(b"after")])
+        await new.producer.produce("t", [NewMessage(b"after")])
 
 
 async def test_transfer_refusals_answer_what_happened(tmp_path: Path) -> None:
@@ -134,15 +134,15 @@ async def test_transfer_refusals_answer_what_happened(tmp_path: Path) -> None:
         m = await c.master()
         slave = next(b for b in c.brokers.values() if b is not m)
         with pytest.raises(errors.UnknownNodeError):
-            await m.transfer_leadership("n9")
+            await m.leadership.transfer("n9")
         with pytest.raises(errors.NotMasterError):
-            await slave.transfer_leadership(m.settings.node_id)
-        await m.transfer_leadership(m.settings.node_id)  # to itself: done
+            await slave.leadership.transfer(m.settings.node_id)
+        await m.leadership.transfer(m.settings.node_id)  # to itself: done
         target = slave.settings.node_id
-        first = asyncio.create_task(m.transfer_leadership(target))
+        first = asyncio.create_task(m.leadership.transfer(target))
         await _started(m, target)
         with pytest.raises(errors.TransferFailedError) as ei:
-            await m.transfer_leadership(target)
+            await m.leadership.transfer(target)
         assert ei.value.fields["reason"] == "LEADER_TRANSFERRING"
         await first
         await until(lambda: slave.is_master, 10, f"{target} becomes MASTER")

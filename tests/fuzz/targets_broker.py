@@ -9,18 +9,20 @@ import contextlib
 
 import orjson
 
+from broker.dispatch.appliers import state_appliers
+from broker.dispatch.snapshots import parse_queue_table, parse_snapshot, snapshot_bytes
 from broker.message import (
     MessageFormatError,
+    decode_head,
     decode_message,
     decode_properties,
     encode_message,
     encode_properties,
-    peek_dispatch,
     tags_and_keys,
 )
 from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
 from broker.msgid import parse_msg_id
-from broker.recovery import parse_queue_table, read_checkpoint
+from broker.recovery import read_checkpoint
 
 from .reader import Reader, Writer
 from .registry import scratch_dir, target
@@ -41,7 +43,7 @@ def _message_seeds() -> list[bytes]:
 
 @target("message_codec", max_len=2048, seeds=_message_seeds)
 def message_codec(data: bytes) -> None:
-    """A CommitLog message record (``decode_message``, ``peek_dispatch``), a property block
+    """A CommitLog message record (``decode_message``, ``decode_head``), a property block
     and a message id: a value or ``MessageFormatError``. The two record decoders refuse
     the same records and agree on what they both read."""
     r = Reader(data)
@@ -53,7 +55,7 @@ def message_codec(data: bytes) -> None:
     except MessageFormatError:
         m = None
     try:
-        info = peek_dispatch(buf, offset)
+        info = decode_head(buf, offset)
     except MessageFormatError:
         info = None
     if m is not None:
@@ -76,7 +78,17 @@ def _snapshot_seeds() -> list[bytes]:
     st.apply_op(1, orjson.dumps(op_create_topic("orders", 4)))
     st.apply_op(2, orjson.dumps(op_commit_offsets("g", "orders", {0: 5, 3: 1})))
     st.record_session("p-1", 4, 0, 2, (0, 5, 1000))
-    return [st.to_snapshot({"queues": {"orders/0": 6, "orders/3": 2}}), st.to_snapshot()]
+    parts = state_appliers(st)
+    table = {"queues": {"orders/0": 6, "orders/3": 2}}
+    return [snapshot_bytes(st, parts, table), snapshot_bytes(st, parts)]
+
+
+def _round_trip(st: MetadataState, extra: dict[str, object] | None = None) -> MetadataState:
+    """``st`` written to a snapshot and read back into a new state."""
+    again = MetadataState(16)
+    parts = state_appliers(again)
+    parse_snapshot(snapshot_bytes(st, state_appliers(st), extra), parts).adopt(again)
+    return again
 
 
 @target("metadata_snapshot", max_len=4096, seeds=_snapshot_seeds)
@@ -84,11 +96,14 @@ def metadata_snapshot(data: bytes) -> None:
     """A metadata snapshot (a file, or a leader's INSTALL_SNAPSHOT) and its queue table:
     a state or ``ValueError`` (the documented contract, nothing else); a state snapshots
     to bytes that load back to the same tables."""
+    st = MetadataState(16)
     try:
-        st, extra = MetadataState.from_snapshot(data, 16)
+        snapshot = parse_snapshot(data, state_appliers(st))
     except ValueError:
         return
-    again, _ = MetadataState.from_snapshot(st.to_snapshot(extra), 16)
+    snapshot.adopt(st)
+    extra = snapshot.extra
+    again = _round_trip(st, extra)
     assert (again.applied_index, again.topics, again.offsets) == (
         st.applied_index,
         st.topics,
@@ -119,7 +134,7 @@ def metadata_op(data: bytes) -> None:
     for topics in st.offsets.values():
         for offsets in topics.values():
             assert all(q >= 0 and o >= 0 for q, o in offsets.items()), offsets
-    again, _ = MetadataState.from_snapshot(st.to_snapshot(), 16)
+    again = _round_trip(st)
     assert (again.topics, again.offsets) == (st.topics, st.offsets)
 
 

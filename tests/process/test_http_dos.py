@@ -202,7 +202,7 @@ async def test_concurrent_scrapes_render_once_off_the_loop(tmp_path: Path) -> No
     while the loop keeps turning (a ticker every 2 ms is never late by much)."""
     limits = replace(TEST_LIMITS, max_topics=1000, max_total_queues=8000)
     async with running_node(node_settings(tmp_path / "n0", limits=limits)) as n:
-        await asyncio.gather(*(n.broker.create_topic(f"t{i:04d}", 8) for i in range(800)))
+        await asyncio.gather(*(n.broker.topics.create(f"t{i:04d}", 8) for i in range(800)))
         metrics = n.app.state.metrics
         loop_thread = threading.get_ident()
         render_threads: list[int] = []

@@ -3,12 +3,12 @@
 :class:`BrokerSimulation` extends :class:`tests.sim.sim.Simulation` (real DLedger cores
 over real ``FileStore``\\ s, a seeded network, disk, clock and crashes). Next to its core
 every simulated node runs the real broker state machine: the ``DLedgerCommitLog`` append
-hook and queue-offset assignment, a ``ReputService`` from the node's store into a real
+hook and queue-offset assignment, a ``Dispatch`` from the node's store into a real
 ``ConsumeQueueStore`` and ``KeyIndex``, the replicated ``MetadataState`` and its
 ``SnapshotFiles``, and the ``RoleChangeHandler``'s rule (LEADER becomes MASTER once the
 own-term NOOP is committed and dispatch has caught up, with the next-queue-offset table
 rebuilt from the consume queues). A crash drops the broker state; a restart rebuilds it
-from disk with ``ReputService.recover()`` as a real restart does. Dispatch checkpoints,
+from disk with ``Dispatch.recover()`` as a real restart does. Dispatch checkpoints,
 metadata snapshots and store checkpoints happen at seeded times, and dispatch may lag the
 commit index; after every dispatch step the loop's housekeeping runs (``_housekeep``).
 
@@ -38,7 +38,7 @@ the store's segments are small and, at seeded times, each node's store deletes h
 segments (``FileStore.clean(force=True)``) as far as the floor its dispatcher set (the
 checkpoint, the newest snapshot and the snapshot Raft serves). A follower the leader's
 log head has passed gets the leader's snapshot: ``persist_ready`` runs
-``ReputService.install`` (the base simulation's ``_install`` hook), then resets the log;
+``Dispatch.install`` (the base simulation's ``_install`` hook), then resets the log;
 in some seeds the power is lost between the two (``CrashAfterInstallError``; not twice
 in a row on a node), and the restart recovers from the old log. In some seeds a
 persist event's snapshot comes without a dispatch checkpoint (the dispatcher's two
@@ -148,6 +148,8 @@ import orjson
 
 from broker.batch import batch_inners
 from broker.commitlog import DLedgerCommitLog
+from broker.dispatch import Dispatch
+from broker.dispatch.snapshots import snapshot_bytes
 from broker.errors import (
     BrokerError,
     InvalidArgumentError,
@@ -181,7 +183,6 @@ from broker.metadata import (
 from broker.produce import NewMessage, Producer, ProduceResult
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
 from broker.properties import split_keys
-from broker.reput import ReputService
 from broker.settings import BrokerSettings
 from broker.topics import MetadataLog, Topics
 from consumequeue import (
@@ -687,21 +688,21 @@ class BrokerNode:
         self.keys.close()
 
 
-async def _persist(d: ReputService, snapshot: bool, checkpoint: bool = True) -> None:
+async def _persist(d: Dispatch, snapshot: bool, checkpoint: bool = True) -> None:
     if checkpoint:
         await d.checkpoint()
     if snapshot:
         await d.snapshot()
 
 
-def _housekeep(d: ReputService) -> None:
-    """What the dispatcher's loop does after every dispatch step (``_maybe_persist``,
+def _housekeep(d: Dispatch) -> None:
+    """What the dispatcher's loop does after every dispatch step (``housekeep``,
     whose intervals never elapse here): hand Raft a snapshot it refused before (after a
     restart, until the commit index is back), move the retention floor, and start the
     queues and the key index at the log's head after retention deleted some. Nothing in
     it waits, so it runs to the end without an event loop (cheap: it runs after every
     dispatch step)."""
-    coro = d._maybe_persist()
+    coro = d.housekeep()
     try:
         coro.send(None)
     except StopIteration:
@@ -885,11 +886,9 @@ class BrokerChecker(Checker):
         d, store, core = bn.dispatcher, bn.store, n.core
         assert core is not None
         head = store.ledger_begin_index - 1  # the last entry deleted
-        if d.checkpoint_index < head:
-            self.fail(
-                f"{n.node_id}: retention deleted up to {head}, past checkpoint {d.checkpoint_index}"
-            )
-        if not any(head <= i <= store.ledger_end_index for i in d.snapshots.indexes()):
+        if (checkpoint := d.checkpoints.index) < head:
+            self.fail(f"{n.node_id}: retention deleted up to {head}, past checkpoint {checkpoint}")
+        if not any(head <= i <= store.ledger_end_index for i in bn.snapshots.indexes()):
             self.fail(
                 f"{n.node_id}: retention deleted up to {head}; no metadata snapshot continues it"
             )
@@ -1019,7 +1018,8 @@ class BrokerChecker(Checker):
             self.fail(f"{n.node_id}'s consumer offsets {meta.offsets} != the log's {model.offsets}")
         first = self.sim.brokers[self.sim.nodes[0].node_id]
         assert first is not None
-        if meta.to_snapshot() != first.meta.to_snapshot():
+        mine, theirs = (snapshot_bytes(b.meta, b.dispatcher.state) for b in (bn, first))
+        if mine != theirs:
             self.fail(f"{n.node_id}'s metadata differs from {self.sim.nodes[0].node_id}'s")
 
     def _final_keys(self, n: SimNode, bn: BrokerNode) -> None:
@@ -1202,7 +1202,7 @@ class BrokerSimulation(Simulation):
             self.keys_origin[n.node_id] = n.store.ledger_begin_pos
         self.trace(
             f"broker {n.node_id} recovered: resume after {d.dispatched_index} "
-            f"(snapshot {d.snapshot_index}, checkpoint {d.checkpoint_index}, "
+            f"(snapshot {d.snapshot_index}, checkpoint {d.checkpoints.index}, "
             f"committed {n.store.committed_index}, rebuilds {d.stats['rebuilds']})"
         )
         self.checker.check_node(n, bn)
@@ -1340,7 +1340,7 @@ class BrokerSimulation(Simulation):
     def _count_recovery(self, bn: BrokerNode) -> None:
         """Count the recoveries that once went wrong (see ``FIXED`` in the tests)."""
         d = bn.dispatcher
-        lo, hi = sorted((d.snapshot_index, d.checkpoint_index))
+        lo, hi = sorted((d.snapshot_index, d.checkpoints.index))
         if any(
             inc.deleted is not None and lo < inc.deleted <= hi
             for lives in self.model.incarnations.values()
@@ -1556,7 +1556,7 @@ class BrokerSimulation(Simulation):
             if store_checkpoint:
                 bn.store.flush()  # the store's background checkpoint
             self.trace(
-                f"persist {n.node_id} checkpoint={bn.dispatcher.checkpoint_index} "
+                f"persist {n.node_id} checkpoint={bn.dispatcher.checkpoints.index} "
                 f"snapshot={bn.dispatcher.snapshot_index} store={store_checkpoint}"
             )
         self.at(

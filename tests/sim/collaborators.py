@@ -19,8 +19,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from broker.dispatch import Dispatch
 from broker.metadata import MetadataState, ProducerSession, SnapshotFiles
-from broker.reput import ReputService
 from broker.sessions import (
     Answer,
     Append,
@@ -138,7 +138,7 @@ class SimServer:
         )
 
 
-class SimReput(ReputService):
+class SimReput(Dispatch):
     """The real dispatcher, stepped by the simulation; only its wait is the
     simulation's (a ``Conditions`` wait on the simulated clock)."""
 

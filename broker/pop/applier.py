@@ -1,0 +1,160 @@
+"""``PopApplier``: the committed POP operations and dead letters, applied to
+``MetadataState.pop`` (``broker/pop/state.py``), in log order, on every node.
+
+The operations are ``%SYS%META`` entries whose ``op`` starts with ``pop.`` (the
+``MetadataApplier`` leaves them here); a dead letter is an ordinary message of the topic
+``%DLQ%<group>`` carrying its origin (``DLQ_ORIGIN_*``) and the handle it ends
+(``POP_EPOCH``): the copy and the end of the message's flight are one entry, so a
+failover never writes a dead letter twice nor loses one.
+
+The outcome of each operation (what a receive handed out, which acks held) is kept by
+entry index for the master that appended it (``outcome``), a bounded table that is no
+part of the replicated state.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from ..dispatch.entry import Committed
+from ..jsonint import json_int
+from ..metadata import POP_OP_PREFIX, MetadataState
+from .state import Delivered, Handle, PopConfig, PopState
+
+log = logging.getLogger(__name__)
+
+DLQ_PREFIX = "%DLQ%"
+PROP_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
+PROP_DLQ_ORIGIN_QUEUE_ID = "DLQ_ORIGIN_QUEUE_ID"
+PROP_DLQ_ORIGIN_QUEUE_OFFSET = "DLQ_ORIGIN_QUEUE_OFFSET"
+PROP_DLQ_ORIGIN_MSG_ID = "DLQ_ORIGIN_MSG_ID"
+PROP_DELIVERY_ATTEMPTS = "DELIVERY_ATTEMPTS"
+PROP_POP_EPOCH = "POP_EPOCH"
+OUTCOMES_KEPT = 4096  # the outcomes of the latest operations, for their masters
+
+Outcome = list[Delivered] | list[bool] | Delivered | bool | None
+
+
+def dlq_topic(group: str) -> str:
+    return DLQ_PREFIX + group
+
+
+def _handles(raw: Any) -> list[Handle]:
+    return [
+        (json_int(q, "queue id"), json_int(o, "offset"), json_int(e, "epoch")) for q, o, e in raw
+    ]
+
+
+class PopApplier:
+    def __init__(self, meta: MetadataState) -> None:
+        self.meta = meta
+        self._outcomes: OrderedDict[int, Outcome] = OrderedDict()
+
+    @property
+    def state(self) -> PopState:
+        return self.meta.pop
+
+    def outcome(self, index: int) -> Outcome:
+        """What applying the entry at ``index`` did (None once forgotten, or for none)."""
+        return self._outcomes.get(index)
+
+    def apply(self, e: Committed) -> None:
+        if e.system:
+            self._apply_op(e)
+        elif e.info.topic.startswith(DLQ_PREFIX) and PROP_POP_EPOCH in e.props:
+            self.state.tick(e.info.store_timestamp)
+            self._keep(e.index, self._dead_letter(e))
+
+    def _apply_op(self, e: Committed) -> None:
+        try:
+            op = orjson.loads(e.body())
+            kind = op["op"]
+            if kind == "delete_topic":
+                self.state.drop_topic(str(op["name"]))
+                return
+            if not isinstance(kind, str) or not kind.startswith(POP_OP_PREFIX):
+                return
+            self.state.tick(e.info.store_timestamp)
+            self._keep(e.index, self._apply_pop(e.index, kind, op))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
+            log.warning("entry %d: malformed POP operation skipped: %s", e.index, err)
+
+    def _apply_pop(self, index: int, kind: str, op: Mapping[str, Any]) -> Outcome:
+        s = self.state
+        if kind == "pop.config":
+            s.configure(str(op["group"]), PopConfig.from_json(op["config"]))
+            return True
+        group, topic = str(op["group"]), str(op["topic"])
+        if kind == "pop.receive":
+            picks = [
+                (
+                    json_int(q, "queue id"),
+                    json_int(start, "start"),
+                    json_int(end, "end"),
+                    [json_int(o, "offset") for o in offsets],
+                )
+                for q, start, end, offsets in op["picks"]
+            ]
+            aid = op.get("attempt_id")
+            return s.receive(
+                index,
+                group,
+                topic,
+                invisible_ms=json_int(op["invisible_ms"], "invisible_ms"),
+                attempt_id=None if aid is None else str(aid),
+                picks=picks,
+            )
+        if kind == "pop.ack":
+            return s.ack(group, topic, _handles(op["handles"]))
+        if kind == "pop.nack":
+            delay = op.get("delay_ms")
+            return s.nack(
+                index,
+                group,
+                topic,
+                _handles(op["handles"]),
+                None if delay is None else json_int(delay, "delay_ms"),
+            )
+        if kind == "pop.invisible":
+            (handle,) = _handles([op["handle"]])
+            return s.change_invisible(
+                index, group, topic, handle, json_int(op["invisible_ms"], "invisible_ms")
+            )
+        log.warning("entry %d: unknown POP operation %r skipped", index, kind)
+        return None
+
+    def _dead_letter(self, e: Committed) -> bool:
+        p = e.props
+        try:
+            handle = (
+                int(p[PROP_DLQ_ORIGIN_QUEUE_ID]),
+                int(p[PROP_DLQ_ORIGIN_QUEUE_OFFSET]),
+                int(p[PROP_POP_EPOCH]),
+            )
+            topic = p[PROP_DLQ_ORIGIN_TOPIC]
+        except (KeyError, ValueError) as err:
+            log.warning("entry %d: dead letter without its origin: %s", e.index, err)
+            return False
+        return self.state.dead_letter(e.info.topic[len(DLQ_PREFIX) :], topic, handle)
+
+    def _keep(self, index: int, outcome: Outcome) -> None:
+        self._outcomes[index] = outcome
+        while len(self._outcomes) > OUTCOMES_KEPT:
+            self._outcomes.popitem(last=False)
+
+    # ---- its part of the metadata snapshot ------------------------------------------------
+
+    def snapshot_part(self) -> dict[str, Any]:
+        return {"pop": self.state.to_json()}
+
+    def parse_part(self, doc: Mapping[str, Any]) -> PopState:
+        part = doc.get("pop")
+        return PopState() if part is None else PopState.from_json(part)
+
+    def adopt_part(self, part: PopState) -> None:
+        self.meta.pop = part

@@ -1,0 +1,361 @@
+"""POP consumer-group state: which messages of a topic a group has handed out, to be
+acknowledged, retried or dead-lettered (docs/consuming.md).
+
+This is replicated state, a pure function of the committed entries in log order (a
+``StateApplier``, ``broker/pop/applier.py``): the master decides what to hand out from
+this same state, appends its decision as an operation (``pop.receive``, ``pop.ack``,
+``pop.nack``, ``pop.invisible``, ``pop.config``) or a dead letter, and answers from
+what applying it did. Every replica applies the same operations to the same state, so a
+new master continues with the same in-flight messages, deadlines, attempts and handles:
+a failover changes nothing a consumer can see.
+
+Per group, topic and queue (``QueueState``): ``next``, the first offset never handed
+out, and the in-flight messages (``Flight``): offset → delivery attempt, handle epoch,
+``visible_at`` (its invisible time ends) and ``due`` (it may be handed out again:
+``visible_at`` plus the group's retry delay for its attempt, or a nack's delay). An
+offset below ``next`` and not in flight is done: acknowledged, dead-lettered, or skipped
+by a tag filter.
+
+Invariants:
+- time is the log's: an operation applies at ``ts``, the largest ``STORETIMESTAMP`` of
+  the entries applied so far (stamped by the master), never a node's clock;
+- a handle is (queue, offset, epoch) and the epoch is the index of the entry that set
+  it, unique in the log: an ack, nack, change or dead letter needs the flight's current
+  epoch, so a handle dies when its message is handed out again, nacked, changed or
+  acknowledged, and names nothing node-local;
+- a message is handed out again only once ``due <= ts`` and its attempts stay within
+  ``max_delivery_attempts``; attempts never go down;
+- FIFO: a queue with a flight not yet due hands out nothing (no later offset, no other
+  redelivery); due flights go again in offset order before anything new;
+- applying never raises on what the log holds: a delivery the state no longer allows
+  (raced by another operation) is skipped and left out of the result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..jsonint import json_int
+
+# RocketMQ's default retry delays (messageDelayLevel from level 3 on: 16 retries).
+ROCKETMQ_DELAYS_MS: tuple[int, ...] = (
+    1_000, 5_000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000, 360_000,
+    420_000, 480_000, 540_000, 600_000, 1_200_000, 1_800_000, 3_600_000, 7_200_000,
+)  # fmt: skip
+MAX_TIME_MS = 7 * 24 * 3_600_000  # no delay or invisible time above a week
+MAX_ATTEMPTS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """How long a message waits before its next delivery, by the attempts it had."""
+
+    policy: str = "list"  # "list" | "exponential"
+    delays_ms: tuple[int, ...] = ROCKETMQ_DELAYS_MS
+    initial_ms: int = 1_000
+    multiplier: float = 2.0
+    max_ms: int = 7_200_000
+
+    def delay(self, attempt: int) -> int:
+        """The wait before delivery ``attempt + 1``, in ms."""
+        if self.policy == "list":
+            return self.delays_ms[min(attempt, len(self.delays_ms)) - 1] if attempt > 0 else 0
+        return int(min(self.max_ms, self.initial_ms * self.multiplier ** max(0, attempt - 1)))
+
+    def to_json(self) -> dict[str, Any]:
+        if self.policy == "list":
+            return {"policy": "list", "delays_ms": list(self.delays_ms)}
+        return {
+            "policy": "exponential",
+            "initial_ms": self.initial_ms,
+            "multiplier": self.multiplier,
+            "max_ms": self.max_ms,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> RetryPolicy:
+        """``ValueError`` on anything out of range."""
+        kind = d.get("policy", "list")
+        if kind == "list":
+            delays = tuple(json_int(x, "delays_ms") for x in d.get("delays_ms", ROCKETMQ_DELAYS_MS))
+            if not 1 <= len(delays) <= 64 or not all(0 <= x <= MAX_TIME_MS for x in delays):
+                raise ValueError("delays_ms: 1..64 delays of 0..604800000 ms")
+            return cls("list", delays)
+        if kind == "exponential":
+            initial = json_int(d.get("initial_ms", 1_000), "initial_ms")
+            mult = d.get("multiplier", 2.0)
+            top = json_int(d.get("max_ms", 7_200_000), "max_ms")
+            if isinstance(mult, bool) or not isinstance(mult, int | float) or not 1 <= mult <= 10:
+                raise ValueError("multiplier: 1..10")
+            if not 0 <= initial <= top <= MAX_TIME_MS:
+                raise ValueError("want 0 <= initial_ms <= max_ms <= 604800000")
+            return cls("exponential", (), initial, float(mult), top)
+        raise ValueError(f"retry policy {kind!r}: want list or exponential")
+
+
+@dataclass(frozen=True, slots=True)
+class PopConfig:
+    """A POP group's configuration (``PUT /v1/groups/{group}``); fixed mode ``pop``."""
+
+    fifo: bool = False
+    max_delivery_attempts: int = 17  # RocketMQ's 16 retries
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    start: str | int = "latest"  # where a queue starts at the group's first receive
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mode": "pop",
+            "fifo": self.fifo,
+            "max_delivery_attempts": self.max_delivery_attempts,
+            "retry": self.retry.to_json(),
+            "start": self.start,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PopConfig:
+        """``ValueError`` (``TypeError``) on a malformed configuration."""
+        if d.get("mode", "pop") != "pop":
+            raise ValueError("mode: want pop")
+        fifo = d.get("fifo", False)
+        if not isinstance(fifo, bool):
+            raise ValueError("fifo: want true or false")
+        attempts = json_int(d.get("max_delivery_attempts", 17), "max_delivery_attempts")
+        if not 1 <= attempts <= MAX_ATTEMPTS:
+            raise ValueError(f"max_delivery_attempts: 1..{MAX_ATTEMPTS}")
+        start = d.get("start", "latest")
+        if start not in ("latest", "earliest"):
+            start = json_int(start, "start")
+            if start < 0:
+                raise ValueError("start: latest, earliest or a time in ms")
+        return cls(fifo, attempts, RetryPolicy.from_json(d.get("retry", {})), start)
+
+
+@dataclass(slots=True)
+class Flight:
+    """A message handed out and not yet acknowledged or dead-lettered."""
+
+    attempt: int  # deliveries so far: 1 after the first
+    epoch: int  # the entry index that set its handle
+    visible_at: int  # log ms: its invisible time ends here
+    due: int  # log ms: it may be handed out again from here
+    attempt_id: str | None = None  # the receive's (FIFO retries of a receive)
+
+
+@dataclass(slots=True)
+class QueueState:
+    next: int  # the first offset never handed out
+    flights: dict[int, Flight] = field(default_factory=dict)
+
+    def blocked(self, ts: int) -> bool:
+        """FIFO: a flight not yet due holds the whole queue."""
+        return any(f.due > ts for f in self.flights.values())
+
+
+Key = tuple[str, str, int]  # group, topic, queue id
+Handle = tuple[int, int, int]  # queue id, offset, epoch
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    queue_id: int
+    offset: int
+    attempt: int
+    epoch: int
+    visible_at: int
+
+
+class PopState:
+    """Every POP group's configuration and queues, as of ``ts``."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, PopConfig] = {}
+        self.queues: dict[Key, QueueState] = {}
+        self.ts = 0
+        # group → topic → messages dead-lettered (a count, for GET /v1/groups/{group})
+        self.dead: dict[str, dict[str, int]] = {}
+
+    # ---- reading ---------------------------------------------------------------------
+
+    def queue(self, group: str, topic: str, queue_id: int) -> QueueState | None:
+        return self.queues.get((group, topic, queue_id))
+
+    def topic_queues(self, group: str, topic: str) -> Iterator[tuple[int, QueueState]]:
+        for (g, t, q), qs in self.queues.items():
+            if g == group and t == topic:
+                yield q, qs
+
+    def in_flight(self, group: str, topic: str) -> int:
+        return sum(len(qs.flights) for _, qs in self.topic_queues(group, topic))
+
+    # ---- applying (each at the log time ``ts``) -------------------------------------------
+
+    def tick(self, ts: int) -> int:
+        """The log time of the next operation: never behind an earlier one."""
+        self.ts = max(self.ts, ts)
+        return self.ts
+
+    def configure(self, group: str, config: PopConfig) -> None:
+        self.groups[group] = config
+
+    def receive(
+        self,
+        index: int,
+        group: str,
+        topic: str,
+        *,
+        invisible_ms: int,
+        attempt_id: str | None,
+        picks: Iterable[tuple[int, int, int, Sequence[int]]],
+    ) -> list[Delivered]:
+        """Hand out what ``picks`` name, where the state still allows: per queue
+        ``(queue_id, start, end, offsets)``: a queue not known yet starts at ``start``;
+        ``offsets`` below ``next`` are due redeliveries, the others fresh offsets in
+        ``[next, end)``; ``next`` moves to ``end`` (what lies between and was not
+        handed out did not match the receive's tags: done for the group)."""
+        cfg = self.groups.get(group)
+        if cfg is None:
+            return []
+        ts, out = self.ts, []
+        for queue_id, start, end, offsets in picks:
+            key = (group, topic, queue_id)
+            qs = self.queues.get(key)
+            if qs is None:
+                qs = self.queues[key] = QueueState(start)
+            if cfg.fifo and qs.blocked(ts):
+                continue
+            first_next = qs.next
+            for o in offsets:
+                f = qs.flights.get(o)
+                if f is not None:
+                    if f.due > ts or f.attempt >= cfg.max_delivery_attempts:
+                        continue
+                    attempt = f.attempt + 1
+                elif first_next <= o < end:
+                    attempt = 1
+                else:
+                    continue  # done already, or handed out by another receive
+                visible = ts + invisible_ms
+                qs.flights[o] = Flight(
+                    attempt, index, visible, visible + cfg.retry.delay(attempt), attempt_id
+                )
+                out.append(Delivered(queue_id, o, attempt, index, visible))
+            qs.next = max(qs.next, end)
+        return out
+
+    def ack(self, group: str, topic: str, handles: Iterable[Handle]) -> list[bool]:
+        """Each handle's message is done, if the handle is current."""
+        out = []
+        for queue_id, offset, epoch in handles:
+            qs = self.queues.get((group, topic, queue_id))
+            f = None if qs is None else qs.flights.get(offset)
+            ok = f is not None and f.epoch == epoch
+            if ok:
+                assert qs is not None
+                del qs.flights[offset]
+            out.append(ok)
+        return out
+
+    def nack(
+        self, index: int, group: str, topic: str, handles: Iterable[Handle], delay_ms: int | None
+    ) -> list[bool]:
+        """Each current handle's message is due again after ``delay_ms`` (the group's
+        retry delay for its next attempt when None); its handle dies."""
+        cfg = self.groups.get(group)
+        out = []
+        for queue_id, offset, epoch in handles:
+            f = self._current(group, topic, (queue_id, offset, epoch))
+            if f is None or cfg is None:
+                out.append(False)
+                continue
+            f.visible_at = f.due = self.ts + (
+                cfg.retry.delay(f.attempt) if delay_ms is None else delay_ms
+            )
+            f.epoch = index
+            out.append(True)
+        return out
+
+    def change_invisible(
+        self, index: int, group: str, topic: str, handle: Handle, invisible_ms: int
+    ) -> Delivered | None:
+        """The current handle's invisible time ends ``invisible_ms`` from now; the new
+        handle (epoch ``index``), or None when the handle is not current."""
+        cfg = self.groups.get(group)
+        f = self._current(group, topic, handle)
+        if f is None or cfg is None:
+            return None
+        f.visible_at = self.ts + invisible_ms
+        f.due = f.visible_at + cfg.retry.delay(f.attempt)
+        f.epoch = index
+        return Delivered(handle[0], handle[1], f.attempt, index, f.visible_at)
+
+    def dead_letter(self, group: str, topic: str, handle: Handle) -> bool:
+        """A dead letter of the handle's message was written: it is done, if the handle
+        is current."""
+        f = self._current(group, topic, handle)
+        if f is None:
+            return False
+        qs = self.queues[(group, topic, handle[0])]
+        del qs.flights[handle[1]]
+        by_topic = self.dead.setdefault(group, {})
+        by_topic[topic] = by_topic.get(topic, 0) + 1
+        return True
+
+    def drop_topic(self, topic: str) -> None:
+        """The topic was deleted: its queues, handed out or not, are gone."""
+        for key in [k for k in self.queues if k[1] == topic]:
+            del self.queues[key]
+        for by_topic in self.dead.values():
+            by_topic.pop(topic, None)
+
+    def _current(self, group: str, topic: str, handle: Handle) -> Flight | None:
+        queue_id, offset, epoch = handle
+        qs = self.queues.get((group, topic, queue_id))
+        f = None if qs is None else qs.flights.get(offset)
+        return f if f is not None and f.epoch == epoch else None
+
+    # ---- the snapshot part -------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ts": self.ts,
+            "groups": {g: c.to_json() for g, c in self.groups.items()},
+            "queues": [
+                [
+                    g,
+                    t,
+                    q,
+                    qs.next,
+                    [
+                        [o, f.attempt, f.epoch, f.visible_at, f.due, f.attempt_id]
+                        for o, f in qs.flights.items()
+                    ],
+                ]
+                for (g, t, q), qs in self.queues.items()
+            ],
+            "dead": self.dead,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> PopState:
+        """``ValueError``, ``TypeError``, ``KeyError`` on a malformed part."""
+        s = cls()
+        s.ts = json_int(d["ts"], "ts")
+        s.groups = {str(g): PopConfig.from_json(c) for g, c in d["groups"].items()}
+        for g, t, q, nxt, flights in d["queues"]:
+            qs = QueueState(json_int(nxt, "next"))
+            for o, attempt, epoch, visible, due, aid in flights:
+                qs.flights[json_int(o, "offset")] = Flight(
+                    json_int(attempt, "attempt"),
+                    json_int(epoch, "epoch"),
+                    json_int(visible, "visible_at"),
+                    json_int(due, "due"),
+                    None if aid is None else str(aid),
+                )
+            s.queues[(str(g), str(t), json_int(q, "queue id"))] = qs
+        s.dead = {
+            str(g): {str(t): json_int(n, "dead") for t, n in ts.items()}
+            for g, ts in d["dead"].items()
+        }
+        return s
