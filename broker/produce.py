@@ -1,6 +1,6 @@
-"""The produce path: check a request, encode its messages, append them through the
-commit log (which assigns queue offsets), and answer once they are committed and
-dispatched, so a read right after the answer finds them.
+"""The produce path: check a request, encode its messages (``broker/encode.py``, pure),
+append them through the commit log (which assigns queue offsets), and answer once they
+are committed and dispatched, so a read right after the answer finds them.
 
 Producer sessions (docs/architecture.md): a produce request may carry ``producer_id`` and
 ``sequence``. The session's last batch and its results are replicated state; a retry of
@@ -8,8 +8,9 @@ the same sequence is answered with the original results, a batch of which only a
 reached the log (a failover mid-batch) is completed with its missing tail, and a retry
 of a batch this master appended waits for the original instead of appending again: for
 its answer while it runs, and after it gave up (an unknown outcome) for its entries to
-settle, as long as this master's term lasts (``_attempt``; the rule, shared with the
-broker simulation, is ``broker/sessions.py``).
+settle, as long as this master's term lasts (``_attempt``; the rule is
+``broker/sessions.py``). The broker simulation runs this module as it is (``Producer``'s
+docstring says how).
 
 Bounds: a request holds at most ``max_messages_per_request`` messages and
 ``max_request_bytes`` of bodies; a session request takes at most three rounds of the
@@ -20,51 +21,26 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from dledger.codes import DLedgerError
 from dledger.runtime.server import DLedgerServer
 
 from . import errors, sessions
-from .batch import encode_batch_record, queue_runs
-from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
+from .commitlog import DLedgerCommitLog, PutResult
+from .encode import NewMessage, encode_request, validate_messages
 from .gate import WriteGate
-from .message import (
-    PROP_KEYS,
-    PROP_TAGS,
-    PROP_UNIQ_KEY,
-    SYSTEM_PROPERTIES,
-    MessageFormatError,
-    encode_message,
-    encode_properties,
-    message_properties,
-)
 from .metadata import PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
-from .properties import inner_properties
 from .settings import BrokerSettings
 from .topics import Topics, check_topic_name
 
 if TYPE_CHECKING:
     from .dispatch import Dispatch
 
-_PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
-
-
-@dataclass(slots=True)
-class NewMessage:
-    """A message a producer hands the broker, before it is encoded (an ``OutgoingMessage``)
-    and stored (a ``StoredMessage`` once decoded)."""
-
-    body: bytes
-    tags: str | None = None
-    keys: Sequence[str] = ()
-    properties: Mapping[str, str] = field(default_factory=dict)
-    queue_id: int | None = None
-    sharding_key: str | None = None
-    born_timestamp: int | None = None
+__all__ = ["AnswerSlot", "LoopAnswerSlot", "NewMessage", "ProduceResult", "Producer", "now_ms"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +56,51 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+class AnswerSlot(Protocol):
+    """Where a running attempt puts its answer (results or an error, once) for the
+    requests that joined it; each awaits ``wait()``, and one of them being cancelled
+    leaves the answer to the others."""
+
+    def set_result(self, results: list[sessions.Result]) -> None: ...
+
+    def set_exception(self, error: BaseException) -> None: ...
+
+    def wait(self) -> Awaitable[list[sessions.Result]]: ...
+
+
+class LoopAnswerSlot:
+    """``AnswerSlot`` on the running asyncio loop: the broker's (the simulation drives
+    ``Producer`` without a loop and passes its own)."""
+
+    __slots__ = ("_fut",)
+
+    def __init__(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._fut: asyncio.Future[list[sessions.Result]] = loop.create_future()
+
+    def set_result(self, results: list[sessions.Result]) -> None:
+        self._fut.set_result(results)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._fut.set_exception(error)
+        self._fut.exception()  # retrieved: joiners, if any, get it too
+
+    def wait(self) -> Awaitable[list[sessions.Result]]:
+        return asyncio.shield(self._fut)
+
+
 class Producer:
     """The broker's produce path. It is handed what it works with: the ``WriteGate``
     (master, term, append errors), the topics, the commit log and its Raft server, the
     dispatcher (a result is answered once readable), the replicated metadata (the
-    session table), the node's counters, and the clock and the UNIQ_KEY source (the
-    simulation passes its own)."""
+    session table), the node's counters, the clock and the UNIQ_KEY source, and where a
+    running attempt's answer waits for its joiners.
+
+    It awaits nothing but those collaborators and its answer slots: the broker
+    simulation (``tests/sim/broker_sim.py``) hands it the real gate, topics and commit
+    log over a simulated Raft server, a dispatcher whose waits end on the simulated
+    clock, and its own clock, keys and slots, and drives its coroutines without an
+    event loop."""
 
     def __init__(
         self,
@@ -100,6 +115,7 @@ class Producer:
         stats: dict[str, int],
         clock: Callable[[], int] = now_ms,
         uniq_key: Callable[[], str] = new_uniq_key,
+        answer_slot: Callable[[], AnswerSlot] = LoopAnswerSlot,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -111,18 +127,19 @@ class Producer:
         self.stats = stats  # the node's: "produced", "deduplicated" counted here
         self.clock = clock
         self.uniq_key = uniq_key
+        self.answer_slot = answer_slot
         self.store_host = settings.store_host
         self._msg_id = msg_id_maker(settings.group)
         # This master's attempts at session batches (the rule: broker/sessions.py), and
         # the answer each running one will give to the requests that join it.
         self.sessions = sessions.ProducerSessions(settings.max_producer_sessions)
-        self._attempt_answers: dict[sessions.Attempt, asyncio.Future[list[sessions.Result]]] = {}
+        self._attempt_answers: dict[sessions.Attempt, AnswerSlot] = {}
 
     def check_request(
         self, messages: Sequence[NewMessage], producer_id: str | None, sequence: int | None
     ) -> None:
         """Refuse a request no node would take (before anything else is asked)."""
-        self._validate_batch(messages)
+        validate_messages(messages, self.settings.limits)
         if (producer_id is None) != (sequence is None):
             raise errors.InvalidArgumentError("producer_id and sequence go together")
         if producer_id is not None and not PRODUCER_ID.fullmatch(producer_id):
@@ -158,154 +175,6 @@ class Producer:
             return self._results(await self._put(topic, messages, None, 0))
         return await self._produce_in_session(topic, messages, producer_id, sequence)
 
-    def _validate_batch(self, messages: Sequence[NewMessage]) -> None:
-        lim = self.settings.limits
-        if not messages:
-            raise errors.InvalidArgumentError("no messages")
-        if len(messages) > lim.max_messages_per_request:
-            raise errors.PayloadTooLargeError(
-                f"{len(messages)} messages, over the limit of {lim.max_messages_per_request}"
-            )
-        total = 0
-        for i, m in enumerate(messages):
-            if len(m.body) > lim.max_body_bytes:
-                raise errors.PayloadTooLargeError(
-                    f"message {i}: body of {len(m.body)} bytes, over {lim.max_body_bytes}"
-                )
-            total += len(m.body)
-            if len(m.keys) > lim.max_keys_per_message:
-                raise errors.InvalidArgumentError(
-                    f"message {i}: over {lim.max_keys_per_message} keys"
-                )
-            for k in m.keys:
-                if not k or " " in k or "\x01" in k or "\x02" in k:
-                    raise errors.InvalidArgumentError(f"message {i}: invalid key {k!r}")
-            for name in m.properties:
-                if name in _PROPERTY_NAME_RESERVED:
-                    raise errors.InvalidArgumentError(f"message {i}: property {name} is reserved")
-        if total > lim.max_request_bytes:
-            raise errors.PayloadTooLargeError(
-                f"request of {total} bytes, over the limit of {lim.max_request_bytes}"
-            )
-
-    def _checked_properties(
-        self, topic: TopicMeta, m: NewMessage, index_in_batch: int, props: dict[str, str]
-    ) -> bytes:
-        """``props`` encoded, within ``max_properties_bytes``, and the message's pinned
-        queue checked: what every message of a request must pass."""
-        lim = self.settings.limits
-        try:
-            raw_props = encode_properties(props)
-        except MessageFormatError as e:
-            raise errors.InvalidArgumentError(f"message {index_in_batch}: {e}") from None
-        if len(raw_props) > lim.max_properties_bytes:
-            raise errors.PayloadTooLargeError(
-                f"message {index_in_batch}: properties of {len(raw_props)} bytes, "
-                f"over {lim.max_properties_bytes}"
-            )
-        if m.queue_id is not None and not 0 <= m.queue_id < topic.queues:
-            raise errors.InvalidArgumentError(
-                f"message {index_in_batch}: queue_id {m.queue_id} is not in 0..{topic.queues - 1}"
-            )
-        return raw_props
-
-    def _encode(
-        self,
-        topic: TopicMeta,
-        m: NewMessage,
-        index_in_batch: int,
-        session: tuple[str, int, int] | None,
-        now: int,
-        *,
-        queue_id: int | None = None,
-    ) -> OutgoingMessage:
-        props = message_properties(
-            m.properties,
-            tags=m.tags,
-            keys=m.keys,
-            uniq_key=self.uniq_key(),
-            session=None if session is None else (*session[:2], index_in_batch, session[2]),
-        )
-        raw_props = self._checked_properties(topic, m, index_in_batch, props)
-        record = encode_message(
-            topic=topic.name,
-            body=m.body,
-            properties=raw_props,
-            born_timestamp=m.born_timestamp if m.born_timestamp is not None else now,
-            store_timestamp=now,
-            store_host=self.store_host,
-        )
-        if queue_id is not None:
-            return OutgoingMessage(record, queue_id)
-        return OutgoingMessage(record, m.queue_id, m.sharding_key)
-
-    def _encode_batched(
-        self,
-        topic: TopicMeta,
-        messages: Sequence[NewMessage],
-        session: tuple[str, int, int] | None,
-        first_in_batch: int,
-        now: int,
-    ) -> list[OutgoingMessage]:
-        """The request as batch records (``broker.batch``): each run of consecutive
-        messages bound for one queue becomes one record, a run of one (or a message with
-        its own born time, which an inner record cannot hold) a single record. Unpinned
-        messages share one round-robin queue (``select_queues(sticky=True)``)."""
-        raw = [
-            self._checked_properties(
-                topic,
-                m,
-                first_in_batch + i,
-                inner_properties(m.properties, tags=m.tags, keys=m.keys),
-            )
-            for i, m in enumerate(messages)
-        ]
-        qids = self.commitlog.select_queues(
-            topic, [(m.queue_id, m.sharding_key) for m in messages], sticky=True
-        )
-        out: list[OutgoingMessage] = []
-        alone = [m.born_timestamp is not None for m in messages]
-        for i, j in queue_runs(qids, alone):
-            if j - i == 1:
-                out.append(
-                    self._encode(
-                        topic, messages[i], first_in_batch + i, session, now, queue_id=qids[i]
-                    )
-                )
-            else:
-                out.append(
-                    self._batch_record(
-                        topic,
-                        messages[i:j],
-                        raw[i:j],
-                        index_in_batch=first_in_batch + i,
-                        session=session,
-                        now=now,
-                        queue_id=qids[i],
-                    )
-                )
-        return out
-
-    def _batch_record(
-        self,
-        topic: TopicMeta,
-        run: Sequence[NewMessage],
-        raw_props: Sequence[bytes],
-        *,
-        index_in_batch: int,
-        session: tuple[str, int, int] | None,
-        now: int,
-        queue_id: int,
-    ) -> OutgoingMessage:
-        record = encode_batch_record(
-            topic.name,
-            [(m.body, p) for m, p in zip(run, raw_props, strict=True)],
-            session=None if session is None else (*session[:2], index_in_batch, session[2]),
-            timestamp=now,
-            store_host=self.store_host,
-        )
-        return OutgoingMessage(record, queue_id, count=len(run))
-
     async def _produce_in_session(
         self, topic: TopicMeta, messages: Sequence[NewMessage], pid: str, seq: int
     ) -> list[ProduceResult]:
@@ -326,7 +195,7 @@ class Producer:
             if isinstance(d, sessions.Refuse):
                 raise d.error
             if isinstance(d, sessions.Join):
-                return self._results(await asyncio.shield(self._attempt_answers[d.attempt]))
+                return self._results(await self._attempt_answers[d.attempt].wait())
             if isinstance(d, sessions.SettleFirst):
                 if not await self._settle(d.attempt.term, d.index):
                     raise errors.UnknownOutcomeError(
@@ -346,10 +215,7 @@ class Producer:
         request that joined it, and ``ProducerSessions.end`` hears how it ended."""
         a, done = d.attempt, d.done
         pid, seq = a.key
-        answer_fut: asyncio.Future[list[sessions.Result]] = (
-            asyncio.get_running_loop().create_future()
-        )
-        self._attempt_answers[a] = answer_fut
+        answer_slot = self._attempt_answers[a] = self.answer_slot()
         self.stats["deduplicated"] += len(done)
         answer: list[sessions.Result] | None = None
         appended = True
@@ -375,13 +241,12 @@ class Producer:
                 e, errors.UnknownOutcomeError
             )
             told = e if isinstance(e, errors.BrokerError) else None
-            answer_fut.set_exception(
+            answer_slot.set_exception(
                 told or errors.UnknownOutcomeError(f"produce interrupted ({type(e).__name__})")
             )
-            answer_fut.exception()  # retrieved: joiners, if any, get it too
             raise
         else:
-            answer_fut.set_result(answer)
+            answer_slot.set_result(answer)
             return answer
         finally:
             self.sessions.end(
@@ -427,17 +292,22 @@ class Producer:
         session: tuple[str, int, int] | None,
         first_in_batch: int,
     ) -> list[sessions.Result]:
-        now = self.clock()
-        if self.settings.batch_records and len(messages) > 1:
-            batch = self._encode_batched(topic, messages, session, first_in_batch, now)
-        else:
-            batch = [
-                self._encode(topic, m, first_in_batch + i, session, now)
-                for i, m in enumerate(messages)
-            ]
+        commitlog = self.commitlog
+        batch = encode_request(
+            topic,
+            messages,
+            session=session,
+            first_in_batch=first_in_batch,
+            now=self.clock(),
+            store_host=self.store_host,
+            uniq_key=self.uniq_key,
+            limits=self.settings.limits,
+            batch_records=self.settings.batch_records,
+            select_queues=lambda qs: commitlog.select_queues(topic, qs, sticky=True),
+        )
         self.gate.require_master()  # encoding took no await, but be explicit before appending
         try:
-            placed: list[PutResult] = await self.commitlog.put_messages(topic, batch)
+            placed: list[PutResult] = await commitlog.put_messages(topic, batch)
         except DLedgerError as e:
             raise self.gate.append_error(e) from None
         # Wait until dispatched, so a read right after the answer finds the messages and

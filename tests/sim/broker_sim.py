@@ -12,6 +12,24 @@ from disk with ``Dispatch.recover()`` as a real restart does. Dispatch checkpoin
 metadata snapshots and store checkpoints happen at seeded times, and dispatch may lag the
 commit index; after every dispatch step the loop's housekeeping runs (``_housekeep``).
 
+The writes run the real broker code, as ``Broker`` assembles it (``BrokerNode``): every
+produce request is ``Producer.produce`` (``broker/produce.py``: the checks, the pure
+encoding of ``broker/encode.py``, the producer-session rule of ``broker/sessions.py``,
+joining, settling, answering), every topic create or delete is ``Topics``, every offset
+commit ``MetadataLog.append``, all through the real ``WriteGate`` and
+``DLedgerCommitLog``. Only the asyncio runtime under them is the simulation's
+(``tests/sim/collaborators.py``): ``SimServer`` proposes to the node's core (refusals
+raised as ``DLedgerServer`` raises them) and a ``SimReput`` is the real dispatcher whose
+waits end on the simulated clock. Their coroutines run without an event loop
+(``tests/sim/drive.py``): each request is a ``Task``, every wait a ``Wait`` the
+simulation settles (a proposal done, a commit or dispatch reached, a time-out of
+``append_timeout_ms`` on the simulated clock), and a task goes on in an event of its own;
+a crash kills the node's tasks (the client hears "unknown"), a pause holds them. The
+clock (``EPOCH_MS`` + simulated time) and the UNIQ_KEYs (from the seed) are injected.
+Still modelled, not run: ``RoleChangeHandler``'s asyncio driver (``_role_change``,
+``_maybe_promote`` drive the real ``Promotion`` on events) and the HTTP front (a
+request reaches the node a few ms after it is sent, or is refused if it is down).
+
 Retention and INSTALL_SNAPSHOT take the real broker's path. The dispatcher hands each
 metadata snapshot (with every queue's next offset) to the node's core
 (``serve_snapshot`` → ``DLedgerCore.set_snapshot``; refused, and offered again by the
@@ -32,17 +50,18 @@ retention runs as before.
 Leadership transfers (issue 26; the base simulation's, see ``tests/sim/sim.py``): the
 admin asks the MASTER to hand leadership to a follower, and the target crashes, is cut
 off, or never gets the request, or all goes well. The broker role follows the core's role
-changes alone (``_role_change``): an append the core refuses while it hands leadership
-over (LEADER_TRANSFERRING) is answered "refused" and changes no role, as in the fixed
-``Broker``; the producer tries again, as after any refusal. After healing a MASTER (a
+changes alone (``_role_change``): the real ``WriteGate`` refuses a write while its node
+hands leadership over (``transfer_hold_ms`` is 0 here: it does not wait for the transfer
+to end), and a refusal changes no role; the producer tries again, as after any refusal.
+After healing a MASTER (a
 Raft LEADER whose broker is MASTER) must exist within ``LEADER_WITHIN_MS`` and a produce
 must be acknowledged within ``ACK_WITHIN_MS``, each failing with its own "liveness:"
 message (the issue's broker, which took the refusal for a lost leadership, fails the
 first; a core that keeps a failed transfer's transferee, and so refuses on, the second).
 
-Seeded clients use the master only, with ``Broker``'s semantics: producers send batches
-under a producer session (id + sequence) and retry an unknown outcome with the same
-session until it is acknowledged (answered from the session table, completed with its
+Seeded clients use the master only: producers send batches under a producer session
+(id + sequence) and retry an unknown outcome with the same session until it is
+acknowledged (by ``Producer``: answered from the session table, completed with its
 missing tail, waiting for the same batch in flight, settled while still master, or, after
 its attempt gave up, settled on what that attempt appended); consumer groups commit
 offsets (monotonic per queue); an admin creates topics, and deletes some and creates
@@ -99,7 +118,8 @@ Not modelled: time-based retention (``file_reserved_hours``, disk pressure: rete
 here is forced, as far as the floor allows), snapshots by the dispatcher's own intervals
 (the seeded persist events take them), the ``Broker``'s hold of a write that arrives
 during a transfer (``transfer_hold_ms``: here the master refuses it at once and the
-client tries again), transfers to a node that is not running or by the preferred-leader
+client tries again), topics created by a produce (``auto_create_topics`` is off), the
+disk reserve, transfers to a node that is not running or by the preferred-leader
 rule, pulls by consumers (they read the master's queue bounds), lost replies (a client
 sees a reply or times out).
 
@@ -118,21 +138,26 @@ import os
 import random
 import shutil
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 from unittest import mock
 
 import orjson
 
-from broker.batch import batch_inners, encode_batch_record, queue_runs
-from broker.commitlog import DLedgerCommitLog, OutgoingMessage
+from broker.batch import batch_inners
+from broker.commitlog import DLedgerCommitLog
 from broker.dispatch import Dispatch
 from broker.dispatch.snapshots import snapshot_bytes
-from broker.errors import SequenceTooOldError
-from broker.gate import BrokerRole
+from broker.errors import (
+    BrokerError,
+    InvalidArgumentError,
+    PayloadTooLargeError,
+    SequenceTooOldError,
+    UnknownOutcomeError,
+)
+from broker.gate import BrokerRole, WriteGate
 from broker.message import (
     INNER_BATCH_FLAG,
     PROP_BATCH_INDEX,
@@ -145,31 +170,21 @@ from broker.message import (
     StoredMessage,
     decode_message,
     decode_properties,
-    encode_message,
-    encode_properties,
-    message_properties,
 )
 from broker.metadata import (
     SYS_TOPIC,
     TOPIC_NAME,
     MetadataState,
     SnapshotFiles,
-    TopicMeta,
     op_commit_offsets,
     op_create_topic,
     op_delete_topic,
 )
+from broker.produce import NewMessage, Producer, ProduceResult
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
-from broker.properties import inner_properties, split_keys
-from broker.sessions import (
-    Answer,
-    Attempt,
-    AttemptState,
-    Join,
-    ProducerSessions,
-    Refuse,
-    SettleFirst,
-)
+from broker.properties import split_keys
+from broker.settings import BrokerSettings
+from broker.topics import MetadataLog, Topics
 from consumequeue import (
     UNIT_SIZE,
     ConsumeQueue,
@@ -180,13 +195,15 @@ from consumequeue import (
     key_hash,
     tags_hash,
 )
-from dledger.codes import DLedgerCode, DLedgerError
+from dledger.codes import DLedgerError
 from dledger.core.messages import Role
-from dledger.core.node import DLedgerCore, ProposalDone, Ready, RoleChange
+from dledger.core.node import DLedgerCore, Ready, RoleChange
 from dledger.core.snapshot import Snapshot
 from dledger.runtime.server import DLedgerServer
-from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, AppendHook, Entry, FileStore
+from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, Entry, FileStore
 
+from .collaborators import CountedSessions, SimReput, SimServer
+from .drive import Conditions, Task, Wait
 from .sim import (
     STORE,
     AppKnobs,
@@ -208,10 +225,16 @@ FAULT_MS = 3_000  # the fault phase (the Raft simulation's default is 8 s)
 SECTOR = 512  # the unit a power loss tears derived files at
 MAX_CLIENT_ATTEMPTS = 10_000  # a bound on one batch's retries (liveness fails long before)
 NEVER = 1 << 62  # a dispatcher interval that never elapses
-MAX_ATTEMPTS = 100_000  # ProducerSessions bound, as BrokerSettings.max_producer_sessions
+# What ``WriteGate`` says when it refuses a write while leadership is handed over (before
+# the append: ``require_master``; or the core's LEADER_TRANSFERRING: ``append_error``).
+TRANSFER_REFUSAL = "leadership is being handed"
 
 Result = tuple[int, int, int]  # (queue_id, queue_offset, commitlog_offset)
 Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
+
+
+def _no_reply(kind: str, payload: Any) -> None:
+    """For a task held while its node is paused: its request has a reply of its own."""
 
 
 # Broker bugs this simulation found and that are not fixed yet, by name, with what they
@@ -553,53 +576,6 @@ class LogModel:
 # ---- one node's broker ------------------------------------------------------------------
 
 
-class _HookHost:
-    """What ``DLedgerCommitLog`` needs of its server in the simulation: the store's hook."""
-
-    def __init__(self, store: FileStore) -> None:
-        self.store = store
-
-    def add_append_hook(self, hook: AppendHook) -> None:
-        self.store.add_append_hook(hook)
-
-
-class OpState(Enum):
-    PROPOSED = "proposed"
-    COMMITTED = "committed"  # waiting for dispatch, as Broker._put does
-    SETTLING = "settling"  # unknown outcome while master: Broker._settle
-
-
-@dataclass(eq=False)
-class Op:
-    """A request in flight on a broker: a produce (under a session) or a metadata op."""
-
-    kind: str  # "produce" | "meta"
-    term: int
-    replies: list[Reply]
-    placed: list[tuple[int, int]] = field(default_factory=list)
-    done: list[Result] = field(default_factory=list)  # answered from the session table
-    session: tuple[str, int, int] | None = None  # (producer id, sequence, batch size)
-    attempt: Attempt | None = None  # the ProducerSessions attempt this op is
-    first_index: int = -1
-    last_index: int = -1
-    positions: tuple[int, ...] = ()
-    counts: list[int] = field(default_factory=list)  # messages per record (batch records)
-    state: OpState = OpState.PROPOSED
-    target: int = -1  # SETTLING: wait until this index is committed and dispatched
-    deadline_ms: int = 0
-
-
-@dataclass(eq=False, slots=True)
-class OrphanWait:
-    """A retry told ``SettleFirst`` by ``ProducerSessions``: it waits until ``index`` is
-    committed and dispatched (or the attempt's term is over), then begins again."""
-
-    attempt: Attempt
-    index: int
-    again: Callable[[], None]  # handle the request again once settled
-    reply: Reply
-
-
 @dataclass(frozen=True, slots=True)
 class DiskFile:
     inode: int  # a file deleted and created again under its name is another file
@@ -607,29 +583,40 @@ class DiskFile:
 
 
 class BrokerNode:
-    """One node's broker state over its store (``Broker`` without asyncio and HTTP)."""
+    """One node's broker over its store: the real ``Producer``, ``Topics``,
+    ``MetadataLog``, ``WriteGate``, ``DLedgerCommitLog`` and dispatcher, as ``Broker``
+    assembles them, handed the simulated Raft server (``SimServer``) and driven by the
+    simulation's events (``tests/sim/drive.py``) instead of asyncio and HTTP."""
 
     def __init__(
         self,
+        sim: BrokerSimulation,
+        n: SimNode,
         directory: Path,
         store: FileStore,
         serve_snapshot: Callable[[int, bytes], bool] | None = None,
     ) -> None:
         self.directory = directory
         self.store = store
-        self.commitlog = DLedgerCommitLog(cast(DLedgerServer, _HookHost(store)))
+        self.settings = sim.broker_settings(n, directory)
+        # The waits of this incarnation's broker code, on the simulated clock.
+        self.conditions = Conditions(lambda ms, what, fn: sim.at(sim.now_ms + ms, what, fn))
+        self.server = SimServer(sim, n, store, self.conditions, sim.stats)
+        server = cast(DLedgerServer, self.server)
+        self.commitlog = DLedgerCommitLog(server)
         self.cq_root = directory / "consumequeue" / GROUP
         self.keys_dir = directory / "index" / GROUP
         self.cq = ConsumeQueueStore(self.cq_root, CQ_SETTINGS)
         self.keys = KeyIndex(self.keys_dir, KEY_SETTINGS)
         self.meta = MetadataState()
         self.snapshots = SnapshotFiles(directory / "metadata" / GROUP)
-        self.dispatcher = Dispatch(
+        self.dispatcher = SimReput(
             store,
             self.cq,
             self.keys,
             self.meta,
             self.snapshots,
+            conditions=self.conditions,
             checkpoint_path=directory / "consumequeue" / f"checkpoint-{GROUP}",
             # Checkpoints and snapshots happen at the simulation's seeded times only: the
             # loop's housekeeping (``_housekeep``) must never persist on the wall clock.
@@ -649,25 +636,41 @@ class BrokerNode:
             clear()
 
         self.keys.clear = cleared  # type: ignore[method-assign]
-        self.role = BrokerRole.SLAVE
-        self.role_term = -1
+        # What Broker._assemble builds, over the simulated server and dispatcher.
+        s = self.settings
+        self.gate = WriteGate(s, server, self.commitlog)
+        self.gate.watch(self.dispatcher)
+        self.metalog = MetadataLog(s, self.gate, self.commitlog, self.dispatcher, sim.clock)
+        self.topics = Topics(s, self.gate, self.meta, self.metalog)
+        self.producer = Producer(
+            settings=s,
+            gate=self.gate,
+            topics=self.topics,
+            commitlog=self.commitlog,
+            server=server,
+            dispatch=self.dispatcher,
+            meta=self.meta,
+            stats=sim.stats,
+            clock=sim.clock,
+            uniq_key=sim.uniq_key,
+            answer_slot=lambda: Wait[list[Result]]("attempt answer"),
+        )
+        self.producer.sessions = CountedSessions(s.max_producer_sessions, sim.stats)
         self.promotion: Promotion | None = None  # LEADER, not yet MASTER: the real rule
-        self.ops: dict[int, Op] = {}  # proposal id -> op
-        self.waiting: list[Op] = []  # COMMITTED or SETTLING
-        # The real producer-session rule (broker/sessions.py), as Broker drives it.
-        self.sessions = ProducerSessions(MAX_ATTEMPTS)
-        self.op_of: dict[Attempt, Op] = {}  # a running attempt's op (its replies)
-        self.orphan_waits: list[OrphanWait] = []  # retries told to settle first
+        self.tasks: list[tuple[Task, Reply]] = []  # requests being served, oldest first
         self.held: list[tuple[Callable[[], None], Reply]] = []  # requests while paused
         self.dispatch_scheduled = False
         self.verified: dict[tuple[str, int, int], int] = {}  # units checked per queue
         self.observed = -1  # committed entries checked against the model up to here
         self.synced: dict[int, bytes] = {}  # inode → a derived file as of its last fsync
 
-    def set_role(self, role: BrokerRole, term: int) -> None:
-        if role is not BrokerRole.MASTER:
-            self.commitlog.clear_queue_table()
-        self.role, self.role_term = role, term
+    @property
+    def role(self) -> BrokerRole:
+        return self.gate.role
+
+    @property
+    def role_term(self) -> int:
+        return self.gate.role_term
 
     @staticmethod
     def derived_files_in(directory: Path) -> dict[str, DiskFile]:
@@ -683,11 +686,6 @@ class BrokerNode:
     def close(self) -> None:
         self.cq.close()
         self.keys.close()
-
-
-def _settled(bn: BrokerNode, index: int) -> bool:
-    """Whether every entry up to ``index`` is committed and dispatched here."""
-    return bn.store.committed_index >= index and bn.dispatcher.dispatched_index >= index
 
 
 async def _persist(d: Dispatch, snapshot: bool, checkpoint: bool = True) -> None:
@@ -1050,25 +1048,16 @@ class BrokerChecker(Checker):
 
 
 @dataclass(slots=True)
-class ClientMessage:
-    body: bytes
-    tags: str | None
-    keys: tuple[str, ...]
-    queue_id: int | None
-    sharding_key: str | None
-
-
-@dataclass(slots=True)
 class Batch:
     pid: str
     seq: int
     topic: str
-    messages: list[ClientMessage]
+    messages: list[NewMessage]
     attempts: int = 0
 
 
 @dataclass(slots=True)
-class Producer:
+class ProducerClient:
     pid: str
     next_seq: int = 0
     batch: Batch | None = None
@@ -1149,8 +1138,7 @@ class BrokerSimulation(Simulation):
         self.checker = BrokerChecker(self)
         self.model = LogModel(self.checker.fail)
         self.brokers: dict[str, BrokerNode | None] = {n.node_id: None for n in self.nodes}
-        self.hosts = {n.node_id: ("127.0.0.1", 20000 + j) for j, n in enumerate(self.nodes)}
-        self.producers = [Producer(f"p{i}") for i in range(k.producers)]
+        self.producers = [ProducerClient(f"p{i}") for i in range(k.producers)]
         self.consumers = [Consumer(f"cg{i}") for i in range(k.groups)]
         self.admin = Admin()
         self.topic_names = [f"T{i}" for i in range(k.topics)]
@@ -1165,6 +1153,34 @@ class BrokerSimulation(Simulation):
     def broker_dir(self, n: SimNode) -> Path:
         return self.root / f"{n.node_id}.broker"
 
+    def broker_settings(self, n: SimNode, directory: Path) -> BrokerSettings:
+        """The node's ``BrokerSettings``: the seed's, and what the simulation does not
+        model held off (no topic is created by a produce, no disk reserve; a write that
+        arrives during a leadership transfer is refused at once, not held)."""
+        k = self.bknobs
+        return BrokerSettings(
+            node_id=n.node_id,
+            group=GROUP,
+            peers=";".join(f"{i}-{addr}" for i, addr in self.peers.items()),
+            data_dir=directory,
+            auto_create_topics=False,
+            batch_records=k.batch_records,
+            append_timeout_ms=k.append_timeout_ms,
+            transfer_hold_ms=0,
+            disk_reserve_bytes=0,
+            disk_check_interval_ms=NEVER,
+            consume_queue=CQ_SETTINGS,
+            key_index=KEY_SETTINGS,
+        )
+
+    def clock(self) -> int:
+        """The brokers' clock (STORETIMESTAMP, BORNTIMESTAMP): the simulated time."""
+        return EPOCH_MS + self.now_ms
+
+    def uniq_key(self) -> str:
+        """The brokers' UNIQ_KEY source: from the seed, in the order they are drawn."""
+        return f"{self.seed & 0xFFFFFFFF:08X}{next(self._uniq):024X}"
+
     def start(self, n: SimNode) -> None:
         super().start(n)
         assert n.store is not None
@@ -1175,7 +1191,7 @@ class BrokerSimulation(Simulation):
             self.stats[f"wiped {what}"] += 1
         on_disk = BrokerNode.derived_files_in(self.broker_dir(n))
         serve = functools.partial(self._serve_snapshot, n, n.core)
-        bn = BrokerNode(self.broker_dir(n), n.store, serve)
+        bn = BrokerNode(self, n, self.broker_dir(n), n.store, serve)
         bn.synced = {f.inode: f.data for f in on_disk.values()}  # what a crash left is on disk
         self.brokers[n.node_id] = bn
         self.checker.observe(n, bn)
@@ -1341,22 +1357,20 @@ class BrokerSimulation(Simulation):
     def crash(self, n: SimNode, *, mid_ready: bool = False) -> None:
         bn = self.brokers.get(n.node_id)
         self.brokers[n.node_id] = None
+        # The process dies with its requests: their coroutines end here (their
+        # ``finally`` blocks run on the dead broker, before its store is let go).
+        for task, _ in list(bn.tasks) if bn is not None else []:
+            task.kill()
         super().crash(n, mid_ready=mid_ready)
         if bn is None:
             return
         bn.close()  # mmap'd writes stay in the files: a process crash keeps them
         if self.bknobs.power_loss:
             self._lose_unsynced_derived(n, bn)
-        ops = list(bn.ops.values()) + bn.waiting
-        bn.ops, bn.waiting = {}, []
-        for op in ops:
-            self._finish(bn, op, "unknown", "crash")
+        tasks, bn.tasks = bn.tasks, []
         held, bn.held = bn.held, []
-        for _, reply in held:
+        for _, reply in tasks + held:
             reply("unknown", "crash")
-        waits, bn.orphan_waits = bn.orphan_waits, []
-        for w in waits:
-            w.reply("unknown", "crash")
 
     def _lose_unsynced_derived(self, n: SimNode, bn: BrokerNode) -> None:
         """Power lost: each 512-byte sector of a derived file written since its last
@@ -1448,7 +1462,7 @@ class BrokerSimulation(Simulation):
         for rc in r.role_changes:
             self._role_change(n, bn, rc)
         for done in r.proposals:
-            self._proposal_done(n, bn, done)
+            bn.server.proposal_done(done)
         if bn.dispatcher.dispatched_index < bn.store.committed_index:
             self._dispatch_soon(n, bn)
         self._progress(n, bn)
@@ -1456,7 +1470,7 @@ class BrokerSimulation(Simulation):
     def _role_change(self, n: SimNode, bn: BrokerNode, rc: RoleChange) -> None:
         # RoleChangeHandler: anything but LEADER is SLAVE at once; LEADER is SLAVE until
         # the real Promotion says READY (see _maybe_promote).
-        bn.set_role(BrokerRole.SLAVE, rc.term)
+        bn.gate.set_role(BrokerRole.SLAVE, rc.term, rc.role.value.lower())
         bn.promotion = Promotion(rc.term) if rc.role is Role.LEADER else None
 
     def _maybe_promote(self, n: SimNode, bn: BrokerNode) -> None:
@@ -1476,96 +1490,15 @@ class BrokerSimulation(Simulation):
             return
         table = queue_table_from(bn.meta, bn.cq)  # step 3
         bn.commitlog.reset_queue_table(table)
-        bn.role, bn.role_term, bn.promotion = BrokerRole.MASTER, p.term, None
+        bn.gate.set_role(BrokerRole.MASTER, p.term, "caught up")
+        bn.promotion = None
         self.trace(f"master {n.node_id} term={p.term} table={sorted(table.items())}")
 
-    def _proposal_done(self, n: SimNode, bn: BrokerNode, done: ProposalDone) -> None:
-        op = bn.ops.pop(done.proposal.proposal_id, None)
-        if op is None:
-            return
-        if done.code is DLedgerCode.SUCCESS:
-            op.state, op.last_index = OpState.COMMITTED, done.proposal.last_index
-            bn.waiting.append(op)
-        elif op.kind == "produce" and bn.role is BrokerRole.MASTER and bn.role_term == op.term:
-            # Broker._settle: still master in the same term, so the entries are in our log
-            # and commit or vanish with our leadership; wait for all we appended.
-            op.state, op.target = OpState.SETTLING, bn.store.ledger_end_index
-            op.deadline_ms = self.now_ms + self.bknobs.append_timeout_ms
-            bn.waiting.append(op)
-            self.stats["settles"] += 1
-            self.at(op.deadline_ms, "settle timeout", lambda: self._settle_timeout(bn, op))
-        else:
-            self._finish(bn, op, "unknown", done.code.name)
-
-    def _settle_timeout(self, bn: BrokerNode, op: Op) -> None:
-        if op in bn.waiting:
-            self._finish(bn, op, "unknown", "settle timeout")
-
-    def _orphan_wait_timeout(self, bn: BrokerNode, w: OrphanWait) -> None:
-        if w in bn.orphan_waits:
-            bn.orphan_waits.remove(w)
-            w.reply("unknown", "still settling")
-
     def _progress(self, n: SimNode, bn: BrokerNode) -> None:
-        """Answer what dispatch has caught up with; then maybe become MASTER."""
-        dispatched = bn.dispatcher.dispatched_index
-        for op in list(bn.waiting):
-            if op.state is OpState.COMMITTED and dispatched >= op.last_index:
-                if op.kind == "meta":
-                    self._finish(bn, op, "ok", op.last_index)
-                else:
-                    put = [
-                        (qid, qo + i, pos + BODY_OFFSET + i)
-                        for (qid, qo), pos, count in zip(
-                            op.placed, op.positions, op.counts, strict=True
-                        )
-                        for i in range(count)
-                    ]
-                    self._finish(bn, op, "ok", op.done + put)
-            elif (
-                op.state is OpState.SETTLING
-                and bn.store.committed_index >= op.target
-                and dispatched >= op.target
-            ):
-                assert op.session is not None and op.attempt is not None
-                answer = ProducerSessions.answer_from_table(
-                    op.attempt, op.session[2], bn.meta.sessions
-                )
-                if answer is not None:
-                    self.stats["settled"] += 1
-                    self._finish(bn, op, "ok", answer)
-                else:
-                    self._finish(bn, op, "unknown", "settled without the batch")
-        for w in list(bn.orphan_waits):
-            a = w.attempt
-            if bn.sessions.attempts.get(a.key) is not a or _settled(bn, w.index):
-                bn.orphan_waits.remove(w)
-                w.again()
-            elif bn.role is not BrokerRole.MASTER or bn.role_term != a.term:
-                bn.orphan_waits.remove(w)
-                w.reply("unknown", "term over while settling")
+        """After the commit or dispatch moved: end the broker's waits that hold now
+        (their tasks go on in events of their own); then maybe become MASTER."""
+        bn.conditions.poll()
         self._maybe_promote(n, bn)
-
-    def _finish(self, bn: BrokerNode, op: Op, kind: str, payload: Any) -> None:
-        """Answer ``op`` and everyone who joined it; a session attempt's end goes to the
-        real ``ProducerSessions.end``, as ``Broker._attempt`` reports it."""
-        if op in bn.waiting:
-            bn.waiting.remove(op)
-        replies, op.replies = op.replies, []
-        a = op.attempt
-        if a is not None and bn.op_of.pop(a, None) is op:
-            bn.sessions.end(
-                a,
-                answer=payload if kind == "ok" else None,
-                appended=True,
-                master_term=bn.role_term if bn.role is BrokerRole.MASTER else None,
-                ledger_end=bn.store.ledger_end_index,
-                settled=functools.partial(_settled, bn),
-            )
-            if bn.sessions.attempts.get(a.key) is a:
-                self.stats["orphaned" if a.state is AttemptState.ORPHANED else "kept"] += 1
-        for reply in replies:
-            reply(kind, payload)
 
     # ---- dispatch and persistence -----------------------------------------------------------
 
@@ -1659,175 +1592,82 @@ class BrokerSimulation(Simulation):
             self.admin.goals.append((name, self.rng.randint(1, 4)))
         self.at(self.now_ms + 1, "admin", self._admin_step)
 
-    def _append(
-        self, n: SimNode, bn: BrokerNode, op: Op, records: list[bytearray]
-    ) -> DLedgerCode | None:
-        """Propose ``records``; the code when the log refused them (nothing appended).
+    def _serve(
+        self,
+        n: SimNode,
+        bn: BrokerNode,
+        what: str,
+        handler: Coroutine[Any, Any, Any],
+        reply: Reply,
+        ok: Callable[[Any], Any],
+    ) -> None:
+        """Run a request's ``handler``, the real broker's coroutine, on ``bn``: its first
+        step now, the rest as its waits end (``_wake``). Its answer goes to ``reply`` as
+        a client sees it: ``ok(result)``, "unknown" for an unknown outcome, "refused" for
+        any other refusal. An error that is no refusal fails the seed (raised as is)."""
 
-        A refusal changes nothing of the broker's role (issue 26): the role follows the
-        core's role changes only (``_role_change``). A leader handing leadership over
-        refuses with LEADER_TRANSFERRING and stays leader when the transfer fails; a
-        broker that took that for a lost leadership stayed SLAVE for good. The client
-        is told "refused" and tries again, as after any refusal."""
+        def done(result: Any, error: BaseException | None) -> None:
+            bn.tasks.remove(entry)
+            if error is None:
+                reply("ok", ok(result))
+                return
+            if not isinstance(error, BrokerError):
+                raise error
+            if isinstance(error, SequenceTooOldError | InvalidArgumentError | PayloadTooLargeError):
+                # No simulated client goes back in sequence or sends what no node takes.
+                self.checker.fail(f"{n.node_id}: {what}: {error.message}")
+            kind = "unknown" if isinstance(error, UnknownOutcomeError) else "refused"
+            reply(kind, error.message)
 
-        def act(core: DLedgerCore) -> None:
-            p = core.propose(records, self.now_ms)
-            op.first_index, op.positions = p.first_index, p.positions
-            bn.ops[p.proposal_id] = op
-            if op.attempt is not None:
-                bn.op_of[op.attempt] = op
-            self.trace(f"append {n.node_id} {op.kind} {p.first_index}+{len(records)}")
+        task = Task(f"{what} {n.node_id}", handler, done, functools.partial(self._wake, n, bn))
+        entry = (task, reply)
+        bn.tasks.append(entry)
+        task.step()
 
-        try:
-            self.run(n, act)
-        except DLedgerError as e:
-            self.trace(f"append {n.node_id} refused {e.code.name}")
-            self.stats[f"appends refused {e.code.name}"] += 1
-            return e.code
-        return None
+    def _wake(self, n: SimNode, bn: BrokerNode, task: Task) -> None:
+        """``task``'s wait ended: it goes on in an event of its own, at once (asyncio's
+        ``call_soon``), or when the node resumes if it is paused."""
+
+        def resume() -> None:
+            if self.brokers.get(n.node_id) is not bn:
+                return  # the node crashed: the task was killed with it
+            if n.paused:
+                bn.held.append((task.step, _no_reply))
+            else:
+                task.step()
+
+        self.at(self.now_ms, f"resume {task.name}", resume)
 
     def _handle_produce(self, n: SimNode, bn: BrokerNode, b: Batch, reply: Reply) -> None:
-        """Broker.produce + _produce_in_session + _attempt, for one session batch."""
-        if bn.role is not BrokerRole.MASTER:
-            reply("refused", "not master")
-            return
-        topic = bn.meta.topics.get(b.topic)
-        if topic is None:
-            reply("refused", "no such topic")
-            return
-        size = len(b.messages)
-        d = bn.sessions.begin(
-            (b.pid, b.seq),
-            size,
-            term=bn.role_term,
-            table=bn.meta.sessions,
-            settled=functools.partial(_settled, bn),
-        )
-        if isinstance(d, Answer):
-            self.stats["deduplicated"] += 1
-            reply("ok", d.results)
-            return
-        if isinstance(d, Refuse):
-            if isinstance(d.error, SequenceTooOldError):  # no simulated producer goes back
-                self.checker.fail(f"{n.node_id}: {d.error.message}")
-            reply("refused", d.error.message)
-            return
-        if isinstance(d, Join):  # the same batch is in flight here: wait for it
-            bn.op_of[d.attempt].replies.append(reply)
-            self.stats["waited"] += 1
-            return
-        if isinstance(d, SettleFirst):
-            w = OrphanWait(d.attempt, d.index, lambda: self._handle_produce(n, bn, b, reply), reply)
-            bn.orphan_waits.append(w)
-            self.stats["orphan waits"] += 1
-            self.at(
-                self.now_ms + self.bknobs.append_timeout_ms,
-                "orphan settle timeout",
-                lambda: self._orphan_wait_timeout(bn, w),
-            )
-            return
-        done = d.done
-        if done:
-            self.stats["tails"] += 1
-        now = EPOCH_MS + self.now_ms
-        if self.bknobs.batch_records:
-            out = self._encode_batched(n, bn, topic, b, len(done), now)
-        else:
-            out = [
-                self._encode(n, b, m, len(done) + i, now)
-                for i, m in enumerate(b.messages[len(done) :])
-            ]
-        placed, undo = bn.commitlog.assign_queue_offsets(topic, out)
-        op = Op("produce", bn.role_term, [reply], placed, done, (b.pid, b.seq, size), d.attempt)
-        op.counts = [m.count for m in out]
-        refused = self._append(n, bn, op, [m.record for m in out])
-        if refused is not None:
-            undo()
-            bn.sessions.end(
-                d.attempt,
-                answer=None,
-                appended=False,
-                master_term=bn.role_term,
-                ledger_end=bn.store.ledger_end_index,
-                settled=functools.partial(_settled, bn),
-            )
-            reply("refused", f"log refused: {refused.name}")
+        """``Producer.produce``, the real one, for one session batch."""
 
-    def _encode_batched(
-        self, n: SimNode, bn: BrokerNode, topic: TopicMeta, b: Batch, first: int, now: int
-    ) -> list[OutgoingMessage]:
-        """Broker._encode_batched: each run of the batch's messages bound for one queue
-        is a batch record (the real encoder), a run of one a single record."""
-        todo = b.messages[first:]
-        qids = bn.commitlog.select_queues(
-            topic, [(m.queue_id, m.sharding_key) for m in todo], sticky=True
-        )
-        out: list[OutgoingMessage] = []
-        for i, j in queue_runs(qids, [False] * len(todo)):  # the broker's rule
-            if j - i == 1:
-                single = self._encode(n, b, todo[i], first + i, now)
-                out.append(OutgoingMessage(single.record, qids[i]))
-            else:
-                run = [
-                    (m.body, encode_properties(inner_properties({}, tags=m.tags, keys=m.keys)))
-                    for m in todo[i:j]
-                ]
-                record = encode_batch_record(
-                    b.topic,
-                    run,
-                    session=(b.pid, b.seq, first + i, len(b.messages)),
-                    timestamp=now,
-                    store_host=self.hosts[n.node_id],
-                )
-                out.append(OutgoingMessage(record, qids[i], count=j - i))
-        return out
+        def results(rs: list[ProduceResult]) -> list[Result]:
+            return [(r.queue_id, r.queue_offset, r.commitlog_offset) for r in rs]
 
-    def _encode(self, n: SimNode, b: Batch, m: ClientMessage, k: int, now: int) -> OutgoingMessage:
-        """Broker._encode, with a deterministic UNIQ_KEY."""
-        props = message_properties(
-            {},
-            tags=m.tags,
-            keys=m.keys,
-            uniq_key=f"{self.seed & 0xFFFFFFFF:08X}{next(self._uniq):024X}",
-            session=(b.pid, b.seq, k, len(b.messages)),
-        )
-        record = encode_message(
-            topic=b.topic,
-            body=m.body,
-            properties=encode_properties(props),
-            born_timestamp=now,
-            store_timestamp=now,
-            store_host=self.hosts[n.node_id],
-        )
-        return OutgoingMessage(record, m.queue_id, m.sharding_key)
+        handler = bn.producer.produce(b.topic, b.messages, b.pid, b.seq)
+        self._serve(n, bn, "produce", handler, reply, results)
 
     def _handle_meta(
         self, n: SimNode, bn: BrokerNode, op_body: dict[str, Any], reply: Reply
     ) -> None:
-        """Broker._append_meta, after the checks of create_topic/delete_topic/commit_offsets."""
-        if bn.role is not BrokerRole.MASTER:
-            reply("refused", "not master")
-            return
-        kind, name = op_body["op"], op_body.get("name", op_body.get("topic"))
-        exists = name in bn.meta.topics
-        if kind == "create_topic" and exists:
-            reply("ok", -1)  # create_topic: it exists, nothing appended
-            return
-        if kind != "create_topic" and not exists:
-            reply("refused", "no such topic")
-            return
-        now = EPOCH_MS + self.now_ms
-        record = encode_message(
-            topic=SYS_TOPIC,
-            body=orjson.dumps(op_body),
-            born_timestamp=now,
-            store_timestamp=now,
-            store_host=self.hosts[n.node_id],
-        )
-        op = Op("meta", bn.role_term, [reply])
-        refused = self._append(n, bn, op, [record])
-        if refused is not None:
-            reply("refused", f"log refused: {refused.name}")
+        """The admin's and the consumers' writes, the real ones: ``Topics.create`` and
+        ``delete``; an offset commit is ``MetadataLog.append`` after the checks of
+        ``ConsumerGroups.commit_offsets`` (its answer is the entry's index)."""
+        kind = op_body["op"]
+        handler: Coroutine[Any, Any, Any]
+        if kind == "create_topic":
+            handler = bn.topics.create(op_body["name"], op_body["queues"])
+        elif kind == "delete_topic":
+            handler = bn.topics.delete(op_body["name"])
+        else:
+
+            async def commit_offsets() -> int:
+                bn.gate.require_master()
+                bn.topics.get(op_body["topic"])
+                return await bn.metalog.append(op_body)
+
+            handler = commit_offsets()
+        self._serve(n, bn, kind, handler, reply, lambda index: index)
 
     # ---- clients ----------------------------------------------------------------------------
 
@@ -1854,7 +1694,7 @@ class BrokerSimulation(Simulation):
     def _later(self, lo_ms: int, hi_ms: int, what: str, fn: Callable[[], None]) -> None:
         self.at(self.now_ms + self.rng.randint(lo_ms, hi_ms), what, fn)
 
-    def _produce(self, p: Producer) -> None:
+    def _produce(self, p: ProducerClient) -> None:
         if p.attempt:
             return  # a reply or a timeout reschedules
         if p.batch is None:
@@ -1869,7 +1709,7 @@ class BrokerSimulation(Simulation):
             for k in range(self.rng.randint(1, self.bknobs.batch_max)):
                 r = self.rng.random()
                 msgs.append(
-                    ClientMessage(
+                    NewMessage(
                         body=f"{p.pid}|{p.next_seq}|{k}|".encode()
                         + b"x" * self.rng.randint(0, 300),
                         tags=self.rng.choice((None, "a", "b")),
@@ -1910,7 +1750,7 @@ class BrokerSimulation(Simulation):
         assert bn is not None
         return bn
 
-    def _produce_reply(self, p: Producer, b: Batch, a: int, kind: str, payload: Any) -> None:
+    def _produce_reply(self, p: ProducerClient, b: Batch, a: int, kind: str, payload: Any) -> None:
         if kind == "ok":
             self.checker.check_ack(b.pid, b.seq, list(payload))
         if a != p.attempt:
@@ -1918,7 +1758,7 @@ class BrokerSimulation(Simulation):
         p.attempt = 0
         self.trace(f"produce {b.pid} seq={b.seq} {kind} {payload if kind != 'ok' else ''}")
         self.stats[f"produce {kind}"] += 1
-        if kind == "refused" and DLedgerCode.LEADER_TRANSFERRING.name in str(payload):
+        if kind == "refused" and TRANSFER_REFUSAL in str(payload):
             self.stats["produce refused while transferring"] += 1  # retried below
         if kind == "ok":
             self._acknowledged()

@@ -19,24 +19,30 @@ before issue 26, run without leadership transfers (``transfers=False``): as foun
 
 from __future__ import annotations
 
+import inspect
 import random
+import re
+import textwrap
 from collections import Counter
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import pytest
 
-from broker.gate import BrokerRole
+from broker import encode, errors, produce
+from broker.gate import BrokerRole, WriteGate
 from broker.promotion import Promotion, Step
 from broker.sessions import Attempt, ProducerSessions
-from dledger.codes import DLedgerCode
+from dledger.codes import DLedgerError
+from dledger.runtime.server import NotLeaderError
 
-from .broker_sim import KNOWN_BUGS, BrokerKnobs, BrokerNode, BrokerSimulation, run_broker_seed
+from .broker_sim import KNOWN_BUGS, BrokerKnobs, run_broker_seed
 from .sim import (
     LIVENESS,
     TRANSFER_KINDS,
     InvariantViolationError,
     Knobs,
-    SimNode,
     TransferKnobs,
     plant_stuck_transferee,
 )
@@ -51,11 +57,16 @@ SLAVE_ON_REFUSAL_SEED = 74
 
 # (bug, the seed that reproduced it, its fault phase, the simulation's count of what once
 # failed, what the seed said then). Each runs with every knob as the seed draws it, the
-# former trigger included.
+# former trigger included. Since the simulation runs the real produce path (issue 27) its
+# runs differ from before: where a seed no longer exercises what once failed, it stays as
+# a plain regression seed and another seed that does is added.
 FIXED: list[tuple[str, int, int, str | None, str]] = [
     # A produce retried after its settle timed out, on the same master in the same term,
-    # was appended again while the first copy was still in the log.
-    ("settle-timeout-duplicate", 15, 3000, "orphan waits", "duplicated: message p0|12|0"),
+    # was appended again while the first copy was still in the log. Seed 15 found it;
+    # seed 39 exercises it now (with the bug planted back it says: duplicated: message
+    # p0|0|0 at entries 3 and 7; ``test_a_bug_in_the_real_session_rule_fails_a_seed``).
+    ("settle-timeout-duplicate", 15, 3000, None, "duplicated: message p0|12|0"),
+    ("settle-timeout-duplicate", 39, 3000, "orphan waits", "duplicated: message p0|0|0"),
     # Recovery replayed messages against the topic table of a snapshot of another index.
     # Seed 118 found it; since issue 18 changed when elections happen, seed 109 is the
     # one that replays across a topic delete (five times).
@@ -78,8 +89,9 @@ FIXED: list[tuple[str, int, int, str | None, str]] = [
     # an install and the log reset, then a rebuild from the old log) came back empty at
     # 0 when the log held none of their messages. Recovery now starts them at their next
     # offset from the metadata snapshot's queue table. Seed 35 found it; the fix below
-    # changed its run, so it is a plain regression seed, and seed 93 (which says the same
-    # without the fix: n4 T0/0 [0, 0), the log [0, 4)) exercises the rebuild now.
+    # changed its run, so it is a plain regression seed, and seed 93 (which said the same
+    # without the fix: n4 T0/0 [0, 0), the log [0, 4)) exercised the rebuild until issue
+    # 27; seed 18 does now.
     (
         "rebuild-over-deleted-head",
         35,
@@ -92,10 +104,11 @@ FIXED: list[tuple[str, int, int, str | None, str]] = [
         "rebuild-over-deleted-head",
         93,
         3000,
-        "rebuilds over a deleted log head",
+        None,
         "poll-skip: n4 T0/0 (created 1, dispatched 5) holds queue offsets [0, 0), the log"
         " [0, 4) of which its own (from position 2048) [4, 4)",
     ),
+    ("rebuild-over-deleted-head", 18, 3000, "rebuilds over a deleted log head", "(as 93)"),
     # The same, from a metadata snapshot past the store's durable commit point: after a
     # restart the rebuild could not trust its table. A snapshot makes the commit point
     # durable first now, so this seed no longer reaches the rebuild that failed.
@@ -222,22 +235,89 @@ def test_fixed_broker_bug_seed_passes(
 
 
 # ---- the simulation checks the code that runs ---------------------------------------------
-# The broker's producer-session and promotion rules are plain objects (broker/sessions.py,
-# broker/promotion.py) that Broker and this simulation both drive: a bug put into either
-# must fail a seed. Each test breaks the real rule the way an earlier bug or an easy
+# The simulation runs the broker's produce path as it is (broker/produce.py, its encoding
+# broker/encode.py, the session rule broker/sessions.py, the write gate) and drives the
+# promotion rule (broker/promotion.py) as RoleChangeHandler does: a bug put into any of
+# them must fail a seed. Each test breaks the real code the way an earlier bug or an easy
 # mistake would, and runs a seed that catches it.
+
+
+def _plant(
+    setattr_: Callable[[Any, str, Any], None],
+    module: ModuleType,
+    owner: Any,
+    name: str,
+    good: str,
+    bad: str,
+) -> None:
+    """Put a bug into the real function ``owner.name`` of ``module``: its source with
+    ``good`` (which must occur once) replaced by ``bad``, compiled in the module's
+    namespace. The bug is then a one-line change of the code that runs."""
+    src = textwrap.dedent(inspect.getsource(getattr(owner, name)))
+    assert src.count(good) == 1, f"{name} no longer reads {good!r}: update the planted bug"
+    # (compiled with this module's ``from __future__ import annotations``, as the module's)
+    code = compile(src.replace(good, bad), module.__file__ or name, "exec")
+    planted: dict[str, Any] = {}
+    exec(code, vars(module), planted)
+    setattr_(owner, name, planted[name])
+
+
+# (where, what it breaks, the line as it is, the line with the bug, the seed, what it says)
+PLANTED: list[tuple[str, str, str, str, int, str]] = [
+    # Message i of a batch record is at the record's commitlog offset + i: answer every
+    # message of a record with the record's own address.
+    ("produce._put", "batch record results", "p.commitlog_offset + i", "p.commitlog_offset",
+     1, "lost: p0|0|1 acknowledged as (0, 1, 288)"),
+    # A batch a failover cut short is completed with its missing tail: answer with the
+    # tail's results before the prefix the session table had.
+    ("produce._attempt", "a tail answered out of order", "answer = done + placed",
+     "answer = placed + done", 0, "lost: p0|6|0 acknowledged as"),
+    # Append the missing tail from one message too early (the last of the prefix again).
+    ("produce._attempt", "a tail from the wrong prefix", "messages[len(done) :]",
+     "messages[len(done) - 1 :]", 0, "session properties ('p0', '0', '0', 6) do not name"),
+    # Each batch record of a request names the index of its first message in the batch:
+    # name the request's first instead.
+    ("encode._encode_batched", "batch records' session index",
+     "session=r.session_of(first_in_batch + i)", "session=r.session_of(first_in_batch)",
+     1, "session properties ('p0', '1', '0', 6) do not name p0|1|3"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("where", "what", "good", "bad", "seed", "said"), PLANTED, ids=[r[1] for r in PLANTED]
+)
+def test_a_bug_in_the_real_produce_path_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+    what: str,
+    good: str,
+    bad: str,
+    seed: int,
+    said: str,
+) -> None:
+    """The simulation drives ``Producer`` (broker/produce.py) and its encoding
+    (broker/encode.py) as they are: a one-line bug in either fails a seed."""
+    module_name, name = where.split(".")
+    module = {"produce": produce, "encode": encode}[module_name]
+    owner = produce.Producer if module is produce else module
+    sim = run_broker_seed(seed)  # without the bug the seed passes
+    assert sim.acked
+    _plant(monkeypatch.setattr, module, owner, name, good, bad)
+    with pytest.raises(InvariantViolationError, match=re.escape(said)):
+        run_broker_seed(seed)
 
 
 def test_a_bug_in_the_real_session_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Forget an attempt as soon as it ends, even with its entries unsettled in its term
-    (the bug seed 15 found, fixed since): a retry appends the batch again."""
+    (the bug seed 15 found, fixed since): a retry appends the batch again (seed 39 since
+    issue 27 changed the runs)."""
 
     def end_forgetting(self: ProducerSessions, attempt: Attempt, **_kw: object) -> None:
         self.attempts.pop(attempt.key, None)
 
     monkeypatch.setattr(ProducerSessions, "end", end_forgetting)
     with pytest.raises(InvariantViolationError, match="duplicated: message"):
-        run_broker_seed(15, fault_ms=3000, batch_records=False, transfers=False)
+        run_broker_seed(39, fault_ms=3000, batch_records=False, transfers=False)
 
 
 def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,7 +330,7 @@ def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(Promotion, "advance", skip_dispatch)
     with pytest.raises(InvariantViolationError, match="inconsistent-offsets"):
-        run_broker_seed(5, batch_records=False, transfers=False)
+        run_broker_seed(0, batch_records=False, transfers=False)
 
 
 # ---- issue 26: a failed leadership transfer must not leave the cluster without a master --
@@ -271,21 +351,31 @@ def test_a_stuck_transfer_in_the_real_core_fails_a_seed(monkeypatch: pytest.Monk
 def test_a_broker_that_takes_a_refusal_for_lost_leadership_fails_a_seed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Issue 26's broker: an append refused while the core hands leadership over made the
+    """Issue 26's broker: a write refused while the core hands leadership over made the
     broker SLAVE in the same term; the transfer failed, Raft's role never changed, and no
-    broker was MASTER again. Planted in the simulated broker (whose refusals change no
-    role, as the fixed ``Broker``'s), the liveness check after healing says so by name."""
-    real = BrokerSimulation._append
+    broker was MASTER again. Planted in the real ``WriteGate`` the simulated brokers
+    write through (whose refusals change no role), the liveness check after healing
+    says so by name."""
+    require_master, append_error = WriteGate.require_master, WriteGate.append_error
 
-    def append_and_step_down(
-        sim: BrokerSimulation, n: SimNode, bn: BrokerNode, *args: Any
-    ) -> DLedgerCode | None:
-        refused = real(sim, n, bn, *args)
-        if refused in (DLedgerCode.NOT_LEADER, DLedgerCode.LEADER_TRANSFERRING):
-            bn.set_role(BrokerRole.SLAVE, bn.role_term)
-        return refused
+    def step_down(gate: WriteGate) -> None:
+        gate.set_role(BrokerRole.SLAVE, gate.role_term, "a write was refused")  # the bug
+
+    def require_master_or_step_down(gate: WriteGate) -> None:
+        try:
+            require_master(gate)
+        except errors.NoMasterError:
+            if gate.server.transferee is not None:
+                step_down(gate)
+            raise
+
+    def append_error_and_step_down(gate: WriteGate, e: DLedgerError) -> errors.BrokerError:
+        if isinstance(e, NotLeaderError):
+            step_down(gate)
+        return append_error(gate, e)
 
     assert run_broker_seed(SLAVE_ON_REFUSAL_SEED).transfers["drop failed"] > 0
-    monkeypatch.setattr(BrokerSimulation, "_append", append_and_step_down)
+    monkeypatch.setattr(WriteGate, "require_master", require_master_or_step_down)
+    monkeypatch.setattr(WriteGate, "append_error", append_error_and_step_down)
     with pytest.raises(InvariantViolationError, match=f"{LIVENESS} no MASTER"):
         run_broker_seed(SLAVE_ON_REFUSAL_SEED)

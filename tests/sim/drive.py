@@ -1,0 +1,190 @@
+"""A synchronous driver for the broker's async code: the broker simulation runs the real
+produce path (``broker/produce.py``, ``broker/topics.py``) without an event loop, the way
+the client's drivers run its sans-I/O operations (``ledgermq/client/drivers.py``).
+
+The driven code awaits only its collaborators, and the simulation hands it ones whose
+every wait bottoms out in a ``Wait``: a plain object that the coroutine yields
+(``coro.send`` returns it to the driver) and that the simulation settles on its own
+events: a proposal done, a dispatch step, a time-out on the simulated clock
+(``Conditions``). Settling a ``Wait`` wakes each task parked on it, and the simulation
+schedules the task's next ``step`` as an event of its own, as asyncio's ``call_soon``
+does: a task never runs inside another task's step.
+
+Invariants:
+- a task runs only in ``step``: up to its next unsettled ``Wait`` or to its end, which
+  goes to its ``done`` (the result, or the error it raised); a ``Wait`` settled already
+  when awaited does not suspend;
+- a ``Wait`` is settled once, and its parked tasks wake in the order they parked;
+- a killed task (its node crashed) never runs again and never reports; its coroutine is
+  closed at once or, if it is the one running (the crash happened inside its step),
+  when it next suspends: either way every coroutine the driver started is finished or
+  closed (none is left for the garbage collector to close at some other time);
+- ``Conditions.until`` keeps ``Watermark.wait``'s contract, on the simulated clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar, cast
+
+T = TypeVar("T")
+
+
+class Wait(Generic[T]):
+    """Something a driven coroutine waits for: settled once with a value or an error.
+    It is also the simulation's ``AnswerSlot`` (``broker/produce.py``): the requests
+    that join a running attempt await its ``wait()``."""
+
+    __slots__ = ("_error", "_parked", "_value", "settled", "what")
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.settled = False
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        self._parked: list[Task] = []
+
+    def __repr__(self) -> str:
+        return f"Wait({self.what!r}, settled={self.settled})"
+
+    def __await__(self) -> Generator[Wait[Any], None, T]:
+        if not self.settled:
+            yield self
+        assert self.settled, f"{self.what}: resumed before it was settled"
+        if self._error is not None:
+            raise self._error
+        return cast(T, self._value)
+
+    def wait(self) -> Wait[T]:
+        return self
+
+    def set_result(self, value: T) -> None:
+        self._settle(value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._settle(None, error)
+
+    def _settle(self, value: T | None, error: BaseException | None) -> None:
+        assert not self.settled, f"{self.what}: settled twice"
+        self.settled, self._value, self._error = True, value, error
+        parked, self._parked = self._parked, []
+        for task in parked:
+            task.wake()
+
+    def park(self, task: Task) -> None:
+        assert not self.settled
+        self._parked.append(task)
+
+
+Done = Callable[[Any, BaseException | None], None]
+
+
+class Task:
+    """One driven coroutine (a request's handler on one node)."""
+
+    __slots__ = ("_coro", "_done", "_schedule", "ended", "killed", "name", "running")
+
+    def __init__(
+        self,
+        name: str,
+        coro: Coroutine[Any, Any, Any],
+        done: Done,
+        schedule: Callable[[Task], None],
+    ) -> None:
+        self.name = name
+        self._coro = coro
+        self._done = done  # (result, None) or (None, the error it raised)
+        self._schedule = schedule  # run ``step`` soon (an event of the simulation)
+        self.running = self.ended = self.killed = False
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r})"
+
+    def step(self) -> None:
+        """Run to the next unsettled ``Wait`` (parked on it) or to the end."""
+        if self._gone():
+            return
+        self.running = True
+        try:
+            waiting = self._coro.send(None)
+        except StopIteration as stop:
+            self._end(stop.value, None)
+            return
+        except BaseException as e:
+            self._end(None, e)
+            return
+        finally:
+            self.running = False
+        if self._gone():  # its node crashed while it ran
+            self._coro.close()
+            return
+        assert isinstance(waiting, Wait), f"{self.name} awaited {waiting!r}, not a Wait"
+        waiting.park(self)
+
+    def wake(self) -> None:
+        if not self._gone():
+            self._schedule(self)
+
+    def kill(self) -> None:
+        """Its node crashed: it never runs or reports again."""
+        if self._gone():
+            return
+        self.killed = True
+        if not self.running:
+            self._coro.close()
+
+    def _gone(self) -> bool:
+        return self.ended or self.killed
+
+    def _end(self, value: Any, error: BaseException | None) -> None:
+        self.ended = True
+        if not self.killed:
+            self._done(value, error)
+        elif isinstance(error, AssertionError):
+            raise error  # a broken invariant, even on a node that is gone
+
+
+class Conditions:
+    """Waits until a condition holds or a time-out passes on the simulated clock, with
+    ``Watermark.wait``'s contract: a condition that holds already answers True at once,
+    a time-out of 0 False at once, and a wait that ends answers whether it holds then.
+    ``poll`` ends the waits whose condition holds, in the order they began; the owner
+    calls it after every event that may change one. Every wait has a time-out, so at
+    most as many are pending as waits began within the longest one."""
+
+    def __init__(self, timer: Callable[[int, str, Callable[[], None]], None]) -> None:
+        self._timer = timer  # (after_ms, what, fn): call fn then, on the simulated clock
+        self._pending: list[tuple[Callable[[], bool], Wait[None]]] = []
+
+    async def until(self, what: str, holds: Callable[[], bool], timeout_s: float) -> bool:
+        if holds():
+            return True
+        if timeout_s <= 0:
+            return False
+        w: Wait[None] = Wait(what)
+        entry = (holds, w)
+        self._pending.append(entry)
+        self._timer(round(timeout_s * 1000), f"timeout {what}", lambda: self._end(entry))
+        await w
+        return holds()
+
+    def poll(self) -> None:
+        if not self._pending:
+            return
+        keep: list[tuple[Callable[[], bool], Wait[None]]] = []
+        ready: list[Wait[None]] = []
+        for entry in self._pending:  # the entries themselves: ``_end`` finds them by identity
+            if entry[0]():
+                ready.append(entry[1])
+            else:
+                keep.append(entry)
+        self._pending = keep
+        for w in ready:
+            w.set_result(None)
+
+    def _end(self, entry: tuple[Callable[[], bool], Wait[None]]) -> None:
+        for i, e in enumerate(self._pending):
+            if e is entry:
+                del self._pending[i]
+                entry[1].set_result(None)
+                return
