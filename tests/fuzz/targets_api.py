@@ -25,6 +25,7 @@ from api.routes.messages import to_broker_message
 from broker import errors
 from broker.broker import Broker
 from broker.commitlog import OutgoingMessage, PutResult
+from broker.dispatch.appliers import state_appliers
 from broker.gate import BrokerRole
 from broker.metadata import TopicMeta
 from broker.settings import BrokerSettings, Limits
@@ -134,6 +135,8 @@ def json_shape(data: bytes) -> None:
 class _NoDispatch:
     """The dispatcher, as the request paths see it: nothing to wait for."""
 
+    state: list[Any]
+
     installing = False
     stall = None
     dispatched_index = -1
@@ -169,7 +172,9 @@ class _FuzzBroker(Broker):
         self.reset()
 
     def _dispatcher_over(self, store: Any) -> Any:
-        return _NoDispatch()
+        d = _NoDispatch()
+        d.state = state_appliers(self.meta)  # the POP routes read their applier's outcomes
+        return d
 
     def reset(self) -> None:
         self.meta.topics = {"t": TopicMeta("t", 4, -1)}
