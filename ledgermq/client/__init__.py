@@ -102,6 +102,8 @@ from .fronts import (
 )
 from .operations import PRODUCER_ID, AdminOps, ProducerOps, new_producer_id
 from .popping import (
+    DLQ_PREFIX,
+    DLQ_PROPERTIES,
     Collect,
     Ended,
     PopOps,
@@ -112,6 +114,7 @@ from .popping import (
     RunSettings,
     RunStats,
     Spawn,
+    dlq_topic,
 )
 from .settings import ClientOptions, ClientSettings, parse_brokers
 from .types import (
@@ -143,6 +146,8 @@ from .types import (
 __all__ = [
     "ARROW_STREAM",
     "CLIENT_CODES",
+    "DLQ_PREFIX",
+    "DLQ_PROPERTIES",
     "ERROR_CLASSES",
     "PRODUCER_ID",
     "RETRIED",
@@ -223,6 +228,7 @@ __all__ = [
     "backoff_delay_s",
     "decode_message",
     "decode_pop_message",
+    "dlq_topic",
     "encode_body",
     "encode_message",
     "error_from_reply",

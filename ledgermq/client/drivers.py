@@ -338,10 +338,10 @@ class TaskWorkers:
     def wake(self) -> None:
         self._loop.call_soon_threadsafe(self._ended.put_nowait, None)
 
-    async def close(self) -> None:
+    async def close(self, timeout_s: float) -> None:
         """Cancel the handlers still running (their messages come back after their
-        invisible time)."""
+        invisible time); wait up to ``timeout_s`` for them to end."""
         for t in self._tasks:
             t.cancel()
         if self._tasks:
-            await asyncio.wait(self._tasks)
+            await asyncio.wait(self._tasks, timeout=timeout_s)

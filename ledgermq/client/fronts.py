@@ -333,7 +333,10 @@ class PopConsumer(SyncDriver[PopOps], _PopConsumerFront):
         """Receive in a loop and call ``handler(message)`` in up to ``concurrency``
         threads: ack when it returns, nack when it raises, extend the invisible time
         while it runs. Runs until ``stop()`` (or ``max_messages``, ``max_idle_s``), then
-        waits up to ``stop_timeout_s`` for the running handlers and settles them."""
+        waits up to ``stop_timeout_s`` for the running handlers and settles them. An
+        error the client gives up on (after its retries) is raised; handlers still
+        running then end on their own, unsettled: their messages come again after their
+        invisible time."""
         s = self._start_run(settings, options)
         workers = ThreadWorkers(handler, s.concurrency)
         self._workers = workers
@@ -366,7 +369,7 @@ class AsyncPopConsumer(AsyncDriver[PopOps], _PopConsumerFront):
         **options: UnpackKw[RunOptions],
     ) -> RunStats:
         """As ``PopConsumer.run``, with ``concurrency`` tasks; handlers still running
-        after ``stop_timeout_s`` are cancelled."""
+        after ``stop_timeout_s`` (or when an error ends the run) are cancelled."""
         s = self._start_run(settings, options)
         workers = TaskWorkers(handler)
         self._workers = workers
@@ -381,4 +384,4 @@ class AsyncPopConsumer(AsyncDriver[PopOps], _PopConsumerFront):
         finally:
             self._workers = None
             self._stop = False
-            await workers.close()
+            await workers.close(s.stop_timeout_s)

@@ -1,4 +1,4 @@
-"""A POP group's consumer (API.md §7, docs/client.md): ``PopOps`` (receive, ack, nack,
+"""A POP group's consumer (docs/client.md): ``PopOps`` (receive, ack, nack,
 extend) and ``PopOps.run``, the loop behind ``PopConsumer.run``, written once. Besides
 requests and sleeps the loop yields ``Spawn`` (run the handler on a message) and
 ``Collect`` (wait for handlers to end, answered with the ``Ended`` ones); the sync
@@ -43,6 +43,24 @@ from .operations import api_path
 from .types import AckResult, PopMessage, decode_pop_message
 
 T = TypeVar("T")
+
+# Dead letters (broker/pop/applier.py's names; a test keeps them equal): a message whose
+# attempts are spent is copied to the ordinary one-queue topic ``dlq_topic(group)`` with
+# these properties.
+DLQ_PREFIX = "%DLQ%"
+DLQ_PROPERTIES = (
+    "DLQ_ORIGIN_TOPIC",
+    "DLQ_ORIGIN_QUEUE_ID",
+    "DLQ_ORIGIN_QUEUE_OFFSET",
+    "DLQ_ORIGIN_MSG_ID",
+    "DELIVERY_ATTEMPTS",
+    "POP_EPOCH",
+)
+
+
+def dlq_topic(group: str) -> str:
+    """Where a POP group's dead letters go."""
+    return DLQ_PREFIX + group
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,8 +239,10 @@ class PopOps:
     ) -> RunGen[RunStats]:
         """Receive and hand each message to a handler (``Spawn``); ack it when the
         handler returns, nack it when it raises, renew its invisible time while it runs.
-        Ends when ``stopping()`` says so, after ``max_messages`` or ``max_idle_s``: no
-        more receives, then the running handlers are waited for (``stop_timeout_s``)."""
+        Ends when ``stopping()`` says so, after ``max_messages`` or ``max_idle_s`` (no
+        message while a handler was free): no more receives, then the running handlers
+        are waited for (``stop_timeout_s``). An error the exchange gives up on (after
+        its retries, within ``deadline_s``) ends it by raising."""
         clock = self.ex.clock
         pacer = Pacer(clock, s.max_idle_s, s.max_messages, s.wait_ms, s.batch)
         leases: dict[int, _Lease] = {}
@@ -231,23 +251,27 @@ class PopOps:
         stop_at: float | None = None
         while True:  # every wait below is bounded; the loop ends as the docstring says
             yield from self._settle_ended(ended, leases, stats, s)
+            if ended:
+                pacer.busy()  # idle is nothing arriving while handlers wait for work
             yield from self._renew(leases, stats, s)
-            renew_in = self._renew_in(leases)
-            want = None if stop_at is not None or stopping() else pacer.next_fetch()
-            if want is None:
-                stop_at = clock() + s.stop_timeout_s if stop_at is None else stop_at
+            # The next look at the handlers: by the next renewal, and every wait_ms.
+            renew_in = min(self._renew_in(leases), s.wait_ms / 1000)
+            free = s.concurrency - len(leases)
+            want = pacer.next_fetch() if free > 0 and stop_at is None else None
+            if stop_at is None and (stopping() or (free > 0 and want is None)):
+                stop_at = clock() + s.stop_timeout_s
+            if stop_at is not None:
                 left = stop_at - clock()
                 if not leases or left <= 0:
                     stats.abandoned = len(leases)
                     return stats
                 ended = yield from self._collect(min(left, renew_in))
                 continue
-            free = s.concurrency - len(leases)
-            if free <= 0:
+            if want is None:  # every handler is busy
                 ended = yield from self._collect(renew_in)
                 continue
             sent = clock()
-            wait_ms = math.ceil(min(want[1], renew_in * 1000))
+            wait_ms = math.ceil(min(want[1], renew_in * 1000))  # never past a renewal
             got = yield from self.receive(min(want[0], free), s.invisible_ms, wait_ms, s.tags)
             pacer.got(len(got))
             stats.received += len(got)

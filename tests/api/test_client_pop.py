@@ -1,4 +1,4 @@
-"""``PopConsumer`` and ``AsyncPopConsumer`` against a real node (API.md §7): the async
+"""``PopConsumer`` and ``AsyncPopConsumer`` against a real node (docs/client.md): the async
 consumer over the in-process node's ASGI app, the blocking one over a node served by
 uvicorn (``serving``). Two consumers of a group share a topic; ``run`` acks what its
 handler returned, nacks what it raised (the message comes back with the next attempt),
@@ -18,6 +18,7 @@ import httpx
 import orjson
 import pytest
 
+from broker.pop import applier
 from ledgermq import client as mq
 from ledgermq.client import (
     Admin,
@@ -55,6 +56,18 @@ def _body(r: mq.Request) -> Any:
 
 
 # ---- the sans-I/O operations, driven by hand -----------------------------------------------
+
+
+def test_the_dead_letter_names_are_the_brokers() -> None:
+    assert mq.dlq_topic("g") == applier.dlq_topic("g")
+    assert mq.DLQ_PROPERTIES == (
+        applier.PROP_DLQ_ORIGIN_TOPIC,
+        applier.PROP_DLQ_ORIGIN_QUEUE_ID,
+        applier.PROP_DLQ_ORIGIN_QUEUE_OFFSET,
+        applier.PROP_DLQ_ORIGIN_MSG_ID,
+        applier.PROP_DELIVERY_ATTEMPTS,
+        applier.PROP_POP_EPOCH,
+    )
 
 
 def test_a_receive_is_retried_under_one_attempt_id() -> None:
@@ -213,6 +226,24 @@ async def test_run_acks_on_return_and_nacks_on_an_exception(node: Node) -> None:
     assert sorted(a for t, a in seen if t == "m3") == [1, 2]
     assert sorted(t for t, _ in seen) == sorted([f"m{i}" for i in range(10)] + ["m3"])
     assert node.broker.meta.pop.in_flight("g", "t") == 0
+
+
+@pytest.mark.asyncio
+async def test_a_run_ends_by_itself_when_idle_not_while_its_handlers_are_busy(node: Node) -> None:
+    await _setup(node, "t", ["a", "b", "c"])
+    waited = asyncio.Event()
+
+    async def handler(m: PopMessage) -> None:
+        if m.text == "a":  # busy longer than max_idle_s: the run goes on meanwhile
+            await until(lambda: c.stats.extended >= 1, what="one extension")
+        waited.set()
+
+    async with _pop(node) as c:
+        stats = await asyncio.wait_for(
+            c.run(handler, concurrency=1, max_idle_s=0.2, wait_ms=50, invisible_ms=500), 10
+        )
+    assert waited.is_set()
+    assert (stats.received, stats.acked, stats.abandoned) == (3, 3, 0)
 
 
 @pytest.mark.asyncio
