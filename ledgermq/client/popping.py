@@ -227,8 +227,11 @@ class PopOps:
         """The message stays invisible ``invisible_ms`` from now (longer or shorter); its
         new receipt handle (the old one is no longer current).
         ``InvalidReceiptHandleError`` when the handle is not current."""
-        body: dict[str, Any] = {"topic": self.topic, "receipt_handle": handle_of(message)}
-        body["invisible_ms"] = invisible_ms
+        body: dict[str, Any] = {
+            "topic": self.topic,
+            "receipt_handle": handle_of(message),
+            "invisible_ms": invisible_ms,
+        }
         reply = yield from self.ex.write("POST", self._path("invisible"), body)
         return str(reply.body["receipt_handle"])
 
