@@ -1,10 +1,13 @@
 """The client-side ``ledgermq`` commands (docs/operations.md), over ``ledgermq.client``:
 
-- ``topic create|list|describe|delete``, ``group list``, ``group lag``;
+- ``topic create|list|describe|delete``, ``group list``, ``group lag``, ``group config``
+  and ``group show`` (a POP group's configuration), ``dlq show|redrive`` (its dead
+  letters);
 - ``produce``: messages from arguments, stdin (``-``) or ``--file``, one per line (or
   ``--ndjson`` message objects), sent in batches through one producer session;
 - ``consume``: a group's committed offsets (committing as it goes), or ``--from
-  earliest|latest`` without a group; ``--follow`` long-polls until Ctrl-C;
+  earliest|latest`` without a group, or ``--pop`` (received from a POP group, acked once
+  printed); ``--follow`` long-polls until Ctrl-C;
 - ``status``: every node's roles and indexes, down nodes included;
 - ``leader transfer --to n1``.
 
@@ -29,15 +32,21 @@ import httpx
 import orjson
 
 from ..client import (
+    DLQ_PROPERTIES,
     Admin,
     ClientSettings,
     Consumer,
+    GroupDescription,
     LedgerMQError,
     Message,
     MessageLike,
     NodeView,
+    Pacer,
+    PopConsumer,
     Producer,
     ReceivedMessage,
+    TopicNotFoundError,
+    dlq_topic,
     encode_message,
 )
 from .util import add_brokers_option, add_option
@@ -46,6 +55,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 # Above this many messages, produce prints a summary instead of one line per message.
 PRINT_EACH_MAX = 100
+POP_BATCH = 32  # messages per receive of consume --pop
 
 
 # ---- parser ---------------------------------------------------------------------------------
@@ -74,6 +84,7 @@ def add_client_commands(sub: Any) -> None:
     _add_consume_command(sub)
     _add_status_command(sub)
     _add_group_commands(sub)
+    _add_dlq_commands(sub)
     _add_leader_commands(sub)
 
 
@@ -118,9 +129,23 @@ def _add_produce_command(sub: Any) -> None:
 
 
 def _add_consume_command(sub: Any) -> None:
-    p = sub.add_parser("consume", help="receive messages (a group's, or --from)")
+    p = sub.add_parser("consume", help="receive messages (a group's, --from, or --pop)")
     p.add_argument("topic")
     add_option(p, "--consumer-group", "-g", "--group", default=None, help="commit as this group")
+    add_option(
+        p,
+        "--pop",
+        action="store_true",
+        help="receive as the POP group -g (shared with its other consumers), ack once printed;"
+        " a new group starts at the latest message (group config --start)",
+    )
+    add_option(
+        p,
+        "--invisible-ms",
+        type=int,
+        default=30_000,
+        help="--pop: a message received and not acked goes again after this long",
+    )
     add_option(
         p,
         "--from",
@@ -150,7 +175,7 @@ def _add_status_command(sub: Any) -> None:
 
 
 def _add_group_commands(sub: Any) -> None:
-    group = sub.add_parser("group", help="consumer groups")
+    group = sub.add_parser("group", help="consumer groups (offsets, or POP)")
     gsub = group.add_subparsers(dest="group_command", required=True, metavar="ACTION")
     p = gsub.add_parser("list", help="list consumer groups")
     _common(p, _group_list)
@@ -158,6 +183,59 @@ def _add_group_commands(sub: Any) -> None:
     p.add_argument("group")
     add_option(p, "--topic", default=None, help="only this topic")
     _common(p, _group_lag)
+    p = gsub.add_parser(
+        "config",
+        help="create a POP group or set its whole configuration (what is not given: the default)",
+    )
+    p.add_argument("group")
+    add_option(p, "--fifo", action="store_true", help="in queue order, one in flight per queue")
+    add_option(p, "--max-delivery-attempts", type=int, default=None, help="default 17")
+    retry = p.add_mutually_exclusive_group()
+    add_option(
+        retry,
+        "--retry-list",
+        default=None,
+        metavar="MS,MS,...",
+        help="delays before the 2nd, 3rd, ... delivery (default RocketMQ's, 1 s to 2 h)",
+    )
+    add_option(
+        retry,
+        "--retry-exponential",
+        default=None,
+        metavar="INITIAL_MS[,MULTIPLIER[,MAX_MS]]",
+        help="delays growing from INITIAL_MS by MULTIPLIER (2) up to MAX_MS (2 h)",
+    )
+    add_option(
+        p,
+        "--start",
+        default=None,
+        metavar="earliest|latest|MS",
+        help="where a queue starts at the group's first receive (default latest)",
+    )
+    _common(p, _group_config)
+    p = gsub.add_parser("show", help="a group's mode, configuration, in flight and offsets")
+    p.add_argument("group")
+    add_option(p, "--topic", default=None, help="offsets of this topic only")
+    _common(p, _group_show)
+
+
+def _add_dlq_commands(sub: Any) -> None:
+    dlq = sub.add_parser("dlq", help="a POP group's dead letters (the topic %%DLQ%%<group>)")
+    dsub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    p = dsub.add_parser("show", help="the dead letters and where each came from")
+    p.add_argument("group")
+    add_option(p, "--from-offset", type=int, default=None, help="default: the oldest kept")
+    add_option(p, "--max", type=int, default=100, help="at most this many")
+    _common(p, _dlq_show)
+    p = dsub.add_parser(
+        "redrive",
+        help="produce dead letters again to the topics they came from (they stay in the DLQ,"
+        " nothing records that they went back: --from-offset for the next run)",
+    )
+    p.add_argument("group")
+    add_option(p, "--from-offset", type=int, default=None, help="default: the oldest kept")
+    add_option(p, "--max", type=int, default=1000, help="at most this many")
+    _common(p, _dlq_redrive)
 
 
 def _add_leader_commands(sub: Any) -> None:
@@ -180,6 +258,7 @@ def run_client_command(args: argparse.Namespace) -> int:
             args.command,
             getattr(args, "topic_command", None)
             or getattr(args, "group_command", None)
+            or getattr(args, "dlq_command", None)
             or getattr(args, "leader_command", None),
         )
         if v
@@ -299,6 +378,178 @@ def _group_lag(args: argparse.Namespace) -> int:
     rows.append(("TOTAL", "", "", "", sum(o.lag for o in offsets)))
     print(f"group {args.group}")
     print(table(["TOPIC", "QUEUE", "COMMITTED", "MAX", "LAG"], rows))
+    return 0
+
+
+def _numbers(text: str, option: str) -> list[int | float]:
+    try:
+        return [float(x) if "." in x else int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"{option} {text!r}: want numbers separated by commas") from None
+
+
+def _retry(args: argparse.Namespace) -> dict[str, Any] | None:
+    if args.retry_list is not None:
+        return {"policy": "list", "delays_ms": _numbers(args.retry_list, "--retry-list")}
+    if args.retry_exponential is not None:
+        parts = _numbers(args.retry_exponential, "--retry-exponential")
+        if not 1 <= len(parts) <= 3:
+            raise ValueError("--retry-exponential: INITIAL_MS[,MULTIPLIER[,MAX_MS]]")
+        names = ("initial_ms", "multiplier", "max_ms")
+        return {"policy": "exponential", **dict(zip(names, parts, strict=False))}
+    return None
+
+
+def _start(text: str | None) -> str | int | None:
+    if text is None or text in ("earliest", "latest"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"--start {text!r}: want earliest, latest or a time in ms") from None
+
+
+def _retry_text(retry: Any) -> str:
+    if not isinstance(retry, dict):
+        return "-"
+    if retry.get("policy") == "list":
+        return "list " + ",".join(str(d) for d in retry.get("delays_ms", ()))
+    return (
+        f"exponential from {retry.get('initial_ms')} ms x{retry.get('multiplier')}"
+        f" up to {retry.get('max_ms')} ms"
+    )
+
+
+def _print_group(d: GroupDescription) -> None:
+    if d.mode != "pop":
+        print(f"group {d.group}: mode {d.mode}")
+        return
+    print(
+        f"group {d.group}: mode pop, fifo {str(d.fifo).lower()},"
+        f" max delivery attempts {d.max_delivery_attempts}, start {d.start}"
+    )
+    print(f"  retry: {_retry_text(d.retry)}")
+    if d.topics:
+        rows = [(t.topic, t.in_flight, t.dead_lettered) for t in d.topics]
+        print(table(["TOPIC", "IN_FLIGHT", "DEAD_LETTERED"], rows))
+
+
+def _group_config(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        d = admin.configure_group(
+            args.group,
+            fifo=args.fifo or None,
+            max_delivery_attempts=args.max_delivery_attempts,
+            retry=_retry(args),
+            start=_start(args.start),  # type: ignore[arg-type]  # checked by _start
+        )
+    _json_line(asdict(d)) if args.json else _print_group(d)
+    return 0
+
+
+def _group_show(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        d = admin.describe_group(args.group)
+        offsets = admin.group_offsets(args.group, args.topic)
+    if args.json:
+        _json_line({**asdict(d), "offsets": [asdict(o) for o in offsets]})
+        return 0
+    _print_group(d)
+    pop = d.mode == "pop"
+    where = ["NEXT", "IN_FLIGHT"] if pop else ["COMMITTED"]
+    rows = [
+        (
+            o.topic,
+            o.queue_id,
+            *((o.next_offset, o.in_flight) if pop else (o.committed_offset,)),
+            o.max_offset,
+            o.lag,
+        )
+        for o in offsets
+    ]
+    print(table(["TOPIC", "QUEUE", *where, "MAX", "LAG"], rows))
+    return 0
+
+
+# ---- dead letters ---------------------------------------------------------------------------
+
+DLQ_PAGE = 100  # dead letters per pull
+
+
+def _dead_letters(
+    admin: Admin, group: str, start: int | None, limit: int
+) -> Iterator[ReceivedMessage]:
+    """Up to ``limit`` dead letters of ``group`` from ``start`` (the oldest kept: None),
+    in order; none when the group never dead-lettered anything."""
+    if limit < 1:
+        raise ValueError("--max must be >= 1")
+    topic = dlq_topic(group)
+    try:
+        [q] = admin.describe_topic(topic).queues
+    except TopicNotFoundError:
+        return
+    offset = q.min_offset if start is None else max(start, q.min_offset)
+    while limit > 0 and offset < q.max_offset:  # each pull moves on, or ends the loop
+        r = admin.pull(topic, 0, offset, max_messages=min(DLQ_PAGE, limit))
+        if not r.messages or r.next_offset <= offset:
+            return
+        yield from r.messages
+        limit -= len(r.messages)
+        offset = r.next_offset
+
+
+def _dlq_show(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        letters = list(_dead_letters(admin, args.group, args.from_offset, args.max))
+    if args.json:
+        for m in letters:
+            _json_line(message_json(m))
+        return 0
+    if not letters:
+        print(f"group {args.group}: no dead letters")
+        return 0
+    names = DLQ_PROPERTIES[:5]  # the origin and the attempts
+    rows = [
+        (m.queue_offset, *(m.properties.get(n) for n in names), _escape(m.text)[:80])
+        for m in letters
+    ]
+    print(table(["OFFSET", "TOPIC", "QUEUE", "QUEUE_OFFSET", "MSG_ID", "ATTEMPTS", "BODY"], rows))
+    return 0
+
+
+def _redriven(m: ReceivedMessage) -> tuple[str, Message]:
+    """A dead letter as it was produced: its origin topic, and its body, tags, keys and
+    the producer's properties."""
+    topic = m.properties.get(DLQ_PROPERTIES[0])
+    if not topic:
+        raise ValueError(f"dead letter {m.queue_offset}: no {DLQ_PROPERTIES[0]} property")
+    props = {k: v for k, v in m.properties.items() if k not in DLQ_PROPERTIES}
+    return topic, Message(m.body, keys=m.keys, tags=m.tags, properties=props)
+
+
+def _dlq_redrive(args: argparse.Namespace) -> int:
+    count = 0
+    last: int | None = None
+    with _admin(args) as admin, Producer(args.brokers, settings=_settings(args)) as p:
+        letters = _dead_letters(admin, args.group, args.from_offset, args.max)
+        while page := list(itertools.islice(letters, DLQ_PAGE)):
+            by_topic: dict[str, list[Message]] = {}
+            for m in page:
+                topic, message = _redriven(m)
+                by_topic.setdefault(topic, []).append(message)
+            for topic, messages in by_topic.items():
+                p.send(topic, messages)
+            count += len(page)
+            last = page[-1].queue_offset
+    if args.json:
+        _json_line({"redriven": count, "next_offset": None if last is None else last + 1})
+    elif last is None:
+        print(f"group {args.group}: no dead letters")
+    else:
+        print(
+            f"redrove {_plural(count, 'dead letter')} of {args.group} to their topics;"
+            f" they stay in {dlq_topic(args.group)}: next time --from-offset {last + 1}"
+        )
     return 0
 
 
@@ -528,14 +779,28 @@ def message_json(m: ReceivedMessage) -> dict[str, Any]:
     return d
 
 
+def _write_message(m: ReceivedMessage, as_json: bool) -> None:
+    line = orjson.dumps(message_json(m)).decode() if as_json else format_message(m)
+    sys.stdout.write(line + "\n")
+
+
 def _consume(args: argparse.Namespace) -> int:
+    if args.max is not None and args.max < 1:
+        raise ValueError("--max must be >= 1")
+    count = (_consume_pop if args.pop else _consume_offsets)(args)
+    if not args.json and not args.follow and sys.stderr.isatty():
+        print(f"{count} messages", file=sys.stderr)
+    return 0
+
+
+def _consume_offsets(args: argparse.Namespace) -> int:
+    """Messages by offsets, a group's (committed as printed) or from ``--from``; how
+    many were printed."""
     group = args.consumer_group
     if group is not None and args.start is not None:
         raise ValueError(
             "--from is for reading without a group (a group starts where it committed)"
         )
-    if args.max is not None and args.max < 1:
-        raise ValueError("--max must be >= 1")
     consumer = Consumer(
         args.brokers,
         group,
@@ -555,13 +820,36 @@ def _consume(args: argparse.Namespace) -> int:
                 wait_ms=args.wait_ms,
             )
             for m in stream:
-                line = orjson.dumps(message_json(m)).decode() if args.json else format_message(m)
-                sys.stdout.write(line + "\n")
+                _write_message(m, args.json)
                 if args.follow:
                     sys.stdout.flush()
                 count += 1
         except KeyboardInterrupt:
             pass
-    if not args.json and not args.follow and sys.stderr.isatty():
-        print(f"{count} messages", file=sys.stderr)
-    return 0
+    return count
+
+
+def _consume_pop(args: argparse.Namespace) -> int:
+    """Receive as a POP group, print, ack each batch once printed (what was received and
+    not acked, after Ctrl-C or an error, comes again after ``--invisible-ms``); how
+    many were printed."""
+    if args.consumer_group is None or args.start is not None or args.queue_id:
+        raise ValueError("--pop wants -g GROUP, and neither --from nor --queue-id")
+    count = 0
+    idle = None if args.follow else args.idle
+    pacer = Pacer(time.monotonic, idle, args.max, args.wait_ms, POP_BATCH)
+    with PopConsumer(args.brokers, args.consumer_group, args.topic, settings=_settings(args)) as c:
+        try:
+            while (want := pacer.next_fetch()) is not None:
+                got = c.receive(want[0], args.invisible_ms, want[1])
+                pacer.got(len(got))
+                for m in got:
+                    _write_message(m, args.json)
+                sys.stdout.flush()
+                stale = sum(not r.ok for r in (c.ack(got) if got else ()))
+                if stale:
+                    print(f"{stale} acks too late: those messages come again", file=sys.stderr)
+                count += len(got)
+        except KeyboardInterrupt:
+            pass
+    return count

@@ -1,5 +1,6 @@
-"""The Python client (docs/client.md): ``Producer``, ``Consumer``, ``Admin`` and their async
-twins ``AsyncProducer``, ``AsyncConsumer``, ``AsyncAdmin``, over httpx.
+"""The Python client (docs/client.md): ``Producer``, ``Consumer``, ``PopConsumer``, ``Admin``
+and their async twins ``AsyncProducer``, ``AsyncConsumer``, ``AsyncPopConsumer``,
+``AsyncAdmin``, over httpx.
 
 How it is built (h11's way): every operation is written once, as a generator that
 *yields* what it needs done — a ``Request`` to one URL, or a ``Sleep`` — and receives the
@@ -26,7 +27,9 @@ commits and resets, and leadership transfer are idempotent. That is why an unkno
 outcome is retried. (A delete retried after an unknown outcome may answer
 ``TOPIC_NOT_FOUND``: the first attempt did it.)
 
-Consumers are at-least-once: see ``ConsumerOps``.
+Consumers are at-least-once: see ``ConsumerOps``. A POP group's consumers share a topic,
+the broker handing each message to one of them until it is acked (``PopOps``; how its
+receives, acks and extends are retried is in ``ledgermq.client.popping``).
 
 A producer sends one batch at a time (a lock): the broker keeps only a session's last
 batch, so a batch that overtook an earlier one would make the earlier one's retry
@@ -34,8 +37,9 @@ batch, so a batch that overtook an earlier one would make the earlier one's retr
 
 The package, by concern: ``errors`` (the exceptions and the code → class table),
 ``settings`` (``ClientSettings``), ``types`` (messages and results), ``exchange`` (the
-sans-I/O routing and retries), ``operations`` and ``consuming`` (the operations, written
-once), ``drivers`` (the I/O over httpx) and ``fronts`` (the public classes). Import from
+sans-I/O routing and retries), ``operations``, ``consuming`` and ``popping`` (the
+operations, written once), ``drivers`` (the I/O over httpx, and the threads or tasks of a
+POP consumer's handlers) and ``fronts`` (the public classes). Import from
 ``ledgermq.client``: how the modules split it is not part of the API.
 """
 
@@ -50,8 +54,10 @@ from .errors import (
     CorruptEntryError,
     DiskFullError,
     ForbiddenError,
+    GroupModeConflictError,
     GroupNotFoundError,
     InvalidArgumentError,
+    InvalidReceiptHandleError,
     LedgerMQError,
     LimitReachedError,
     MessageNotFoundError,
@@ -84,17 +90,45 @@ from .exchange import (
     redirect_target,
     retry_after_s,
 )
-from .fronts import Admin, AsyncAdmin, AsyncConsumer, AsyncProducer, Consumer, Producer
+from .fronts import (
+    Admin,
+    AsyncAdmin,
+    AsyncConsumer,
+    AsyncPopConsumer,
+    AsyncProducer,
+    Consumer,
+    PopConsumer,
+    Producer,
+)
 from .operations import PRODUCER_ID, AdminOps, ProducerOps, new_producer_id
+from .popping import (
+    DLQ_PREFIX,
+    DLQ_PROPERTIES,
+    Collect,
+    Ended,
+    PopOps,
+    RunAction,
+    RunGen,
+    RunOptions,
+    RunOutcome,
+    RunSettings,
+    RunStats,
+    Spawn,
+    dlq_topic,
+)
 from .settings import ClientOptions, ClientSettings, parse_brokers
 from .types import (
+    AckResult,
     ArrowPage,
     ClusterNode,
     ClusterStatus,
+    GroupDescription,
     GroupOffset,
     Message,
     MessageLike,
     NodeView,
+    PopMessage,
+    PopTopicState,
     PullResult,
     QueueInfo,
     ReceivedMessage,
@@ -102,24 +136,30 @@ from .types import (
     TopicDescription,
     TopicInfo,
     decode_message,
+    decode_pop_message,
     encode_body,
     encode_message,
     parse_cluster,
+    parse_group,
 )
 
 __all__ = [
     "ARROW_STREAM",
     "CLIENT_CODES",
+    "DLQ_PREFIX",
+    "DLQ_PROPERTIES",
     "ERROR_CLASSES",
     "PRODUCER_ID",
     "RETRIED",
     "UNTYPED_CODES",
+    "AckResult",
     "Action",
     "Admin",
     "AdminOps",
     "ArrowPage",
     "AsyncAdmin",
     "AsyncConsumer",
+    "AsyncPopConsumer",
     "AsyncProducer",
     "Batch",
     "BrokerUnavailableError",
@@ -129,16 +169,21 @@ __all__ = [
     "ClientSettings",
     "ClusterNode",
     "ClusterStatus",
+    "Collect",
     "Consumer",
     "ConsumerOps",
     "CorruptEntryError",
     "DiskFullError",
+    "Ended",
     "Exchange",
     "ForbiddenError",
     "Gen",
+    "GroupDescription",
+    "GroupModeConflictError",
     "GroupNotFoundError",
     "GroupOffset",
     "InvalidArgumentError",
+    "InvalidReceiptHandleError",
     "LedgerMQError",
     "LimitReachedError",
     "Message",
@@ -151,6 +196,10 @@ __all__ = [
     "Outcome",
     "Pacer",
     "PayloadTooLargeError",
+    "PopConsumer",
+    "PopMessage",
+    "PopOps",
+    "PopTopicState",
     "Producer",
     "ProducerOps",
     "PullResult",
@@ -158,9 +207,16 @@ __all__ = [
     "ReceivedMessage",
     "Reply",
     "Request",
+    "RunAction",
+    "RunGen",
+    "RunOptions",
+    "RunOutcome",
+    "RunSettings",
+    "RunStats",
     "SendResult",
     "SequenceTooOldError",
     "Sleep",
+    "Spawn",
     "Start",
     "TopicConflictError",
     "TopicDescription",
@@ -171,6 +227,8 @@ __all__ = [
     "Unreachable",
     "backoff_delay_s",
     "decode_message",
+    "decode_pop_message",
+    "dlq_topic",
     "encode_body",
     "encode_message",
     "error_from_reply",
@@ -179,6 +237,7 @@ __all__ = [
     "new_producer_id",
     "parse_brokers",
     "parse_cluster",
+    "parse_group",
     "redirect_target",
     "retry_after_s",
     "tls_context",

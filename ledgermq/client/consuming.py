@@ -249,3 +249,7 @@ class Pacer:
             self.idle_since = self.clock()
             if self.left is not None:
                 self.left -= n
+
+    def busy(self) -> None:
+        """Not idle now, though nothing arrived (a POP run's handler just ended)."""
+        self.idle_since = self.clock()

@@ -1,16 +1,19 @@
 """The I/O: ``SyncDriver`` and ``AsyncDriver`` run the sans-I/O operations with one
 ``httpx.Client`` or ``httpx.AsyncClient``, performing each ``Request`` and ``Sleep`` and
 answering with a ``Reply`` or an ``Unreachable``; ``blocking`` and ``awaiting`` bind a
-shared operation as a method of a sync or an async class. No protocol logic here."""
+shared operation as a method of a sync or an async class; ``ThreadWorkers`` and
+``TaskWorkers`` perform a POP run's ``Spawn`` and ``Collect``. No protocol logic here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import queue
 import ssl
 import threading
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar
 
 import httpx
@@ -27,9 +30,13 @@ from .exchange import (
     Sleep,
     Unreachable,
 )
+from .popping import Collect, Ended, Spawn
 from .settings import ClientSettings
+from .types import PopMessage
 
 T = TypeVar("T")
+Act = TypeVar("Act")  # what an operation asks
+Ans = TypeVar("Ans")  # what it is answered
 Ops = TypeVar("Ops")
 P = ParamSpec("P")
 
@@ -85,15 +92,15 @@ def _client_args(s: ClientSettings) -> dict[str, Any]:
     }
 
 
-class _Steps(Generic[T]):
+class _Steps(Generic[Act, Ans, T]):
     """One running operation: ``next(outcome)`` is its next action, ``None`` once it
     has returned (into ``result``). The drivers only perform the actions."""
 
-    def __init__(self, gen: Gen[T]) -> None:
+    def __init__(self, gen: Generator[Act, Ans | None, T]) -> None:
         self._gen = gen
         self.result: T
 
-    def next(self, outcome: Outcome | None) -> Action | None:
+    def next(self, outcome: Ans | None) -> Act | None:
         try:
             return self._gen.send(outcome)
         except StopIteration as stop:
@@ -140,11 +147,15 @@ class SyncDriver(Front, Generic[Ops]):
         return self._exchange
 
     def _run(self, gen: Gen[T]) -> T:
-        steps: _Steps[T] = _Steps(gen)
-        outcome: Outcome | None = None
+        return self._drive(gen, self._perform)
+
+    def _drive(self, gen: Generator[Act, Ans | None, T], perform: Callable[[Act], Ans | None]) -> T:
+        """Run ``gen``, each of its actions done by ``perform``."""
+        steps = _Steps(gen)
+        outcome: Ans | None = None
         with self._lock:
             while (action := steps.next(outcome)) is not None:
-                outcome = self._perform(action)
+                outcome = perform(action)
         return steps.result
 
     def _perform(self, action: Action) -> Outcome | None:
@@ -182,11 +193,16 @@ class AsyncDriver(Front, Generic[Ops]):
         return self._exchange
 
     async def _run(self, gen: Gen[T]) -> T:
-        steps: _Steps[T] = _Steps(gen)
-        outcome: Outcome | None = None
+        return await self._drive(gen, self._perform)
+
+    async def _drive(
+        self, gen: Generator[Act, Ans | None, T], perform: Callable[[Act], Awaitable[Ans | None]]
+    ) -> T:
+        steps = _Steps(gen)
+        outcome: Ans | None = None
         async with self._lock:
             while (action := steps.next(outcome)) is not None:
-                outcome = await self._perform(action)
+                outcome = await perform(action)
         return steps.result
 
     async def _perform(self, action: Action) -> Outcome | None:
@@ -233,3 +249,99 @@ def awaiting(
     method.__name__ = op.__name__
     method.__doc__ = op.__doc__
     return method
+
+
+# ---- the workers of a POP consumer's run (ledgermq.client.popping) --------------------------
+
+
+class ThreadWorkers:
+    """``Spawn`` and ``Collect`` for a sync ``run``: each handler in a thread of a pool of
+    ``threads`` (the run never spawns more at once), ends reported through a queue;
+    ``wake`` ends a ``Collect`` early (``stop()``, from any thread)."""
+
+    def __init__(self, handler: Callable[[PopMessage], object], threads: int) -> None:
+        self._handler = handler
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="ledgermq-pop")
+        self._ended: queue.SimpleQueue[Ended | None] = queue.SimpleQueue()
+
+    def perform(self, action: Spawn | Collect) -> list[Ended] | None:
+        if isinstance(action, Collect):
+            return self._collect(action.timeout_s)
+        token = action.token
+
+        def ended(f: Future[object]) -> None:
+            self._ended.put(Ended(token, f.exception()))
+
+        self._pool.submit(self._handler, action.message).add_done_callback(ended)
+        return None
+
+    def _collect(self, timeout_s: float) -> list[Ended]:
+        try:
+            first = self._ended.get(timeout=timeout_s) if timeout_s > 0 else self._ended.get(False)
+        except queue.Empty:
+            return []
+        got = [first]
+        for _ in range(self._ended.qsize()):  # what else ended by now, without waiting
+            got.append(self._ended.get_nowait())
+        return [e for e in got if e is not None]
+
+    def wake(self) -> None:
+        self._ended.put(None)
+
+    def close(self) -> None:
+        """Let handlers still running end on their own (a thread cannot be stopped)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class TaskWorkers:
+    """``Spawn`` and ``Collect`` for an async ``run``: each handler a task; ``wake`` ends
+    a ``Collect`` early (``stop()``, from any thread). Made on the run's loop."""
+
+    def __init__(self, handler: Callable[[PopMessage], Awaitable[object]]) -> None:
+        self._handler = handler
+        self._loop = asyncio.get_running_loop()
+        self._tasks: set[asyncio.Task[object]] = set()
+        self._ended: asyncio.Queue[Ended | None] = asyncio.Queue()
+
+    async def perform(self, action: Spawn | Collect) -> list[Ended] | None:
+        if isinstance(action, Collect):
+            return await self._collect(action.timeout_s)
+        token = action.token
+
+        def ended(t: asyncio.Task[object]) -> None:
+            self._tasks.discard(t)
+            self._ended.put_nowait(Ended(token, None if t.cancelled() else t.exception()))
+
+        async def handle(m: PopMessage) -> object:
+            return await self._handler(m)
+
+        task = asyncio.create_task(handle(action.message))
+        self._tasks.add(task)
+        task.add_done_callback(ended)
+        return None
+
+    async def _collect(self, timeout_s: float) -> list[Ended]:
+        await asyncio.sleep(0)  # handlers just spawned start; the loop is never starved
+        try:
+            first = (
+                await asyncio.wait_for(self._ended.get(), timeout_s)
+                if timeout_s > 0
+                else self._ended.get_nowait()
+            )
+        except (TimeoutError, asyncio.QueueEmpty):
+            return []
+        got = [first]
+        for _ in range(self._ended.qsize()):
+            got.append(self._ended.get_nowait())
+        return [e for e in got if e is not None]
+
+    def wake(self) -> None:
+        self._loop.call_soon_threadsafe(self._ended.put_nowait, None)
+
+    async def close(self, timeout_s: float) -> None:
+        """Cancel the handlers still running (their messages come back after their
+        invisible time); wait up to ``timeout_s`` for them to end."""
+        for t in self._tasks:
+            t.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=timeout_s)

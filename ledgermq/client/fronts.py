@@ -1,20 +1,30 @@
-"""The public classes: ``Admin``, ``Producer``, ``Consumer`` and their async twins. Each
-is a driver (``ledgermq.client.drivers``) holding one operations object, whose operations it
-binds as its methods; the twins share their constructor and properties (the ``*Front``
-classes)."""
+"""The public classes: ``Admin``, ``Producer``, ``Consumer``, ``PopConsumer`` and their
+async twins. Each is a driver (``ledgermq.client.drivers``) holding one operations
+object, whose operations it binds as its methods; the twins share their constructor and
+properties (the ``*Front`` classes)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 from typing import Unpack as UnpackKw
 
 from .consuming import ConsumerOps, Pacer, Start
-from .drivers import AsyncDriver, Front, SyncDriver, awaiting, blocking
+from .drivers import (
+    AsyncDriver,
+    Front,
+    SyncDriver,
+    TaskWorkers,
+    ThreadWorkers,
+    awaiting,
+    blocking,
+)
+from .exchange import Outcome
 from .operations import AdminOps, ProducerOps
+from .popping import Collect, Ended, PopOps, RunAction, RunOptions, RunSettings, RunStats, Spawn
 from .settings import ClientOptions, ClientSettings
-from .types import ReceivedMessage
+from .types import PopMessage, ReceivedMessage
 
 
 def _settings(settings: ClientSettings | None, options: ClientOptions) -> ClientSettings:
@@ -49,6 +59,8 @@ class Admin(SyncDriver[AdminOps], _AdminFront):
     transfer_leadership = blocking(AdminOps.transfer_leadership)
     groups = blocking(AdminOps.groups)
     group_offsets = blocking(AdminOps.group_offsets)
+    configure_group = blocking(AdminOps.configure_group)
+    describe_group = blocking(AdminOps.describe_group)
     commit_offsets = blocking(AdminOps.commit_offsets)
     reset_offsets = blocking(AdminOps.reset_offsets)
     get_message = blocking(AdminOps.get_message)
@@ -70,6 +82,8 @@ class AsyncAdmin(AsyncDriver[AdminOps], _AdminFront):
     transfer_leadership = awaiting(AdminOps.transfer_leadership)
     groups = awaiting(AdminOps.groups)
     group_offsets = awaiting(AdminOps.group_offsets)
+    configure_group = awaiting(AdminOps.configure_group)
+    describe_group = awaiting(AdminOps.describe_group)
     commit_offsets = awaiting(AdminOps.commit_offsets)
     reset_offsets = awaiting(AdminOps.reset_offsets)
     get_message = awaiting(AdminOps.get_message)
@@ -246,3 +260,128 @@ class AsyncConsumer(AsyncDriver[ConsumerOps], _ConsumerFront):
             await super().close()
         else:
             await self.close()
+
+
+class _PopConsumerFront(Front):
+    _ops: PopOps
+    _serialize = False  # no state between operations: a handler may ack or extend too
+    _workers: ThreadWorkers | TaskWorkers | None = None  # while a run goes on
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        group: str,
+        topic: str,
+        *,
+        settings: ClientSettings | None = None,
+        transport: Any = None,
+        **options: UnpackKw[ClientOptions],
+    ) -> None:
+        """A consumer of ``topic`` in the POP group ``group`` (created with the broker's
+        defaults on its first use; ``Admin.configure_group`` sets it up otherwise)."""
+        ex = self._open(brokers, _settings(settings, options), transport)
+        self._ops = PopOps(ex, group, topic)
+        self._stop = False
+        self._stats = RunStats()
+
+    @property
+    def group(self) -> str:
+        return self._ops.group
+
+    @property
+    def topic(self) -> str:
+        return self._ops.topic
+
+    @property
+    def stats(self) -> RunStats:
+        """What the current (or the last) ``run`` did so far."""
+        return self._stats
+
+    def _start_run(self, settings: RunSettings | None, options: RunOptions) -> RunSettings:
+        if self._workers is not None:
+            raise RuntimeError("this consumer is running already")
+        self._stats = RunStats()
+        return replace(settings or RunSettings(), **options)
+
+    def _stopping(self) -> bool:
+        return self._stop
+
+    def stop(self) -> None:
+        """End the ``run`` going on (or the next one): no more receives; the running
+        handlers are waited for and settled. From any thread, a handler's too."""
+        self._stop = True
+        if (w := self._workers) is not None:
+            w.wake()
+
+
+class PopConsumer(SyncDriver[PopOps], _PopConsumerFront):
+    """Shared consumption of a topic by a POP group (blocking): every message goes to
+    one consumer of the group at a time until it is acked, or its invisible time ends.
+    ``run(handler)`` is the loop most callers want."""
+
+    receive = blocking(PopOps.receive)
+    ack = blocking(PopOps.ack)
+    nack = blocking(PopOps.nack)
+    extend = blocking(PopOps.extend)
+
+    def run(
+        self,
+        handler: Callable[[PopMessage], object],
+        settings: RunSettings | None = None,
+        **options: UnpackKw[RunOptions],
+    ) -> RunStats:
+        """Receive in a loop and call ``handler(message)`` in up to ``concurrency``
+        threads: ack when it returns, nack when it raises, extend the invisible time
+        while it runs. Runs until ``stop()`` (or ``max_messages``, ``max_idle_s``), then
+        waits up to ``stop_timeout_s`` for the running handlers and settles them. An
+        error the client gives up on (after its retries) is raised; handlers still
+        running then end on their own, unsettled: their messages come again after their
+        invisible time."""
+        s = self._start_run(settings, options)
+        workers = ThreadWorkers(handler, s.concurrency)
+        self._workers = workers
+
+        def perform(action: RunAction) -> list[Ended] | Outcome | None:
+            if isinstance(action, Spawn | Collect):
+                return workers.perform(action)
+            return self._perform(action)
+
+        try:
+            return self._drive(self._ops.run(s, self._stats, self._stopping), perform)
+        finally:
+            self._workers = None
+            self._stop = False
+            workers.close()
+
+
+class AsyncPopConsumer(AsyncDriver[PopOps], _PopConsumerFront):
+    """``PopConsumer`` for asyncio: handlers are coroutine functions, run as tasks."""
+
+    receive = awaiting(PopOps.receive)
+    ack = awaiting(PopOps.ack)
+    nack = awaiting(PopOps.nack)
+    extend = awaiting(PopOps.extend)
+
+    async def run(
+        self,
+        handler: Callable[[PopMessage], Awaitable[object]],
+        settings: RunSettings | None = None,
+        **options: UnpackKw[RunOptions],
+    ) -> RunStats:
+        """As ``PopConsumer.run``, with ``concurrency`` tasks; handlers still running
+        after ``stop_timeout_s`` (or when an error ends the run) are cancelled."""
+        s = self._start_run(settings, options)
+        workers = TaskWorkers(handler)
+        self._workers = workers
+
+        async def perform(action: RunAction) -> list[Ended] | Outcome | None:
+            if isinstance(action, Spawn | Collect):
+                return await workers.perform(action)
+            return await self._perform(action)
+
+        try:
+            return await self._drive(self._ops.run(s, self._stats, self._stopping), perform)
+        finally:
+            self._workers = None
+            self._stop = False
+            await workers.close(s.stop_timeout_s)

@@ -1,7 +1,8 @@
 """The operations, each written once as a generator over an ``Exchange`` and run by every
 driver: ``AdminOps`` (topics, groups, cluster status, queries, pulls) and ``ProducerOps``
 (a producer session). Each builds its request and reads its answer; routing and retries
-are the exchange's. The consumer's are in ``ledgermq.client.consuming``."""
+are the exchange's. The consumers' are in ``ledgermq.client.consuming`` and
+``ledgermq.client.popping``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .exchange import ARROW_STREAM, Call, Exchange, Gen
 from .types import (
     ArrowPage,
     ClusterStatus,
+    GroupDescription,
     GroupOffset,
     Message,
     MessageLike,
@@ -29,6 +31,7 @@ from .types import (
     decode_message,
     encode_message,
     parse_cluster,
+    parse_group,
 )
 
 # The broker's PRODUCER_ID (broker/metadata.py); a test keeps the two equal.
@@ -42,6 +45,10 @@ def api_path(*parts: str | int) -> str:
 
 def queue_map(d: Mapping[str, Any]) -> dict[int, int]:
     return {int(q): int(o) for q, o in d.items()}
+
+
+def _int_or_none(v: Any) -> int | None:
+    return None if v is None else int(v)
 
 
 class AdminOps:
@@ -128,12 +135,43 @@ class AdminOps:
             GroupOffset(
                 str(o["topic"]),
                 int(o["queue_id"]),
-                None if o.get("committed_offset") is None else int(o["committed_offset"]),
+                _int_or_none(o.get("committed_offset")),
                 int(o["max_offset"]),
                 int(o["lag"]),
+                _int_or_none(o.get("next_offset")),
+                _int_or_none(o.get("in_flight")),
             )
             for o in d["offsets"]
         ]
+
+    def configure_group(
+        self,
+        group: str,
+        *,
+        fifo: bool | None = None,
+        max_delivery_attempts: int | None = None,
+        retry: Mapping[str, Any] | None = None,
+        start: Literal["earliest", "latest"] | int | None = None,
+    ) -> Gen[GroupDescription]:
+        """Create the POP group ``group`` or set its whole configuration: what is not
+        given takes the broker's default (not the group's current value). ``retry``:
+        ``{"policy": "list", "delays_ms": [...]}`` or ``{"policy": "exponential",
+        "initial_ms", "multiplier", "max_ms"}``. ``GroupModeConflictError`` for a group
+        that commits offsets."""
+        given = {
+            "fifo": fifo,
+            "max_delivery_attempts": max_delivery_attempts,
+            "retry": None if retry is None else dict(retry),
+            "start": start,
+        }
+        body = {"mode": "pop", **{k: v for k, v in given.items() if v is not None}}
+        reply = yield from self.ex.write("PUT", api_path("groups", group), body)
+        return parse_group(reply.body)
+
+    def describe_group(self, group: str) -> Gen[GroupDescription]:
+        """A group's mode and, for a POP group, its configuration and what is in flight."""
+        d = yield from self.ex.get(api_path("groups", group))
+        return parse_group(d)
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> Gen[None]:
         body = {"topic": topic, "offsets": {str(q): o for q, o in sorted(offsets.items())}}

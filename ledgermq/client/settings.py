@@ -1,6 +1,7 @@
 """The client's settings: ``ClientSettings`` (every limit of the client: timeouts, the
-deadline, attempts, backoff, connections, TLS, the token), ``ClientOptions`` (its fields
-as constructor keywords) and ``parse_brokers`` (the broker list a client starts from)."""
+deadline, attempts, backoff, connections, handles per ack, TLS, the token),
+``ClientOptions`` (its fields as constructor keywords) and ``parse_brokers`` (the broker
+list a client starts from)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,9 @@ class ClientSettings:
     # or cut-off master would otherwise hold the send for all of ``timeout_s``, while a
     # new master is elected in about a second. Capped by ``timeout_s``.
     produce_answer_timeout_s: float = 1.5
+    # Receipt handles per ack or nack request (the broker's default limit); more are
+    # sent in several requests.
+    max_receipt_handles: int = 1024
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.deadline_s <= 0:
@@ -54,6 +58,8 @@ class ClientSettings:
             raise ValueError("sweep_wait_ms must be >= 0")
         if self.produce_answer_timeout_s <= 0:
             raise ValueError("produce_answer_timeout_s must be positive")
+        if self.max_receipt_handles < 1:
+            raise ValueError("max_receipt_handles must be >= 1")
 
 
 class ClientOptions(TypedDict, total=False):
@@ -72,6 +78,7 @@ class ClientOptions(TypedDict, total=False):
     max_connections: int
     trust_env: bool
     produce_answer_timeout_s: float
+    max_receipt_handles: int
 
 
 def parse_brokers(brokers: str | Sequence[str]) -> list[str]:

@@ -1,6 +1,7 @@
 """What the client sends and gets back: ``Message`` and its encoding into a produce body,
-``ReceivedMessage`` and its decoding, and the operations' results (``SendResult``,
-``PullResult``, ``ArrowPage``, topics, group offsets, cluster status). Plain data, no I/O."""
+``ReceivedMessage`` (``PopMessage`` for a POP group's) and its decoding, and the
+operations' results (``SendResult``, ``PullResult``, ``ArrowPage``, topics, groups and
+their offsets, acks, cluster status). Plain data, no I/O."""
 
 from __future__ import annotations
 
@@ -98,23 +99,63 @@ class ReceivedMessage:
         return self.body.decode("utf-8", errors="replace")
 
 
-def decode_message(d: Mapping[str, Any]) -> ReceivedMessage:
+def _message_fields(d: Mapping[str, Any]) -> dict[str, Any]:
     raw = d.get("body") or ""
     body = base64.b64decode(raw) if d.get("encoding") == "base64" else str(raw).encode()
     keys = d.get("keys") or ()
-    return ReceivedMessage(
-        topic=str(d.get("topic", "")),
-        queue_id=int(d["queue_id"]),
-        queue_offset=int(d["queue_offset"]),
-        msg_id=str(d.get("msg_id", "")),
-        body=body,
-        key=d.get("key"),
-        keys=tuple(str(k) for k in keys),
-        tags=d.get("tags"),
-        properties=dict(d.get("properties") or {}),
-        born_timestamp=int(d.get("born_timestamp") or 0),
-        store_timestamp=int(d.get("store_timestamp") or 0),
+    return {
+        "topic": str(d.get("topic", "")),
+        "queue_id": int(d["queue_id"]),
+        "queue_offset": int(d["queue_offset"]),
+        "msg_id": str(d.get("msg_id", "")),
+        "body": body,
+        "key": d.get("key"),
+        "keys": tuple(str(k) for k in keys),
+        "tags": d.get("tags"),
+        "properties": dict(d.get("properties") or {}),
+        "born_timestamp": int(d.get("born_timestamp") or 0),
+        "store_timestamp": int(d.get("store_timestamp") or 0),
+    }
+
+
+def decode_message(d: Mapping[str, Any]) -> ReceivedMessage:
+    return ReceivedMessage(**_message_fields(d))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PopMessage(ReceivedMessage):
+    """A message a POP group handed out (``PopConsumer.receive``): the pulled message's
+    fields, the ``receipt_handle`` that acks, nacks and extends name (current until the
+    message is acked, nacked, extended or delivered again), ``delivery_attempt`` (1 on
+    the first delivery) and ``invisible_until`` (ms since the epoch, the master's clock:
+    delivered again after it unless acked or extended)."""
+
+    receipt_handle: str
+    delivery_attempt: int
+    invisible_until: int
+
+
+def decode_pop_message(d: Mapping[str, Any]) -> PopMessage:
+    return PopMessage(
+        **_message_fields(d),
+        receipt_handle=str(d["receipt_handle"]),
+        delivery_attempt=int(d["delivery_attempt"]),
+        invisible_until=int(d["invisible_until"]),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class AckResult:
+    """What an ack or a nack did to one handle: ``OK``, or ``INVALID_RECEIPT_HANDLE`` when
+    the handle was not current (its message was acked, nacked, extended or delivered
+    again; after a retried request, possibly by the first attempt)."""
+
+    receipt_handle: str
+    status: str  # OK | INVALID_RECEIPT_HANDLE
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "OK"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,11 +201,55 @@ class TopicDescription:
 
 @dataclass(frozen=True, slots=True)
 class GroupOffset:
+    """One queue of a group: an offsets group's ``committed_offset``, or a POP group's
+    ``next_offset`` (the first never handed out) and ``in_flight``; ``lag`` counts what
+    is not yet committed (acked or dead-lettered, for a POP group)."""
+
     topic: str
     queue_id: int
     committed_offset: int | None
     max_offset: int
     lag: int
+    next_offset: int | None = None
+    in_flight: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PopTopicState:
+    topic: str
+    in_flight: int
+    dead_lettered: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDescription:
+    """``GET /v1/groups/{group}``: the group's mode and, for a POP group, its
+    configuration (``retry`` as the API writes it: ``{"policy": "list", "delays_ms":
+    [...]}`` or ``{"policy": "exponential", "initial_ms", "multiplier", "max_ms"}``) and
+    per topic what is in flight and was dead-lettered."""
+
+    group: str
+    mode: str  # pop | offsets
+    fifo: bool | None = None
+    max_delivery_attempts: int | None = None
+    retry: Mapping[str, Any] | None = None
+    start: str | int | None = None  # latest | earliest | a store time (ms)
+    topics: list[PopTopicState] = field(default_factory=list)
+
+
+def parse_group(d: Mapping[str, Any]) -> GroupDescription:
+    return GroupDescription(
+        group=str(d["group"]),
+        mode=str(d["mode"]),
+        fifo=d.get("fifo"),
+        max_delivery_attempts=d.get("max_delivery_attempts"),
+        retry=d.get("retry"),
+        start=d.get("start"),
+        topics=[
+            PopTopicState(str(t["topic"]), int(t["in_flight"]), int(t["dead_lettered"]))
+            for t in d.get("topics") or ()
+        ],
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,86 +10,33 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Coroutine, Iterator
-from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 
-from api.app import create_app
-from broker.broker import Broker
 from ledgermq.client import Admin, Message, Producer, UnauthenticatedError
 from ledgermq.processes import free_ports
 from ledgermq.spark import transfer
 from ledgermq.spark.offsets import DataLossError, OffsetSpec, QueueRange
 from ledgermq.spark.options import Connection, parse_read_options
-from tests.api.conftest import node_settings
+from tests.api.conftest import Served, node_settings, serving
 from tests.spark.conftest import wait_until
 
 TOKEN = "spark-test-token"
 
 
-@dataclass
-class Served:
-    """A node served over HTTP from a background thread."""
-
-    url: str
-    broker: Broker
-    loop: asyncio.AbstractEventLoop
-
-    def run(self, coro: Coroutine[Any, Any, Any], timeout_s: float = 60) -> Any:
-        """Run ``coro`` on the node's loop and wait for its result (bounded)."""
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return fut.result(timeout_s)
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[Served]:
-    (port,) = free_ports(1)
     settings = node_settings(tmp_path / "n0")
     settings = replace(settings, limits=replace(settings.limits, max_arrow_pull_messages=500))
-    ready: Future[Served] = Future()
-    server: list[uvicorn.Server] = []
-
-    async def main() -> None:
-        broker = Broker(settings)
-        await broker.start()
-        try:
-            while not broker.is_master:
-                await asyncio.sleep(0.01)
-            app = create_app(settings, broker, auth_token=TOKEN)
-            config = uvicorn.Config(
-                app, host="127.0.0.1", port=port, loop="none", lifespan="off", log_config=None
-            )
-            server.append(uvicorn.Server(config))
-            serving = asyncio.ensure_future(server[0].serve())
-            while not server[0].started and not serving.done():
-                await asyncio.sleep(0.01)
-            ready.set_result(Served(f"http://127.0.0.1:{port}", broker, asyncio.get_running_loop()))
-            await serving
-        finally:
-            await broker.stop()
-
-    def thread() -> None:
-        try:
-            asyncio.run(main())
-        except BaseException as e:
-            if not ready.done():
-                ready.set_exception(e)
-
-    t = threading.Thread(target=thread, name="served-node", daemon=True)
-    t.start()
-    node = ready.result(timeout=60)
     try:
-        yield node
+        with serving(settings, auth_token=TOKEN) as node:
+            yield node
     finally:
         transfer.close_pool()
-        server[0].should_exit = True
-        t.join(timeout=30)
-        assert not t.is_alive(), "the served node did not stop"
 
 
 def connection(*urls: str, token: str | None = TOKEN) -> Connection:

@@ -149,6 +149,51 @@ def test_consume_with_a_group_commits_and_group_lag_shows_it(brokers: str) -> No
     assert len(msgs) == 3 and all(m["topic"] == topic and m["encoding"] == "utf-8" for m in msgs)
 
 
+def test_a_pop_group_configured_consumed_and_shown(brokers: str) -> None:
+    topic, group = "cli-pop", "cli-pop-g"
+    with Admin(brokers) as admin:
+        admin.create_topic(topic, 2)
+    out = ledgermq(
+        "group", "config", group, "--start", "earliest", "--max-delivery-attempts", "3",
+        "--retry-list", "0,500", "--json", brokers=brokers,
+    ).stdout  # fmt: skip
+    assert json.loads(out) == {
+        "group": group,
+        "mode": "pop",
+        "fifo": False,
+        "max_delivery_attempts": 3,
+        "retry": {"policy": "list", "delays_ms": [0, 500]},
+        "start": "earliest",
+        "topics": [],
+    }
+    with Producer(brokers) as p:
+        p.send(topic, [f"p{i}" for i in range(6)])
+    out = ledgermq("consume", topic, "-g", group, "--pop", "--max", "4", "--json", brokers=brokers)
+    first = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(first) == 4 and {m["delivery_attempt"] for m in first} == {1}
+    rest = ledgermq(
+        "consume", topic, "--pop", "--idle", "0.5", consumer_group=group, brokers=brokers
+    )
+    rows = [line.split("\t") for line in rest.stdout.splitlines()]
+    assert sorted([m["body"] for m in first] + [r[3] for r in rows]) == [f"p{i}" for i in range(6)]
+
+    shown = ledgermq("group", "show", group, brokers=brokers).stdout.splitlines()
+    assert shown[0].startswith(f"group {group}: mode pop, fifo false, max delivery attempts 3")
+    assert shown[1].split() == ["retry:", "list", "0,500"]
+    rows = [r.split() for r in shown]
+    header = rows.index(["TOPIC", "QUEUE", "NEXT", "IN_FLIGHT", "MAX", "LAG"])
+    queues = rows[header + 1 :]
+    assert sum(int(q[2]) for q in queues) == 6 and {(q[3], q[5]) for q in queues} == {("0", "0")}
+    assert (
+        ledgermq("dlq", "show", group, brokers=brokers).stdout
+        == f"group {group}: no dead letters\n"
+    )
+    # A group that committed offsets is no POP group.
+    ledgermq("consume", topic, "-g", "cli-offsets-g", "--max", "1", brokers=brokers)
+    err = one_error_line(ledgermq("group", "config", "cli-offsets-g", rc=1, brokers=brokers))
+    assert "GROUP_MODE_CONFLICT" in err
+
+
 def test_consume_follow_until_ctrl_c_commits_what_it_printed(brokers: str) -> None:
     topic, group = "cli-f", "cli-fg"
     with Producer(brokers) as p:
