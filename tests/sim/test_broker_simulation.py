@@ -478,8 +478,8 @@ def test_a_bug_in_the_real_pop_code_fails_a_seed(
     module = importlib.import_module(f"broker.pop.{module_name}")
     owner_name, name = where.split(".")
     assert PopKnobs.from_seed(seed, ["T0"]) is not None, f"seed {seed} runs no POP groups"
-    sim = run_broker_seed(seed)  # without the bug the seed passes
-    assert sim.stats["pop delivered"] > 0
+    if seed not in SEEDS:  # (a CI seed passes without the bug in the test above)
+        assert run_broker_seed(seed).stats["pop delivered"] > 0
     _plant(monkeypatch.setattr, module, getattr(module, owner_name), name, good, bad)
     with pytest.raises(InvariantViolationError, match=re.escape(said)):
         run_broker_seed(seed)
