@@ -5,7 +5,9 @@ The operations are ``%SYS%META`` entries whose ``op`` starts with ``pop.`` (the
 ``MetadataApplier`` leaves them here); a dead letter is an ordinary message of the topic
 ``%DLQ%<group>`` carrying its origin (``DLQ_ORIGIN_*``) and the handle it ends
 (``POP_EPOCH``): the copy and the end of the message's flight are one entry, so a
-failover never writes a dead letter twice nor loses one.
+failover never writes a dead letter twice nor loses one. A receive applies to the topic
+it was selected from (``created``, the topic's creating entry): after the topic's delete
+it hands out nothing and makes no state for the topic's next life.
 
 The outcome of each operation (what a receive handed out, which acks held) is kept by
 entry index for the master that appended it (``outcome``), a bounded table that is no
@@ -17,14 +19,16 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..dispatch.entry import Committed
 from ..jsonint import json_int
 from ..metadata import POP_OP_PREFIX, MetadataState
 from .state import Delivered, Handle, PopConfig, PopState
+
+if TYPE_CHECKING:  # (not at run time: broker.dispatch registers this applier)
+    from ..dispatch.entry import Committed
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +95,17 @@ class PopApplier:
             return True
         group, topic = str(op["group"]), str(op["topic"])
         if kind == "pop.receive":
+            if not self._selected_from(topic, op):
+                return []  # its topic was deleted since: no state for its next life
             picks = [
                 (
                     json_int(q, "queue id"),
                     json_int(start, "start"),
                     json_int(end, "end"),
                     [json_int(o, "offset") for o in offsets],
+                    json_int(since[0], "since") if since else json_int(start, "start"),
                 )
-                for q, start, end, offsets in op["picks"]
+                for q, start, end, offsets, *since in op["picks"]
             ]
             aid = op.get("attempt_id")
             return s.receive(
@@ -127,6 +134,15 @@ class PopApplier:
             )
         log.warning("entry %d: unknown POP operation %r skipped", index, kind)
         return None
+
+    def _selected_from(self, topic: str, op: Mapping[str, Any]) -> bool:
+        """Whether ``topic`` is the one the master selected a receive from: it exists, of
+        the life ``created`` names (its creating entry; an older entry names none)."""
+        t = self.meta.topics.get(topic)
+        created = op.get("created")
+        return t is not None and (
+            created is None or json_int(created, "created") == t.created_index
+        )
 
     def _dead_letter(self, e: Committed) -> bool:
         p = e.props

@@ -9,18 +9,38 @@ outcome; a message whose attempts are spent is written to ``%DLQ%<group>`` (the 
 and the end of its flight are one entry, ``broker/pop/applier.py``).
 
 Concurrency on the master: offsets picked by a receive whose entry is not applied yet
-are reserved (``_reserved``) and the queue's next offset as that receive moves it is
-kept (``_pending_next``), so two receives of one loop turn pick different messages.
-Both are held only while their request runs (released in ``finally``), so nothing of
-them outlives a lost leadership. The applier checks every pick again against the state
-the entry meets, so the overlay is for liveness; safety does not rest on it.
+are reserved (``_reserved``, counted per receive) and the queue's next offset as that
+receive moves it is kept (``_pending_ends``), so two receives of one loop turn pick
+different messages: a receive looks for fresh ones from past those under way, and says
+so in its pick (``since``). Both are held only while their request runs (released in
+``finally``), so nothing of them outlives a lost leadership. The applier checks every
+pick again against the state the entry meets (it hands out nothing fresh from a pick
+that looked past ``next``, whatever order the entries come in), so the overlay is for
+liveness; safety does not rest on it.
+
+A dead letter is the exception: its copy lands in ``%DLQ%<group>`` whether or not it
+still ends the flight when it applies, so it must not race this master's own writes of
+that flight. A flight being dead-lettered takes no ack, nack or new invisible time here
+(``_ending``: INVALID) and no second dead letter; one whose ack, nack or change is
+being appended is not dead-lettered (``_settling``); and before the copy is appended
+everything in this node's log is applied (an ack appended before, an earlier copy whose
+request ended without its outcome) and the flight checked again. A new master has
+applied every entry of the terms before its own, so this master's appends are the only
+ones to wait for.
+
+The lock that makes selections one at a time is made by ``lock`` (``asyncio.Lock``; the
+broker simulation drives this code without an event loop and hands it its own).
 
 Invariants:
 - every operation passes the ``WriteGate`` first: a SLAVE redirects, as for produce;
 - a receive waits at most ``wait_ms`` (long polling), woken by new messages (arrivals)
   and by the next flight falling due, never by polling faster than ``POLL_SLICE_S``;
 - at most ``max_pop_in_flight_per_queue`` messages of a queue are in flight for a group,
-  and a request names at most ``max_receipt_handles`` handles.
+  and a request names at most ``max_receipt_handles`` handles;
+- a dead letter ends the flight it copies (one copy per message, none of a message
+  acked); a flight whose message retention deleted is acked here for the group once due
+  (it can be neither handed out nor copied: done, as a message retention deleted before
+  it was handed out); a receive ends such flights at most ``ENDING_ROUNDS`` times.
 """
 
 from __future__ import annotations
@@ -28,8 +48,10 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from .. import errors
@@ -58,7 +80,22 @@ if TYPE_CHECKING:
 _M = TypeVar("_M")
 
 POLL_SLICE_S = 1.0  # a waiting receive looks again at least this often
+ENDING_ROUNDS = 4  # a receive dead-letters (or ends) and looks again at most this often
 _HANDLE = re.compile(r"v1:(\d{1,5}):(\d{1,19}):(\d{1,19})")
+
+
+def _uncount(
+    table: dict[tuple[str, str, int], Counter[int]], key: tuple[str, str, int], items: list[int]
+) -> None:
+    counts = table.get(key)
+    if counts is None:
+        return
+    counts.subtract(items)
+    for x in items:
+        if counts[x] <= 0:
+            del counts[x]
+    if not counts:
+        del table[key]
 
 
 def handle_text(queue_id: int, offset: int, epoch: int) -> str:
@@ -94,11 +131,13 @@ class Received(Generic[_M]):
 
 @dataclass(slots=True)
 class _Selection(Generic[_M]):
-    picks: list[tuple[int, int, int, list[int]]]  # (queue, start, end, offsets): the op's
+    # (queue, start, end, offsets, since): the op's (``PopState.receive``)
+    picks: list[tuple[int, int, int, list[int], int]]
     made: dict[tuple[int, int], _M]  # (queue, offset) → the message made
     spent: list[tuple[int, int, Flight]]  # attempts spent: to the dead letters
     next_due: int | None  # the earliest flight due after now (a waiting receive wakes)
     ends: dict[int, int]  # each queue's offset past what this receive looked at
+    gone: list[tuple[int, int, Flight]] = field(default_factory=list)  # retention took them
 
 
 class PopGroups:
@@ -115,6 +154,7 @@ class PopGroups:
         dispatch: Dispatch,
         applier: PopApplier,
         clock: Callable[[], int],
+        lock: Callable[[], AbstractAsyncContextManager[Any]] = asyncio.Lock,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -126,11 +166,16 @@ class PopGroups:
         self.dispatch = dispatch
         self.applier = applier
         self.clock = clock
-        self._reserved: dict[tuple[str, str, int], set[int]] = {}
-        self._pending_next: dict[tuple[str, str, int], int] = {}
+        self._reserved: dict[tuple[str, str, int], Counter[int]] = {}
+        self._pending_ends: dict[tuple[str, str, int], Counter[int]] = {}
         self._rr: dict[tuple[str, str], int] = {}  # where the next receive starts
         self._changed = asyncio.Event()  # set (and replaced) when an ack or nack lands
-        self._selecting: dict[tuple[str, str], asyncio.Lock] = {}
+        self._lock = lock
+        # (group, topic, queue, offset): flights whose ack, nack or new invisible time is
+        # being appended, and flights being dead-lettered (module docstring)
+        self._settling: Counter[tuple[str, str, int, int]] = Counter()
+        self._ending: set[tuple[str, str, int, int]] = set()
+        self._selecting: dict[tuple[str, str], AbstractAsyncContextManager[Any]] = {}
 
     @property
     def state(self) -> PopState:
@@ -209,6 +254,7 @@ class PopGroups:
         t = self._check_topic(topic)
         cfg = await self._config_for_use(group)
         deadline = time.monotonic() + wait_ms / 1000
+        rounds = 0
         while True:
             if attempt_id is not None:
                 again = await self._same_attempt(make, group, t, attempt_id)
@@ -216,17 +262,28 @@ class PopGroups:
                     return again
             # One selection at a time per group and topic: what one picks is reserved
             # before the next looks (the appends and their waits overlap).
-            async with self._selecting.setdefault((group, t.name), asyncio.Lock()):
+            key = (group, t.name)
+            if key not in self._selecting:
+                self._selecting[key] = self._lock()
+            async with self._selecting[key]:
                 sel = await self._select(make, group, t, cfg, max_messages, tags)
                 self._reserve(group, t.name, sel)
             try:
                 if sel.spent:
                     await self._dead_letter(group, t, sel.spent)
-                if any(offsets for _, _, _, offsets in sel.picks):
+                if sel.gone:
+                    await self._end_gone(group, t, sel.gone)
+                if any(offsets for _, _, _, offsets, _ in sel.picks):
                     return await self._hand_out(group, t, sel, invisible_ms, attempt_id)
+                if any(end > since for _, _, end, _, since in sel.picks):
+                    # It passed over messages that are done for the group (no match for
+                    # its tags; deleted by retention): next moves past them, or every
+                    # receive would look at them again, and never past a scan's bound.
+                    await self._hand_out(group, t, sel, invisible_ms, attempt_id)
             finally:
                 self._release(group, t.name, sel)
-            if sel.spent:
+            if (sel.spent or sel.gone) and rounds < ENDING_ROUNDS:
+                rounds += 1
                 continue  # their queues may hold more now
             left = deadline - time.monotonic()
             if left <= 0:
@@ -237,28 +294,34 @@ class PopGroups:
             self.gate.require_master()
 
     def _reserve(self, group: str, topic: str, sel: _Selection[_M]) -> None:
-        for q, _, end, offsets in sel.picks:
+        for q, offsets, end in self._held(sel):
             k = (group, topic, q)
-            self._reserved.setdefault(k, set()).update(offsets)
-            self._pending_next[k] = max(self._pending_next.get(k, -1), end)
-        for q, o, _ in sel.spent:
-            self._reserved.setdefault((group, topic, q), set()).add(o)
+            self._reserved.setdefault(k, Counter()).update(offsets)
+            if end is not None:
+                self._pending_ends.setdefault(k, Counter())[end] += 1
 
     def _release(self, group: str, topic: str, sel: _Selection[_M]) -> None:
-        """Forget what ``_reserve`` held: the entry is applied (or failed)."""
-        held = [(q, offsets) for q, _, _, offsets in sel.picks]
-        held += [(q, [o]) for q, o, _ in sel.spent]
-        for q, offsets in held:
+        """Forget what ``_reserve`` held for ``sel`` (and only that): the entry is applied
+        (or failed)."""
+        for q, offsets, end in self._held(sel):
             k = (group, topic, q)
-            left = self._reserved.get(k, set()).difference(offsets)
-            if left:
-                self._reserved[k] = left
-            else:
-                self._reserved.pop(k, None)
-        for q, _, end, _ in sel.picks:
-            k = (group, topic, q)
-            if self._pending_next.get(k, -1) <= end:
-                self._pending_next.pop(k, None)
+            _uncount(self._reserved, k, offsets)
+            if end is not None:
+                _uncount(self._pending_ends, k, [end])
+
+    @staticmethod
+    def _held(sel: _Selection[_M]) -> list[tuple[int, list[int], int | None]]:
+        """Per queue: the offsets ``sel`` holds, and where its pick moves next (if any)."""
+        held: list[tuple[int, list[int], int | None]] = [
+            (q, offsets, end) for q, _, end, offsets, _ in sel.picks
+        ]
+        held += [(q, [o], None) for q, o, _ in sel.spent + sel.gone]
+        return held
+
+    def _pending_next(self, key: tuple[str, str, int]) -> int:
+        """Where the receives under way here move the queue's next offset (-1: none)."""
+        ends = self._pending_ends.get(key)
+        return max(ends) if ends else -1
 
     async def _select(  # noqa: PLR0917 - the receive's arguments
         self,
@@ -281,60 +344,69 @@ class PopGroups:
             q = (first + i) % t.queues
             key = (group, t.name, q)
             qs = self.state.queues.get(key)
-            reserved = self._reserved.get(key, set())
+            reserved = self._reserved.get(key, Counter())
             flights = {} if qs is None else qs.flights
-            start = self._next_of(key, qs, cfg)
-            sel.ends[q] = start
+            start = self._next_of(key, qs, cfg)  # (a queue not known yet starts there)
+            since = max(start, self._pending_next(key))  # fresh ones: past those under way
+            lo, hi = self.reads.queue_bounds(t.name, q)
+            sel.ends[q] = max(since, hi)  # a queue it takes nothing fresh from: new ones wake it
             if left <= 0:
                 continue
             if cfg.fifo and (reserved or (qs is not None and qs.blocked(now))):
                 continue
             offsets: list[int] = []
             for o in sorted(flights):
-                f = flights[o]
-                if o in reserved:
+                f = flights.get(o)  # None: acked meanwhile (a read below lets the loop run)
+                if f is None or o in reserved:
                     continue
                 if f.due > now:
                     sel.next_due = f.due if sel.next_due is None else min(sel.next_due, f.due)
                     continue
+                if o < lo:
+                    sel.gone.append((q, o, f))  # retention deleted it: done for the group
+                    continue
                 if f.attempt >= cfg.max_delivery_attempts:
-                    sel.spent.append((q, o, f))
+                    if (group, t.name, q, o) not in self._settling:
+                        sel.spent.append((q, o, f))  # (else after its ack, nack or change)
                     continue
                 if left > 0 and (m := await self._one(make, t.name, q, o)) is not None:
                     sel.made[(q, o)] = m
                     offsets.append(o)
                     left -= 1
-            end = start
+            end = since
             room = min(left, cap - len(flights) - len(reserved))
             if room > 0 and not (cfg.fifo and flights):
                 r = await self.reads.pull(
-                    _with_offset(make), t.name, q, start, max_messages=room, tags=tags
+                    _with_offset(make), t.name, q, since, max_messages=room, tags=tags
                 )
-                end = max(start, r.next_offset)
+                end = max(since, r.next_offset)
                 for o, m in r.messages:
                     sel.made[(q, o)] = m
                     offsets.append(o)
                 left -= len(r.messages)
-            sel.ends[q] = end
-            if offsets or end > start:
-                sel.picks.append((q, start, end, offsets))
+                sel.ends[q] = end
+            if offsets or end > since:
+                sel.picks.append((q, start, end, offsets, since))
         return sel
 
     def _next_of(self, key: tuple[str, str, int], qs: QueueState | None, cfg: PopConfig) -> int:
-        """Where the queue's fresh messages start for the group: after what it handed out
-        (and what a receive under way here moves it to); on its first receive, where
-        the group's ``start`` says; never below what retention kept."""
+        """Where the queue's fresh messages start for the group: after what it handed out;
+        on its first receive, where the group's ``start`` says, never below what
+        retention kept."""
         _, topic, q = key
         lo, hi = self.reads.queue_bounds(topic, q)
         if qs is not None:
+            # Not lifted to ``lo``: a pull from below what retention kept answers from its
+            # head, and the receive moves next there (the rule takes fresh messages only
+            # from a receive whose scan starts at or before next: ``PopState.receive``).
             nxt = qs.next
         elif cfg.start == "latest":
             nxt = hi
         elif cfg.start == "earliest":
             nxt = lo
         else:
-            nxt = self.reads.offset_for_time(topic, q, int(cfg.start))
-        return max(nxt, lo, self._pending_next.get(key, -1))
+            nxt = max(lo, self.reads.offset_for_time(topic, q, int(cfg.start)))
+        return nxt
 
     async def _one(self, make: MessageMaker[_M], topic: str, q: int, offset: int) -> _M | None:
         """The message at ``offset`` of the queue, or None when retention deleted it."""
@@ -348,10 +420,10 @@ class PopGroups:
         invisible: what its retry gets again (same handles)."""
         now = self.clock()
         out: list[Received[_M]] = []
-        for q, qs in self.state.topic_queues(group, t.name):
+        for q, qs in list(self.state.topic_queues(group, t.name)):
             for o in sorted(qs.flights):
-                f = qs.flights[o]
-                if f.attempt_id == attempt_id and f.visible_at > now:
+                f = qs.flights.get(o)  # None: acked while a read below let the loop run
+                if f is not None and f.attempt_id == attempt_id and f.visible_at > now:
                     m = await self._one(make, t.name, q, o)
                     if m is not None:
                         out.append(Received(m, handle_text(q, o, f.epoch), f.attempt, f.visible_at))
@@ -371,6 +443,7 @@ class PopGroups:
                 "op": "pop.receive",
                 "group": group,
                 "topic": t.name,
+                "created": t.created_index,
                 "invisible_ms": invisible_ms,
                 "attempt_id": attempt_id,
                 "picks": sel.picks,
@@ -397,11 +470,38 @@ class PopGroups:
     ) -> None:
         """Copy each message whose attempts are spent into ``%DLQ%<group>``: the copy
         carries its origin and the handle it ends (one entry: no second copy after a
-        failover). A message retention deleted is left in flight."""
+        failover), appended only once this master's earlier writes are applied and the
+        flight is still as selected (module docstring). A message retention deleted
+        meanwhile is left to ``_end_gone``."""
+        mine = {(group, t.name, q, o) for q, o, _ in spent} - self._ending
+        self._ending.update(mine)
+        try:
+            spent = [
+                (q, o, f)
+                for q, o, f in spent
+                if (group, t.name, q, o) in mine and (group, t.name, q, o) not in self._settling
+            ]
+            if spent and await self._own_appends_applied():
+                await self._copy_dead(group, t, spent)
+        finally:
+            self._ending.difference_update(mine)
+        self._moved()
+
+    async def _own_appends_applied(self) -> bool:
+        """Whether everything in this node's log (this master's appends among them) is
+        applied here, waiting up to ``append_timeout_ms``."""
+        end = self.gate.server.ledger_end_index
+        return await self.dispatch.wait_dispatched(end, self.settings.append_timeout_ms / 1000)
+
+    async def _copy_dead(
+        self, group: str, t: TopicMeta, spent: Sequence[tuple[int, int, Flight]]
+    ) -> None:
         dlq = dlq_topic(group)
         if dlq not in self.meta.topics:
             await self.topics.create(dlq, 1)
         for q, o, f in spent:
+            if not self._current(group, t.name, (q, o, f.epoch)):
+                continue  # acked, nacked or changed before: not spent as selected
             m = await self._one(self.reads.pulled_message, t.name, q, o)
             if m is None:
                 continue
@@ -418,6 +518,17 @@ class PopGroups:
             )
             copy = NewMessage(m.body, m.tags, m.keys, props, queue_id=0)
             await self.producer.produce_to(self.topics.get(dlq), [copy], None, None)
+
+    async def _end_gone(
+        self, group: str, t: TopicMeta, gone: Sequence[tuple[int, int, Flight]]
+    ) -> None:
+        """Flights whose message retention deleted from the log can be neither handed out
+        again nor copied into the dead letters: they are done for the group, acked here
+        on its behalf (their handles end; a FIFO queue goes on)."""
+        handles = [[q, o, f.epoch] for q, o, f in gone]
+        await self.metalog.append(
+            {"op": "pop.ack", "group": group, "topic": t.name, "handles": handles}
+        )
         self._moved()
 
     async def _wait_arrival(self, t: TopicMeta, sel: _Selection[_M], timeout_s: float) -> None:
@@ -457,12 +568,13 @@ class PopGroups:
         await self.gate.require_master_soon()
         self.topics.get(topic)
         self.config(group)
-        live = [h for h in parsed if h is not None and self._current(group, topic, h)]
+        live = [h for h in parsed if h is not None and self._may_settle(group, topic, h)]
         held: dict[Handle, bool] = {}
         if live:
-            index = await self.metalog.append(
-                {**op, "group": group, "topic": topic, "handles": [list(h) for h in live]}
-            )
+            with self._settling_of(group, topic, live):
+                index = await self.metalog.append(
+                    {**op, "group": group, "topic": topic, "handles": [list(h) for h in live]}
+                )
             outcome = self.applier.outcome(index)
             if not isinstance(outcome, list):
                 raise errors.UnknownOutcomeError("not applied in time; retry")
@@ -474,6 +586,23 @@ class PopGroups:
         qs = self.state.queues.get((group, topic, h[0]))
         f = None if qs is None else qs.flights.get(h[1])
         return f is not None and f.epoch == h[2]
+
+    def _may_settle(self, group: str, topic: str, h: Handle) -> bool:
+        """The handle is current and its flight is not being dead-lettered here."""
+        return self._current(group, topic, h) and (group, topic, h[0], h[1]) not in self._ending
+
+    @contextmanager
+    def _settling_of(self, group: str, topic: str, handles: Sequence[Handle]) -> Iterator[None]:
+        """While an ack, nack or change of ``handles`` is appended: none is dead-lettered."""
+        keys = [(group, topic, q, o) for q, o, _ in handles]
+        self._settling.update(keys)
+        try:
+            yield
+        finally:
+            self._settling.subtract(keys)
+            for k in keys:
+                if self._settling[k] <= 0:
+                    del self._settling[k]
 
     async def ack(self, group: str, topic: str, handles: Sequence[str]) -> list[bool]:
         """Each handle's message is done for the group, if the handle is current."""
@@ -501,17 +630,18 @@ class PopGroups:
         await self.gate.require_master_soon()
         self.topics.get(topic)
         self.config(group)
-        if h is None or not self._current(group, topic, h):
+        if h is None or not self._may_settle(group, topic, h):
             raise errors.InvalidReceiptHandleError("the receipt handle is not current")
-        index = await self.metalog.append(
-            {
-                "op": "pop.invisible",
-                "group": group,
-                "topic": topic,
-                "handle": list(h),
-                "invisible_ms": invisible_ms,
-            }
-        )
+        with self._settling_of(group, topic, [h]):
+            index = await self.metalog.append(
+                {
+                    "op": "pop.invisible",
+                    "group": group,
+                    "topic": topic,
+                    "handle": list(h),
+                    "invisible_ms": invisible_ms,
+                }
+            )
         d = self.applier.outcome(index)
         if not isinstance(d, Delivered):
             raise errors.InvalidReceiptHandleError("the receipt handle is not current")

@@ -207,18 +207,22 @@ class PopState:
         *,
         invisible_ms: int,
         attempt_id: str | None,
-        picks: Iterable[tuple[int, int, int, Sequence[int]]],
+        picks: Iterable[tuple[int, int, int, Sequence[int], int]],
     ) -> list[Delivered]:
         """Hand out what ``picks`` name, where the state still allows: per queue
-        ``(queue_id, start, end, offsets)``: a queue not known yet starts at ``start``;
+        ``(queue_id, start, end, offsets, since)``, the receive having looked for fresh
+        messages in ``[since, end)``: a queue not known yet starts at ``start``;
         ``offsets`` below ``next`` are due redeliveries, the others fresh offsets in
-        ``[next, end)``; ``next`` moves to ``end`` (what lies between and was not
-        handed out did not match the receive's tags: done for the group)."""
+        ``[next, end)``; ``next`` moves to ``end`` (what lies between and was not handed
+        out did not match the receive's tags: done for the group). A receive that looked
+        from past ``next`` (past another receive's picks, whose entry is not applied
+        here yet, or never will be) hands out nothing fresh there and leaves ``next``:
+        it would pass over what lies before ``since``."""
         cfg = self.groups.get(group)
         if cfg is None:
             return []
         ts, out = self.ts, []
-        for queue_id, start, end, offsets in picks:
+        for queue_id, start, end, offsets, since in picks:
             key = (group, topic, queue_id)
             qs = self.queues.get(key)
             if qs is None:
@@ -226,13 +230,14 @@ class PopState:
             if cfg.fifo and qs.blocked(ts):
                 continue
             first_next = qs.next
+            fresh_end = end if since <= first_next else first_next  # (else redeliveries only)
             for o in offsets:
                 f = qs.flights.get(o)
                 if f is not None:
                     if f.due > ts or f.attempt >= cfg.max_delivery_attempts:
                         continue
                     attempt = f.attempt + 1
-                elif first_next <= o < end:
+                elif first_next <= o < fresh_end:
                     attempt = 1
                 else:
                     continue  # done already, or handed out by another receive
@@ -241,7 +246,7 @@ class PopState:
                     attempt, index, visible, visible + cfg.retry.delay(attempt), attempt_id
                 )
                 out.append(Delivered(queue_id, o, attempt, index, visible))
-            qs.next = max(qs.next, end)
+            qs.next = max(qs.next, fresh_end)
         return out
 
     def ack(self, group: str, topic: str, handles: Iterable[Handle]) -> list[bool]:

@@ -5,13 +5,17 @@ next attempt, dead-letters what used up its attempts, and refuses stale handles.
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
 from broker.pop.applier import dlq_topic
-from tests.api.conftest import Node
+from broker.pop.service import Received
+from broker.reads import PulledMessage
+from tests.api.conftest import TEST_LIMITS, Node, node_settings, running_node
 from tests.waiting import until
 
 pytestmark = pytest.mark.asyncio
@@ -157,3 +161,173 @@ async def test_bad_input_changes_nothing(node: Node) -> None:
     assert r.status_code == 200, r.text
     r = await node.http.put("/v1/groups/old", json={})
     assert (r.status_code, r.json()["error"]["code"]) == (409, "GROUP_MODE_CONFLICT")
+
+
+# ---- races and retention on the master's side (found by the broker simulation) -----------
+
+
+async def _group_with_flights(
+    node: Node, n: int, *, fifo: bool = False, attempts: int = 5
+) -> list[Received[PulledMessage]]:
+    """Topic ``t`` (one queue), group ``g`` (retry at once), ``n`` messages in flight for
+    100 ms, received through ``PopGroups`` itself."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    r = await node.http.put(
+        "/v1/groups/g",
+        json={
+            "start": "earliest",
+            "fifo": fifo,
+            "max_delivery_attempts": attempts,
+            "retry": {"policy": "list", "delays_ms": [0]},
+        },
+    )
+    assert r.status_code == 200, r.text
+    await _produce(node, "t", [f"m{i}" for i in range(n)])
+    pop = node.broker.pop
+    got = await pop.receive(node.broker.reads.pulled_message, "g", "t", invisible_ms=100)
+    assert [m.message.queue_offset for m in got] == list(range(n))
+    await asyncio.sleep(0.15)  # due again
+    return got
+
+
+async def test_an_ack_that_lands_while_a_receive_reads_due_messages(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A receive reads the due messages one by one (each read lets the loop run); an ack
+    applied meanwhile ends one it had not reached yet: it is left out, no KeyError."""
+    first = await _group_with_flights(node, 3)
+    pop = node.broker.pop
+    real_one, acked = pop._one, []
+
+    async def one(*args: Any) -> Any:
+        if not acked:  # the first read: an ack of the last one lands meanwhile
+            acked.append(await pop.ack("g", "t", [first[2].receipt_handle]))
+        return await real_one(*args)
+
+    monkeypatch.setattr(pop, "_one", one)
+    got = await pop.receive(node.broker.reads.pulled_message, "g", "t", invisible_ms=100)
+    assert acked == [[True]]
+    assert [(m.message.queue_offset, m.delivery_attempt) for m in got] == [(0, 2), (1, 2)]
+
+
+async def test_an_ack_appended_before_a_dead_letter_ends_the_message_without_a_copy(
+    node: Node,
+) -> None:
+    """The ack of a due message whose attempts are spent is in the log, not applied yet,
+    when a receive looks: the receive must not copy it into the dead letters (the copy
+    would stay there, of a message acknowledged as done)."""
+    [m] = await _group_with_flights(node, 1, attempts=1)
+    pop = node.broker.pop
+    ack = asyncio.ensure_future(pop.ack("g", "t", [m.receipt_handle]))
+    await asyncio.sleep(0)  # the ack's entry is appended, not yet applied
+    qs = node.broker.meta.pop.queue("g", "t", 0)
+    assert qs is not None and 0 in qs.flights
+    assert await pop.receive(node.broker.reads.pulled_message, "g", "t") == []
+    assert await ack == [True]
+    await until(lambda: not qs.flights, what="the ack applied")
+    assert node.broker.meta.pop.dead.get("g", {}).get("t", 0) == 0
+    dlq = dlq_topic("g")
+    if dlq in node.broker.meta.topics:
+        assert node.broker.reads.queue_bounds(dlq, 0) == (0, 0), "a dead letter of an acked one"
+
+
+@pytest.mark.parametrize("fifo", [False, True])
+async def test_a_message_retention_deleted_in_flight_ends_and_frees_its_queue(
+    node: Node, fifo: bool
+) -> None:
+    """Retention deletes the log head under a message in flight. Due again, it can be
+    neither handed out nor copied to the dead letters: it is done for the group (as one
+    never handed out before retention took it). Before: with its attempts spent every
+    receive spun on it forever; in a FIFO group it held its queue for good."""
+    [m] = await _group_with_flights(node, 1, fifo=fifo, attempts=1 if not fifo else 2)
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "filler", "queues": 1})
+    for i in range(12):
+        await _produce(node, "filler", [f"{i}-{k}-" + "x" * 60_000 for k in range(4)])
+    await b.dispatcher.snapshot()
+    await b.dispatcher.checkpoint()
+    assert await asyncio.to_thread(b.store.clean, True) >= 1
+    await until(lambda: b.reads.queue_bounds("t", 0) == (1, 1), what="message 0 deleted")
+    receive = b.pop.receive(b.reads.pulled_message, "g", "t")
+    assert await asyncio.wait_for(receive, timeout=5) == []
+    await _produce(node, "t", ["late"])
+    got = await asyncio.wait_for(b.pop.receive(b.reads.pulled_message, "g", "t"), timeout=5)
+    assert [r.message.body for r in got] == [b"late"]
+    qs = b.meta.pop.queue("g", "t", 0)
+    assert qs is not None and 0 not in qs.flights
+    assert await _ack(node, "g", "t", [m.receipt_handle]) == ["INVALID_RECEIPT_HANDLE"]
+
+
+async def test_a_receive_with_tags_gets_past_a_long_backlog_that_does_not_match(
+    tmp_path: Path,
+) -> None:
+    """A receive's filtered scan stops after ``max_filter_scan_units``. What it passed
+    over is done for the group: next moves past it (an entry with no message), so the
+    next receive goes on from there. Before: nothing was appended, next stayed, and every
+    receive scanned the same units again: the matching message was never handed out."""
+    limits = replace(TEST_LIMITS, max_filter_scan_units=50)
+    async with running_node(node_settings(tmp_path / "n0", limits=limits)) as node:
+        await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+        await node.http.put("/v1/groups/g", json={"start": "earliest"})
+        for k in range(11):  # more than one chunk of a filtered scan (1024 units)
+            await _produce(node, "t", [f"x{k}-{i}" for i in range(100)], tags="x")
+        await _produce(node, "t", ["wanted"], tags="y")
+        got: list[dict[str, Any]] = []
+        for _ in range(5):
+            got = await _receive(node, "g", "t", tags="y")
+            if got:
+                break
+        assert [m["body"] for m in got] == ["wanted"]
+        r = await node.http.get("/v1/groups/g/offsets")
+        [q] = orjson.loads(r.content)["offsets"]
+        assert (q["next_offset"], q["lag"]) == (1101, 1)
+
+
+async def test_a_receive_whose_topic_was_deleted_before_it_applies_hands_out_nothing(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The topic's delete reaches the log between a receive's selection and its entry.
+    The receive hands out nothing and leaves no state for the topic: its next incarnation
+    starts afresh. Before: the receive handed out the deleted topic's message and made
+    its queue's state, whose next then skipped the new topic's first messages."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await node.http.put("/v1/groups/g", json={"start": "earliest"})
+    await _produce(node, "t", ["old"])
+    b = node.broker
+    real_append = b.pop.metalog.append
+
+    async def deleted_first(op: dict[str, Any]) -> int:
+        if op["op"] == "pop.receive":
+            await b.topics.delete("t")
+        return await real_append(op)
+
+    monkeypatch.setattr(b.pop.metalog, "append", deleted_first)
+    assert await b.pop.receive(b.reads.pulled_message, "g", "t") == []
+    assert b.meta.pop.queue("g", "t", 0) is None
+    monkeypatch.undo()
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await _produce(node, "t", ["new"])
+    assert [m["body"] for m in await _receive(node, "g", "t")] == ["new"]
+
+
+async def test_a_long_poll_on_a_held_fifo_queue_waits_instead_of_spinning(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FIFO queue whose first message is in flight holds the rest: a long poll waits for
+    new messages, the flight falling due, or an ack. Before: it took the messages held
+    behind the flight for new ones and looked again at once, until its wait ran out."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await node.http.put("/v1/groups/g", json={"start": "earliest", "fifo": True})
+    await _produce(node, "t", ["first", "second"])
+    b = node.broker
+    [m] = await b.pop.receive(b.reads.pulled_message, "g", "t", max_messages=1)
+    real_select, selects = b.pop._select, []
+
+    async def counted(*args: Any) -> Any:
+        selects.append(1)
+        return await real_select(*args)
+
+    monkeypatch.setattr(b.pop, "_select", counted)
+    assert await b.pop.receive(b.reads.pulled_message, "g", "t", wait_ms=300) == []
+    assert len(selects) <= 3, f"{len(selects)} selections in one long poll"
+    assert await _ack(node, "g", "t", [m.receipt_handle]) == ["OK"]

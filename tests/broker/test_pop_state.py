@@ -23,11 +23,16 @@ def _state(**config: object) -> PopState:
     return s
 
 
+Pick = tuple[int, int, int, list[int]] | tuple[int, int, int, list[int], int]
+
+
 def _receive(
-    s: PopState, index: int, ts: int, picks: list[tuple[int, int, int, list[int]]], inv: int = 1000
+    s: PopState, index: int, ts: int, picks: list[Pick], inv: int = 1000
 ) -> list[Delivered]:
+    """Picks ``(queue, start, end, offsets[, since])``: ``since`` is ``start`` unless given."""
     s.tick(ts)
-    return s.receive(index, G, T, invisible_ms=inv, attempt_id=None, picks=picks)
+    full = [p if len(p) == 5 else (*p, p[1]) for p in picks]
+    return s.receive(index, G, T, invisible_ms=inv, attempt_id=None, picks=full)  # type: ignore[arg-type]
 
 
 def test_a_receive_hands_out_fresh_offsets_once_and_moves_next_past_what_it_skipped() -> None:
@@ -39,6 +44,24 @@ def test_a_receive_hands_out_fresh_offsets_once_and_moves_next_past_what_it_skip
     # A second receive that saw the same state picks the same offsets: nothing for it.
     assert _receive(s, 11, 5_001, [(0, 3, 7, [3, 5, 6])]) == []
     assert q.next == 7 and s.in_flight(G, T) == 2
+
+
+def test_a_receive_that_looked_past_next_hands_out_nothing_fresh_there() -> None:
+    """Two receives on one master: A looks for fresh messages from next (2), B from past
+    A's picks (4), A's entry not applied yet. Applied in the other order (A waited, or
+    never got into the log), B must not move next over A's messages: it hands out
+    nothing fresh, and they are neither lost nor handed out twice. The same for a queue
+    neither created yet (B's pick names where it starts)."""
+    s = _state()
+    _receive(s, 1, 0, [(0, 0, 2, [0, 1])])
+    assert _receive(s, 3, 1, [(0, 2, 6, [4, 5], 4), (1, 0, 4, [2, 3], 2)]) == []  # B
+    q0, q1 = s.queue(G, T, 0), s.queue(G, T, 1)
+    assert q0 is not None and q1 is not None and (q0.next, q1.next) == (2, 0)
+    got = _receive(s, 2, 2, [(0, 2, 4, [2, 3]), (1, 0, 2, [0, 1])])  # A
+    assert [(d.queue_id, d.offset) for d in got] == [(0, 2), (0, 3), (1, 0), (1, 1)]
+    got = _receive(s, 4, 3, [(0, 4, 6, [4, 5]), (1, 2, 4, [2, 3])])
+    assert [(d.queue_id, d.offset) for d in got] == [(0, 4), (0, 5), (1, 2), (1, 3)]
+    assert (q0.next, q1.next) == (6, 4)
 
 
 def test_an_ack_needs_the_current_handle_and_ends_the_flight() -> None:

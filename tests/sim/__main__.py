@@ -37,6 +37,12 @@ def main() -> int:
         default=True,
         help="leadership transfers in the fault phase (default: as the seed draws)",
     )
+    ap.add_argument(
+        "--pop",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --broker: POP groups (default: as the seed draws)",
+    )
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
@@ -47,6 +53,7 @@ def main() -> int:
             explore=explore,
             batch_records=a.batch_records,
             transfers=a.transfers,
+            pop=a.pop,
         )
         if a.broker
         else functools.partial(run_seed, transfers=a.transfers)

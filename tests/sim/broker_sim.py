@@ -16,7 +16,10 @@ The writes run the real broker code, as ``Broker`` assembles it (``BrokerNode``)
 produce request is ``Producer.produce`` (``broker/produce.py``: the checks, the pure
 encoding of ``broker/encode.py``, the producer-session rule of ``broker/sessions.py``,
 joining, settling, answering), every topic create or delete is ``Topics``, every offset
-commit ``MetadataLog.append``, all through the real ``WriteGate`` and
+commit ``MetadataLog.append``, every POP request (issue 28) the real ``PopGroups``
+(``broker/pop/service.py``, over the real ``Reads``: selection, reservations, appends,
+dead letters through ``Producer.produce_to`` into ``%DLQ%<group>``, answers from the
+``PopApplier``'s outcome), all through the real ``WriteGate`` and
 ``DLedgerCommitLog``. Only the asyncio runtime under them is the simulation's
 (``tests/sim/collaborators.py``): ``SimServer`` proposes to the node's core (refusals
 raised as ``DLedgerServer`` raises them) and a ``SimReput`` is the real dispatcher whose
@@ -24,8 +27,11 @@ waits end on the simulated clock. Their coroutines run without an event loop
 (``tests/sim/drive.py``): each request is a ``Task``, every wait a ``Wait`` the
 simulation settles (a proposal done, a commit or dispatch reached, a time-out of
 ``append_timeout_ms`` on the simulated clock), and a task goes on in an event of its own;
-a crash kills the node's tasks (the client hears "unknown"), a pause holds them. The
-clock (``EPOCH_MS`` + simulated time) and the UNIQ_KEYs (from the seed) are injected.
+a crash kills the node's tasks (the client hears "unknown"), a pause holds them; a task
+that runs ``MAX_TASK_STEPS`` times without ending fails the seed. The clock
+(``EPOCH_MS`` + simulated time: the brokers', ``PopGroups``' and the entries' stamps, one
+clock for every node) and the UNIQ_KEYs (from the seed) are injected, and so is the lock
+of ``PopGroups``' selections (``drive.Lock``: a contended ``asyncio.Lock`` needs a loop).
 Still modelled, not run: ``RoleChangeHandler``'s asyncio driver (``_role_change``,
 ``_maybe_promote`` drive the real ``Promotion`` on events) and the HTTP front (a
 request reaches the node a few ms after it is sent, or is refused if it is down).
@@ -65,7 +71,15 @@ acknowledged (by ``Producer``: answered from the session table, completed with i
 missing tail, waiting for the same batch in flight, settled while still master, or, after
 its attempt gave up, settled on what that attempt appended); consumer groups commit
 offsets (monotonic per queue); an admin creates topics, and deletes some and creates
-them again (with another queue count, perhaps) while faults happen.
+them again (with another queue count, perhaps) while faults happen. In a quarter of the
+seeds (``PopKnobs``, from streams of their own: the other seeds run as before) POP
+groups consume the topics too: an admin configures one or two groups (some FIFO, two to
+four delivery attempts, short retry delays, some with a tag filter), and a few consumers
+each receive (``wait_ms`` 0), then ack (mostly), nack, change the invisible time, or
+forget a message (it comes back, or goes to the dead letters), sometimes after its
+invisible time; a FIFO consumer retries a receive whose answer it lost with the same
+``attempt_id``. They go on after healing until every message is done
+(``tests/sim/pop_sim.py``, whose docstring lists the POP checks).
 
 What is checked, against :class:`LogModel` (an independent model of the committed log)
 and in Jepsen's words:
@@ -90,8 +104,21 @@ and in Jepsen's words:
   session table deduplicates as the log did); every acknowledged result names the
   message it claims (``lost`` = 0); two answers for one batch agree; after healing every
   batch is acknowledged;
+- POP groups (``PopChecker``, from the answers the consumers saw and the committed log,
+  on every answer and committed entry): a delivery is what its receive entry named, with
+  the queue's message and the entry's log time + ``invisible_ms``; an acked message is
+  never delivered again nor dead-lettered; nothing is delivered again inside an earlier
+  delivery's invisible time or before it is due; attempts go up by one (more only over
+  receives whose answer nobody saw); FIFO: nothing else of a queue goes out while a
+  flight of it is not due; dead letters name a message not acked, once, after its
+  attempts, with its body; every node's POP state is identical at the same applied
+  index (after every dispatch step, install and recovery); after healing every message
+  is done in the state within ``POP_DONE_WITHIN_MS`` ("liveness: POP"), each one acked
+  or dead-lettered in the log (bar what the tag filter passes over and what retention
+  deleted on a master), and the state counts exactly the dead letters;
 - after convergence: every node dispatched everything; metadata (topics, offsets,
-  producer sessions) is identical on every node and equals the model; every queue starts
+  producer sessions; and, in the snapshot comparison, POP state) is identical on every
+  node and equals the model; every queue starts
   exactly at its first unit the node's log holds; the key index finds every key of every
   message from the node's log head on and, there, nothing else (below the head, files
   retention kept may still answer, only with such messages). Files: per queue, from the
@@ -121,7 +148,8 @@ during a transfer (``transfer_hold_ms``: here the master refuses it at once and 
 client tries again), topics created by a produce (``auto_create_topics`` is off), the
 disk reserve, transfers to a node that is not running or by the preferred-leader
 rule, pulls by consumers (they read the master's queue bounds), lost replies (a client
-sees a reply or times out).
+sees a reply or times out), POP long polls (``wait_ms`` > 0: their waits need an event
+loop), clocks that differ between nodes.
 
 A failure names its seed and the replay command,
 ``.venv/bin/python -m tests.sim --broker --seed N --verbose``.
@@ -172,6 +200,7 @@ from broker.message import (
     decode_properties,
 )
 from broker.metadata import (
+    POP_OP_PREFIX,
     SYS_TOPIC,
     TOPIC_NAME,
     MetadataState,
@@ -180,9 +209,12 @@ from broker.metadata import (
     op_create_topic,
     op_delete_topic,
 )
+from broker.pop.applier import DLQ_PREFIX, PopApplier
+from broker.pop.service import PopGroups
 from broker.produce import NewMessage, Producer, ProduceResult
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
 from broker.properties import split_keys
+from broker.reads import Reads
 from broker.settings import BrokerSettings
 from broker.topics import MetadataLog, Topics
 from consumequeue import (
@@ -203,8 +235,10 @@ from dledger.runtime.server import DLedgerServer
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, Entry, FileStore
 
 from .collaborators import CountedSessions, SimReput, SimServer
-from .drive import Conditions, Task, Wait
+from .drive import Conditions, Lock, Task, Wait
+from .pop_sim import POP_DONE_WITHIN_MS, PopChecker, PopKnobs, PopWorkload
 from .sim import (
+    LIVENESS,
     STORE,
     AppKnobs,
     Checker,
@@ -225,12 +259,19 @@ FAULT_MS = 3_000  # the fault phase (the Raft simulation's default is 8 s)
 SECTOR = 512  # the unit a power loss tears derived files at
 MAX_CLIENT_ATTEMPTS = 10_000  # a bound on one batch's retries (liveness fails long before)
 NEVER = 1 << 62  # a dispatcher interval that never elapses
+MAX_TASK_STEPS = 10_000  # a request's coroutine that runs more often never ends
 # What ``WriteGate`` says when it refuses a write while leadership is handed over (before
 # the append: ``require_master``; or the core's LEADER_TRANSFERRING: ``append_error``).
 TRANSFER_REFUSAL = "leadership is being handed"
 
 Result = tuple[int, int, int]  # (queue_id, queue_offset, commitlog_offset)
 Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
+
+
+def _user_topics(bn: BrokerNode) -> list[str]:
+    """The topics clients produce to and commit offsets of: not a POP group's dead
+    letters (``%DLQ%<group>``, written by the master alone)."""
+    return [t for t in sorted(bn.meta.topics) if not t.startswith(DLQ_PREFIX)]
 
 
 def _no_reply(kind: str, payload: Any) -> None:
@@ -253,12 +294,14 @@ def broker_replay_command(
     fault_ms: int = FAULT_MS,
     batch_records: bool | None = None,
     transfers: bool = True,
+    pop: bool = True,
 ) -> str:
     more = f" --explore {','.join(sorted(explore))}" if explore else ""
     more += f" --fault-ms {fault_ms}" if fault_ms != FAULT_MS else ""
     if batch_records is not None:
         more += " --batch-records" if batch_records else " --no-batch-records"
     more += "" if transfers else " --no-transfers"
+    more += "" if pop else " --no-pop"
     return f".venv/bin/python -m tests.sim --broker --seed {seed}{more} --verbose"
 
 
@@ -390,7 +433,8 @@ def _messages_of(m: StoredMessage, raw: bytes, clo: int) -> list[LoggedMessage]:
     """The messages of the committed record ``m`` (decoded from ``raw``, at ``clo``); a
     batch record (``broker.batch``) holds several."""
     p = m.properties
-    pid, seq, size = p.get(PROP_PRODUCER_ID), p.get(PROP_PRODUCER_SEQ), int(p[PROP_BATCH_SIZE])
+    pid, seq = p.get(PROP_PRODUCER_ID), p.get(PROP_PRODUCER_SEQ)
+    size = int(p.get(PROP_BATCH_SIZE, "1"))  # none in a dead letter: no session
     if not m.sys_flag & INNER_BATCH_FLAG:
         keys = (*m.keys, *([m.uniq_key] if m.uniq_key and m.uniq_key not in m.keys else []))
         session = (pid, seq, p.get(PROP_BATCH_INDEX), size)
@@ -445,6 +489,7 @@ class LogModel:
 
     def __init__(self, fail: Callable[[str], None]) -> None:
         self.fail = fail
+        self.pop: PopChecker  # what the log says of POP groups (set by the simulation)
         self.end = -1
         self.pos: dict[int, int] = {}
         self.incarnations: dict[str, list[Incarnation]] = {}
@@ -499,24 +544,33 @@ class LogModel:
         if m.physical_offset != clo:
             self.fail(f"entry {e.index}: PHYSICALOFFSET {m.physical_offset} != pos + 48 = {clo}")
         if m.topic == SYS_TOPIC:
-            self._apply_op(e.index, m.body)
+            self._apply_op(e.index, m)
             return
+        dead_letter = m.topic.startswith(DLQ_PREFIX)  # a copy of a POP group's message
         for logged in _messages_of(m, e.body, clo):
-            self._feed_message(e.index, m, logged)
+            self._feed_message(e.index, m, logged, dead_letter=dead_letter)
 
-    def _feed_message(self, index: int, m: StoredMessage, logged: LoggedMessage) -> None:
-        """One message of the committed record ``m`` (a batch record holds several)."""
+    def _feed_message(
+        self, index: int, m: StoredMessage, logged: LoggedMessage, *, dead_letter: bool = False
+    ) -> None:
+        """One message of the committed record ``m`` (a batch record holds several); a
+        dead letter holds the body of the message it copies (``PopChecker`` checks it)."""
         body, session, queue_offset, address, tags, keys = logged
         key = b"|".join(body.split(b"|", 3)[:3]).decode()  # "producer|seq|index in batch"
-        if key not in self.sent:
-            self.fail(f"unexpected: entry {index} holds message {key!r}, never sent")
-        if key in self.by_id:
-            old = self.messages[self.by_id[key]]
-            self.fail(f"duplicated: message {key} at entries {old.index} and {index}")
-        pid, seq, k = key.split("|")
-        if session[:3] != (pid, seq, k):
-            self.fail(f"entry {index}: session properties {session} do not name {key}")
-        self._record_session(pid, int(seq), int(k), session[3], m.queue_id, queue_offset, address)
+        if dead_letter:
+            self.pop.log_dead_letter(index, m, key)
+        else:
+            if key not in self.sent:
+                self.fail(f"unexpected: entry {index} holds message {key!r}, never sent")
+            if key in self.by_id:
+                old = self.messages[self.by_id[key]]
+                self.fail(f"duplicated: message {key} at entries {old.index} and {index}")
+            pid, seq, k = key.split("|")
+            if session[:3] != (pid, seq, k):
+                self.fail(f"entry {index}: session properties {session} do not name {key}")
+            self._record_session(
+                pid, int(seq), int(k), session[3], m.queue_id, queue_offset, address
+            )
         inc = self.topic_before(m.topic, index)
         placed = None
         if inc is not None and m.queue_id < inc.queues:
@@ -531,10 +585,12 @@ class LogModel:
             q.indexes.append(index)
             q.units.append((m.physical_offset, m.size, tags_hash(tags)))
             q.ids.append(key)
-        self.by_id[key] = address
+        if not dead_letter:
+            self.by_id[key] = address
         self.messages[address] = ModelMessage(
-            index, key, m.topic, m.queue_id, queue_offset, m.size, keys, placed
-        )
+            index, f"{m.topic}:{key}" if dead_letter else key, m.topic, m.queue_id,
+            queue_offset, m.size, keys, placed,
+        )  # fmt: skip
 
     def _record_session(
         self, pid: str, seq: int, k: int, size: int, queue_id: int, queue_offset: int, clo: int
@@ -549,9 +605,12 @@ class LogModel:
         if k == len(s[2]):
             s[2].append((queue_id, queue_offset, clo))
 
-    def _apply_op(self, index: int, body: bytes) -> None:
-        op = orjson.loads(body)
+    def _apply_op(self, index: int, m: StoredMessage) -> None:
+        op = orjson.loads(m.body)
         kind, name = op["op"], str(op.get("name", op.get("topic")))
+        if kind.startswith(POP_OP_PREFIX):
+            self.pop.log_op(index, m.store_timestamp, op)
+            return
         cur = self.current(name)
         if kind == "create_topic":
             if cur is None and TOPIC_NAME.fullmatch(name) and int(op["queues"]) >= 1:
@@ -656,6 +715,29 @@ class BrokerNode:
             answer_slot=lambda: Wait[list[Result]]("attempt answer"),
         )
         self.producer.sessions = CountedSessions(s.max_producer_sessions, sim.stats)
+        self.reads = Reads(
+            settings=s,
+            commitlog=self.commitlog,
+            store=store,
+            cq=self.cq,
+            keys=self.keys,
+            topics=self.topics,
+            dispatch=self.dispatcher,
+            stats=Counter(),  # not the simulation's: a seed without POP traces as before
+        )
+        self.pop = PopGroups(
+            settings=s,
+            gate=self.gate,
+            topics=self.topics,
+            metalog=self.metalog,
+            meta=self.meta,
+            reads=self.reads,
+            producer=self.producer,
+            dispatch=self.dispatcher,
+            applier=next(a for a in self.dispatcher.state if isinstance(a, PopApplier)),
+            clock=sim.clock,
+            lock=Lock,
+        )
         self.promotion: Promotion | None = None  # LEADER, not yet MASTER: the real rule
         self.tasks: list[tuple[Task, Reply]] = []  # requests being served, oldest first
         self.held: list[tuple[Callable[[], None], Reply]] = []  # requests while paused
@@ -747,7 +829,12 @@ class BrokerChecker(Checker):
     def fail(self, what: str) -> None:
         sim = self.sim
         replay = broker_replay_command(
-            sim.seed, sim.explore, sim.knobs.fault_ms, sim.batch_records, sim.transfers_on
+            sim.seed,
+            sim.explore,
+            sim.knobs.fault_ms,
+            sim.batch_records,
+            sim.transfers_on,
+            sim.pop_asked,
         )
         raise InvariantViolationError(f"seed {sim.seed} t={sim.now_ms}: {what}\nreplay: {replay}")
 
@@ -808,6 +895,7 @@ class BrokerChecker(Checker):
             if q is not None and q.max_offset > 0 and name not in model.topics_at(dispatched):
                 self.fail(f"{n.node_id} keeps {q.max_offset} units of deleted {name}/{qid}")
         self._check_offsets(n, bn)
+        self.sim.pop_checker.check_replica(n.node_id, applied, bn.meta.pop)
 
     def _check_queue(
         self, n: SimNode, bn: BrokerNode, name: str, created: int, qid: int, dispatched: int
@@ -1108,6 +1196,7 @@ class BrokerSimulation(Simulation):
         explore: frozenset[str] = frozenset(),
         batch_records: bool | None = None,
         transfers: bool = True,
+        pop: bool = True,
     ) -> None:
         super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose, transfers=transfers)
         unknown = explore - KNOWN_BUGS.keys()
@@ -1115,6 +1204,7 @@ class BrokerSimulation(Simulation):
         self.explore = explore
         self.batch_records = batch_records  # as asked (None: drawn), for the replay command
         self.transfers_on = transfers
+        self.pop_asked = pop  # (False: no POP groups, whatever the seed draws)
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
         self.wipe_rng = self.bknobs.side_draws(seed)
         self.retain_rng = self.bknobs.retention_draws(seed)
@@ -1142,6 +1232,13 @@ class BrokerSimulation(Simulation):
         self.consumers = [Consumer(f"cg{i}") for i in range(k.groups)]
         self.admin = Admin()
         self.topic_names = [f"T{i}" for i in range(k.topics)]
+        # POP groups (issue 28), from streams of their own: None in most seeds
+        self.pop_knobs = PopKnobs.from_seed(seed, self.topic_names) if pop else None
+        self.pop_checker = PopChecker(self, self.model, self.pop_knobs)
+        self.model.pop = self.pop_checker
+        self.pop = (
+            None if self.pop_knobs is None else PopWorkload(self, self.pop_knobs, self.pop_checker)
+        )
         self._uniq = itertools.count()
         self._attempts = itertools.count(1)
         self.acked: dict[tuple[str, int], list[Result]] = {}
@@ -1294,6 +1391,7 @@ class BrokerSimulation(Simulation):
             store.clean(force=True)
             if store.ledger_begin_index != before:
                 self.trace(f"retain {n.node_id} begin={store.ledger_begin_index}")
+                self._pop_gone(bn)
                 self.stats["retentions"] += 1
                 self.checker.check_retention(n, bn)
                 self.at(
@@ -1336,6 +1434,12 @@ class BrokerSimulation(Simulation):
             return
         _housekeep(bn.dispatcher)
         self.checker.check_node(n, bn)
+
+    def _pop_gone(self, bn: BrokerNode) -> None:
+        """A MASTER's log begins here: its POP groups cannot get what lies before."""
+        if bn.role is BrokerRole.MASTER:
+            c = self.pop_checker
+            c.gone_pos = max(c.gone_pos, bn.store.ledger_begin_pos)
 
     def _count_recovery(self, bn: BrokerNode) -> None:
         """Count the recoveries that once went wrong (see ``FIXED`` in the tests)."""
@@ -1492,6 +1596,7 @@ class BrokerSimulation(Simulation):
         bn.commitlog.reset_queue_table(table)
         bn.gate.set_role(BrokerRole.MASTER, p.term, "caught up")
         bn.promotion = None
+        self._pop_gone(bn)
         self.trace(f"master {n.node_id} term={p.term} table={sorted(table.items())}")
 
     def _progress(self, n: SimNode, bn: BrokerNode) -> None:
@@ -1567,8 +1672,16 @@ class BrokerSimulation(Simulation):
 
     # ---- the broker's request handlers ------------------------------------------------------
 
-    def _request(self, n: SimNode, what: str, handle: Callable[[], None], reply: Reply) -> None:
-        """A request reaches ``n`` after a short delay (held while it is paused)."""
+    def _request(
+        self,
+        n: SimNode,
+        what: str,
+        handle: Callable[[], None],
+        reply: Reply,
+        rng: random.Random | None = None,
+    ) -> None:
+        """A request reaches ``n`` after a short delay (held while it is paused), drawn
+        from ``rng`` (the simulation's by default)."""
         gen = n.restarts
 
         def arrive() -> None:
@@ -1580,7 +1693,8 @@ class BrokerSimulation(Simulation):
             else:
                 handle()
 
-        self.at(self.now_ms + self.rng.randint(1, 5), f"request {what} {n.node_id}", arrive)
+        delay = (rng or self.rng).randint(1, 5)
+        self.at(self.now_ms + delay, f"request {what} {n.node_id}", arrive)
 
     def _propose(self) -> None:
         # The base workload (raw bodies) is replaced by the broker clients, started here.
@@ -1591,6 +1705,11 @@ class BrokerSimulation(Simulation):
         for name in self.topic_names:
             self.admin.goals.append((name, self.rng.randint(1, 4)))
         self.at(self.now_ms + 1, "admin", self._admin_step)
+        if self.pop is not None:
+            self.pop.start()
+            # After healing (at the end of the fault phase) every message must be done
+            # within a bound, named ahead of the generic "no convergence".
+            self.at(self.knobs.fault_ms + POP_DONE_WITHIN_MS, "liveness", self._pop_liveness)
 
     def _serve(
         self,
@@ -1627,6 +1746,9 @@ class BrokerSimulation(Simulation):
     def _wake(self, n: SimNode, bn: BrokerNode, task: Task) -> None:
         """``task``'s wait ended: it goes on in an event of its own, at once (asyncio's
         ``call_soon``), or when the node resumes if it is paused."""
+
+        if task.steps > MAX_TASK_STEPS:
+            self.checker.fail(f"{task.name} ran {task.steps} steps and goes on: it never ends")
 
         def resume() -> None:
             if self.brokers.get(n.node_id) is not bn:
@@ -1701,10 +1823,10 @@ class BrokerSimulation(Simulation):
             view = self._master_view()
             if not self.workload_on:
                 return
-            if view is None or not view.meta.topics:
+            if view is None or not _user_topics(view):
                 self._later(20, 100, "producer", lambda: self._produce(p))
                 return
-            topic = self.rng.choice(sorted(view.meta.topics))
+            topic = self.rng.choice(_user_topics(view))
             msgs = []
             for k in range(self.rng.randint(1, self.bknobs.batch_max)):
                 r = self.rng.random()
@@ -1772,9 +1894,9 @@ class BrokerSimulation(Simulation):
             return
         self._later(*self.bknobs.commit_every_ms, "consumer", lambda: self._commit(c))
         view = self._master_view()
-        if c.attempt or view is None or not view.meta.topics:
+        if c.attempt or view is None or not _user_topics(view):
             return
-        name = self.rng.choice(sorted(view.meta.topics))
+        name = self.rng.choice(_user_topics(view))
         t = view.meta.topics[name]
         offsets = {}
         for qid in range(t.queues):
@@ -1885,6 +2007,20 @@ class BrokerSimulation(Simulation):
             f"dispatched={bn.dispatcher.dispatched_index}"
         )
 
+    def _pop_liveness(self) -> None:
+        view = self._master_view()
+        pending = self.pop_checker.pending(view)
+        if pending:
+            queues = sorted({k[:4] for k in pending})[:3]
+            state = {
+                q: view.meta.pop.queue(q[0], q[1], q[3]) if view is not None else None
+                for q in queues
+            }
+            self.checker.fail(
+                f"{LIVENESS} POP: {len(pending)} messages neither acked nor dead-lettered "
+                f"{POP_DONE_WITHIN_MS} ms after healing, first {pending[:3]}; their queues {state}"
+            )
+
     def _liveness_status(self) -> str:
         waiting = [
             f"{p.pid} seq={p.batch.seq} x{p.batch.attempts}" for p in self.producers if p.batch
@@ -1905,11 +2041,15 @@ class BrokerSimulation(Simulation):
                 return False
         busy = any(p.batch is not None for p in self.producers)
         busy |= any(c.attempt for c in self.consumers)
+        busy |= self.pop is not None and self.pop.busy()
         return not (busy or self.admin.goals or self.admin.attempt)
 
     def final_checks(self) -> None:
         super().final_checks()
         self.checker.final()
+        first = self.brokers[self.nodes[0].node_id]
+        assert first is not None
+        self.pop_checker.final(first)
         acked = sum(1 for _ in self.acked)
         self.trace(
             f"broker final: {acked} batches acknowledged, {dict(sorted(self.stats.items()))}"
@@ -1925,9 +2065,11 @@ def run_broker_seed(
     explore: frozenset[str] = frozenset(),
     batch_records: bool | None = None,
     transfers: bool = True,
+    pop: bool = True,
 ) -> BrokerSimulation:
     """Run one seed; ``batch_records`` None: drawn from the seed (``batch_draws``);
-    ``transfers=False``: no leadership transfers (``TransferKnobs``; pinned seeds)."""
+    ``transfers=False``: no leadership transfers (``TransferKnobs``; pinned seeds);
+    ``pop=False``: no POP groups (``PopKnobs``; the seeds pinned before issue 28)."""
     root = sim_root()
     sim = BrokerSimulation(
         seed,
@@ -1937,11 +2079,12 @@ def run_broker_seed(
         explore=explore,
         batch_records=batch_records,
         transfers=transfers,
+        pop=pop,
     )
     try:
         sim.execute()
     except BaseException as e:
-        replay = broker_replay_command(seed, explore, fault_ms, batch_records, transfers)
+        replay = broker_replay_command(seed, explore, fault_ms, batch_records, transfers, pop)
         e.add_note(f"seed {seed}, replay: {replay}")
         raise
     finally:

@@ -5,15 +5,17 @@ runtime: the Raft server of one simulated node (``SimServer``), the dispatcher's
 ``MetadataLog``, ``WriteGate``, ``DLedgerCommitLog``) are the real ones; their waits end
 in ``tests/sim/drive.py``'s ``Wait``s, settled by the simulation's events.
 
-``SimServer`` keeps ``DLedgerServer``'s contract where the broker relies on it: an append
-is proposed at once or refused at once (``NotLeaderError`` for NOT_LEADER and
-LEADER_TRANSFERRING, as the server raises them), and once proposed it ends in the
-(index, pos) of each body or ``AppendOutcomeUnknownError``; ``wait_committed`` and
-``wait_no_transfer`` are bounded by their time-outs, on the simulated clock.
+``SimServer`` keeps ``DLedgerServer``'s contract where the broker relies on it: reads see
+committed bytes only; an append is proposed at once or refused at once
+(``NotLeaderError`` for NOT_LEADER and LEADER_TRANSFERRING, as the server raises them),
+and once proposed it ends in the (index, pos) of each body or
+``AppendOutcomeUnknownError``; ``wait_committed`` and ``wait_no_transfer`` are bounded
+by their time-outs, on the simulated clock.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -90,6 +92,14 @@ class SimServer:
 
     def add_append_hook(self, hook: AppendHook) -> None:
         self.store.add_append_hook(hook)
+
+    def read_entries(self, spans: Sequence[tuple[int, int | None]]) -> list[bytes]:
+        """``DLedgerServer.read_entries``: committed entries at ``(pos, body_size)``."""
+        return self.store.read_entries_at(spans, max_end=self.store.committed_pos)
+
+    def view(self, pos: int, size: int) -> contextlib.AbstractContextManager[memoryview]:
+        """``DLedgerServer.view``: a zero-copy view of committed bytes."""
+        return self.store.view(pos, size, limit_pos=self.store.committed_pos)
 
     def append_nowait(
         self, bodies: Sequence[bytes | bytearray | memoryview]

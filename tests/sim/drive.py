@@ -8,7 +8,9 @@ every wait bottoms out in a ``Wait``: a plain object that the coroutine yields
 events: a proposal done, a dispatch step, a time-out on the simulated clock
 (``Conditions``). Settling a ``Wait`` wakes each task parked on it, and the simulation
 schedules the task's next ``step`` as an event of its own, as asyncio's ``call_soon``
-does: a task never runs inside another task's step.
+does: a task never runs inside another task's step. ``asyncio.sleep(0)`` (the reads
+yield once per pull) is a bare yield: the task goes on in an event of its own at once.
+``Lock`` is ``asyncio.Lock`` for driven tasks (a contended ``asyncio.Lock`` needs a loop).
 
 Invariants:
 - a task runs only in ``step``: up to its next unsettled ``Wait`` or to its end, which
@@ -19,11 +21,15 @@ Invariants:
   closed at once or, if it is the one running (the crash happened inside its step),
   when it next suspends: either way every coroutine the driver started is finished or
   closed (none is left for the garbage collector to close at some other time);
-- ``Conditions.until`` keeps ``Watermark.wait``'s contract, on the simulated clock.
+- ``Conditions.until`` keeps ``Watermark.wait``'s contract, on the simulated clock;
+- ``Lock`` is held by one task at a time and handed to the waiting ones in the order
+  they came; a waiting task that is closed (killed) leaves the line, or passes the
+  lock on if it was handed it already.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar, cast
 
@@ -82,7 +88,7 @@ Done = Callable[[Any, BaseException | None], None]
 class Task:
     """One driven coroutine (a request's handler on one node)."""
 
-    __slots__ = ("_coro", "_done", "_schedule", "ended", "killed", "name", "running")
+    __slots__ = ("_coro", "_done", "_schedule", "ended", "killed", "name", "running", "steps")
 
     def __init__(
         self,
@@ -96,6 +102,7 @@ class Task:
         self._done = done  # (result, None) or (None, the error it raised)
         self._schedule = schedule  # run ``step`` soon (an event of the simulation)
         self.running = self.ended = self.killed = False
+        self.steps = 0  # how often it ran (a bound on a task that never ends)
 
     def __repr__(self) -> str:
         return f"Task({self.name!r})"
@@ -105,6 +112,7 @@ class Task:
         if self._gone():
             return
         self.running = True
+        self.steps += 1
         try:
             waiting = self._coro.send(None)
         except StopIteration as stop:
@@ -117,6 +125,9 @@ class Task:
             self.running = False
         if self._gone():  # its node crashed while it ran
             self._coro.close()
+            return
+        if waiting is None:  # ``asyncio.sleep(0)``: go on in an event of its own
+            self._schedule(self)
             return
         assert isinstance(waiting, Wait), f"{self.name} awaited {waiting!r}, not a Wait"
         waiting.park(self)
@@ -188,3 +199,42 @@ class Conditions:
                 del self._pending[i]
                 entry[1].set_result(None)
                 return
+
+
+class Lock:
+    """``asyncio.Lock`` for driven tasks: ``async with`` it; a task that finds it held
+    waits on a ``Wait`` and is handed the lock when its turn comes (FIFO)."""
+
+    __slots__ = ("_locked", "_waiters")
+
+    def __init__(self) -> None:
+        self._locked = False
+        self._waiters: deque[Wait[None]] = deque()
+
+    def locked(self) -> bool:
+        return self._locked
+
+    async def __aenter__(self) -> None:
+        if not self._locked:
+            self._locked = True
+            return
+        w: Wait[None] = Wait("lock")
+        self._waiters.append(w)
+        try:
+            await w  # handed over by ``_release``: held from here
+        except BaseException:  # closed while it waited
+            if w.settled:
+                self._release()
+            else:
+                self._waiters.remove(w)
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    def _release(self) -> None:
+        assert self._locked, "released a lock that is not held"
+        if self._waiters:
+            self._waiters.popleft().set_result(None)  # it stays held, by the next one
+        else:
+            self._locked = False

@@ -14,11 +14,15 @@ A bug the simulation finds and that is not fixed yet gets a name in
 on) and an xfail test with a seed that reproduces it. Fixed bugs keep their seed in
 ``FIXED``: it runs with every knob as drawn, the former trigger included, and must pass
 after exercising what once failed. They, and the seeds of the planted-bug tests found
-before issue 26, run without leadership transfers (``transfers=False``): as found.
+before issue 26, run without leadership transfers (``transfers=False``): as found; every
+seed pinned before issue 28 runs without POP groups (``pop=False``), as found. POP
+groups run in a quarter of the seeds (``tests/sim/pop_sim.py``), and planted bugs in the
+POP rule, its applier and the master's side fail seeds of their own.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import random
 import re
@@ -38,6 +42,7 @@ from dledger.codes import DLedgerError
 from dledger.runtime.server import NotLeaderError
 
 from .broker_sim import KNOWN_BUGS, BrokerKnobs, run_broker_seed
+from .pop_sim import PopKnobs
 from .sim import (
     LIVENESS,
     TRANSFER_KINDS,
@@ -122,6 +127,8 @@ FIXED: list[tuple[str, int, int, str | None, str]] = [
     ),
 ]
 
+# What each CI seed's POP groups did (issue 28), for ``test_the_seeds_drive_pop_groups``.
+_POP: dict[int, Counter[str]] = {}
 # What each CI seed did of retention and INSTALL_SNAPSHOT: (installs, power losses
 # between an install and the log reset), for ``test_the_seeds_install_snapshots``.
 _INSTALLS: dict[int, tuple[int, int]] = {}
@@ -138,6 +145,11 @@ def test_seed_keeps_the_broker_invariants_and_converges(seed: int) -> None:
     _TRANSFERS[seed] = sim.transfers + Counter(
         {"produce refused while transferring": sim.stats["produce refused while transferring"]}
     )
+    if sim.pop_knobs is not None:
+        pop = Counter({k: v for k, v in sim.stats.items() if k.startswith("pop ")})
+        pop["FIFO groups"] = sum(p.config.fifo for p in sim.pop_knobs.groups)
+        pop["retentions"] = sim.stats["retentions"]
+        _POP[seed] = pop
 
 
 def test_the_seeds_install_snapshots() -> None:
@@ -171,8 +183,34 @@ def test_the_seeds_transfer_leadership() -> None:
     assert len(refused) > 10, refused
 
 
-def test_same_seed_gives_the_same_trace_digest() -> None:
-    a, b = run_broker_seed(7), run_broker_seed(7)
+def test_the_seeds_drive_pop_groups() -> None:
+    """The CI seeds (run above) with POP consumers (a quarter of them) cover what the POP
+    checks are about: FIFO groups, redeliveries, nacks, new invisible times, acks of
+    handles gone stale, receives retried with their attempt_id, dead letters, retention
+    under groups; and every message ends (the seeds pass)."""
+    pop_seeds = [s for s in SEEDS if PopKnobs.from_seed(s, ["T0"]) is not None]
+    if _POP.keys() != set(pop_seeds):
+        pytest.skip("needs every CI seed run in this session")
+    assert len(pop_seeds) >= len(SEEDS) // 5, pop_seeds
+    for what in (
+        "FIFO groups",
+        "pop redelivered",
+        "pop nacked",
+        "pop invisible times changed",
+        "pop acks of stale handles",
+        "pop forgotten",
+        "pop dead letters",
+        "pop receive unknown",
+        "retentions",
+    ):
+        seeds = [s for s, c in _POP.items() if c[what] > 0]
+        assert len(seeds) >= len(pop_seeds) // 4, (what, seeds)
+    assert any(c["pop receives retried with their attempt_id"] for c in _POP.values()), _POP
+
+
+@pytest.mark.parametrize("seed", [7, 1])  # (1 runs POP groups)
+def test_same_seed_gives_the_same_trace_digest(seed: int) -> None:
+    a, b = run_broker_seed(seed), run_broker_seed(seed)
     assert a.trace_lines == b.trace_lines > 100
     assert a.trace_digest == b.trace_digest
 
@@ -228,7 +266,7 @@ def test_every_known_bug_has_a_reproducer() -> None:
 def test_fixed_broker_bug_seed_passes(
     bug: str, seed: int, fault_ms: int, exercised: str | None, said: str
 ) -> None:
-    sim = run_broker_seed(seed, fault_ms=fault_ms, batch_records=False, transfers=False)
+    sim = run_broker_seed(seed, fault_ms=fault_ms, batch_records=False, transfers=False, pop=False)
     assert sim.acked, "no produce was ever acknowledged"
     if exercised is not None:
         assert sim.stats[exercised] > 0, f"seed {seed} no longer exercises {bug} (said: {said})"
@@ -300,11 +338,11 @@ def test_a_bug_in_the_real_produce_path_fails_a_seed(
     module_name, name = where.split(".")
     module = {"produce": produce, "encode": encode}[module_name]
     owner = produce.Producer if module is produce else module
-    sim = run_broker_seed(seed)  # without the bug the seed passes
+    sim = run_broker_seed(seed, pop=False)  # without the bug the seed passes
     assert sim.acked
     _plant(monkeypatch.setattr, module, owner, name, good, bad)
     with pytest.raises(InvariantViolationError, match=re.escape(said)):
-        run_broker_seed(seed)
+        run_broker_seed(seed, pop=False)
 
 
 def test_a_bug_in_the_real_session_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,7 +355,7 @@ def test_a_bug_in_the_real_session_rule_fails_a_seed(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(ProducerSessions, "end", end_forgetting)
     with pytest.raises(InvariantViolationError, match="duplicated: message"):
-        run_broker_seed(39, fault_ms=3000, batch_records=False, transfers=False)
+        run_broker_seed(39, fault_ms=3000, batch_records=False, transfers=False, pop=False)
 
 
 def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -330,7 +368,7 @@ def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(Promotion, "advance", skip_dispatch)
     with pytest.raises(InvariantViolationError, match="inconsistent-offsets"):
-        run_broker_seed(0, batch_records=False, transfers=False)
+        run_broker_seed(0, batch_records=False, transfers=False, pop=False)
 
 
 # ---- issue 26: a failed leadership transfer must not leave the cluster without a master --
@@ -341,11 +379,11 @@ def test_a_stuck_transfer_in_the_real_core_fails_a_seed(monkeypatch: pytest.Monk
     leader's ``transferee`` set, so the master refuses every produce (LEADER_TRANSFERRING)
     while it leads. The liveness check after healing says so by name. Without the bug
     the seed passes, after its transfer failed."""
-    sim = run_broker_seed(STUCK_TRANSFER_SEED)
+    sim = run_broker_seed(STUCK_TRANSFER_SEED, pop=False)
     assert sim.transfers["crash failed"] > 0, sim.transfers
     plant_stuck_transferee(monkeypatch.setattr)
     with pytest.raises(InvariantViolationError, match=f"{LIVENESS} no produce acknowledged"):
-        run_broker_seed(STUCK_TRANSFER_SEED)
+        run_broker_seed(STUCK_TRANSFER_SEED, pop=False)
 
 
 def test_a_broker_that_takes_a_refusal_for_lost_leadership_fails_a_seed(
@@ -374,8 +412,74 @@ def test_a_broker_that_takes_a_refusal_for_lost_leadership_fails_a_seed(
             step_down(gate)
         return append_error(gate, e)
 
-    assert run_broker_seed(SLAVE_ON_REFUSAL_SEED).transfers["drop failed"] > 0
+    assert run_broker_seed(SLAVE_ON_REFUSAL_SEED, pop=False).transfers["drop failed"] > 0
     monkeypatch.setattr(WriteGate, "require_master", require_master_or_step_down)
     monkeypatch.setattr(WriteGate, "append_error", append_error_and_step_down)
     with pytest.raises(InvariantViolationError, match=f"{LIVENESS} no MASTER"):
-        run_broker_seed(SLAVE_ON_REFUSAL_SEED)
+        run_broker_seed(SLAVE_ON_REFUSAL_SEED, pop=False)
+
+
+# ---- issue 28: POP groups run the real rule, applier and master's side --------------------
+# The simulation's POP consumers drive the master's real PopGroups (broker/pop/service.py)
+# and every node applies the real PopApplier (broker/pop/applier.py) to the real rule
+# (broker/pop/state.py). A one-line bug in any of them fails a named seed with the
+# invariant it breaks (tests/sim/pop_sim.py).
+
+# (module, function, what it breaks, the line as it is, the line with the bug, seed, said)
+PLANTED_POP: list[tuple[str, str, str, str, str, int, str]] = [
+    # An ack needs the handle's epoch: a late ack whose message went out again in the
+    # meantime (its entry raced the redelivery's) must not end the new delivery.
+    ("state", "PopState.ack", "an ack without the epoch check",
+     "ok = f is not None and f.epoch == epoch", "ok = f is not None",
+     1, "(epoch 7) answered OK, but it was delivered again"),
+    # A message goes out again only once due: without the check, a receive that raced a
+    # nack or a new invisible time hands it to a second consumer inside its invisible time.
+    ("state", "PopState.receive", "a redelivery before it is due",
+     "if f.due > ts or f.attempt >= cfg.max_delivery_attempts:",
+     "if f.attempt >= cfg.max_delivery_attempts:",
+     21, "pg0 T0@2/1@5 delivered to pg0c0 at log time 1700000002623 (epoch 60), while its"
+     " delivery to pg0c1 (epoch 59) is invisible until 1700000002698"),
+    # FIFO: a queue with a flight not yet due hands out nothing.
+    ("state", "PopState.receive", "the FIFO block ignored",
+     "if cfg.fifo and qs.blocked(ts):", "if False:",
+     158, "FIFO: pg0 T0@1/0@4 delivered at log time 1700000006149 (epoch 101) while"
+     " pg0 T0@1/0@5 is in flight"),
+    # A receive applies to the topic it was selected from (found by the simulation): one
+    # applied after its topic's delete made the next life's queue skip its first messages.
+    ("applier", "PopApplier._apply_pop", "a receive applied to its topic's next life",
+     "if not self._selected_from(topic, op):", "if False:",
+     27, "pg1 T0@17/0@0 is done for the group, never acked nor dead-lettered"),
+    # A dead letter waits for this master's earlier writes to apply (found by the
+    # simulation): a copy appended after an ack of its handle, or after a copy whose
+    # request timed out, stays in the dead letters without ending the flight.
+    ("service", "PopGroups._dead_letter", "a dead letter not waiting for the master's writes",
+     "if spent and await self._own_appends_applied():", "if spent:",
+     21, "pg0: 8 dead letters of T0 in the log, the state counts 7"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("module_name", "where", "what", "good", "bad", "seed", "said"),
+    PLANTED_POP,
+    ids=[r[2] for r in PLANTED_POP],
+)
+def test_a_bug_in_the_real_pop_code_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+    module_name: str,
+    where: str,
+    what: str,
+    good: str,
+    bad: str,
+    seed: int,
+    said: str,
+) -> None:
+    """The simulation drives the POP rule, its applier and the master's side as they
+    are: a one-line bug in any of them fails a seed with the broken invariant."""
+    module = importlib.import_module(f"broker.pop.{module_name}")
+    owner_name, name = where.split(".")
+    assert PopKnobs.from_seed(seed, ["T0"]) is not None, f"seed {seed} runs no POP groups"
+    if seed not in SEEDS:  # (a CI seed passes without the bug in the test above)
+        assert run_broker_seed(seed).stats["pop delivered"] > 0
+    _plant(monkeypatch.setattr, module, getattr(module, owner_name), name, good, bad)
+    with pytest.raises(InvariantViolationError, match=re.escape(said)):
+        run_broker_seed(seed)

@@ -4,6 +4,7 @@ event queue instead of the simulation."""
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 from collections.abc import Callable
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from .drive import Conditions, Task, Wait
+from .drive import Conditions, Lock, Task, Wait
 
 
 class Clock:
@@ -145,3 +146,67 @@ def test_conditions_keep_the_watermark_contract() -> None:
     clock.run()
     assert out == [True, False, True, False]
     assert clock.now_ms == 100
+
+
+def test_asyncio_sleep_0_goes_on_in_an_event_of_its_own() -> None:
+    """``asyncio.sleep(0)`` (the reads yield once per pull) lets the others run first."""
+    clock, out, order = Clock(), [], []
+
+    async def body(name: str) -> str:
+        order.append(f"{name}1")
+        await asyncio.sleep(0)
+        order.append(f"{name}2")
+        return name
+
+    a, b = clock.task(body("a"), out), clock.task(body("b"), out)
+    a.step()
+    b.step()
+    assert order == ["a1", "b1"] and out == []
+    clock.run()
+    assert order == ["a1", "b1", "a2", "b2"] and out == ["a", "b"]
+
+
+def test_a_lock_is_held_by_one_task_and_handed_on_in_turn() -> None:
+    clock, out, lock, order = Clock(), [], Lock(), []
+    gates = [Wait[None](f"g{i}") for i in range(3)]
+
+    async def body(i: int) -> int:
+        async with lock:
+            order.append(i)
+            await gates[i]
+        return i
+
+    tasks = [clock.task(body(i), out) for i in range(3)]
+    for t in tasks:
+        t.step()
+    assert order == [0] and lock.locked()
+    tasks[1].kill()  # it leaves the line
+    gates[0].set_result(None)
+    clock.run()
+    assert order == [0, 2] and out == [0]
+    gates[2].set_result(None)
+    clock.run()
+    assert out == [0, 2] and not lock.locked()
+
+
+def test_a_task_killed_when_the_lock_was_handed_to_it_passes_it_on() -> None:
+    clock, out, lock, gate = Clock(), [], Lock(), Wait[None]("g")
+
+    async def first() -> int:
+        async with lock:
+            await gate
+        return 1
+
+    async def second() -> int:
+        async with lock:
+            return 2
+
+    a, b, c = clock.task(first(), out), clock.task(second(), out), clock.task(second(), out)
+    for t in (a, b, c):
+        t.step()
+    gate.set_result(None)
+    clock.run(until_ms=-1)  # nothing ran yet: a is scheduled
+    a.step()  # a releases: the lock goes to b, which is scheduled
+    b.kill()  # and dies before it runs: c gets it
+    clock.run()
+    assert out == [1, 2] and not lock.locked()
