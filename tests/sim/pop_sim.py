@@ -156,7 +156,7 @@ class PopKnobs:
             groups=tuple(groups),
             invisible_ms=rng.choice(((100, 200), (100, 300), (150,))),
             receive_every_ms=(rng.choice((5, 20)), rng.choice((40, 100))),
-            max_messages=rng.choice((4, 16, 32)),
+            max_messages=rng.choice((8, 16, 32)),
             late=rng.choice((0.03, 0.1)),
             weights=rng.choice(((88, 4, 4, 4), (75, 8, 7, 10), (60, 12, 8, 20))),
         )
