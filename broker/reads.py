@@ -46,8 +46,8 @@ from .message import (
 from .metadata import SYS_TOPIC, TopicMeta
 from .msgid import msg_id_maker, parse_msg_id
 from .pages import RawPage, RawPullResult, damaged_record, units_within
+from .positions import last_index_within
 from .properties import decode_properties, split_keys, tags_and_keys
-from .recovery import last_index_within
 from .settings import BrokerSettings
 from .topics import Topics
 

@@ -15,7 +15,7 @@ Two kinds of applier, told apart by where they are registered (``Dispatch``):
 - a plain ``Applier`` builds derived files (the consume queues, the key index): it
   gets every entry the walk reads, a replay's too, and is idempotent by position. The
   dispatch checkpoint records how far its files go, and a restart cuts them back to it
-  or rebuilds them from the log (``broker/recovery.py``). It may raise
+  or rebuilds them from the log (``broker/dispatch/recovery.py``). It may raise
   ``OSError`` (a full disk): the entry then stays undispatched and is handed to every
   ``Applier`` again (not to the state appliers, which have it) until it goes through.
 

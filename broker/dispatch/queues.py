@@ -7,7 +7,7 @@ topic's incarnation at its entry still exists, that is, the current incarnation
 (``TopicMeta.created_index``) was created before the entry and has the queue
 (``MetadataState.queued``). It needs the metadata at or *after* the entry, never before
 it: after a restart the metadata may come from a snapshot newer than the queues'
-checkpoint (``broker/recovery.py``).
+checkpoint (``broker/dispatch/recovery.py``).
 
 Invariants:
 - a record's units go in at the queue offsets baked into it (base + i for a batch

@@ -40,11 +40,12 @@ from consumequeue import ConsumeQueueStore, KeyIndex
 from dledger.store import FileStore
 
 from ..metadata import MetadataState, SnapshotFiles
-from ..recovery import StoreCheckpoint, pos_of
+from ..positions import pos_of
 from .appliers import KeyIndexApplier, state_appliers
 from .arrivals import Arrivals
 from .entry import Applier
 from .queues import ConsumeQueueApplier, queue_table
+from .recovery import StoreCheckpoint
 from .snapshots import SnapshotManager, parse_queue_table
 from .walk import ReputMessageService
 
@@ -140,7 +141,7 @@ class Dispatch:
 
     def recover(self) -> None:
         """Bring the consume queues, the key index and the metadata back to one entry and
-        resume dispatch after it (``broker/recovery.py``). Runs before the node
+        resume dispatch after it (``broker/dispatch/recovery.py``). Runs before the node
         starts (no loop needed)."""
         snapshot = self.snapshot_manager.load_newest()
         if self.checkpoints.recover(snapshot, self.walk, self.queues):

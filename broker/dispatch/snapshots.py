@@ -6,7 +6,7 @@ The bytes are one JSON object (orjson): ``version``, ``applied_index``, then eac
 applier's fields in the appliers' order (``topics``, ``offsets``, ``sessions``), then
 ``extra``: ``{"queues": {"topic/queue_id": next_offset}}``, every consume queue's next
 offset at that entry. An install restarts the queues there, and a rebuild over a log
-whose head is gone starts them there (``broker/recovery.py``).
+whose head is gone starts them there (``broker/dispatch/recovery.py``).
 
 Invariants:
 - a snapshot is taken at the dispatched index only, on the loop thread between two

@@ -10,6 +10,7 @@ import contextlib
 import orjson
 
 from broker.dispatch.appliers import state_appliers
+from broker.dispatch.recovery import read_checkpoint
 from broker.dispatch.snapshots import parse_queue_table, parse_snapshot, snapshot_bytes
 from broker.message import (
     MessageFormatError,
@@ -22,7 +23,6 @@ from broker.message import (
 )
 from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
 from broker.msgid import parse_msg_id
-from broker.recovery import read_checkpoint
 
 from .reader import Reader, Writer
 from .registry import scratch_dir, target

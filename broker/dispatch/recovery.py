@@ -7,7 +7,7 @@ and the key index's position; it is written after the store's commit point, the 
 and the key index are fsynced (``StoreCheckpoint.write``). On a restart
 (``StoreCheckpoint.recover``) the queues and the key index are cut back to exactly that
 (a dirty tail, torn sectors after a power loss, queues made since), the metadata comes
-from the newest snapshot (``broker/dispatch/snapshots.py``), and the entries between the
+from the newest snapshot (``snapshots.py``), and the entries between the
 two are replayed for the metadata alone (and for the keys a damaged index lost). A
 snapshot newer than the checkpoint is fine too (the consume queues' rule,
 ``broker/dispatch/queues.py``), with the queues of topics it says were deleted since
@@ -35,15 +35,16 @@ from pathlib import Path
 import orjson
 
 from consumequeue import ConsumeQueueError, ConsumeQueueStore, KeyIndex
-from dledger.store import BODY_OFFSET, FileStore, write_atomic
+from dledger.store import FileStore, write_atomic
 from dledger.store.meta import fsync_dir
 
-from .dispatch.entry import ENTRY_HEAD, decode
-from .dispatch.queues import ConsumeQueueApplier, queue_of, queue_table
-from .dispatch.snapshots import LoadedSnapshot, parse_queue_table
-from .dispatch.walk import READ_BYTES, ReputMessageService
-from .message import MessageFormatError
-from .metadata import MetadataState
+from ..message import MessageFormatError
+from ..metadata import MetadataState
+from ..positions import last_index_within, pos_of
+from .entry import ENTRY_HEAD, decode
+from .queues import ConsumeQueueApplier, queue_of, queue_table
+from .snapshots import LoadedSnapshot, parse_queue_table
+from .walk import READ_BYTES, ReputMessageService
 
 log = logging.getLogger(__name__)
 
@@ -73,28 +74,6 @@ def read_checkpoint(path: Path) -> Checkpoint | None:
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         log.warning("unusable dispatch checkpoint %s: %s", path, e)
         return None
-
-
-def last_index_within(store: FileStore, commitlog_offset: int, hi: int) -> int:
-    """The last entry up to ``hi`` whose message starts at or before
-    ``commitlog_offset`` (``begin - 1`` when none): a binary search over the log."""
-    lo = store.ledger_begin_index - 1
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if store.get_meta(mid).pos + BODY_OFFSET <= commitlog_offset:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def pos_of(store: FileStore, index: int) -> int:
-    """The byte position of entry ``index`` (or of the ledger end past the last)."""
-    if index > store.ledger_end_index:
-        return store.ledger_end_pos
-    if index < store.ledger_begin_index:
-        return store.ledger_begin_pos
-    return store.get_meta(index).pos
 
 
 class StoreCheckpoint:
