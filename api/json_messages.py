@@ -27,10 +27,11 @@ import orjson
 
 from broker.message import PROP_KEYS, PROP_TAGS, SYSTEM_PROPERTIES, RecordHead
 from broker.msgid import msg_id_maker
+from broker.pop.service import Received
 from broker.properties import decode_properties, split_keys
 from broker.reads import PullResult
 
-__all__ = ["JSONMessages", "group_pull_json", "messages_json", "pull_json"]
+__all__ = ["JSONMessages", "group_pull_json", "messages_json", "pull_json", "received_json"]
 
 _msg_ids = functools.cache(msg_id_maker)  # a node's group is checked and hex-encoded once
 
@@ -133,3 +134,13 @@ def group_pull_json(messages: list[bytes], next_offsets: Mapping[str, int]) -> b
 def messages_json(messages: list[bytes]) -> bytes:
     """A key query's answer (docs/http.md) of messages ``JSONMessages`` made."""
     return b'{"messages":[%b]}' % b",".join(messages)
+
+
+def received_json(received: list[Received[bytes]]) -> bytes:
+    """A POP receive's answer (docs/consuming.md): each message ``JSONMessages`` made,
+    with its receipt handle, delivery attempt and invisible time after its fields."""
+    return b'{"messages":[%b]}' % b",".join(
+        b'%b,"receipt_handle":"%b","delivery_attempt":%d,"invisible_until":%d}'
+        % (r.message[:-1], r.receipt_handle.encode(), r.delivery_attempt, r.invisible_until)
+        for r in received
+    )

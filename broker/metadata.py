@@ -103,9 +103,19 @@ class MetadataState:
     def apply_op(self, index: int, body: bytes | memoryview) -> str | None:
         """Apply one ``%SYS%META`` entry. Returns the name of a topic it deleted (the
         caller drops that topic's consume queues), else None."""
-        self.applied_index = max(self.applied_index, index)
         try:
             op = orjson.loads(body)
+        except orjson.JSONDecodeError as e:
+            self.applied_index = max(self.applied_index, index)
+            log.warning("entry %d: malformed metadata operation skipped: %s", index, e)
+            return None
+        return self.apply_operation(index, op)
+
+    def apply_operation(self, index: int, op: Any) -> str | None:
+        """``apply_op`` of an operation already parsed (the dispatch parses each
+        ``%SYS%META`` body once for all its appliers)."""
+        self.applied_index = max(self.applied_index, index)
+        try:
             kind = op["op"]
             if kind == "create_topic":
                 self._create_topic(index, str(op["name"]), json_int(op["queues"], "queues"))
@@ -121,7 +131,7 @@ class MetadataState:
                 pass  # the POP applier's (broker/pop/applier.py)
             else:
                 log.warning("entry %d: unknown metadata operation %r skipped", index, kind)
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             log.warning("entry %d: malformed metadata operation skipped: %s", index, e)
         return None
 

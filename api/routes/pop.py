@@ -1,23 +1,16 @@
 """POP groups (docs/consuming.md): a group's configuration, and receive, ack, nack and
 changes of the invisible time. Every write goes to the master, as a produce does."""
 
-from typing import Any
-
 from fastapi import APIRouter
 from starlette.responses import Response
 
 from broker import errors
 
 from .. import models
-from ..json_messages import JSONMessages
+from ..json_messages import JSONMessages, received_json
 from .common import AccessDep, GroupPath, JSONBytes, LongPollDep, MetricsDep, PopDep, error_docs
 
 router = APIRouter(tags=["pop"])
-
-
-def _config_doc(body: models.GroupConfig) -> dict[str, Any]:
-    doc = body.model_dump(exclude_none=True)
-    return doc
 
 
 @router.put(
@@ -30,7 +23,7 @@ async def configure(
     group: GroupPath, body: models.GroupConfig, pop: PopDep, access: AccessDep
 ) -> Response:
     access.need("admin")
-    await pop.configure(group, _config_doc(body))
+    await pop.configure(group, body.model_dump(exclude_none=True))
     return JSONBytes(pop.describe(group))
 
 
@@ -78,12 +71,7 @@ async def receive(
             attempt_id=body.attempt_id,
         )
     metrics.count_pulled(body.topic, len(got), make.body_bytes)
-    parts = [
-        b'%b,"receipt_handle":"%b","delivery_attempt":%d,"invisible_until":%d}'
-        % (r.message[:-1], r.receipt_handle.encode(), r.delivery_attempt, r.invisible_until)
-        for r in got
-    ]
-    return Response(b'{"messages":[%b]}' % b",".join(parts), media_type=JSONBytes.media_type)
+    return Response(received_json(got), media_type=JSONBytes.media_type)
 
 
 def _results(handles: list[str], held: list[bool]) -> Response:

@@ -19,6 +19,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
+
 from consumequeue import KeyIndex
 
 from ..jsonint import json_int
@@ -53,7 +55,10 @@ class MetadataApplier:
     def apply(self, e: Committed) -> None:
         if not e.system:
             return
-        deleted = self.meta.apply_op(e.index, e.body())
+        try:
+            deleted = self.meta.apply_operation(e.index, e.operation())
+        except orjson.JSONDecodeError:
+            deleted = self.meta.apply_op(e.index, e.body())  # logs it, skips it
         if deleted is not None and self.on_topic_deleted is not None:
             self.on_topic_deleted(deleted, e.index)
 

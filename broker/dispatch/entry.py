@@ -31,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import orjson
+
 from consumequeue import tags_hash
 from dledger.store import BODY_OFFSET, MAGIC_NORMAL
 
@@ -52,6 +54,9 @@ P = TypeVar("P")
 ENTRY_HEAD = struct.Struct(">iiqqq")  # magic, size, index, term, pos (docs/formats.md)
 
 
+_UNPARSED: Any = object()
+
+
 @dataclass(slots=True)  # not frozen: that costs 1 us more per entry, and none changes it
 class Committed:
     """One committed message record, as every applier sees it."""
@@ -67,6 +72,7 @@ class Committed:
     props: dict[str, str]  # the record's properties (a batch record's outer block)
     tags_hashes: Sequence[int]  # one per message, at queue offsets info.queue_offset + i
     keys: Sequence[tuple[int, list[str]]]  # (commitlog offset, keys) of each message with keys
+    _operation: Any = _UNPARSED  # a system record's body, parsed once (``operation``)
 
     @property
     def commitlog_offset(self) -> int:
@@ -79,6 +85,18 @@ class Committed:
 
     def body(self) -> bytes:
         return decode_message(self.raw, self.body_at, verify_crc=False).body
+
+    def operation(self) -> Any:
+        """A ``%SYS%META`` record's operation, its JSON body parsed once for every
+        applier; ``orjson.JSONDecodeError`` (each time) when it is not JSON."""
+        if self._operation is _UNPARSED:
+            try:
+                self._operation = orjson.loads(self.body())
+            except orjson.JSONDecodeError as e:
+                self._operation = e
+        if isinstance(self._operation, orjson.JSONDecodeError):
+            raise self._operation
+        return self._operation
 
 
 def decode(  # noqa: PLR0917 - the entry header's fields, as the walk unpacks them

@@ -76,7 +76,7 @@ class PopApplier:
 
     def _apply_op(self, e: Committed) -> None:
         try:
-            op = orjson.loads(e.body())
+            op = e.operation()
             kind = op["op"]
             if kind == "delete_topic":
                 self.state.drop_topic(str(op["name"]))
