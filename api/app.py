@@ -181,7 +181,7 @@ async def on_client_gone(request: Request, e: ClientDisconnect) -> Response:
 
 
 async def on_bug(request: Request, e: Exception) -> Response:
-    log.exception("%s %s failed", request.method, request.url.path)
+    log.exception("%s %s failed", request.method, request.scope.get("path"))
     _metrics_of(request).errors.labels("INTERNAL").inc()
     return error_response(500, "INTERNAL", f"internal error: {type(e).__name__}")
 

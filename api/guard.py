@@ -10,6 +10,10 @@ and run the app in another task), outermost but for Starlette's error middleware
   a body sent without one (chunked) is counted as it is received and refused the
   moment it passes the cap, whatever part of the app was reading it.
 
+A query string that is not UTF-8 answers 400 ``INVALID_ARGUMENT`` before anything else:
+Starlette decodes it as UTF-8 wherever it builds the request's URL (a slash redirect,
+an error handler) and would fail there instead.
+
 The cap is ``Limits.max_request_bytes`` for a produce, ``Limits.max_small_body_bytes``
 for every other body (topic create, offsets, group pull, leadership). A request that
 announces no body is not refused up front (the routes check its token); what it sends
@@ -51,6 +55,13 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        try:
+            scope.get("query_string", b"").decode()
+        except UnicodeDecodeError:
+            await self.refuse(
+                errors.InvalidArgumentError("the query string is not UTF-8"), scope, receive, send
+            )
             return
         headers = _headers(scope)
         cap = self.cap(scope)

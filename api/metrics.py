@@ -158,6 +158,7 @@ class StateSnapshot:
     raft_auth_failures: int | None  # None: no transport
     queues: list[tuple[str, int, int, int]] | None  # topic, queue_id, min, max; None: installing
     offsets: list[tuple[str, str, dict[int, int]]]  # group, topic, committed per queue_id
+    pop: list[PopGroupTopic]
     lag_limit: int
 
     @classmethod
@@ -180,13 +181,43 @@ class StateSnapshot:
             if copied >= SNAPSHOT_SLICE:
                 copied = 0
                 await asyncio.sleep(0)
-        return cls(status, is_master, auth_failures, queues, offsets, lag_limit)
+        pop = await _pop_groups(b)
+        return cls(status, is_master, auth_failures, queues, offsets, pop, lag_limit)
 
     def metrics(self) -> Iterator[Metric]:
         yield from _node_metrics(self)
         yield from _log_metrics(self.status)
         if self.queues is not None:  # the queues were being replaced: no per-queue series
             yield from _queue_metrics(self.queues, self.offsets, self.lag_limit)
+            yield from _pop_metrics(self.queues, self.pop, self.lag_limit)
+
+
+@dataclass(frozen=True, slots=True)
+class PopGroupTopic:
+    """A POP group's state for one topic, copied: per queue (next offset, in flight),
+    and its counters (``broker.pop.state.STATS``)."""
+
+    group: str
+    topic: str
+    queues: dict[int, tuple[int, int]]
+    counts: dict[str, int]
+
+
+async def _pop_groups(b: Broker) -> list[PopGroupTopic]:
+    """Every POP group's state per topic, yielding to the loop every ``SNAPSHOT_SLICE``
+    queues."""
+    state = b.meta.pop
+    by_key: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}
+    copied = 0
+    for (group, topic, qid), qs in list(state.queues.items()):
+        by_key.setdefault((group, topic), {})[qid] = (qs.next, len(qs.flights))
+        copied += 1
+        if copied >= SNAPSHOT_SLICE:
+            copied = 0
+            await asyncio.sleep(0)
+    return [
+        PopGroupTopic(g, t, queues, state.counts(g, t)) for (g, t), queues in sorted(by_key.items())
+    ]
 
 
 async def _queue_bounds(b: Broker) -> list[tuple[str, int, int, int]] | None:
@@ -308,3 +339,37 @@ def _queue_metrics(
             series += 1
             lag.add_metric([group, topic, str(qid)], max(0, top - committed))
     yield lag
+
+
+def _pop_metrics(
+    queues: list[tuple[str, int, int, int]], pop: list[PopGroupTopic], lag_limit: int
+) -> Iterator[Metric]:
+    """Per POP group and topic: in flight, lag (neither acked nor dead-lettered) and what
+    happened to its messages (at most ``lag_limit`` group/topic pairs)."""
+    labels = ["group", "topic"]
+    in_flight = GaugeMetricFamily(
+        "ledgermq_pop_in_flight", "messages handed out and not yet acked", labels=labels
+    )
+    lag = GaugeMetricFamily(
+        "ledgermq_pop_lag", "messages neither acknowledged nor dead-lettered", labels=labels
+    )
+    events = CounterMetricFamily(
+        "ledgermq_pop_messages",
+        "what happened to a POP group's messages (the same on every node: replicated):"
+        " delivered (first time or again), redelivered, acked, nacked, expired (invisible"
+        " time passed with no ack or nack), dead_lettered",
+        labels=[*labels, "event"],
+    )
+    bounds = {(topic, qid): hi for topic, qid, _, hi in queues}
+    for p in pop[:lag_limit]:
+        flying = sum(n for _, n in p.queues.values())
+        waiting = sum(
+            max(0, bounds.get((p.topic, qid), nxt) - nxt) for qid, (nxt, _) in p.queues.items()
+        )
+        in_flight.add_metric([p.group, p.topic], flying)
+        lag.add_metric([p.group, p.topic], waiting + flying)
+        for name, n in p.counts.items():
+            events.add_metric([p.group, p.topic, name], n)
+    yield in_flight
+    yield lag
+    yield events

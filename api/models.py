@@ -277,9 +277,17 @@ class GroupConfig(_Request):
 
 
 class PopTopicState(BaseModel):
+    """Messages of one topic in flight now, and counted since the group began (the same
+    on every node: replicated state)."""
+
     topic: str
     in_flight: int
     dead_lettered: int
+    delivered: int = Field(0, description="deliveries, first ones and again")
+    redelivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    expired: int = Field(0, description="invisible times that passed without an ack or nack")
 
 
 class GroupDescription(BaseModel):
@@ -290,6 +298,9 @@ class GroupDescription(BaseModel):
     retry: dict[str, Any] | None = None
     start: str | int | None = None
     topics: list[PopTopicState] = []
+    redrive_next_offset: int | None = Field(
+        None, description="a POP group's first dead letter not produced back yet"
+    )
 
 
 class Receive(_Request):
@@ -331,6 +342,22 @@ class HandleResult(BaseModel):
 
 class AckResponse(BaseModel):
     results: list[HandleResult]
+
+
+class DeadLetter(Ack):
+    """Received messages to copy into ``%DLQ%<group>`` at once."""
+
+
+class Redrive(_Request):
+    max_messages: Annotated[
+        int | None, Field(ge=1, description="default and most: the max_pull_messages limit")
+    ] = None
+
+
+class RedriveResponse(BaseModel):
+    redriven: int = Field(description="dead letters produced back to their topics")
+    skipped: int = Field(description="dead letters whose topic no longer exists")
+    next_offset: int = Field(description="the first dead letter not produced back yet")
 
 
 class ChangeInvisible(_Request):

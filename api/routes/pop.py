@@ -1,5 +1,6 @@
-"""POP groups (docs/consuming.md): a group's configuration, and receive, ack, nack and
-changes of the invisible time. Every write goes to the master, as a produce does."""
+"""POP groups (docs/consuming.md): a group's configuration, and receive, ack, nack,
+changes of the invisible time and dead letters. Every write goes to the master, as a
+produce does."""
 
 from fastapi import APIRouter
 from starlette.responses import Response
@@ -126,3 +127,31 @@ async def change_invisible(
             "invisible_until": r.invisible_until,
         }
     )
+
+
+@router.post(
+    "/v1/groups/{group}/dlq",
+    summary="copy received messages into the group's dead letters at once (%DLQ%<group>)",
+    response_model=models.AckResponse,
+    responses=error_docs(307, 404, 413, 503),
+)
+async def dead_letter(
+    group: GroupPath, body: models.DeadLetter, pop: PopDep, access: AccessDep
+) -> Response:
+    access.need("consume", body.topic)
+    held = await pop.dead_letter_now(group, body.topic, body.receipt_handles)
+    return _results(body.receipt_handles, held)
+
+
+@router.post(
+    "/v1/groups/{group}/dlq/redrive",
+    summary="produce the group's dead letters back to their topics, from the first not yet"
+    " produced back (exactly once)",
+    response_model=models.RedriveResponse,
+    responses=error_docs(307, 404, 413, 503),
+)
+async def redrive(
+    group: GroupPath, body: models.Redrive, pop: PopDep, access: AccessDep
+) -> Response:
+    access.need("admin")
+    return JSONBytes(await pop.redrive(group, body.max_messages))

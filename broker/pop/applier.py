@@ -81,17 +81,24 @@ class PopApplier:
             if kind == "delete_topic":
                 self.state.drop_topic(str(op["name"]))
                 return
-            if not isinstance(kind, str) or not kind.startswith(POP_OP_PREFIX):
-                return
-            self.state.tick(e.info.store_timestamp)
-            self._keep(e.index, self._apply_pop(e.index, kind, op))
+            if isinstance(kind, str) and kind.startswith(POP_OP_PREFIX):
+                self.apply_operation(e.index, e.info.store_timestamp, kind, op)
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as err:
             log.warning("entry %d: malformed POP operation skipped: %s", e.index, err)
+
+    def apply_operation(self, index: int, ts: int, kind: str, op: Mapping[str, Any]) -> None:
+        """Apply the POP operation ``op`` (of ``kind``) of the entry at ``index``, stamped
+        ``ts``; ``KeyError``, ``TypeError``, ``ValueError`` when it is malformed."""
+        self.state.tick(ts)
+        self._keep(index, self._apply_pop(index, kind, op))
 
     def _apply_pop(self, index: int, kind: str, op: Mapping[str, Any]) -> Outcome:
         s = self.state
         if kind == "pop.config":
             s.configure(str(op["group"]), PopConfig.from_json(op["config"]))
+            return True
+        if kind == "pop.redrive":
+            s.redrove(str(op["group"]), json_int(op["next"], "next"))
             return True
         group, topic = str(op["group"]), str(op["topic"])
         if kind == "pop.receive":

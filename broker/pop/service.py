@@ -46,6 +46,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import time
 from collections import Counter
@@ -59,7 +60,7 @@ from ..gate import WriteGate
 from ..message import RecordHead
 from ..metadata import GROUP_NAME, MetadataState, TopicMeta
 from ..produce import NewMessage, Producer
-from ..reads import MessageMaker, Reads
+from ..reads import MessageMaker, PulledMessage, Reads
 from ..settings import BrokerSettings
 from ..topics import MetadataLog, Topics
 from .applier import (
@@ -81,6 +82,16 @@ _M = TypeVar("_M")
 
 POLL_SLICE_S = 1.0  # a waiting receive looks again at least this often
 ENDING_ROUNDS = 4  # a receive dead-letters (or ends) and looks again at most this often
+REDRIVE_PRODUCER = "%REDRIVE%"  # + group: the session of a group's redrive (no client's)
+# What a dead letter has that its message had not: dropped when it is produced back.
+DEAD_LETTER_PROPERTIES = (
+    PROP_DLQ_ORIGIN_TOPIC,
+    PROP_DLQ_ORIGIN_QUEUE_ID,
+    PROP_DLQ_ORIGIN_QUEUE_OFFSET,
+    PROP_DLQ_ORIGIN_MSG_ID,
+    PROP_DELIVERY_ATTEMPTS,
+    PROP_POP_EPOCH,
+)
 _HANDLE = re.compile(r"v1:(\d{1,5}):(\d{1,19}):(\d{1,19})")
 
 
@@ -96,6 +107,26 @@ def _uncount(
             del counts[x]
     if not counts:
         del table[key]
+
+
+def _redrive_runs(
+    letters: Sequence[tuple[int, PulledMessage]], most: int
+) -> Iterator[tuple[int, str | None, list[NewMessage]]]:
+    """Dead letters in offset order as runs bound for one topic, each at most ``most``
+    long: (the run's first offset, the topic they came from, the messages as produced)."""
+    run: list[NewMessage] = []
+    first, topic = 0, None
+    for o, m in letters:
+        origin = m.properties.get(PROP_DLQ_ORIGIN_TOPIC)
+        if run and (origin != topic or len(run) >= most):
+            yield first, topic, run
+            run = []
+        if not run:
+            first, topic = o, origin
+        props = {k: v for k, v in m.properties.items() if k not in DEAD_LETTER_PROPERTIES}
+        run.append(NewMessage(m.body, m.tags, m.keys, props, born_timestamp=m.born_timestamp))
+    if run:
+        yield first, topic, run
 
 
 def handle_text(queue_id: int, offset: int, epoch: int) -> str:
@@ -176,6 +207,7 @@ class PopGroups:
         self._settling: Counter[tuple[str, str, int, int]] = Counter()
         self._ending: set[tuple[str, str, int, int]] = set()
         self._selecting: dict[tuple[str, str], AbstractAsyncContextManager[Any]] = {}
+        self._redriving: dict[str, AbstractAsyncContextManager[Any]] = {}
 
     @property
     def state(self) -> PopState:
@@ -262,10 +294,7 @@ class PopGroups:
                     return again
             # One selection at a time per group and topic: what one picks is reserved
             # before the next looks (the appends and their waits overlap).
-            key = (group, t.name)
-            if key not in self._selecting:
-                self._selecting[key] = self._lock()
-            async with self._selecting[key]:
+            async with self._selection(group, t.name):
                 sel = await self._select(make, group, t, cfg, max_messages, tags)
                 self._reserve(group, t.name, sel)
             try:
@@ -292,6 +321,13 @@ class PopGroups:
                 left = min(left, max(0.0, (sel.next_due - self.clock()) / 1000) + 0.001)
             await self._wait_arrival(t, sel, min(left, POLL_SLICE_S))
             self.gate.require_master()
+
+    def _selection(self, group: str, topic: str) -> AbstractAsyncContextManager[Any]:
+        """The lock of the group's selections from the topic."""
+        key = (group, topic)
+        if key not in self._selecting:
+            self._selecting[key] = self._lock()
+        return self._selecting[key]
 
     def _reserve(self, group: str, topic: str, sel: _Selection[_M]) -> None:
         for q, offsets, end in self._held(sel):
@@ -467,14 +503,16 @@ class PopGroups:
 
     async def _dead_letter(
         self, group: str, t: TopicMeta, spent: Sequence[tuple[int, int, Flight]]
-    ) -> None:
+    ) -> set[tuple[int, int]]:
         """Copy each message whose attempts are spent into ``%DLQ%<group>``: the copy
         carries its origin and the handle it ends (one entry: no second copy after a
         failover), appended only once this master's earlier writes are applied and the
         flight is still as selected (module docstring). A message retention deleted
-        meanwhile is left to ``_end_gone``."""
+        meanwhile is left to ``_end_gone``. The (queue, offset) of each flight a copy
+        ended."""
         mine = {(group, t.name, q, o) for q, o, _ in spent} - self._ending
         self._ending.update(mine)
+        ended: set[tuple[int, int]] = set()
         try:
             spent = [
                 (q, o, f)
@@ -482,10 +520,11 @@ class PopGroups:
                 if (group, t.name, q, o) in mine and (group, t.name, q, o) not in self._settling
             ]
             if spent and await self._own_appends_applied():
-                await self._copy_dead(group, t, spent)
+                ended = await self._copy_dead(group, t, spent)
         finally:
             self._ending.difference_update(mine)
         self._moved()
+        return ended
 
     async def _own_appends_applied(self) -> bool:
         """Whether everything in this node's log (this master's appends among them) is
@@ -495,10 +534,11 @@ class PopGroups:
 
     async def _copy_dead(
         self, group: str, t: TopicMeta, spent: Sequence[tuple[int, int, Flight]]
-    ) -> None:
+    ) -> set[tuple[int, int]]:
         dlq = dlq_topic(group)
         if dlq not in self.meta.topics:
             await self.topics.create(dlq, 1)
+        ended: set[tuple[int, int]] = set()
         for q, o, f in spent:
             if not self._current(group, t.name, (q, o, f.epoch)):
                 continue  # acked, nacked or changed before: not spent as selected
@@ -518,6 +558,11 @@ class PopGroups:
             )
             copy = NewMessage(m.body, m.tags, m.keys, props, queue_id=0)
             await self.producer.produce_to(self.topics.get(dlq), [copy], None, None)
+            # Nothing else of this master writes the flight meanwhile, and every earlier
+            # write was applied before: if it ended, this copy ended it.
+            if not self._current(group, t.name, (q, o, f.epoch)):
+                ended.add((q, o))
+        return ended
 
     async def _end_gone(
         self, group: str, t: TopicMeta, gone: Sequence[tuple[int, int, Flight]]
@@ -648,6 +693,75 @@ class PopGroups:
         self._moved()
         return Received(None, handle_text(d.queue_id, d.offset, d.epoch), d.attempt, d.visible_at)
 
+    async def dead_letter_now(self, group: str, topic: str, handles: Sequence[str]) -> list[bool]:
+        """Copy each handle's message into ``%DLQ%<group>`` at once, ending its flight
+        (``POST /v1/groups/{group}/dlq``), if the handle is current; whether each held.
+        A message being handed out again meanwhile is not (its handle dies)."""
+        self._check_group(group)
+        parsed = self._handles(handles)
+        await self.gate.require_master_soon()
+        t = self.topics.get(topic)
+        self.config(group)
+        sel: _Selection[None] = _Selection([], {}, [], None, {})
+        async with self._selection(group, topic):  # (none is being selected meanwhile)
+            for h in dict.fromkeys(h for h in parsed if h is not None):
+                q, o, epoch = h
+                qs = self.state.queues.get((group, topic, q))
+                f = None if qs is None else qs.flights.get(o)
+                reserved = self._reserved.get((group, topic, q), Counter())
+                if f is not None and f.epoch == epoch and o not in reserved:
+                    sel.spent.append((q, o, f))
+            self._reserve(group, topic, sel)
+        try:
+            ended = await self._dead_letter(group, t, sel.spent) if sel.spent else set()
+        finally:
+            self._release(group, topic, sel)
+        return [h is not None and (h[0], h[1]) in ended for h in parsed]
+
+    async def redrive(self, group: str, max_messages: int | None = None) -> dict[str, int]:
+        """Produce up to ``max_messages`` dead letters of ``group`` back to the topics they
+        came from, from the first not yet produced back (``POST
+        /v1/groups/{group}/dlq/redrive``). Exactly once across failovers and retries: the
+        copies of a run go out in a producer session whose sequence is the run's first
+        dead-letter offset, and where the redrive got to is appended after them
+        (``pop.redrive``); a repeat after a failover between the two is answered by the
+        session. A dead letter whose topic is gone is skipped."""
+        lim = self.settings.limits
+        if max_messages is None:
+            max_messages = lim.max_pull_messages
+        if not 1 <= max_messages <= lim.max_pull_messages:
+            raise errors.InvalidArgumentError(f"max_messages must be 1..{lim.max_pull_messages}")
+        self.config(group)
+        await self.gate.require_master_soon()
+        if group not in self._redriving:
+            self._redriving[group] = self._lock()
+        async with self._redriving[group]:
+            if not await self._own_appends_applied():  # (the position and the session)
+                raise errors.UnknownOutcomeError("the log is not applied here yet; retry")
+            dlq = dlq_topic(group)
+            if dlq not in self.meta.topics:
+                return {"redriven": 0, "skipped": 0, "next_offset": 0}
+            lo, _ = self.reads.queue_bounds(dlq, 0)
+            start = max(lo, self.state.redriven.get(group, 0))
+            r = await self.reads.pull(
+                _with_offset(self.reads.pulled_message), dlq, 0, start, max_messages=max_messages
+            )
+            redriven = skipped = 0
+            for first, topic, copies in _redrive_runs(r.messages, lim.max_messages_per_request):
+                if topic is None or topic not in self.meta.topics:
+                    skipped += len(copies)
+                    continue
+                # (too old: produced back before a failover lost where the redrive got to)
+                with contextlib.suppress(errors.SequenceTooOldError):
+                    await self.producer.produce_to(
+                        self.topics.get(topic), copies, REDRIVE_PRODUCER + group, first
+                    )
+                redriven += len(copies)
+            end = max(start, r.next_offset)
+            if end > self.state.redriven.get(group, 0):
+                await self.metalog.append({"op": "pop.redrive", "group": group, "next": end})
+            return {"redriven": redriven, "skipped": skipped, "next_offset": end}
+
     # ---- reading ---------------------------------------------------------------------------
 
     def describe(self, group: str) -> dict[str, Any]:
@@ -655,7 +769,6 @@ class PopGroups:
         and was dead-lettered."""
         cfg = self.config(group)
         topics = sorted({t for g, t, _ in self.state.queues if g == group})
-        dead = self.state.dead.get(group, {})
         return {
             "group": group,
             **cfg.to_json(),
@@ -663,10 +776,11 @@ class PopGroups:
                 {
                     "topic": name,
                     "in_flight": self.state.in_flight(group, name),
-                    "dead_lettered": dead.get(name, 0),
+                    **self.state.counts(group, name),
                 }
                 for name in topics
             ],
+            "redrive_next_offset": self.state.redriven.get(group, 0),
         }
 
     def offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:

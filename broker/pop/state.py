@@ -141,6 +141,7 @@ class Flight:
     visible_at: int  # log ms: its invisible time ends here
     due: int  # log ms: it may be handed out again from here
     attempt_id: str | None = None  # the receive's (FIFO retries of a receive)
+    nacked: bool = False  # due by a nack, not by its invisible time passing
 
 
 @dataclass(slots=True)
@@ -154,6 +155,11 @@ class QueueState:
 
 
 Key = tuple[str, str, int]  # group, topic, queue id
+# What ``PopState.stats`` counts per group and topic (``/metrics``, GET /v1/groups/{group}):
+# deliveries (first ones and again), acks, nacks, invisible times that passed without an
+# ack or nack (counted when the message goes out again or to the dead letters: an expiry
+# needs no write), and dead letters.
+STATS = ("delivered", "redelivered", "acked", "nacked", "expired", "dead_lettered")
 Handle = tuple[int, int, int]  # queue id, offset, epoch
 
 
@@ -173,8 +179,10 @@ class PopState:
         self.groups: dict[str, PopConfig] = {}
         self.queues: dict[Key, QueueState] = {}
         self.ts = 0
-        # group → topic → messages dead-lettered (a count, for GET /v1/groups/{group})
-        self.dead: dict[str, dict[str, int]] = {}
+        # group → topic → counter (``STATS``) → count, the same on every replica
+        self.stats: dict[str, dict[str, dict[str, int]]] = {}
+        # group → the first offset of ``%DLQ%<group>`` not yet produced back (redrive)
+        self.redriven: dict[str, int] = {}
 
     # ---- reading ---------------------------------------------------------------------
 
@@ -188,6 +196,16 @@ class PopState:
 
     def in_flight(self, group: str, topic: str) -> int:
         return sum(len(qs.flights) for _, qs in self.topic_queues(group, topic))
+
+    def counts(self, group: str, topic: str) -> dict[str, int]:
+        """The group's counters (``STATS``) for the topic."""
+        got = self.stats.get(group, {}).get(topic, {})
+        return {name: got.get(name, 0) for name in STATS}
+
+    def _count(self, group: str, topic: str, name: str, n: int = 1) -> None:
+        if n:
+            by_name = self.stats.setdefault(group, {}).setdefault(topic, {})
+            by_name[name] = by_name.get(name, 0) + n
 
     # ---- applying (each at the log time ``ts``) -------------------------------------------
 
@@ -237,6 +255,9 @@ class PopState:
                     if f.due > ts or f.attempt >= cfg.max_delivery_attempts:
                         continue
                     attempt = f.attempt + 1
+                    self._count(group, topic, "redelivered")
+                    if not f.nacked:
+                        self._count(group, topic, "expired")
                 elif first_next <= o < fresh_end:
                     attempt = 1
                 else:
@@ -247,6 +268,7 @@ class PopState:
                 )
                 out.append(Delivered(queue_id, o, attempt, index, visible))
             qs.next = max(qs.next, fresh_end)
+        self._count(group, topic, "delivered", len(out))
         return out
 
     def ack(self, group: str, topic: str, handles: Iterable[Handle]) -> list[bool]:
@@ -260,6 +282,7 @@ class PopState:
                 assert qs is not None
                 del qs.flights[offset]
             out.append(ok)
+        self._count(group, topic, "acked", sum(out))
         return out
 
     def nack(
@@ -278,7 +301,9 @@ class PopState:
                 cfg.retry.delay(f.attempt) if delay_ms is None else delay_ms
             )
             f.epoch = index
+            f.nacked = True
             out.append(True)
+        self._count(group, topic, "nacked", sum(out))
         return out
 
     def change_invisible(
@@ -293,6 +318,7 @@ class PopState:
         f.visible_at = self.ts + invisible_ms
         f.due = f.visible_at + cfg.retry.delay(f.attempt)
         f.epoch = index
+        f.nacked = False
         return Delivered(handle[0], handle[1], f.attempt, index, f.visible_at)
 
     def dead_letter(self, group: str, topic: str, handle: Handle) -> bool:
@@ -303,15 +329,20 @@ class PopState:
             return False
         qs = self.queues[(group, topic, handle[0])]
         del qs.flights[handle[1]]
-        by_topic = self.dead.setdefault(group, {})
-        by_topic[topic] = by_topic.get(topic, 0) + 1
+        self._count(group, topic, "dead_lettered")
+        if f.visible_at <= self.ts and not f.nacked:
+            self._count(group, topic, "expired")
         return True
+
+    def redrove(self, group: str, next_offset: int) -> None:
+        """The dead letters of ``group`` below ``next_offset`` were produced back."""
+        self.redriven[group] = max(self.redriven.get(group, 0), next_offset)
 
     def drop_topic(self, topic: str) -> None:
         """The topic was deleted: its queues, handed out or not, are gone."""
         for key in [k for k in self.queues if k[1] == topic]:
             del self.queues[key]
-        for by_topic in self.dead.values():
+        for by_topic in self.stats.values():
             by_topic.pop(topic, None)
 
     def _current(self, group: str, topic: str, handle: Handle) -> Flight | None:
@@ -333,13 +364,14 @@ class PopState:
                     q,
                     qs.next,
                     [
-                        [o, f.attempt, f.epoch, f.visible_at, f.due, f.attempt_id]
+                        [o, f.attempt, f.epoch, f.visible_at, f.due, f.attempt_id, f.nacked]
                         for o, f in qs.flights.items()
                     ],
                 ]
                 for (g, t, q), qs in self.queues.items()
             ],
-            "dead": self.dead,
+            "stats": self.stats,
+            "redriven": self.redriven,
         }
 
     @classmethod
@@ -350,17 +382,25 @@ class PopState:
         s.groups = {str(g): PopConfig.from_json(c) for g, c in d["groups"].items()}
         for g, t, q, nxt, flights in d["queues"]:
             qs = QueueState(json_int(nxt, "next"))
-            for o, attempt, epoch, visible, due, aid in flights:
+            for o, attempt, epoch, visible, due, aid, *nacked in flights:
                 qs.flights[json_int(o, "offset")] = Flight(
                     json_int(attempt, "attempt"),
                     json_int(epoch, "epoch"),
                     json_int(visible, "visible_at"),
                     json_int(due, "due"),
                     None if aid is None else str(aid),
+                    bool(nacked and nacked[0]),
                 )
             s.queues[(str(g), str(t), json_int(q, "queue id"))] = qs
-        s.dead = {
-            str(g): {str(t): json_int(n, "dead") for t, n in ts.items()}
-            for g, ts in d["dead"].items()
+        s.stats = {
+            str(g): {
+                str(t): {str(k): json_int(n, "count") for k, n in counts.items()}
+                for t, counts in ts.items()
+            }
+            for g, ts in d.get("stats", {}).items()
         }
+        for g, ts in d.get("dead", {}).items():  # (the part before the counters)
+            for t, n in ts.items():
+                s._count(str(g), str(t), "dead_lettered", json_int(n, "dead"))
+        s.redriven = {str(g): json_int(n, "redriven") for g, n in d.get("redriven", {}).items()}
         return s

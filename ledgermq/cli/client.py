@@ -229,11 +229,10 @@ def _add_dlq_commands(sub: Any) -> None:
     _common(p, _dlq_show)
     p = dsub.add_parser(
         "redrive",
-        help="produce dead letters again to the topics they came from (they stay in the DLQ,"
-        " nothing records that they went back: --from-offset for the next run)",
+        help="produce dead letters back to the topics they came from, from the first not"
+        " produced back yet (the broker keeps where it got to: each goes back once)",
     )
     p.add_argument("group")
-    add_option(p, "--from-offset", type=int, default=None, help="default: the oldest kept")
     add_option(p, "--max", type=int, default=1000, help="at most this many")
     _common(p, _dlq_redrive)
 
@@ -430,8 +429,9 @@ def _print_group(d: GroupDescription) -> None:
     )
     print(f"  retry: {_retry_text(d.retry)}")
     if d.topics:
-        rows = [(t.topic, t.in_flight, t.dead_lettered) for t in d.topics]
-        print(table(["TOPIC", "IN_FLIGHT", "DEAD_LETTERED"], rows))
+        counts = ("delivered", "redelivered", "acked", "nacked", "expired", "dead_lettered")
+        rows = [(t.topic, t.in_flight, *(getattr(t, c) for c in counts)) for t in d.topics]
+        print(table(["TOPIC", "IN_FLIGHT", *(c.upper() for c in counts)], rows))
 
 
 def _group_config(args: argparse.Namespace) -> int:
@@ -517,38 +517,25 @@ def _dlq_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _redriven(m: ReceivedMessage) -> tuple[str, Message]:
-    """A dead letter as it was produced: its origin topic, and its body, tags, keys and
-    the producer's properties."""
-    topic = m.properties.get(DLQ_PROPERTIES[0])
-    if not topic:
-        raise ValueError(f"dead letter {m.queue_offset}: no {DLQ_PROPERTIES[0]} property")
-    props = {k: v for k, v in m.properties.items() if k not in DLQ_PROPERTIES}
-    return topic, Message(m.body, keys=m.keys, tags=m.tags, properties=props)
-
-
 def _dlq_redrive(args: argparse.Namespace) -> int:
-    count = 0
-    last: int | None = None
-    with _admin(args) as admin, Producer(args.brokers, settings=_settings(args)) as p:
-        letters = _dead_letters(admin, args.group, args.from_offset, args.max)
-        while page := list(itertools.islice(letters, DLQ_PAGE)):
-            by_topic: dict[str, list[Message]] = {}
-            for m in page:
-                topic, message = _redriven(m)
-                by_topic.setdefault(topic, []).append(message)
-            for topic, messages in by_topic.items():
-                p.send(topic, messages)
-            count += len(page)
-            last = page[-1].queue_offset
+    total = skipped = 0
+    next_offset = 0
+    with _admin(args) as admin, _Progress(sys.stderr.isatty()) as bar:
+        while total + skipped < args.max:  # (each call moves at least one, or ends)
+            r = admin.redrive_dead_letters(args.group, min(DLQ_PAGE, args.max - total - skipped))
+            total, skipped, next_offset = total + r.redriven, skipped + r.skipped, r.next_offset
+            if not r.redriven and not r.skipped:
+                break
+            bar(r.redriven + r.skipped)
     if args.json:
-        _json_line({"redriven": count, "next_offset": None if last is None else last + 1})
-    elif last is None:
-        print(f"group {args.group}: no dead letters")
+        _json_line({"redriven": total, "skipped": skipped, "next_offset": next_offset})
+    elif not total and not skipped:
+        print(f"group {args.group}: no dead letters to redrive (next offset {next_offset})")
     else:
+        gone = f"; skipped {_plural(skipped, 'dead letter')} whose topic is gone" if skipped else ""
         print(
-            f"redrove {_plural(count, 'dead letter')} of {args.group} to their topics;"
-            f" they stay in {dlq_topic(args.group)}: next time --from-offset {last + 1}"
+            f"redrove {_plural(total, 'dead letter')} of {args.group} to their topics{gone};"
+            f" they stay in {dlq_topic(args.group)}, and the next redrive starts at {next_offset}"
         )
     return 0
 

@@ -61,6 +61,7 @@ class Admin(SyncDriver[AdminOps], _AdminFront):
     group_offsets = blocking(AdminOps.group_offsets)
     configure_group = blocking(AdminOps.configure_group)
     describe_group = blocking(AdminOps.describe_group)
+    redrive_dead_letters = blocking(AdminOps.redrive_dead_letters)
     commit_offsets = blocking(AdminOps.commit_offsets)
     reset_offsets = blocking(AdminOps.reset_offsets)
     get_message = blocking(AdminOps.get_message)
@@ -84,6 +85,7 @@ class AsyncAdmin(AsyncDriver[AdminOps], _AdminFront):
     group_offsets = awaiting(AdminOps.group_offsets)
     configure_group = awaiting(AdminOps.configure_group)
     describe_group = awaiting(AdminOps.describe_group)
+    redrive_dead_letters = awaiting(AdminOps.redrive_dead_letters)
     commit_offsets = awaiting(AdminOps.commit_offsets)
     reset_offsets = awaiting(AdminOps.reset_offsets)
     get_message = awaiting(AdminOps.get_message)
@@ -323,6 +325,7 @@ class PopConsumer(SyncDriver[PopOps], _PopConsumerFront):
     ack = blocking(PopOps.ack)
     nack = blocking(PopOps.nack)
     extend = blocking(PopOps.extend)
+    dead_letter = blocking(PopOps.dead_letter)
 
     def run(
         self,
@@ -361,6 +364,7 @@ class AsyncPopConsumer(AsyncDriver[PopOps], _PopConsumerFront):
     ack = awaiting(PopOps.ack)
     nack = awaiting(PopOps.nack)
     extend = awaiting(PopOps.extend)
+    dead_letter = awaiting(PopOps.dead_letter)
 
     async def run(
         self,

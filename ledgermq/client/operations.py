@@ -25,6 +25,7 @@ from .types import (
     PullResult,
     QueueInfo,
     ReceivedMessage,
+    Redriven,
     SendResult,
     TopicDescription,
     TopicInfo,
@@ -172,6 +173,16 @@ class AdminOps:
         """A group's mode and, for a POP group, its configuration and what is in flight."""
         d = yield from self.ex.get(api_path("groups", group))
         return parse_group(d)
+
+    def redrive_dead_letters(self, group: str, max_messages: int | None = None) -> Gen[Redriven]:
+        """Produce up to ``max_messages`` (default: the broker's most per pull) of a POP
+        group's dead letters back to the topics they came from, from the first not
+        produced back yet (the broker keeps where it got to: exactly once, also across
+        failovers). Call until ``redriven`` and ``skipped`` are both 0 to move them all."""
+        body = {} if max_messages is None else {"max_messages": max_messages}
+        reply = yield from self.ex.write("POST", api_path("groups", group, "dlq", "redrive"), body)
+        d = reply.body
+        return Redriven(int(d["redriven"]), int(d["skipped"]), int(d["next_offset"]))
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> Gen[None]:
         body = {"topic": topic, "offsets": {str(q): o for q, o in sorted(offsets.items())}}

@@ -223,6 +223,12 @@ class PopOps:
         extra = {} if delay_ms is None else {"delay_ms": delay_ms}
         return (yield from self._settle("nack", [handle_of(m) for m in messages], extra))
 
+    def dead_letter(self, messages: Iterable[PopMessage | str]) -> Gen[list[AckResult]]:
+        """Copy each message (or receipt handle) whose handle is current into the group's
+        dead letters (``dlq_topic(group)``) at once: done for the group, as after its
+        last attempt."""
+        return (yield from self._settle("dlq", [handle_of(m) for m in messages], {}))
+
     def extend(self, message: PopMessage | str, invisible_ms: int) -> Gen[str]:
         """The message stays invisible ``invisible_ms`` from now (longer or shorter); its
         new receipt handle (the old one is no longer current).

@@ -216,9 +216,17 @@ class GroupOffset:
 
 @dataclass(frozen=True, slots=True)
 class PopTopicState:
+    """A POP group's messages of one topic: in flight now, and counted since the group
+    began (the same on every node: the counts are replicated state)."""
+
     topic: str
     in_flight: int
     dead_lettered: int
+    delivered: int = 0  # deliveries, first ones and again
+    redelivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    expired: int = 0  # invisible times that passed without an ack or nack
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +243,19 @@ class GroupDescription:
     retry: Mapping[str, Any] | None = None
     start: str | int | None = None  # latest | earliest | a store time (ms)
     topics: list[PopTopicState] = field(default_factory=list)
+    redrive_next_offset: int | None = None  # the first dead letter not produced back
+
+
+@dataclass(frozen=True, slots=True)
+class Redriven:
+    """What one ``redrive_dead_letters`` call did."""
+
+    redriven: int  # dead letters produced back to their topics
+    skipped: int  # dead letters whose topic no longer exists
+    next_offset: int  # the first dead letter of the group not produced back yet
+
+
+_POP_COUNTS = ("delivered", "redelivered", "acked", "nacked", "expired")
 
 
 def parse_group(d: Mapping[str, Any]) -> GroupDescription:
@@ -246,9 +267,15 @@ def parse_group(d: Mapping[str, Any]) -> GroupDescription:
         retry=d.get("retry"),
         start=d.get("start"),
         topics=[
-            PopTopicState(str(t["topic"]), int(t["in_flight"]), int(t["dead_lettered"]))
+            PopTopicState(
+                str(t["topic"]),
+                int(t["in_flight"]),
+                int(t["dead_lettered"]),
+                *(int(t.get(k, 0)) for k in _POP_COUNTS),
+            )
             for t in d.get("topics") or ()
         ],
+        redrive_next_offset=d.get("redrive_next_offset"),
     )
 
 

@@ -470,6 +470,8 @@ async def test_openapi_document_is_complete(node: Node) -> None:
         ("post", "/v1/groups/{group}/ack"),
         ("post", "/v1/groups/{group}/nack"),
         ("post", "/v1/groups/{group}/invisible"),
+        ("post", "/v1/groups/{group}/dlq"),
+        ("post", "/v1/groups/{group}/dlq/redrive"),
         ("get", "/v1/messages/{msg_id}"),
     }
     assert {(m, p) for p, ops in paths.items() for m in ops} == expected

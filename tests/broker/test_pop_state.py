@@ -142,7 +142,7 @@ def test_a_dead_letter_ends_a_current_flight_once() -> None:
     _receive(s, 1, 0, [(0, 0, 1, [0])])
     assert s.dead_letter(G, T, (0, 0, 1)) is True
     assert s.dead_letter(G, T, (0, 0, 1)) is False
-    assert s.dead == {G: {T: 1}} and s.in_flight(G, T) == 0
+    assert s.counts(G, T)["dead_lettered"] == 1 and s.in_flight(G, T) == 0
 
 
 def test_log_time_never_goes_back() -> None:
@@ -169,7 +169,7 @@ def test_the_snapshot_part_round_trips_and_applying_is_deterministic() -> None:
     s = PopState()
     s.drop_topic(T)
     a.drop_topic(T)
-    assert a.queues == {} and a.dead == {G: {}}
+    assert a.queues == {} and a.stats == {G: {}}
 
 
 def test_retry_policies() -> None:
@@ -204,3 +204,41 @@ def test_retry_policies() -> None:
 def test_a_malformed_config_is_a_value_error(bad: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         PopConfig.from_json(bad)
+
+
+def test_counters_tell_expiries_from_nacks_and_survive_the_snapshot() -> None:
+    s = _state(retry={"policy": "list", "delays_ms": [0]}, max_delivery_attempts=3)
+    _receive(s, 1, 0, [(0, 0, 2, [0, 1])], inv=100)
+    assert s.nack(2, G, T, [(0, 1, 1)], 0) == [True]
+    # At 200 offset 0's invisible time has passed (an expiry), offset 1 was nacked.
+    again = _receive(s, 3, 200, [(0, 2, 2, [0, 1])], inv=100)
+    assert [(d.offset, d.attempt) for d in again] == [(0, 2), (1, 2)]
+    assert s.ack(G, T, [(0, 0, 3), (0, 1, 1)]) == [True, False]
+    s.tick(400)
+    assert s.dead_letter(G, T, (0, 1, 3))  # its invisible time passed: expired too
+    assert s.counts(G, T) == {
+        "delivered": 4,
+        "redelivered": 2,
+        "acked": 1,
+        "nacked": 1,
+        "expired": 2,
+        "dead_lettered": 1,
+    }
+    s.redrove(G, 5)
+    s.redrove(G, 3)  # (never back)
+    again_s = PopState.from_json(orjson.loads(orjson.dumps(s.to_json())))
+    assert again_s.counts(G, T) == s.counts(G, T) and again_s.redriven == {G: 5}
+    assert again_s.to_json() == s.to_json()
+
+
+def test_a_snapshot_part_from_before_the_counters_still_loads() -> None:
+    old = {
+        "ts": 7,
+        "groups": {G: PopConfig().to_json()},
+        "queues": [[G, T, 0, 4, [[3, 1, 9, 100, 200, None]]]],
+        "dead": {G: {T: 2}},
+    }
+    s = PopState.from_json(old)
+    assert s.counts(G, T)["dead_lettered"] == 2 and s.redriven == {}
+    q = s.queue(G, T, 0)
+    assert q is not None and q.flights[3].attempt == 1 and not q.flights[3].nacked

@@ -1,6 +1,6 @@
 """Fuzz targets of ``api``: every request body. ``api_models`` gives the pydantic models
 of ``api/models.py`` bytes straight; ``http_bodies`` sends a body (JSON, or NDJSON for
-produce) and path parameters to each of the five endpoints that take one, through the
+produce) and path parameters to each of the endpoints that take one, through the
 real app (``create_app``), to a broker that runs every check and encodes every record
 but appends nothing: any answer but a 500 is fine, a 500 is an exception the API did not
 turn into its error body."""
@@ -27,7 +27,8 @@ from broker.broker import Broker
 from broker.commitlog import OutgoingMessage, PutResult
 from broker.dispatch.appliers import state_appliers
 from broker.gate import BrokerRole
-from broker.metadata import TopicMeta
+from broker.metadata import POP_OP_PREFIX, TopicMeta
+from broker.pop.state import PopState
 from broker.settings import BrokerSettings, Limits
 from broker.status import BrokerStatus
 from dledger.store import FileStore
@@ -44,6 +45,13 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     models.ResetOffsets,
     models.GroupPull,
     models.LeadershipRequest,
+    models.GroupConfig,
+    models.Receive,
+    models.Ack,
+    models.Nack,
+    models.ChangeInvisible,
+    models.DeadLetter,
+    models.Redrive,
 )
 
 _PRODUCE = orjson.dumps(
@@ -64,6 +72,14 @@ _BODIES = (
     b'{"topic": "t", "to": "earliest"}',
     b'{"topic": "t", "max_messages": 5, "queue_ids": [0, 1]}',
     b'{"to": "n0"}',
+    b'{"mode": "pop", "fifo": true, "max_delivery_attempts": 3, "start": "earliest",'
+    b' "retry": {"policy": "exponential", "initial_ms": 10, "multiplier": 2, "max_ms": 100}}',
+    b'{"topic": "t", "max_messages": 4, "invisible_ms": 1000, "tags": "A||B", "attempt_id": "x"}',
+    b'{"topic": "t", "receipt_handles": ["v1:0:0:1", "v1:1:2:3"]}',
+    b'{"topic": "t", "receipt_handles": ["v1:0:0:1"], "delay_ms": 5}',
+    b'{"topic": "t", "receipt_handle": "v1:0:0:1", "invisible_ms": 500}',
+    b'{"topic": "t", "receipt_handles": ["v1:0:0:1"]}',
+    b'{"max_messages": 3}',
 )
 
 
@@ -180,6 +196,7 @@ class _FuzzBroker(Broker):
         self.meta.topics = {"t": TopicMeta("t", 4, -1)}
         self.meta.offsets = {}
         self.meta.sessions.clear()
+        self.meta.pop = PopState()
 
     async def _put_messages(
         self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
@@ -188,7 +205,10 @@ class _FuzzBroker(Broker):
         return [PutResult(0, i, 48 + 100 * i, i) for i in range(len(batch))]
 
     async def _append_meta(self, op: dict[str, Any]) -> int:
-        self.meta.apply_op(self.meta.applied_index + 1, orjson.dumps(op))
+        index = self.meta.applied_index + 1
+        self.meta.apply_op(index, orjson.dumps(op))
+        if op["op"].startswith(POP_OP_PREFIX):  # (the POP applier's outcome, for its route)
+            self.pop.applier.apply_operation(index, 0, op["op"], orjson.loads(orjson.dumps(op)))
         return self.meta.applied_index
 
     async def _transfer(self, to: str, timeout_s: float = 5.0) -> None:
@@ -252,6 +272,13 @@ _ROUTES = (
     ("POST", "/v1/groups/{name}/offsets/reset", "application/json"),
     ("POST", "/v1/groups/{name}/pull", "application/json"),
     ("POST", "/v1/cluster/leadership", "application/json"),
+    ("PUT", "/v1/groups/{name}", "application/json"),
+    ("POST", "/v1/groups/{name}/receive", "application/json"),
+    ("POST", "/v1/groups/{name}/ack", "application/json"),
+    ("POST", "/v1/groups/{name}/nack", "application/json"),
+    ("POST", "/v1/groups/{name}/invisible", "application/json"),
+    ("POST", "/v1/groups/{name}/dlq", "application/json"),
+    ("POST", "/v1/groups/{name}/dlq/redrive", "application/json"),
 )
 
 

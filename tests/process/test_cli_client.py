@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgermq.client import Admin, Producer
+from ledgermq.client import Admin, PopConsumer, Producer
 from ledgermq.local_cluster import LocalBrokerCluster
 
 LEDGERMQ = Path(sys.executable).with_name("ledgermq")
@@ -165,6 +165,7 @@ def test_a_pop_group_configured_consumed_and_shown(brokers: str) -> None:
         "retry": {"policy": "list", "delays_ms": [0, 500]},
         "start": "earliest",
         "topics": [],
+        "redrive_next_offset": 0,
     }
     with Producer(brokers) as p:
         p.send(topic, [f"p{i}" for i in range(6)])
@@ -188,6 +189,21 @@ def test_a_pop_group_configured_consumed_and_shown(brokers: str) -> None:
         ledgermq("dlq", "show", group, brokers=brokers).stdout
         == f"group {group}: no dead letters\n"
     )
+    # A consumer dead-letters a message; the CLI produces it back, once.
+    with Producer(brokers) as p:
+        p.send(topic, ["poison"])
+    with PopConsumer(brokers, group, topic) as c:
+        [m] = c.receive(wait_ms=5000)
+        assert [r.status for r in c.dead_letter([m])] == ["OK"]
+    assert "poison" in ledgermq("dlq", "show", group, brokers=brokers).stdout
+    out = ledgermq("dlq", "redrive", group, "--json", brokers=brokers).stdout
+    assert json.loads(out) == {"redriven": 1, "skipped": 0, "next_offset": 1}
+    out = ledgermq("dlq", "redrive", group, brokers=brokers).stdout
+    assert out == f"group {group}: no dead letters to redrive (next offset 1)\n"
+    with PopConsumer(brokers, group, topic) as c:
+        [again] = c.receive(wait_ms=5000)
+        assert again.body == b"poison" and again.delivery_attempt == 1
+        c.ack([again])
     # A group that committed offsets is no POP group.
     ledgermq("consume", topic, "-g", "cli-offsets-g", "--max", "1", brokers=brokers)
     err = one_error_line(ledgermq("group", "config", "cli-offsets-g", rc=1, brokers=brokers))

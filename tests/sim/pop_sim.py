@@ -598,7 +598,7 @@ class PopChecker:
                 copies = sum(
                     1 for k, v in self.dead.items() if v and k[:3] == (plan.name, topic, t.created)
                 )
-                counted = state.dead.get(plan.name, {}).get(topic, 0)
+                counted = state.counts(plan.name, topic)["dead_lettered"]
                 if copies != counted:
                     self.fail(
                         f"{plan.name}: {copies} dead letters of {topic} in the log, "
