@@ -121,6 +121,12 @@ class ProduceMessage(_Request):
     queue_id: QueueId | None = None
     sharding_key: str | None = Field(None, max_length=1024)
     born_timestamp: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    deliver_at_ms: Annotated[int, Field(ge=0, le=2**62)] | None = Field(
+        None, description="a delay message: delivered at this time (ms since the epoch)"
+    )
+    delay_ms: Annotated[int, Field(ge=0, le=2**62)] | None = Field(
+        None, description="a delay message: delivered this long after it is stored"
+    )
 
 
 class ProduceRequest(_Request):
@@ -144,9 +150,13 @@ class ProduceRequest(_Request):
 
 class ProduceResult(BaseModel):
     msg_id: str
-    queue_id: int
-    queue_offset: int
+    queue_id: int | None = Field(description="null for a delay message: set at delivery")
+    queue_offset: int | None
     commitlog_offset: int
+    deliver_at_ms: int | None = Field(None, description="a delay message's time")
+    recall_handle: str | None = Field(
+        None, description="a delay message's: DELETE /v1/delayed/{recall_handle} cancels it"
+    )
 
 
 class ProduceResponse(BaseModel):

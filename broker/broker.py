@@ -47,6 +47,8 @@ from .reads import MessageMaker, PulledMessage, PullResult, Reads
 from .role import RoleChangeHandler
 from .settings import BrokerSettings
 from .status import BrokerStatus, PeerStatus
+from .timers.applier import TimerApplier
+from .timers.service import Timers
 from .topics import MetadataLog, Topics
 
 __all__ = [
@@ -185,6 +187,20 @@ class Broker:
             applier=next(a for a in dispatch.state if isinstance(a, PopApplier)),
             clock=now_ms,
         )
+        self.timers = Timers(
+            settings=s,
+            gate=gate,
+            topics=topics,
+            metalog=self.metalog,
+            meta=meta,
+            reads=self.reads,
+            cq=self.cq,
+            producer=self.producer,
+            dispatch=dispatch,
+            applier=next(a for a in dispatch.state if isinstance(a, TimerApplier)),
+            clock=now_ms,
+        )
+        dispatch.pinned = self.timers.pinned_entry_pos
 
     async def start(self) -> None:
         self._assemble(await self.server.open())
@@ -198,6 +214,9 @@ class Broker:
         )
         # The dispatcher ends only on a broken invariant: without it nothing committed
         # becomes readable, so the node must fail loudly, not go on half alive.
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        task = asyncio.create_task(self.timers.run(), name="broker-timers")  # (likewise)
         task.add_done_callback(self._task_done)
         self._tasks.append(task)
 

@@ -32,10 +32,12 @@ from .message import (
     message_properties,
 )
 from .metadata import TopicMeta
-from .properties import inner_properties
+from .properties import BROKER_PROPERTIES, inner_properties
 from .settings import Limits
 
-_PROPERTY_NAME_RESERVED = SYSTEM_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
+_PROPERTY_NAME_RESERVED = (
+    SYSTEM_PROPERTIES | BROKER_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
+)
 
 Session = tuple[str, int, int]
 """(producer id, sequence, batch size): what each message of a session batch records."""
@@ -56,6 +58,8 @@ class NewMessage:
     queue_id: int | None = None
     sharding_key: str | None = None
     born_timestamp: int | None = None
+    deliver_at_ms: int | None = None  # a delay message (broker/timers): its time
+    uniq_key: str | None = None  # kept, not drawn: a delay message's copy keeps its own
 
 
 def validate_messages(messages: Sequence[NewMessage], limits: Limits) -> None:
@@ -159,11 +163,12 @@ def _encode_single(
     r: _Request, m: NewMessage, index_in_batch: int, *, queue_id: int | None = None
 ) -> OutgoingMessage:
     """One message as its own record; ``queue_id``: the queue picked already."""
+    drawn = r.uniq_key()  # (drawn for every record, a kept key or not: in message order)
     props = message_properties(
         m.properties,
         tags=m.tags,
         keys=m.keys,
-        uniq_key=r.uniq_key(),
+        uniq_key=drawn if m.uniq_key is None else m.uniq_key,
         session=r.session_of(index_in_batch),
     )
     raw_props = _checked_properties(r, m, index_in_batch, props)
@@ -195,7 +200,7 @@ def _encode_batched(
     ]
     qids = select_queues([(m.queue_id, m.sharding_key) for m in messages])
     out: list[OutgoingMessage] = []
-    alone = [m.born_timestamp is not None for m in messages]
+    alone = [m.born_timestamp is not None or m.uniq_key is not None for m in messages]
     for i, j in queue_runs(qids, alone):
         if j - i == 1:
             out.append(_encode_single(r, messages[i], first_in_batch + i, queue_id=qids[i]))

@@ -93,6 +93,20 @@ class ForbiddenError(BrokerError):
     http_status = 403
 
 
+class RecallHandleNotFoundError(BrokerError):
+    """A recall handle that names no delay message."""
+
+    code = "RECALL_HANDLE_NOT_FOUND"
+    http_status = 404
+
+
+class AlreadyDeliveredError(BrokerError):
+    """A recall of a delay message that was delivered already."""
+
+    code = "ALREADY_DELIVERED"
+    http_status = 409
+
+
 class UnknownNodeError(BrokerError):
     """A node id that is not a member of the group."""
 

@@ -36,14 +36,27 @@ from dledger.store import write_atomic
 
 from .jsonint import json_int
 from .pop.state import PopState
+from .timers.state import TimerState
 
 POP_OP_PREFIX = "pop."
+TIMER_OP_PREFIX = "timer."
 
 log = logging.getLogger(__name__)
 
 SYS_TOPIC = "%SYS%META"
 SYS_PREFIX = "%SYS%"
 TOPIC_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
+# The delay messages' topic (broker/timers): its "." is in no name a client can give, so
+# no request reads, writes, lists or deletes it.
+TIMER_TOPIC = "%SYS%.timer"
+SYSTEM_TOPICS = frozenset({TIMER_TOPIC})
+
+
+def topic_name_ok(name: str) -> bool:
+    """A user's topic name, or one of the broker's own ``SYSTEM_TOPICS``."""
+    return name in SYSTEM_TOPICS or TOPIC_NAME.fullmatch(name) is not None
+
+
 GROUP_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 PRODUCER_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}")
 MAX_QUEUES = 65_536  # per topic: the API's bound; more is not a table we made
@@ -97,6 +110,8 @@ class MetadataState:
         self.sessions: OrderedDict[str, ProducerSession] = OrderedDict()
         # POP groups: configuration, handed-out messages (``broker/pop/state.py``)
         self.pop = PopState()
+        # delay messages: which are done (``broker/timers/state.py``)
+        self.timers = TimerState()
 
     # ---- applying the log --------------------------------------------------------------
 
@@ -127,8 +142,8 @@ class MetadataState:
                     return name
             elif kind == "commit_offsets":
                 self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"])
-            elif isinstance(kind, str) and kind.startswith(POP_OP_PREFIX):
-                pass  # the POP applier's (broker/pop/applier.py)
+            elif isinstance(kind, str) and kind.startswith((POP_OP_PREFIX, TIMER_OP_PREFIX)):
+                pass  # the POP and timer appliers' (broker/pop/applier.py, broker/timers)
             else:
                 log.warning("entry %d: unknown metadata operation %r skipped", index, kind)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -138,7 +153,7 @@ class MetadataState:
     def _create_topic(self, index: int, name: str, queues: int) -> None:
         if name in self.topics:
             return  # the first create wins; the master checked for a conflict before
-        if not TOPIC_NAME.fullmatch(name) or not 1 <= queues <= MAX_QUEUES:
+        if not topic_name_ok(name) or not 1 <= queues <= MAX_QUEUES:
             log.warning("entry %d: invalid topic %r/%d skipped", index, name, queues)
             return
         self.topics[name] = TopicMeta(name, queues, index)

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from typing import Final, TypeAlias
 
 __all__ = [
+    "BROKER_PROPERTIES",
     "NAME_VALUE_SEPARATOR",
     "PROPERTY_SEPARATOR",
     "PROP_BATCH_INDEX",
@@ -72,6 +73,24 @@ SYSTEM_PROPERTIES: Final = frozenset(
         PROP_BATCH_INDEX,
         PROP_BATCH_SIZE,
         PROP_INNER_NUM,
+    }
+)
+# Set by the broker on the copies it writes (dead letters: broker/pop/applier.py; delay
+# messages: broker/timers/applier.py) and shown to consumers, but never taken from a
+# producer: each one tells an applier what a record ends.
+BROKER_PROPERTIES: Final = frozenset(
+    {
+        "DLQ_ORIGIN_TOPIC",
+        "DLQ_ORIGIN_QUEUE_ID",
+        "DLQ_ORIGIN_QUEUE_OFFSET",
+        "DLQ_ORIGIN_MSG_ID",
+        "DELIVERY_ATTEMPTS",
+        "POP_EPOCH",
+        "TIMER_DELIVER_MS",
+        "TIMER_ORIGIN",
+        "REAL_TOPIC",
+        "REAL_QID",
+        "TIMER_SHARDING_KEY",
     }
 )
 _KEY_SEPARATOR: Final = " "

@@ -732,6 +732,10 @@ class Reads:
             raise errors.MessageNotFoundError(f"no message {msg_id}")
         return m
 
+    def message_at(self, address: int) -> PulledMessage | None:
+        """The message at a message address, every field decoded (None: none there)."""
+        return self._message_at(address, self.pulled_message)
+
     def _message_at(self, address: int, make: MessageMaker[_M]) -> _M | None:
         """The message at a message address (a message id's, the key index's), made by
         ``make``: a record's commitlog offset, or inside a batch record the record's

@@ -63,6 +63,9 @@ class Limits:
     max_receipt_handles: int = 1024
     min_invisible_ms: int = 100
     max_invisible_ms: int = 12 * 3_600_000
+    # Delay messages (docs/producing.md): how far ahead a message may be scheduled
+    # (RocketMQ's timerMaxDelaySec: 3 days).
+    max_delay_ms: int = 3 * 24 * 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +97,9 @@ class BrokerSettings:
     snapshots_kept: int = 2
     master_catch_up_timeout_ms: int = 30_000  # a new leader's wait for NOOP + dispatch
     append_timeout_ms: int = 10_000  # produce waits this long for commit + dispatch
+    # Delay messages due within this much of now wait in memory (the near window); the
+    # rest are read from the timer queue when the window moves on (broker/timers).
+    timer_window_ms: int = 60_000
     # A write that arrives while the master hands leadership over waits this long at
     # most for the transfer to end (most end within a heartbeat or two), then goes to
     # whoever is master (this node again if it failed), instead of a 503 the client

@@ -30,6 +30,7 @@ from .message import encode_message
 from .metadata import (
     SYS_PREFIX,
     SYS_TOPIC,
+    SYSTEM_TOPICS,
     TOPIC_NAME,
     MetadataState,
     TopicMeta,
@@ -111,8 +112,12 @@ class Topics:
         return t
 
     def all(self) -> list[TopicMeta]:
-        """Every topic, by name."""
+        """Every topic, by name (the broker's own among them)."""
         return sorted(self.meta.topics.values(), key=lambda t: t.name)
+
+    def users(self) -> list[TopicMeta]:
+        """Every user's topic, by name: ``all`` without the broker's ``SYSTEM_TOPICS``."""
+        return [t for t in self.all() if t.name not in SYSTEM_TOPICS]
 
     async def create(self, name: str, queues: int | None = None) -> tuple[TopicMeta, bool]:
         """Create a topic; returns (topic, created). Same again → (topic, False); another

@@ -28,7 +28,9 @@ from dledger.store.meta import fsync_dir
 from .errors import ConsumeQueueError
 from .queue import ConsumeQueue, ConsumeQueueSettings
 
-TOPIC_PATTERN = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
+# A directory name: a broker's topic names, and "." within one (the broker's own system
+# topics have it: no client can name them), never "." or ".." alone.
+TOPIC_PATTERN = re.compile(r"(?!\.\.?$)[A-Za-z0-9_%|.-]{1,127}")
 
 
 def check_topic(topic: str) -> str:

@@ -35,6 +35,7 @@ from broker.pop.service import PopGroups
 from broker.produce import Producer
 from broker.reads import Reads
 from broker.settings import BrokerSettings, Limits
+from broker.timers.service import Timers
 from broker.topics import Topics
 
 from .. import models
@@ -210,6 +211,11 @@ async def _pop(request: Request) -> PopGroups:
     return pop
 
 
+async def _timers(request: Request) -> Timers:
+    timers: Timers = request.app.state.broker.timers
+    return timers
+
+
 async def _leadership(request: Request) -> Leadership:
     leadership: Leadership = request.app.state.broker.leadership
     return leadership
@@ -237,6 +243,7 @@ TopicsDep = Annotated[Topics, Depends(_topics)]
 GroupsDep = Annotated[ConsumerGroups, Depends(_groups)]
 LeadershipDep = Annotated[Leadership, Depends(_leadership)]
 PopDep = Annotated[PopGroups, Depends(_pop)]
+TimersDep = Annotated[Timers, Depends(_timers)]
 SettingsDep = Annotated[BrokerSettings, Depends(_settings)]
 LimitsDep = Annotated[Limits, Depends(_limits)]
 MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]

@@ -16,7 +16,9 @@ from starlette.responses import Response
 
 from broker import errors
 from broker.broker import NewMessage, ProduceResult
+from broker.produce import now_ms
 from broker.settings import Limits
+from broker.timers.service import Scheduled
 
 from .. import media, models
 from ..json_messages import JSONMessages, pull_json
@@ -33,6 +35,7 @@ from .common import (
     ProducerDep,
     QueuePath,
     ReadsDep,
+    TimersDep,
     TopicPath,
     check_maxima,
     error_docs,
@@ -62,6 +65,9 @@ def to_broker_message(i: int, m: Mapping[str, Any]) -> NewMessage:
         keys.append(key)
     if more:
         keys.extend(k for k in more if k not in keys)
+    at, delay = m.get("deliver_at_ms"), m.get("delay_ms")
+    if at is not None and delay is not None:
+        raise errors.InvalidArgumentError(f"messages[{i}]: deliver_at_ms or delay_ms, not both")
     return NewMessage(
         body=body,
         tags=m.get("tags"),
@@ -70,6 +76,7 @@ def to_broker_message(i: int, m: Mapping[str, Any]) -> NewMessage:
         queue_id=m.get("queue_id"),
         sharding_key=m.get("sharding_key"),
         born_timestamp=m.get("born_timestamp"),
+        deliver_at_ms=now_ms() + delay if delay is not None else at,
     )
 
 
@@ -114,9 +121,10 @@ def _plain_message(m: object) -> bool:
         type(props) is not dict or any(type(v) is not str for v in props.values())
     ):
         return False
-    q, born = m.get("queue_id"), m.get("born_timestamp")
-    return (q is None or (type(q) is int and 0 <= q <= 65_535)) and (
-        born is None or (type(born) is int and 0 <= born <= _MAX_INT)
+    q = m.get("queue_id")
+    return (q is None or (type(q) is int and 0 <= q <= 65_535)) and all(
+        v is None or (type(v) is int and 0 <= v <= _MAX_INT)
+        for v in (m.get("born_timestamp"), m.get("deliver_at_ms"), m.get("delay_ms"))
     )
 
 
@@ -230,6 +238,25 @@ def produce_answer(results: Sequence[ProduceResult]) -> Response:
     return Response(b'{"results":[%b]}' % b",".join(rows), media_type=JSONBytes.media_type)
 
 
+def scheduled_answer(results: Sequence[Scheduled]) -> Response:
+    """The produce answer of delay messages: no queue yet, a time and a recall handle."""
+    return JSONBytes(
+        {
+            "results": [
+                {
+                    "msg_id": r.msg_id,
+                    "queue_id": None,
+                    "queue_offset": None,
+                    "commitlog_offset": r.commitlog_offset,
+                    "deliver_at_ms": r.deliver_at_ms,
+                    "recall_handle": r.recall_handle,
+                }
+                for r in results
+            ]
+        }
+    )
+
+
 # ``POST /v1/topics/{topic}/messages``: a batch, JSON or NDJSON, after quorum commit.
 @router.post(
     "/v1/topics/{topic}/messages",
@@ -244,6 +271,7 @@ async def produce(
     topic: TopicPath,
     request: Request,
     producer: ProducerDep,
+    timers: TimersDep,
     limits: LimitsDep,
     metrics: MetricsDep,
     access: AccessDep,
@@ -257,11 +285,15 @@ async def produce(
             f"{len(req.messages)} messages; at most {limits.max_messages_per_request}"
         )
     batch = [to_broker_message(i, m) for i, m in enumerate(req.messages)]
-    results = await producer.produce(topic, batch, req.producer_id, req.sequence)
+    if batch[0].deliver_at_ms is not None or batch[-1].deliver_at_ms is not None:
+        scheduled = await timers.produce(topic, batch, req.producer_id, req.sequence)
+        answer = scheduled_answer(scheduled)
+    else:
+        answer = produce_answer(await producer.produce(topic, batch, req.producer_id, req.sequence))
     metrics.produce_latency.observe(time.monotonic() - started)
     metrics.produced_messages.labels(topic).inc(len(batch))
     metrics.produced_bytes.labels(topic).inc(sum(len(m.body) for m in batch))
-    return produce_answer(results)
+    return answer
 
 
 # The JSON pull takes at most max_pull_messages (the broker checks), an Arrow one
@@ -337,3 +369,20 @@ async def offset_for_time(
 ) -> Response:
     access.need("consume", topic)
     return JSONBytes({"offset": reads.offset_for_time(topic, queue_id, timestamp)})
+
+
+@router.delete(
+    "/v1/delayed/{recall_handle}",
+    tags=["produce"],
+    summary="cancel a delay message before its delivery",
+    responses=error_docs(307, 404, 409, 503),
+)
+async def recall(
+    recall_handle: Annotated[str, Path(min_length=1, max_length=64, examples=["t1:17"])],
+    timers: TimersDep,
+    access: AccessDep,
+) -> Response:
+    topic = timers.topic_of(recall_handle)
+    access.need("produce", topic) if topic is not None else access.need("admin")
+    await timers.cancel(recall_handle)
+    return JSONBytes({"recall_handle": recall_handle, "status": "CANCELLED"})

@@ -24,7 +24,7 @@ async def create_topic(body: models.TopicCreate, topics: TopicsDep, access: Acce
 
 @router.get("/v1/topics", response_model=models.TopicList)
 async def list_topics(topics: TopicsDep) -> Response:
-    return JSONBytes({"topics": [{"name": t.name, "queues": t.queues} for t in topics.all()]})
+    return JSONBytes({"topics": [{"name": t.name, "queues": t.queues} for t in topics.users()]})
 
 
 @router.get(

@@ -27,12 +27,13 @@ from ..jsonint import json_int
 from ..message import PROP_BATCH_INDEX, PROP_BATCH_SIZE, PROP_PRODUCER_ID, PROP_PRODUCER_SEQ
 from ..metadata import (
     MAX_QUEUES,
-    TOPIC_NAME,
     MetadataState,
     ProducerSession,
     TopicMeta,
+    topic_name_ok,
 )
 from ..pop.applier import PopApplier
+from ..timers.applier import TimerApplier
 from .entry import Committed, StateApplier
 
 log = logging.getLogger(__name__)
@@ -76,11 +77,7 @@ class MetadataApplier:
         topics: dict[str, TopicMeta] = {}
         for name, queues, created in doc["topics"]:
             n = json_int(queues, "queues")
-            if (
-                not isinstance(name, str)
-                or not TOPIC_NAME.fullmatch(name)
-                or not 1 <= n <= MAX_QUEUES
-            ):
+            if not isinstance(name, str) or not topic_name_ok(name) or not 1 <= n <= MAX_QUEUES:
                 raise ValueError(f"bad topic {name!r} with {queues!r} queues")
             topics[name] = TopicMeta(name, n, json_int(created, "created_index"))
         offsets = {
@@ -151,7 +148,12 @@ def state_appliers(
 ) -> list[StateApplier[Any]]:
     """The replicated state's appliers, in the order each entry reaches them and their
     parts stand in a snapshot: register a new kind of replicated state here."""
-    return [MetadataApplier(meta, on_topic_deleted), SessionApplier(meta), PopApplier(meta)]
+    return [
+        MetadataApplier(meta, on_topic_deleted),
+        SessionApplier(meta),
+        PopApplier(meta),
+        TimerApplier(meta),
+    ]
 
 
 class KeyIndexApplier:

@@ -46,8 +46,10 @@ from ..message import (
     decode_properties,
     tags_and_keys,
 )
-from ..metadata import SYS_TOPIC
+from ..metadata import SYS_TOPIC, TIMER_TOPIC
 from ..properties import index_keys
+
+PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # a delay message's time (broker/timers)
 
 P = TypeVar("P")
 
@@ -119,7 +121,10 @@ def decode(  # noqa: PLR0917 - the entry header's fields, as the walk unpacks th
     props = decode_properties(raw[info.props_at : info.props_at + info.props_len])
     if inners is None:
         keys = index_keys(props)
-        units = (tags_hash(props.get(PROP_TAGS)),)
+        if info.topic == TIMER_TOPIC:  # its unit's tag code is its time (broker/timers)
+            units: tuple[int] = (_deliver_ms(props),)
+        else:
+            units = (tags_hash(props.get(PROP_TAGS)),)
         found = ((commitlog_offset, keys),) if keys else ()
         return Committed(index, pos, size, raw, body_at, info, False, None, props, units, found)
     # A batch record (``broker.batch``): message i's keys at address commitlog_offset + i,
@@ -135,6 +140,11 @@ def decode(  # noqa: PLR0917 - the entry header's fields, as the walk unpacks th
             all_keys.append((commitlog_offset + i, msg_keys))
         hashes.append(tags_hash(tags))
     return Committed(index, pos, size, raw, body_at, info, False, inners, props, hashes, all_keys)
+
+
+def _deliver_ms(props: Mapping[str, str]) -> int:
+    raw = props.get(PROP_TIMER_DELIVER_MS, "")
+    return int(raw) if raw.isdigit() and len(raw) < 19 else 0
 
 
 class Applier(Protocol):

@@ -107,6 +107,10 @@ class Dispatch:
             queue_table=functools.partial(queue_table, cq),
             serve=serve_snapshot,
         )
+        # A log position (or None) that retention keeps and that every snapshot handed to
+        # Raft precedes: the first pending delay message's entry (broker/timers).
+        self.pinned: Callable[[], int | None] | None = None
+        self.snapshot_manager.pinned = self._pinned
         # Why dispatch cannot move now (a disk error it retries), None while it can.
         self.stall: OSError | None = None
         # A leader's snapshot is being installed: the consume queues and the key index
@@ -304,12 +308,17 @@ class Dispatch:
         """Hand the newest snapshot to Raft, if it does not hold it yet."""
         self.snapshot_manager.offer()
 
+    def _pinned(self) -> int | None:
+        return None if self.pinned is None else self.pinned()
+
     def _update_retention_floor(self) -> None:
         snapshots = self.snapshot_manager
         keep_from = min(self.checkpoints.index, snapshots.snapshot_index)
         if snapshots.serve is not None:
             keep_from = min(keep_from, snapshots.served_index)
-        self.store.set_retention_floor(pos_of(self.store, keep_from + 1))
+        floor = pos_of(self.store, keep_from + 1)
+        pinned = self._pinned()
+        self.store.set_retention_floor(floor if pinned is None else min(floor, pinned))
 
     def correct_min_offsets(self) -> None:
         """Retention moved the log head: every queue starts at its first unit at or after

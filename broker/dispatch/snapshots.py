@@ -39,6 +39,7 @@ from dledger.store import FileStore
 
 from ..jsonint import json_int
 from ..metadata import MetadataState, SnapshotFiles
+from ..positions import pos_of
 from .entry import StateApplier
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,9 @@ class SnapshotManager:
         self.snapshot_index = -1  # the newest snapshot on disk
         self.served_index = -1  # the snapshot Raft holds (with ``serve`` set)
         self._unserved: tuple[int, bytes] | None = None  # the newest, until Raft has it
+        # A log position a follower that installs a snapshot must still receive (None:
+        # none): a snapshot past it waits (``offer``). Set by ``Dispatch``.
+        self.pinned: Callable[[], int | None] = lambda: None
 
     @property
     def unserved(self) -> bool:
@@ -180,7 +184,11 @@ class SnapshotManager:
             return
         if unserved[0] < self.store.ledger_begin_index - 1:
             self._unserved = None  # the log no longer continues it: a newer one will do
-        elif self.serve(*unserved):
+            return
+        pinned = self.pinned()
+        if pinned is not None and pos_of(self.store, unserved[0] + 1) > pinned:
+            return  # it covers a pending delay message's record: Raft keeps an older one
+        if self.serve(*unserved):
             self._unserved = None
             self.served_index = unserved[0]
 

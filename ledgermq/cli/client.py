@@ -116,6 +116,12 @@ def _add_produce_command(sub: Any) -> None:
     add_option(p, "--property", action="append", default=[], metavar="NAME=VALUE")
     add_option(p, "--queue-id", type=int, default=None, help="pin a queue")
     add_option(p, "--sharding-key", default=None, help="hash to a fixed queue (ordered)")
+    add_option(
+        p, "--delay-ms", type=int, default=None, help="delay messages: delivered this much later"
+    )
+    add_option(
+        p, "--deliver-at-ms", type=int, default=None, help="delay messages: delivered at (ms)"
+    )
     add_option(p, "--batch", type=int, default=100, help="messages per request")
     add_option(p, "--producer-id", default=None, help="default: a fresh p-<uuid4>")
     add_option(
@@ -648,6 +654,8 @@ def _messages(
             properties=properties,
             queue_id=args.queue_id,
             sharding_key=args.sharding_key,
+            deliver_at_ms=args.deliver_at_ms,
+            delay_ms=args.delay_ms,
         )
 
     if lines is None:
@@ -701,6 +709,8 @@ def _produce(args: argparse.Namespace) -> int:
                 for r in results if each else ():
                     if args.json:
                         _json_line(asdict(r))
+                    elif r.recall_handle is not None:
+                        print(f"delayed\t{r.deliver_at_ms}\t{r.msg_id}\t{r.recall_handle}")
                     else:
                         print(f"{r.queue_id}\t{r.queue_offset}\t{r.msg_id}")
     finally:

@@ -132,6 +132,18 @@ class InvalidReceiptHandleError(LedgerMQError):
     CODE = "INVALID_RECEIPT_HANDLE"
 
 
+class RecallHandleNotFoundError(LedgerMQError):
+    """The recall handle names no delay message."""
+
+    CODE = "RECALL_HANDLE_NOT_FOUND"
+
+
+class AlreadyDeliveredError(LedgerMQError):
+    """The delay message was delivered already: too late to recall it."""
+
+    CODE = "ALREADY_DELIVERED"
+
+
 class BrokerUnavailableError(LedgerMQError):
     """No broker answered (connection refused, timeouts) within the deadline."""
 
@@ -160,6 +172,8 @@ ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         ForbiddenError,
         GroupModeConflictError,
         InvalidReceiptHandleError,
+        RecallHandleNotFoundError,
+        AlreadyDeliveredError,
         BrokerUnavailableError,
     )
 }

@@ -129,6 +129,7 @@ class Producer(SyncDriver[ProducerOps], _ProducerFront):
 
     send = blocking(ProducerOps.send)
     send_one = blocking(ProducerOps.send_one)
+    recall = blocking(ProducerOps.recall)
 
 
 class AsyncProducer(AsyncDriver[ProducerOps], _ProducerFront):
@@ -136,6 +137,7 @@ class AsyncProducer(AsyncDriver[ProducerOps], _ProducerFront):
 
     send = awaiting(ProducerOps.send)
     send_one = awaiting(ProducerOps.send_one)
+    recall = awaiting(ProducerOps.recall)
 
 
 class _ConsumerFront(Front):

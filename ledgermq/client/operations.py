@@ -273,6 +273,17 @@ class AdminOps:
             ) from None
 
 
+def _send_result(r: Mapping[str, Any]) -> SendResult:
+    q, o = r.get("queue_id"), r.get("queue_offset")
+    return SendResult(
+        str(r["msg_id"]),
+        -1 if q is None else int(q),  # (a delay message: no queue until delivered)
+        -1 if o is None else int(o),
+        r.get("deliver_at_ms"),
+        r.get("recall_handle"),
+    )
+
+
 def new_producer_id() -> str:
     return f"p-{uuid.uuid4().hex}"
 
@@ -307,10 +318,13 @@ class ProducerOps:
         reply = yield from self.ex.exchange(call)
         results = reply.body["results"]
         assert len(results) == len(batch), f"{len(results)} results for {len(batch)} messages"
-        return [
-            SendResult(str(r["msg_id"]), int(r["queue_id"]), int(r["queue_offset"]))
-            for r in results
-        ]
+        return [_send_result(r) for r in results]
+
+    def recall(self, recall_handle: str) -> Gen[None]:
+        """Cancel a delay message before its time (``SendResult.recall_handle``):
+        ``AlreadyDeliveredError`` once it was delivered; a repeat is fine."""
+        path = api_path("delayed", recall_handle)
+        yield from self.ex.write("DELETE", path, None)
 
     def send_one(
         self,
@@ -322,6 +336,8 @@ class ProducerOps:
         properties: Mapping[str, str] | None = None,
         queue_id: int | None = None,
         sharding_key: str | None = None,
+        deliver_at_ms: int | None = None,
+        delay_ms: int | None = None,
     ) -> Gen[SendResult]:
         m = (
             body
@@ -333,6 +349,8 @@ class ProducerOps:
                 properties=properties or {},
                 queue_id=queue_id,
                 sharding_key=sharding_key,
+                deliver_at_ms=deliver_at_ms,
+                delay_ms=delay_ms,
             )
         )
         results = yield from self.send(topic, [m])

@@ -22,11 +22,24 @@ class Message:
     properties: Mapping[str, str] = field(default_factory=dict)
     queue_id: int | None = None
     sharding_key: str | None = None
+    # A delay message (docs/http.md): delivered at this time (ms since the epoch), or
+    # this long after it is stored; one of the two.
+    deliver_at_ms: int | None = None
+    delay_ms: int | None = None
 
 
 MessageLike: TypeAlias = Message | Mapping[str, Any] | bytes | str
 
-_MESSAGE_FIELDS = ("key", "keys", "tags", "properties", "queue_id", "sharding_key")
+_MESSAGE_FIELDS = (
+    "key",
+    "keys",
+    "tags",
+    "properties",
+    "queue_id",
+    "sharding_key",
+    "deliver_at_ms",
+    "delay_ms",
+)
 
 
 def encode_body(body: bytes | str) -> dict[str, Any]:
@@ -55,6 +68,10 @@ def encode_message(m: MessageLike) -> dict[str, Any]:
             out["queue_id"] = m.queue_id
         if m.sharding_key is not None:
             out["sharding_key"] = m.sharding_key
+        if m.deliver_at_ms is not None:
+            out["deliver_at_ms"] = m.deliver_at_ms
+        if m.delay_ms is not None:
+            out["delay_ms"] = m.delay_ms
         return out
     if isinstance(m, Mapping):
         if "body" not in m:
@@ -74,9 +91,14 @@ def encode_message(m: MessageLike) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class SendResult:
+    """Where a message was stored. A delay message has no queue yet (-1 for both): its
+    ``deliver_at_ms`` and the ``recall_handle`` that cancels it instead."""
+
     msg_id: str
     queue_id: int
     queue_offset: int
+    deliver_at_ms: int | None = None
+    recall_handle: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

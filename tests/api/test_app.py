@@ -472,6 +472,7 @@ async def test_openapi_document_is_complete(node: Node) -> None:
         ("post", "/v1/groups/{group}/invisible"),
         ("post", "/v1/groups/{group}/dlq"),
         ("post", "/v1/groups/{group}/dlq/redrive"),
+        ("delete", "/v1/delayed/{recall_handle}"),
         ("get", "/v1/messages/{msg_id}"),
     }
     assert {(m, p) for p, ops in paths.items() for m in ops} == expected

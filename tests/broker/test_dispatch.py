@@ -161,8 +161,8 @@ def test_a_new_state_applier_has_its_part_and_reads_older_snapshots_as_empty() -
     ReputMessageService(store, meta, parts, [], {"entries": 0, "skipped": 0}).dispatch_some(9)
     assert toy.applied == [0, 1, 2, 5] and toy.last == {"t": 3}  # the last one's stamp
     data = snapshot_bytes(meta, parts)
-    fields = ["version", "applied_index", "topics", "offsets", "sessions", "pop", "last_seen"]
-    fields.append("extra")
+    fields = ["version", "applied_index", "topics", "offsets", "sessions", "pop", "timers"]
+    fields += ["last_seen", "extra"]
     assert list(orjson.loads(data)) == fields
     again, new_toy = MetadataState(), _LastSeen()
     parse_snapshot(data, [*state_appliers(again), new_toy]).adopt(again)

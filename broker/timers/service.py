@@ -1,0 +1,366 @@
+"""``Timers``: the master's side of delay messages (docs/producing.md, "Delay messages").
+
+A produce whose messages carry a time stores each as a record of ``TIMER_TOPIC``
+(``schedule``), with its topic, pinned queue and sharding key as properties; the answer
+names the timer (``recall_handle``). On the master, ``run`` delivers each at its time:
+it appends a copy into the message's topic carrying ``TIMER_ORIGIN``, which ends the
+timer when applied (``broker/timers/applier.py``), so the queue offset is assigned then.
+A timer's copy is appended only once this node's log is applied and the timer is still
+pending; a new master has applied every entry of the terms before its own: a failover
+delivers nothing twice and loses nothing, and the new master goes on from the same
+replicated state. ``cancel`` ends a timer without a copy.
+
+The near window: the timers due before ``window_end`` wait in a heap (in memory, bounded
+by what falls due within ``timer_window_ms``); the rest stay in the log, their times in
+the timer topic's consume queue (its tag code), and a refill reads that queue from the
+first pending timer when the window moves on. So a million timers cost the heap of the
+next window, not a million objects. Every node keeps the heap (a promotion starts with
+a refill anyway).
+
+Invariants:
+- a timer's copy is appended at or after its time (by the master's clock) and only
+  while it is pending and this node is MASTER;
+- the heap holds each pending timer due before ``window_end`` at least once (a timer
+  scheduled during a refill is pushed when applied; one already there is skipped);
+- the first pending timer's record is never deleted by retention, and no snapshot a
+  follower could install covers it (``pinned_entry_pos``): a new master can always read
+  every pending timer's record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from consumequeue import ConsumeQueueStore
+from dledger.store import BODY_OFFSET
+
+from .. import errors
+from ..gate import WriteGate
+from ..metadata import TIMER_TOPIC, MetadataState, TopicMeta
+from ..produce import NewMessage, Producer
+from ..reads import PulledMessage, Reads
+from ..settings import BrokerSettings
+from ..topics import MetadataLog, Topics, check_topic_name
+from .applier import (
+    PROP_REAL_QID,
+    PROP_REAL_TOPIC,
+    PROP_TIMER_DELIVER_MS,
+    PROP_TIMER_ORIGIN,
+    PROP_TIMER_SHARDING_KEY,
+    TimerApplier,
+)
+from .state import TimerState
+
+if TYPE_CHECKING:
+    from ..dispatch import Dispatch
+
+log = logging.getLogger(__name__)
+
+RECALL_PREFIX = "t1:"
+IDLE_S = 1.0  # the release loop looks again at least this often
+SCAN_SLICE = 4096  # consume-queue units read per turn of the loop by a refill
+_ROUTING = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_TIMER_SHARDING_KEY)
+
+
+def recall_handle(timer: int) -> str:
+    return f"{RECALL_PREFIX}{timer}"
+
+
+def parse_recall_handle(text: str) -> int | None:
+    digits = text.removeprefix(RECALL_PREFIX)
+    if text.startswith(RECALL_PREFIX) and digits.isdigit() and len(digits) < 19:
+        return int(digits)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """A delay message stored: its id (the scheduled record's), time and handle."""
+
+    msg_id: str
+    commitlog_offset: int
+    deliver_at_ms: int
+    recall_handle: str
+
+
+class Timers:
+    def __init__(
+        self,
+        *,
+        settings: BrokerSettings,
+        gate: WriteGate,
+        topics: Topics,
+        metalog: MetadataLog,
+        meta: MetadataState,
+        reads: Reads,
+        cq: ConsumeQueueStore,
+        producer: Producer,
+        dispatch: Dispatch,
+        applier: TimerApplier,
+        clock: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self.gate = gate
+        self.topics = topics
+        self.metalog = metalog
+        self.meta = meta
+        self.reads = reads
+        self.cq = cq
+        self.producer = producer
+        self.dispatch = dispatch
+        self.applier = applier
+        self.clock = clock
+        self.window_ms = settings.timer_window_ms
+        self._heap: list[tuple[int, int, int]] = []  # (deliver_ms, timer, commitlog offset)
+        self._in_heap: set[int] = set()
+        self._window_end = 0
+        self._wake = asyncio.Event()
+        self.released = 0  # copies this node appended (a counter for tests and metrics)
+        applier.on_scheduled = self._scheduled
+
+    @property
+    def state(self) -> TimerState:
+        return self.meta.timers
+
+    # ---- produce and cancel -------------------------------------------------------------
+
+    async def produce(
+        self,
+        topic_name: str,
+        messages: Sequence[NewMessage],
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> list[Scheduled]:
+        """A produce of delay messages (every message has ``deliver_at_ms``): each is
+        stored as a timer and delivered at its time (a time past is now). The topic is
+        made as a produce would make it."""
+        check_topic_name(topic_name)
+        self.producer.check_request(messages, producer_id, sequence)
+        now, limit = self.clock(), self.settings.limits.max_delay_ms
+        times = []
+        for i, m in enumerate(messages):
+            if m.deliver_at_ms is None:
+                raise errors.InvalidArgumentError(
+                    f"messages[{i}] has no delivery time: a request's messages all have one,"
+                    " or none has"
+                )
+            if m.deliver_at_ms - now > limit:
+                raise errors.InvalidArgumentError(
+                    f"messages[{i}]: delivered {m.deliver_at_ms - now} ms from now, over"
+                    f" max_delay_ms ({limit})"
+                )
+            times.append(max(now, m.deliver_at_ms))
+        await self.gate.require_master_soon()
+        topic = await self.topics.get_or_create(topic_name)
+        return await self.schedule(
+            topic, list(zip(messages, times, strict=True)), producer_id, sequence
+        )
+
+    async def schedule(
+        self,
+        topic: TopicMeta,
+        messages: Sequence[tuple[NewMessage, int]],
+        producer_id: str | None,
+        sequence: int | None,
+    ) -> list[Scheduled]:
+        """Store each (message, time) as a timer of ``topic``; results after commit."""
+        timer_topic = await self._timer_topic()
+        records = [
+            NewMessage(
+                m.body,
+                m.tags,
+                m.keys,
+                {
+                    **m.properties,
+                    PROP_REAL_TOPIC: topic.name,
+                    PROP_TIMER_DELIVER_MS: str(at),
+                    **({} if m.queue_id is None else {PROP_REAL_QID: str(m.queue_id)}),
+                    **({} if m.sharding_key is None else {PROP_TIMER_SHARDING_KEY: m.sharding_key}),
+                },
+                queue_id=0,
+                born_timestamp=m.born_timestamp if m.born_timestamp is not None else self.clock(),
+            )
+            for m, at in messages
+        ]
+        results = await self.producer.produce_to(timer_topic, records, producer_id, sequence)
+        return [
+            Scheduled(r.msg_id, r.commitlog_offset, at, recall_handle(r.queue_offset))
+            for r, (_, at) in zip(results, messages, strict=True)
+        ]
+
+    async def _timer_topic(self) -> TopicMeta:
+        t = self.meta.topics.get(TIMER_TOPIC)
+        if t is None:
+            await self.metalog.append({"op": "create_topic", "name": TIMER_TOPIC, "queues": 1})
+            t = self.meta.topics.get(TIMER_TOPIC)
+            if t is None:
+                raise errors.UnknownOutcomeError("the timer topic is not there yet; retry")
+        return t
+
+    def topic_of(self, handle: str) -> str | None:
+        """The topic of the delay message a recall handle names (None when its record is
+        not readable here: done long ago); ``NotFoundError`` for no timer."""
+        timer = parse_recall_handle(handle)
+        if timer is None or timer >= self.state.end:
+            raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
+        unit = self._unit(timer)
+        m = None if unit is None else self.reads.message_at(unit[0])
+        return None if m is None else m.properties.get(PROP_REAL_TOPIC)
+
+    async def cancel(self, handle: str) -> None:
+        """Cancel a delay message before its delivery: ``AlreadyDeliveredError`` after it,
+        nothing again for one cancelled already."""
+        timer = parse_recall_handle(handle)
+        if timer is None:
+            raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
+        await self.gate.require_master_soon()
+        if timer >= self.state.end:
+            raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
+        if not self.state.is_done(timer):
+            index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
+            if self.applier.outcome(index):
+                self._wake.set()
+                return
+        if self.state.was_cancelled(timer):
+            return
+        raise errors.AlreadyDeliveredError(f"delay message {handle} was delivered already")
+
+    # ---- the near window ------------------------------------------------------------------
+
+    def _unit(self, timer: int) -> tuple[int, int, int] | None:
+        q = self.cq.find(TIMER_TOPIC, 0)
+        return None if q is None else q.get(timer)
+
+    def _scheduled(self, timer: int, deliver_ms: int, offset: int) -> None:
+        if deliver_ms < self._window_end and timer not in self._in_heap:
+            self._push(deliver_ms, timer, offset)
+
+    def _push(self, deliver_ms: int, timer: int, offset: int) -> None:
+        if not self._heap or deliver_ms < self._heap[0][0]:
+            self._wake.set()  # (the release loop sleeps until the first one)
+        heapq.heappush(self._heap, (deliver_ms, timer, offset))
+        self._in_heap.add(timer)
+
+    async def refill(self, now: int) -> int:
+        """Move the window to ``now + timer_window_ms``: every pending timer due before it
+        into the heap, read from the timer queue from the first pending one. The number
+        of timers read."""
+        self._window_end = end = now + self.window_ms
+        q = self.cq.find(TIMER_TOPIC, 0)
+        if q is None:
+            return 0
+        read = 0
+        offset, top = self.state.floor, q.max_offset
+        while offset < top:
+            units = q.read(offset, SCAN_SLICE)
+            if not units:
+                break
+            for timer, offset_in_log, _, deliver in units:
+                if deliver < end and timer not in self._in_heap and not self.state.is_done(timer):
+                    self._push(deliver, timer, offset_in_log)
+            read += len(units)
+            offset = units[-1][0] + 1
+            await asyncio.sleep(0)  # (a refill of a million timers takes turns of the loop)
+        return read
+
+    def pinned_entry_pos(self) -> int | None:
+        """The log position of the first pending timer's entry (None: none pending):
+        retention keeps it and every entry after it, and a snapshot is handed to Raft only
+        if a follower that installs it still receives this entry."""
+        if self.state.pending <= 0:
+            return None
+        unit = self._unit(self.state.floor)
+        return None if unit is None else unit[0] - BODY_OFFSET
+
+    # ---- delivering -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """The release loop: on the master, deliver every timer at its time."""
+        was_master = False
+        while True:
+            master = self.gate.is_master
+            now = self.clock()
+            if master and (not was_master or now >= self._window_end - self.window_ms // 2):
+                await self.refill(now)
+            was_master = master
+            due = self._due(now) if master else []
+            if due:
+                try:
+                    await self.release(due)
+                except errors.BrokerError as e:  # not master any more, a full disk, ...
+                    log.info("delay messages not delivered now: %s", e)
+                    for item in due:
+                        self._push(*item)
+                    await asyncio.sleep(0.1)
+                continue
+            wait = IDLE_S
+            if self._heap:
+                wait = min(wait, max(0.0, (self._heap[0][0] - now) / 1000))
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+
+    def _due(self, now: int) -> list[tuple[int, int, int]]:
+        """The heap's timers due at ``now`` and still pending, in time order, at most a
+        produce request's worth."""
+        out: list[tuple[int, int, int]] = []
+        cap = self.settings.limits.max_messages_per_request
+        while self._heap and self._heap[0][0] <= now and len(out) < cap:
+            item = heapq.heappop(self._heap)
+            self._in_heap.discard(item[1])
+            if not self.state.is_done(item[1]):
+                out.append(item)
+        return out
+
+    async def release(self, due: Sequence[tuple[int, int, int]]) -> None:
+        """Append the copies of ``due`` into their topics, once this node's log is applied
+        and each is still pending."""
+        end = self.gate.server.ledger_end_index
+        if not await self.dispatch.wait_dispatched(end, self.settings.append_timeout_ms / 1000):
+            raise errors.UnknownOutcomeError("the log is not applied here yet")
+        self.gate.require_master()
+        by_topic: dict[str, list[NewMessage]] = {}
+        for _, timer, offset in due:
+            if self.state.is_done(timer):
+                continue
+            m = self.reads.message_at(offset)
+            if m is None:  # (retention keeps a pending timer's record: not expected)
+                log.error("delay message %d: its record is gone; dropped", timer)
+                await self.metalog.append({"op": "timer.drop", "timer": timer})
+                continue
+            topic, copy = _copy_of(m, timer)
+            by_topic.setdefault(topic, []).append(copy)
+        for name, copies in by_topic.items():
+            t = self.meta.topics.get(name)
+            if t is None:  # deleted since: dropped, counted
+                for c in copies:
+                    await self.metalog.append(
+                        {"op": "timer.drop", "timer": int(c.properties[PROP_TIMER_ORIGIN])}
+                    )
+                continue
+            await self.producer.produce_to(t, copies, None, None)
+            self.released += len(copies)
+
+
+def _copy_of(m: PulledMessage, timer: int) -> tuple[str, NewMessage]:
+    """A timer's record as the message it delivers: into its topic and pinned queue,
+    with its body, tags, keys, properties, born time and unique key, and its origin."""
+    props = {k: v for k, v in m.properties.items() if k not in _ROUTING}
+    props[PROP_TIMER_ORIGIN] = str(timer)
+    qid = m.properties.get(PROP_REAL_QID)
+    return m.properties[PROP_REAL_TOPIC], NewMessage(
+        m.body,
+        m.tags,
+        m.keys,
+        props,
+        queue_id=None if qid is None else int(qid),
+        sharding_key=m.properties.get(PROP_TIMER_SHARDING_KEY),
+        born_timestamp=m.born_timestamp,
+        uniq_key=m.uniq_key,
+    )

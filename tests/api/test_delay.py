@@ -1,0 +1,195 @@
+"""Delay messages over HTTP on one in-process node (docs/producing.md, "Delay messages"):
+invisible to every consumer before their time, delivered once after it with their queue
+offset assigned then, cancelled by their recall handle, refused when malformed."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from broker.metadata import TIMER_TOPIC
+from ledgermq.client import AlreadyDeliveredError, AsyncProducer, Message
+from tests.api.conftest import Node, node_settings, running_node
+from tests.waiting import until
+
+pytestmark = pytest.mark.asyncio
+
+
+async def _send(node: Node, topic: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    r = await node.http.post(f"/v1/topics/{topic}/messages", json={"messages": messages})
+    assert r.status_code == 200, r.text
+    results: list[dict[str, Any]] = orjson.loads(r.content)["results"]
+    return results
+
+
+async def _pull(node: Node, topic: str, queue_id: int = 0) -> list[dict[str, Any]]:
+    r = await node.http.get(f"/v1/topics/{topic}/queues/{queue_id}/messages?offset=0")
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = orjson.loads(r.content)["messages"]
+    return messages
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+async def test_a_delay_message_is_invisible_before_its_time_then_delivered_once(
+    node: Node,
+) -> None:
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await _send(node, "t", [{"body": "before"}])
+    sent_at = _now_ms()
+    [r] = await _send(
+        node,
+        "t",
+        [{"body": "later", "delay_ms": 800, "key": "k1", "tags": "A", "properties": {"p": "1"}}],
+    )
+    assert r["queue_id"] is None and r["queue_offset"] is None
+    assert r["recall_handle"].startswith("t1:")
+    assert sent_at + 800 <= r["deliver_at_ms"] <= _now_ms() + 800
+    await _send(node, "t", [{"body": "after"}])
+    # Not visible: the later message took the next offset, the delayed one none yet.
+    assert [m["body"] for m in await _pull(node, "t")] == ["before", "after"]
+    await until(lambda: node.broker.meta.timers.stats["delivered"] == 1, timeout_s=10, what="due")
+    got = await _pull(node, "t")
+    assert [m["body"] for m in got] == ["before", "after", "later"]
+    late = got[2]
+    assert late["queue_offset"] == 2 and late["keys"] == ["k1"] and late["tags"] == "A"
+    assert late["properties"]["p"] == "1"
+    assert int(late["properties"]["TIMER_DELIVER_MS"]) == r["deliver_at_ms"]
+    assert late["store_timestamp"] >= r["deliver_at_ms"], "never before its time"
+    assert "REAL_TOPIC" not in late["properties"]
+    # Delivered once: nothing else comes, and the timer is done.
+    timers = node.broker.meta.timers
+    assert (timers.pending, timers.floor, timers.end) == (0, 1, 1)
+    r2 = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+    assert (
+        r2.status_code == 409 and orjson.loads(r2.content)["error"]["code"] == "ALREADY_DELIVERED"
+    )
+
+
+async def test_a_recalled_message_is_never_delivered(node: Node) -> None:
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    at = _now_ms() + 500
+    keep, drop = await _send(
+        node, "t", [{"body": "keep", "deliver_at_ms": at}, {"body": "drop", "deliver_at_ms": at}]
+    )
+    r = await node.http.delete(f"/v1/delayed/{drop['recall_handle']}")
+    assert r.status_code == 200, r.text
+    again = await node.http.delete(f"/v1/delayed/{drop['recall_handle']}")
+    assert again.status_code == 200, "a repeat answers the same"
+    await until(lambda: node.broker.meta.timers.pending == 0, timeout_s=10, what="done")
+    assert [m["body"] for m in await _pull(node, "t")] == ["keep"]
+    assert node.broker.meta.timers.stats == {
+        "scheduled": 2,
+        "delivered": 1,
+        "cancelled": 1,
+        "dropped": 0,
+    }
+    assert keep["recall_handle"] != drop["recall_handle"]
+
+
+async def test_a_time_in_the_past_is_now_and_pinned_queues_hold(node: Node) -> None:
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 4})
+    [r] = await _send(node, "t", [{"body": "now", "deliver_at_ms": 1, "queue_id": 3}])
+    assert r["recall_handle"]
+    await until(lambda: node.broker.meta.timers.stats["delivered"] == 1, timeout_s=10, what="due")
+    [m] = await _pull(node, "t", 3)
+    assert m["body"] == "now"
+
+
+async def test_bad_delay_input_changes_nothing(node: Node) -> None:
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    before = node.log_state()
+    bad: list[Any] = [
+        [{"body": "x", "delay_ms": 5, "deliver_at_ms": _now_ms() + 5}],  # both
+        [{"body": "x", "delay_ms": 4 * 24 * 3_600_000}],  # over max_delay_ms
+        [{"body": "x", "delay_ms": -1}],
+        [{"body": "x", "delay_ms": "soon"}],
+        [{"body": "x", "delay_ms": 100}, {"body": "y"}],  # some delayed, some not
+        [{"body": "x", "delay_ms": 100, "properties": {"TIMER_ORIGIN": "0"}}],  # reserved
+    ]
+    for messages in bad:
+        r = await node.http.post("/v1/topics/t/messages", json={"messages": messages})
+        assert r.status_code == 422, (messages, r.text)
+    r = await node.http.post(
+        "/v1/topics/t/messages",
+        json={"messages": [{"body": "x", "properties": {"REAL_TOPIC": "u"}}]},
+    )
+    assert r.status_code == 422, "a producer never sets what the broker's copies carry"
+    assert node.log_state() == before
+    for handle in ("t1:99", "nope", "t1:x"):
+        r = await node.http.delete(f"/v1/delayed/{handle}")
+        assert r.status_code == 404, r.text
+    # The timer topic is nobody's: not listed, not readable, not writable by name.
+    await _send(node, "t", [{"body": "d", "delay_ms": 60_000}])
+    r = await node.http.get("/v1/topics")
+    assert TIMER_TOPIC not in [t["name"] for t in orjson.loads(r.content)["topics"]]
+    r = await node.http.get(f"/v1/topics/{TIMER_TOPIC}/queues/0/messages")
+    assert r.status_code in (404, 422), r.text
+
+
+async def test_timers_past_the_window_and_across_a_restart_are_delivered_once(
+    tmp_path: Path,
+) -> None:
+    """With a 300 ms window, a message 1.5 s away waits in the log, not in memory, until
+    a refill reads it from the timer queue; a restart in between forgets nothing (the
+    state from the snapshot or the log, the heap refilled) and delivers nothing twice."""
+    settings = node_settings(tmp_path / "n0", timer_window_ms=300)
+    async with running_node(settings) as node:
+        await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+        first, second = await _send(
+            node,
+            "t",
+            [{"body": "soon", "delay_ms": 100}, {"body": "later", "delay_ms": 1500}],
+        )
+        await until(lambda: node.broker.meta.timers.stats["delivered"] == 1, what="soon due")
+        assert node.broker.meta.timers.pending == 1
+        assert 1 not in node.broker.timers._in_heap, "outside the window: not in memory"
+    async with running_node(settings) as node:
+        await until(lambda: node.broker.meta.timers.pending == 0, what="later due")
+        got = await _pull(node, "t")
+        assert [m["body"] for m in got] == ["soon", "later"]
+        assert got[1]["store_timestamp"] >= second["deliver_at_ms"]
+        assert node.broker.meta.timers.stats["delivered"] == 2
+        assert first["recall_handle"] != second["recall_handle"]
+
+
+async def test_a_pending_delay_message_holds_retention_and_snapshots_back(node: Node) -> None:
+    """The first pending timer's entry is the pin: retention keeps it, and a snapshot
+    taken after it is not handed to Raft (a follower that installed it could not read
+    the timer's record); once delivered, the newest snapshot goes to Raft again."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    [r] = await _send(node, "t", [{"body": "pinned", "delay_ms": 1500}])
+    pinned = b.timers.pinned_entry_pos()
+    assert pinned is not None and pinned == r["commitlog_offset"] - 48
+    await _send(node, "t", [{"body": "more"}])
+    await b.dispatcher.snapshot()  # a snapshot past the pin: kept on disk, not served
+    snaps = b.dispatcher.snapshot_manager
+    assert snaps.snapshot_index > snaps.served_index and snaps.unserved
+    assert b.store._retention_floor is not None and b.store._retention_floor <= pinned
+    await until(lambda: b.meta.timers.pending == 0, what="delivered")
+    assert b.timers.pinned_entry_pos() is None
+    await b.dispatcher.snapshot()
+    assert snaps.served_index == snaps.snapshot_index == b.meta.applied_index
+
+
+async def test_the_client_sends_delay_messages_and_recalls_one(node: Node) -> None:
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    async with AsyncProducer("http://node", transport=httpx.ASGITransport(app=node.app)) as p:
+        soon, later = await p.send(
+            "t", [Message("soon", delay_ms=200), Message("later", delay_ms=60_000)]
+        )
+        assert (soon.queue_id, soon.queue_offset) == (-1, -1) and soon.recall_handle
+        assert later.deliver_at_ms is not None and later.recall_handle
+        await p.recall(later.recall_handle)
+        await until(lambda: node.broker.meta.timers.pending == 0, what="done")
+        with pytest.raises(AlreadyDeliveredError):
+            await p.recall(soon.recall_handle)
+    assert [m["body"] for m in await _pull(node, "t")] == ["soon"]
