@@ -3,6 +3,7 @@ must catch is caught (and only it); the POP group's rules likewise."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -457,3 +458,9 @@ def test_a_lag_left_at_the_end_is_caught() -> None:
     assert _only(_pop_end(["OK"], lags={}), "pop_lag") == [
         f"{n}: lag {{0: None}} at the end" for n in ("n0", "n1", "n2")
     ]
+
+
+def test_a_history_written_before_the_wall_clock_loads(tmp_path: Path) -> None:
+    row = ["producer-0", "invoke", "send", ["a"], 0.1, None, None]  # 7 fields: no wall_s
+    (tmp_path / "h.jsonl").write_text(json.dumps(row) + "\n")
+    assert load(tmp_path / "h.jsonl") == [Op("producer-0", "invoke", "send", ("a",), 0.1)]
