@@ -17,7 +17,12 @@ What it finds (each a list in ``Verdict``; any entry makes the run invalid):
 - ``offsets_backwards``: a group's committed offset, as one node reports it, lower than
   that node reported before (since its last restart: a restarted node may report from
   an older checkpoint until it has replayed); or a node's last report after the run
-  lower than the last acknowledged commit.
+  lower than the last acknowledged commit;
+- the POP group's rules (``tests/chaos/pop_checker.py``): ``pop_acked_again``,
+  ``pop_held_twice``, ``pop_attempts``, ``pop_fifo``, ``pop_invisible_until``, and at
+  the end ``pop_not_done``, ``pop_dead_letters``, ``pop_lag``. What a POP consumer was
+  handed out counts as a read of its place for ``unexpected`` and ``inconsistent``
+  (not for the offsets' contiguity: a receive draws from every queue).
 
 What it measures: sends acknowledged, failed and indeterminate (``info``), and of the
 indeterminate values how many turned out to be in the log (exactly once, else they are
@@ -39,6 +44,7 @@ from itertools import pairwise
 from typing import Any
 
 from .history import Op, Read
+from .pop_checker import check_pop, pop_summary
 
 READS = ("poll", "pull", "drain")
 RESTARTING = ("kill",)  # fault kinds after which a node may report an older view (restarted)
@@ -75,6 +81,22 @@ class Verdict:
     offsets_backwards: list[str] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
     operations: dict[str, int] = field(default_factory=dict)
+    # The POP group (tests/chaos/pop_checker.py)
+    pop_delivered: int = 0
+    pop_redelivered: int = 0
+    pop_acked: int = 0
+    pop_nacked: int = 0
+    pop_extended: int = 0
+    pop_dead_lettered: int = 0
+    pop_acks_uncertain: int = 0
+    pop_acked_again: list[str] = field(default_factory=list)
+    pop_held_twice: list[str] = field(default_factory=list)
+    pop_attempts: list[str] = field(default_factory=list)
+    pop_fifo: list[str] = field(default_factory=list)
+    pop_invisible_until: list[str] = field(default_factory=list)
+    pop_not_done: list[str] = field(default_factory=list)
+    pop_dead_letters: list[str] = field(default_factory=list)
+    pop_lag: list[str] = field(default_factory=list)
 
     ANOMALIES = (
         "lost",
@@ -84,6 +106,14 @@ class Verdict:
         "gaps",
         "rewinds",
         "offsets_backwards",
+        "pop_acked_again",
+        "pop_held_twice",
+        "pop_attempts",
+        "pop_fifo",
+        "pop_invisible_until",
+        "pop_not_done",
+        "pop_dead_letters",
+        "pop_lag",
     )
 
     @property
@@ -102,11 +132,13 @@ def check(history: Sequence[Op]) -> Verdict:
     sends = _sends(history, v)
     reads = [op for op in history if op.type == "ok" and op.f in READS]
     v.reads = sum(len(op.value) for op in reads)
-    positions = _positions(reads, v)
+    received = [op for op in history if op.type == "ok" and op.f == "receive"]
+    positions = _positions(reads + received, v)
     _values(sends, positions, v)
     _contiguity(reads, positions, v)
     _pull_starts(history, v)
     _group_offsets(history, v)
+    check_pop(history, positions, v)
     v.windows = _windows(history)
     return v
 
@@ -150,8 +182,8 @@ def _sends(history: Iterable[Op], v: Verdict) -> _Sends:
 
 
 def _positions(reads: Iterable[Op], v: Verdict) -> dict[tuple[int, int], str]:
-    """(queue, offset) → the value read there; two values at one place are
-    ``inconsistent``."""
+    """(queue, offset) → the value read there (or handed out: ``Popped``); two values at
+    one place are ``inconsistent``."""
     at: dict[tuple[int, int], str] = {}
     clash: set[str] = set()
     for op in reads:
@@ -325,5 +357,6 @@ def summary(v: Verdict) -> dict[str, Any]:
         "indeterminate resolved": f"{v.indeterminate_found} in the log once, "
         f"{v.indeterminate_absent} absent",
         "read": v.reads,
+        **pop_summary(v),
         **{a: len(getattr(v, a)) for a in Verdict.ANOMALIES},
     }

@@ -15,9 +15,26 @@ Operations (``f``) and their values:
 - ``fault`` / ``heal`` (the nemesis): info with ``{"kind": ..., "nodes": [...]}``, the
   moment it was done.
 
-Times are seconds on one monotonic clock. The history is append-only and bounded by the
-run (the workload's pacing); ``dump``/``load`` write it as JSON lines, so a failing run's
-history can be checked again offline.
+The POP group's operations (``tests/chaos/pop_checker.py`` checks them):
+
+- ``pop-config``: ok with the group's configuration (``PopPlan.describe``), before any
+  receive;
+- ``receive`` (a POP consumer): invoke with the ``invisible_ms`` asked; ok with one
+  ``Popped`` per message handed out;
+- ``ack`` / ``nack``: invoke with the receipt handles (a nack: ``{"handles": ...,
+  "delay_ms": ...}``); ok with ``{handle: status}`` (``OK`` or
+  ``INVALID_RECEIPT_HANDLE``);
+- ``extend`` (a new invisible time): invoke with ``{"handle": ..., "invisible_ms": ...}``;
+  ok with the new handle;
+- ``dlq``: ok with one ``DeadLetter`` per message of ``%DLQ%<group>``, read at the end;
+- ``pop-lag``: ok with ``{queue: lag}`` as one node reports the group's offsets at the
+  end; ``node`` names the node.
+
+Times are seconds on one monotonic clock; each op also carries the wall clock
+(``wall_s``, ``time.time``) when it was recorded: a POP group's invisible times are the
+master's wall clock, and the nodes run on this machine's. The history is append-only and
+bounded by the run (the workload's pacing); ``dump``/``load`` write it as JSON lines, so
+a failing run's history can be checked again offline.
 """
 
 from __future__ import annotations
@@ -49,18 +66,46 @@ class Op:
     time_s: float
     node: str | None = None  # the node that answered, where one did
     error: str | None = None  # why a fail or info (the client's last error)
+    wall_s: float | None = None  # the wall clock when it was recorded
+
+
+class Popped(NamedTuple):
+    """One message a POP receive handed out, as the consumer saw it."""
+
+    value: str
+    queue: int
+    offset: int
+    handle: str  # v1:<queue>:<offset>:<epoch>
+    attempt: int  # 1 on the first delivery
+    invisible_until: int  # ms, the log's time (the master's wall clock)
+    msg_id: str
+
+
+class DeadLetter(NamedTuple):
+    """One message of ``%DLQ%<group>``: its body and its DLQ_* properties (-1 or "" for
+    one missing or malformed)."""
+
+    value: str
+    origin_topic: str
+    origin_queue: int
+    origin_offset: int
+    origin_msg_id: str
+    attempts: int
+    epoch: int  # POP_EPOCH: the handle of the flight it ended
 
 
 class History:
     """The recorder: ``invoke`` returns a completion function that appends the op's one
     completion (asserted: never two)."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:  # fmt: skip
         self.clock = clock
+        self.wall = wall
         self.ops: list[Op] = []
 
     def invoke(self, process: str, f: str, value: Any) -> Callable[..., None]:
-        self.ops.append(Op(process, "invoke", f, value, self.clock()))
+        self.ops.append(Op(process, "invoke", f, value, self.clock(), wall_s=self.wall()))
         done = False
 
         def complete(
@@ -70,13 +115,13 @@ class History:
             assert not done, f"{process} {f}: completed twice"
             assert type_ != "invoke"
             done = True
-            self.ops.append(Op(process, type_, f, value_, self.clock(), node, error))
+            self.ops.append(Op(process, type_, f, value_, self.clock(), node, error, self.wall()))
 
         return complete
 
     def info(self, process: str, f: str, value: Any, node: str | None = None) -> None:
         """An event with no duration (the nemesis's faults, a node's report)."""
-        self.ops.append(Op(process, "info", f, value, self.clock(), node))
+        self.ops.append(Op(process, "info", f, value, self.clock(), node, wall_s=self.wall()))
 
     def ok(self, process: str, f: str, value: Any, node: str | None = None) -> None:
         """A read completed at once (a drain, an offsets report): invoke and ok."""
@@ -89,9 +134,14 @@ class History:
         return len(self.ops)
 
 
+# The records kept in a history, by their tag in its JSON.
+RECORDS: dict[str, type[Read | Popped | DeadLetter]] = {"r": Read, "p": Popped, "dl": DeadLetter}
+
+
 def _encode(v: Any) -> Any:
-    if isinstance(v, Read):
-        return {"r": list(v)}
+    for tag, record in RECORDS.items():
+        if isinstance(v, record):
+            return {tag: list(v)}
     if isinstance(v, dict):
         return {"d": [[k, _encode(x)] for k, x in v.items()]}
     if isinstance(v, list | tuple):
@@ -100,8 +150,8 @@ def _encode(v: Any) -> Any:
 
 
 def _decode(v: Any) -> Any:
-    if isinstance(v, dict) and "r" in v:
-        return Read(*v["r"])
+    if isinstance(v, dict) and len(v) == 1 and (tag := next(iter(v))) in RECORDS:
+        return RECORDS[tag](*v[tag])
     if isinstance(v, dict) and "d" in v:
         return {k: _decode(x) for k, x in v["d"]}
     if isinstance(v, list):
@@ -112,13 +162,14 @@ def _decode(v: Any) -> Any:
 def dump(ops: Iterable[Op], path: Path) -> None:
     with path.open("w") as f:
         for op in ops:
-            row = [op.process, op.type, op.f, _encode(op.value), op.time_s, op.node, op.error]
+            row = [op.process, op.type, op.f, _encode(op.value), op.time_s, op.node, op.error,
+                   op.wall_s]  # fmt: skip
             f.write(json.dumps(row) + "\n")
 
 
 def load(path: Path) -> list[Op]:
     out = []
     for line in path.read_text().splitlines():
-        process, type_, f, value, time_s, node, error = json.loads(line)
-        out.append(Op(process, type_, f, _decode(value), time_s, node, error))
+        process, type_, f, value, time_s, node, error, *wall = json.loads(line)  # (older: no wall)
+        out.append(Op(process, type_, f, _decode(value), time_s, node, error, *wall))
     return out

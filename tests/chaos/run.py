@@ -1,17 +1,20 @@
 """One chaos run, start to verdict: ``run_chaos(seed, duration_s, workdir)``.
 
-1. The cluster (``ChaosCluster``: namespaces, tmpfs, three broker processes) and the
-   topic; the workload starts.
+1. The cluster (``ChaosCluster``: namespaces, tmpfs, three broker processes), the
+   topic and the POP group (``pop_plan(seed)``); the workload starts.
 2. The nemesis runs the seed's schedule in a thread (its faults block: processes,
    ``ip``), while the workload runs on the event loop; both write one history. A stall
    (``tests/chaos/stall.py``: no produce acknowledged for ``STALL_S`` while the cluster
    should take writes) makes the run INVALID and ends the schedule.
 3. The workload stops, then everything is healed (every node running, every link up,
-   every ballast gone), and the cluster must converge within ``CONVERGE_S``: every node
-   ready, one master, the same ledger end, committed and dispatched on every node.
+   every ballast gone), the POP group is drained (``drain_pop``: received and acked
+   until every node says its lag is 0, within ``POP_DRAIN_S``), and the cluster must
+   converge within ``CONVERGE_S``: every node ready, one master, the same ledger end,
+   committed and dispatched on every node.
 4. Every queue is drained from every node (``ledgermq.replicas.read_queues``) into the
-   history, and every node's group offsets read: the checker decides over all of it.
-   The consume queues' digests over HTTP must be equal on every node.
+   history, every node's group offsets and POP lag read, and the POP group's dead
+   letters from the master: the checker decides over all of it. The consume queues'
+   digests over HTTP must be equal on every node.
 5. The nodes stop (SIGTERM: files synced), and their commitlogs and consume queues are
    compared byte for byte (``ledgermq.replicas``).
 
@@ -62,6 +65,13 @@ from .cluster import ChaosCluster
 from .control import HaltedError, Supervisor, in_thread
 from .history import History, dump
 from .nemesis import Nemesis, Step, schedule
+from .pop_workload import (
+    configure_group,
+    drain_pop,
+    pop_plan,
+    read_dead_letters,
+    report_pop_lag,
+)
 from .stall import STALL_S, StallWatcher, describe, http_fetch, stalls
 from .workload import Workload, WorkloadSettings, reads, report_offsets
 
@@ -69,12 +79,14 @@ from .workload import Workload, WorkloadSettings, reads, report_offsets
 OPEN_S = 45.0  # namespaces, mounts, three processes started (never left half-way)
 START_S = 120.0  # every node ready with one master
 TOPIC_S = 30.0  # the topic created (the client's deadline, 20 s, and its cleanup)
+POP_GROUP_S = 30.0  # the POP group configured, likewise
 RECOVERY_SHARE = 0.5  # the steps' recovery waits may add this share of the duration,
 RECOVERY_S = 60.0  # and this: the schedule's deadline, where it stops starting steps
 STEP_GRACE_S = 30.0  # a step still under way this long after that is abandoned
 WORKLOAD_STOP_S = WorkloadSettings().stop_s  # the clients' last operations
 LOAD_END_S = 10.0  # the watcher, the load's tasks, the loop's close
 HEAL_S = 30.0  # every fault undone, every node running
+POP_DRAIN_S = 60.0  # the POP group received and acked until its lag is 0 everywhere
 CONVERGE_S = 90.0
 LOOK_S = 15.0  # convergence's last look and the ledger spans (2 s per node each)
 DRAIN_S = 60.0  # every queue from every node, the digests, the group offsets
@@ -97,9 +109,10 @@ def phase_bounds_s(duration_s: float) -> dict[str, float]:
     """Each phase of a run, in order, and its bound."""
     return {
         "start of the cluster": OPEN_S,
-        "wait for a master": START_S + TOPIC_S,
+        "wait for a master": START_S + TOPIC_S + POP_GROUP_S,
         "load": load_s(duration_s),
         "heal": HEAL_S,
+        "POP drain": POP_DRAIN_S + LOAD_END_S,
         "convergence": CONVERGE_S + LOOK_S,
         "drain": DRAIN_S + TOPIC_S,
         "stop of the nodes": STOP_S,
@@ -194,7 +207,7 @@ class _Run:
         self.result = result
         self.sup = sup
         self.say = say
-        self.settings = WorkloadSettings()
+        self.settings = WorkloadSettings(pop=pop_plan(result.seed))
         self.nemesis = Nemesis(cluster, history, say=say)
         self.load_start_s: float | None = None  # history times
         self.load_end_s: float | None = None
@@ -210,6 +223,7 @@ class _Run:
         self.say(f"cluster up in namespaces {c.lab.name}-*; master {first}")
         sup.run("load", lambda: asyncio.run(self._load()), bound["load"])
         sup.run("heal", self.nemesis.heal_all, bound["heal"])
+        sup.run("POP drain", lambda: asyncio.run(self._drain_pop()), bound["POP drain"])
         master = sup.run("convergence", self._converge, bound["convergence"])
         if master is None:
             r.problems.append(f"the cluster did not converge within {CONVERGE_S:g} s")
@@ -232,6 +246,8 @@ class _Run:
         master = self.cluster.wait_ready(None, START_S)
         brokers = list(self.cluster.urls.values())
         asyncio.run(ensure_topic(brokers, s.topic, s.queues, s.client))
+        asyncio.run(configure_group(brokers, s.pop, s.topic, self.history, s.client))
+        self.say(f"POP group {s.pop}")
         return master
 
     # ---- the load --------------------------------------------------------------------------
@@ -310,6 +326,19 @@ class _Run:
         return [describe(s, snapshots, self.load_start_s, self.wall_start) for s in found]
 
     # ---- the end ---------------------------------------------------------------------------
+
+    async def _drain_pop(self) -> None:
+        s, t0 = self.settings, time.monotonic()
+        try:
+            async with asyncio.timeout(POP_DRAIN_S):
+                drained = await drain_pop(self.cluster.urls, s.pop, s.topic, s.queues,
+                                          self.history, POP_DRAIN_S)  # fmt: skip
+        except TimeoutError:
+            drained = False
+        if drained:
+            self.say(f"POP group drained in {time.monotonic() - t0:.1f} s")
+        else:
+            self.result.problems.append(f"the POP group's lag was not 0 within {POP_DRAIN_S:g} s")
 
     def _converge(self) -> str | None:
         c = self.cluster
@@ -392,6 +421,8 @@ async def _drain(cluster: ChaosCluster, master: str, s: WorkloadSettings, histor
     for node, url in cluster.urls.items():
         async with AsyncAdmin([url], settings=s.probe) as admin:
             await report_offsets(history, s, node, admin)
+            await report_pop_lag(admin, s.pop, s.topic, history, node)
+    await read_dead_letters(cluster.urls[master], s.pop, history, s.client, master)
 
 
 def _compare_files(cluster: ChaosCluster, result: RunResult, evidence: Path) -> None:

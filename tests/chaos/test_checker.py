@@ -1,31 +1,37 @@
 """The chaos checker on hand-made histories: a clean one passes, and each anomaly it
-must catch is caught (and only it)."""
+must catch is caught (and only it); the POP group's rules likewise."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .checker import Verdict, check
-from .history import History, Op, Read, dump, load
+from .checker import Verdict, check, summary
+from .history import DeadLetter, History, Op, Popped, Read, dump, load
 
-
-def _clock() -> Iterator[float]:
-    t = 0.0
-    while True:
-        t += 0.1
-        yield t
+WALL0 = 1_700_000_000.0  # the fake wall clock at the fake monotonic clock's 0
 
 
 class Script:
-    """Builds a history with a fake clock, 0.1 s per op."""
+    """Builds a history with a fake clock, 0.1 s per op (``wait`` moves it on); the wall
+    clock is ``WALL0`` plus it."""
 
     def __init__(self) -> None:
-        ticks = _clock()
-        self.h = History(clock=lambda: next(ticks))
+        self.t = 0.0
+        self.h = History(clock=self._tick, wall=lambda: WALL0 + self.t)
+
+    def _tick(self) -> float:
+        self.t = round(self.t + 0.1, 6)
+        return self.t
+
+    def wait(self, seconds: float) -> None:
+        self.t = round(self.t + seconds, 6)
+
+    def now_ms(self) -> int:
+        return round((WALL0 + self.t) * 1000)
 
     def send(self, values: list[str], outcome: str = "ok", at: list[tuple[int, int]] = ()) -> None:  # type: ignore[assignment]
         done = self.h.invoke("producer-0", "send", tuple(values))
@@ -41,6 +47,54 @@ class Script:
 
     def ops(self) -> list[Op]:
         return list(self.h)
+
+    # ---- the POP group ----------------------------------------------------------------
+
+    def pop_config(self, *, fifo: bool = False, attempts: int = 3) -> None:
+        """Invisible times of 1 s, a retry delay of 200 ms."""
+        retry = {"policy": "list", "delays_ms": (200,)}
+        self.h.ok("pop-config", "pop-config", {"group": "g", "topic": "chaos", "fifo": fifo,
+                  "max_delivery_attempts": attempts, "retry": retry, "start": "earliest",
+                  "invisible_ms": 1000})  # fmt: skip
+
+    def receive(self, consumer: str, got: list[tuple[str, int, int, int, int]],
+                at_ms: int | None = None) -> list[str]:  # fmt: skip
+        """``got``: (value, queue, offset, epoch, attempt), handed out at ``at_ms`` (by
+        default as the request is sent) for 1 s; their handles."""
+        done = self.h.invoke(consumer, "receive", 1000)
+        at = self.now_ms() if at_ms is None else at_ms
+        popped = tuple(
+            Popped(x, q, o, f"v1:{q}:{o}:{e}", n, at + 1000, f"id-{x}") for x, q, o, e, n in got
+        )
+        done("ok", popped)
+        return [p.handle for p in popped]
+
+    def settle(self, consumer: str, f: str, handles: list[str], status: str = "OK",
+               delay_ms: int = 0) -> None:  # fmt: skip
+        """An ack or a nack answered ``status`` for each handle ("info": no answer)."""
+        value: Any = tuple(handles) if f == "ack" else {"handles": tuple(handles),
+                                                         "delay_ms": delay_ms}  # fmt: skip
+        done = self.h.invoke(consumer, f, value)
+        if status == "info":
+            done("info", error="UNKNOWN_OUTCOME")
+        else:
+            done("ok", dict.fromkeys(handles, status))
+
+    def extend(self, consumer: str, handle: str, epoch: int | None, ms: int = 1000) -> str:
+        """A new invisible time of ``ms``: its handle has ``epoch`` (None: no answer)."""
+        done = self.h.invoke(consumer, "extend", {"handle": handle, "invisible_ms": ms})
+        new = handle.rsplit(":", 1)[0] + f":{epoch}"
+        if epoch is None:
+            done("info", error="UNKNOWN_OUTCOME")
+        else:
+            done("ok", new)
+        return new
+
+    def pop_end(self, dead: tuple[DeadLetter, ...] = (), lags: dict[int, int] | None = None,
+                nodes: tuple[str, ...] = ("n0", "n1", "n2")) -> None:  # fmt: skip
+        for n in nodes:
+            self.h.ok("pop-end", "pop-lag", {0: 0, 1: 0} if lags is None else lags, n)
+        self.h.ok("pop-end", "dlq", dead, "n0")
 
 
 def _clean() -> Script:
@@ -197,3 +251,216 @@ def test_an_op_completes_once() -> None:
     done("info")
     with pytest.raises(AssertionError, match="completed twice"):
         done("ok")
+
+
+# ---- the POP group ----------------------------------------------------------------------------
+
+
+def _pop_clean() -> Script:
+    """Every fate a POP message has in a run, by the rules."""
+    s = Script()
+    s.pop_config(attempts=2)
+    places = [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]
+    s.send(["a", "b", "c", "d", "e"], at=places)
+    # a acked; b nacked (back at once), then acked by another consumer
+    ha, hb = s.receive("pop-0", [("a", 0, 0, 10, 1), ("b", 0, 1, 10, 1)])
+    s.settle("pop-0", "ack", [ha])
+    s.settle("pop-0", "nack", [hb], delay_ms=0)
+    (hb,) = s.receive("pop-1", [("b", 0, 1, 14, 2)])
+    s.settle("pop-1", "ack", [hb])
+    # c and d let go: back after their invisible time and the retry delay (1.2 s)
+    s.receive("pop-0", [("c", 1, 0, 16, 1), ("d", 1, 1, 16, 1)])
+    s.wait(1.2)
+    hc, _ = s.receive("pop-1", [("c", 1, 0, 20, 2), ("d", 1, 1, 20, 2)])
+    hc = s.extend("pop-1", hc, 22)  # c kept longer, then acked
+    s.settle("pop-1", "ack", [hc])
+    # e acked, the answer INVALID_RECEIPT_HANDLE: perhaps a retry after its first attempt
+    (he,) = s.receive("pop-2", [("e", 1, 2, 24, 1)])
+    s.settle("pop-2", "ack", [he], status="INVALID_RECEIPT_HANDLE")
+    # the group drained: d spent its two attempts, a dead letter
+    s.wait(1.2)
+    for n in ("n0", "n1", "n2"):
+        s.read("drain", [("a", 0, 0), ("b", 0, 1), ("c", 1, 0), ("d", 1, 1), ("e", 1, 2)],
+               "drain", n)  # fmt: skip
+    s.pop_end((DeadLetter("d", "chaos", 1, 1, "id-d", 2, 20),))
+    return s
+
+
+def test_a_clean_pop_history_is_valid() -> None:
+    v = check(_pop_clean().ops())
+    assert v.valid, v.anomalies()
+    assert (v.pop_delivered, v.pop_redelivered, v.pop_acked, v.pop_nacked) == (8, 3, 3, 1)
+    assert (v.pop_extended, v.pop_dead_lettered, v.pop_acks_uncertain) == (1, 1, 1)
+    assert "POP delivered" in summary(v)
+
+
+def test_a_pop_history_survives_dump_and_load(tmp_path: Path) -> None:
+    ops = _pop_clean().ops()
+    dump(ops, tmp_path / "h.jsonl")
+    assert load(tmp_path / "h.jsonl") == ops
+
+
+def test_a_message_delivered_after_its_ack_is_caught() -> None:
+    s = Script()
+    s.pop_config()
+    s.send(["a"], at=[(0, 0)])
+    (h,) = s.receive("pop-0", [("a", 0, 0, 10, 1)])
+    s.settle("pop-0", "ack", [h])
+    s.wait(2.0)  # long after its invisible time: only the ack forbids it
+    s.receive("pop-1", [("a", 0, 0, 20, 2)])
+    (found,) = _only(check(s.ops()), "pop_acked_again")
+    assert "epoch 20" in found and "ack of epoch 10 answered OK" in found
+
+
+@pytest.mark.parametrize(
+    ("before", "caught"),
+    [
+        ("nothing", 2),  # inside the invisible time, and before it is due
+        ("an ack of unknown outcome", 2),  # applied or not, the second is a violation
+        ("a nack", 0),  # it let the message go: no violation
+        ("a nack after", 2),  # sent after the second delivery: it excuses nothing
+        ("a new invisible time of 0, no answer", 0),  # it may have let it go at once
+    ],
+)
+def test_a_message_held_by_two_consumers_inside_its_invisible_time_is_caught(
+    before: str, caught: int
+) -> None:
+    s = Script()
+    s.pop_config()
+    s.send(["a"], at=[(0, 0)])
+    (h,) = s.receive("pop-0", [("a", 0, 0, 10, 1)])
+    until = s.now_ms() - 100 + 1000  # handed out as the request was sent
+    s.wait(0.5)  # handed out again within its 1 s: only a release would allow it
+    if before == "an ack of unknown outcome":
+        s.settle("pop-0", "ack", [h], status="info")
+    elif before == "a nack":
+        s.settle("pop-0", "nack", [h], delay_ms=0)
+    elif before == "a new invisible time of 0, no answer":
+        s.extend("pop-0", h, None, ms=0)
+    at = s.now_ms() + 100  # as the next request is sent
+    s.receive("pop-1", [("a", 0, 0, 14, 2)])
+    if before == "a nack after":
+        s.settle("pop-0", "nack", [h], delay_ms=0)
+    v = check(s.ops())
+    if not caught:
+        assert v.valid, v.anomalies()
+        return
+    found = _only(v, "pop_held_twice")
+    assert len(found) == caught
+    assert found[0].startswith(f"queue 0 offset 0 handed out to pop-1 at {at} (epoch 14), while")
+    if before != "a nack after":  # (which moved the floors, to after the second)
+        assert found[0].endswith(f"is invisible until {until}")
+        assert found[1].endswith(f"before it is due again at {until + 200} (epoch 10, attempt 1)")
+
+
+def test_a_redelivery_before_the_retry_delay_is_caught() -> None:
+    s = Script()
+    s.pop_config()
+    s.send(["a"], at=[(0, 0)])
+    s.receive("pop-0", [("a", 0, 0, 10, 1)])
+    s.wait(0.9)  # past the invisible time (1 s after the receive), not the delay (200 ms)
+    s.receive("pop-1", [("a", 0, 0, 14, 2)])
+    (found,) = _only(check(s.ops()), "pop_held_twice")
+    assert "before it is due again" in found
+
+
+def test_attempts_that_do_not_go_up_are_caught() -> None:
+    s = Script()
+    s.pop_config(attempts=3)
+    s.send(["a", "b"], at=[(0, 0), (0, 1)])
+    s.receive("pop-0", [("a", 0, 0, 10, 2), ("b", 0, 1, 10, 3)])  # earlier ones unseen: fine
+    s.wait(1.5)
+    s.receive("pop-1", [("a", 0, 0, 20, 2), ("b", 0, 1, 20, 4)])  # the same; over 3
+    found = _only(check(s.ops()), "pop_attempts")
+    assert len(found) == 2
+    assert "offset 0 handed out to pop-1" in found[0] and "attempt 2 after attempt 2" in found[0]
+    assert "attempt 4 after attempt 3 (epoch 10), of 3 at most" in found[1]
+
+
+@pytest.mark.parametrize("fifo", [True, False])
+@pytest.mark.parametrize("acked_first", [True, False])
+def test_fifo_a_queue_handing_out_while_a_message_of_it_is_in_flight_is_caught(
+    fifo: bool, acked_first: bool
+) -> None:
+    s = Script()
+    s.pop_config(fifo=fifo)
+    s.send(["a", "b", "c"], at=[(0, 0), (0, 1), (1, 0)])
+    (h,) = s.receive("pop-0", [("a", 0, 0, 10, 1)])
+    if acked_first:
+        s.settle("pop-0", "ack", [h], status="info")  # it may have ended the flight
+    s.receive("pop-1", [("b", 0, 1, 12, 1), ("c", 1, 0, 12, 1)])  # c: another queue
+    v = check(s.ops())
+    if acked_first or not fifo:
+        assert v.valid, v.anomalies()
+        return
+    (found,) = _only(v, "pop_fifo")
+    assert found.startswith("queue 0: offset 1 handed out to pop-1 at ")
+    assert "while offset 0 is in flight (epoch 10, pop-0" in found
+
+
+def test_a_hand_out_time_outside_its_request_is_caught() -> None:
+    s = Script()
+    s.pop_config()
+    s.send(["a"], at=[(0, 0)])
+    s.receive("pop-0", [("a", 0, 0, 10, 1)], at_ms=s.now_ms() - 5_000)
+    (found,) = _only(check(s.ops()), "pop_invisible_until")
+    assert "outside its request" in found
+
+
+def _pop_end(acks: list[str], dead: tuple[DeadLetter, ...] = (),
+             lags: dict[int, int] | None = None) -> Verdict:  # fmt: skip
+    """One message, a, delivered and answered ``acks``; the end as given."""
+    s = Script()
+    s.pop_config(attempts=2)
+    s.send(["a"], at=[(0, 0)])
+    (h,) = s.receive("pop-0", [("a", 0, 0, 10, 1)])
+    for status in acks:
+        s.settle("pop-0", "ack", [h], status=status)
+    s.read("drain", [("a", 0, 0)], "drain")
+    s.pop_end(dead, {0: 0} if lags is None else lags)
+    return check(s.ops())
+
+
+def test_at_the_end_every_message_is_acked_or_dead_lettered_exactly_once() -> None:
+    dl = DeadLetter("a", "chaos", 0, 0, "id-a", 2, 10)
+    assert _pop_end(["OK"]).valid
+    assert _pop_end([], (dl,)).valid
+    assert _pop_end(["info"]).valid  # perhaps acked: uncertain, not a violation
+    (never,) = _only(_pop_end([]), "pop_not_done")
+    assert never.startswith("queue 0 offset 0 ('a'): neither acked nor dead-lettered (its ")
+    assert "last handle: Seen(epoch=10, attempt=1, " in never
+    (twice,) = _only(_pop_end(["OK", "OK"]), "pop_not_done")
+    assert "acked 2 times (epochs [10, 10]), dead-lettered 0 times" in twice
+    (both,) = _only(_pop_end(["OK"], (dl,)), "pop_not_done")
+    assert "acked 1 times (epochs [10]), dead-lettered 1 times" in both
+    (dead_twice,) = _only(_pop_end([], (dl, dl)), "pop_not_done")
+    assert "dead-lettered 2 times" in dead_twice
+
+
+def test_a_dead_letter_not_matching_its_message_is_caught() -> None:
+    wrong = DeadLetter("a", "other", 0, 1, "id-x", 3, 9)  # delivered after epoch 9 too
+    found = _only(_pop_end([], (wrong,)), "pop_dead_letters")
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "the message is at chaos queue 0 offset 0",
+        "message id id-x, not id-a",
+        "after 3 attempts, not 2",
+        "it ended epoch 9, handed out again at epoch 10",
+    ]
+    ghost = DeadLetter("ghost", "chaos", 0, 5, "id-g", 2, 10)
+    found = _only(_pop_end(["OK"], (ghost,)), "pop_dead_letters")
+    assert found == ["dead letter 'ghost' (of queue 0 offset 5): no such message in the topic"]
+
+
+def test_a_lag_left_at_the_end_is_caught() -> None:
+    assert _only(_pop_end(["OK"], lags={0: 1}), "pop_lag") == [
+        f"{n}: lag {{0: 1}} at the end" for n in ("n0", "n1", "n2")
+    ]
+    assert _only(_pop_end(["OK"], lags={}), "pop_lag") == [
+        f"{n}: lag {{0: None}} at the end" for n in ("n0", "n1", "n2")
+    ]
+
+
+def test_a_history_written_before_the_wall_clock_loads(tmp_path: Path) -> None:
+    row = ["producer-0", "invoke", "send", ["a"], 0.1, None, None]  # 7 fields: no wall_s
+    (tmp_path / "h.jsonl").write_text(json.dumps(row) + "\n")
+    assert load(tmp_path / "h.jsonl") == [Op("producer-0", "invoke", "send", ("a",), 0.1)]

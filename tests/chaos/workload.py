@@ -12,6 +12,8 @@
   from its own position per queue: reads from followers, stale or not.
 - One reporter asks every node for the group's committed offsets every
   ``offsets_every_s``.
+- ``pop.consumers`` consumers of a POP group on the same topic receive, ack, nack, let
+  messages expire and give them new invisible times (``tests/chaos/pop_workload.py``).
 
 Bounds: each task paces itself (``send_pause_s``, ``pull_pause_s``), every request by
 the client's settings; ``stop()`` ends them all within ``stop_s`` (the client's deadline
@@ -37,6 +39,7 @@ from ledgermq.client import (
 from ledgermq.demo.load import LoadSettings, task_failure
 
 from .history import History, Read
+from .pop_workload import PopPlan, pop_consumer
 
 # Refused before anything is written: the send certainly did not happen.
 DEFINITE = {"INVALID_ARGUMENT", "PAYLOAD_TOO_LARGE", "TOPIC_NOT_FOUND", "UNAUTHENTICATED"}
@@ -54,6 +57,7 @@ class WorkloadSettings:
     poll_wait_ms: int = 300
     pull_pause_s: float = 0.1
     offsets_every_s: float = 0.5
+    pop: PopPlan = field(default_factory=PopPlan)  # the POP group (``pop_plan(seed)``)
     # The demo's client (a failover takes a second or two; backoff capped at 0.5 s), an
     # operation given up after 20 s (then it is recorded as info).
     client: ClientSettings = field(
@@ -93,6 +97,12 @@ class Workload:
     def start(self) -> None:
         runs = [self._produce(i) for i in range(self.s.producers)]
         runs += [self._consume(), self._pull(), self._report_offsets()]
+        brokers = list(self.urls.values())
+        runs += [
+            pop_consumer(i, brokers, self.s.pop, self.s.topic, self.h,
+                         random.Random(self.rng.getrandbits(64)), self.stopping, self._pause)
+            for i in range(self.s.pop.consumers)
+        ]  # fmt: skip
         self.tasks = [asyncio.create_task(r) for r in runs]
 
     def failed(self) -> BaseException | None:

@@ -76,6 +76,7 @@ from broker.pop.applier import (
 from broker.pop.service import Received, parse_handle
 from broker.pop.state import PopConfig, PopState
 from consumequeue import tags_hash
+from tests.pop_rules import History, Seen
 
 if TYPE_CHECKING:
     from broker.message import RecordHead
@@ -188,37 +189,6 @@ class PopConsumer:
 
 
 # ---- what the log says ----------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Seen:
-    """A delivery (``received``) or a new invisible time, as a client was answered."""
-
-    epoch: int  # the handle's: the entry that set it
-    attempt: int
-    visible_at: int  # log ms
-    consumer: str
-    received: bool
-
-
-@dataclass(slots=True)
-class History:
-    """One message of one group: what its clients saw and sent."""
-
-    seen: list[Seen] = field(default_factory=list)  # by epoch
-    # Nacks and new invisible times sent on a handle (answered or not: they may have
-    # applied): (the handle's epoch, earliest visible again, earliest due again).
-    releases: list[tuple[int, int, int]] = field(default_factory=list)
-    acked: int | None = None  # the epoch of the handle an ack answered OK for
-
-    def before(self, epoch: int) -> Seen | None:
-        """The latest seen with an epoch below ``epoch``."""
-        prev = None
-        for s in self.seen:
-            if s.epoch >= epoch:
-                break
-            prev = s
-        return prev
 
 
 class PopChecker:
@@ -421,14 +391,11 @@ class PopChecker:
 
     def _seen(self, key: MsgKey, s: Seen) -> None:
         h = self._hist(key)
-        same = [x for x in h.seen if x.epoch == s.epoch]
-        if same:
-            x = same[0]
+        at, x = h.insert(s)
+        if x is not None:
             if (x.attempt, x.visible_at) != (s.attempt, s.visible_at):
                 self.fail(f"{_name(key)}: epoch {s.epoch} answered as {x} and as {s}")
             return
-        at = sum(1 for x in h.seen if x.epoch < s.epoch)
-        h.seen.insert(at, s)
         if h.acked is not None and s.epoch > h.acked:
             self.fail(f"{_name(key)} was acked (epoch {h.acked}) and delivered again: {s}")
         for d in self.dead.get(key, []):
@@ -471,27 +438,9 @@ class PopChecker:
                 f"delivered to {cur.consumer} at log time {ts} (epoch {cur.epoch})",
             )
 
-    def _floors(self, key: MsgKey, h: History, prev: Seen) -> tuple[int, int]:
-        """When the flight ``prev`` saw ends at the earliest: visible again, due again."""
-        visible = prev.visible_at
-        due = prev.visible_at + self._config(key[0]).retry.delay(prev.attempt)
-        for epoch, v, d in h.releases:
-            if epoch == prev.epoch:
-                visible, due = min(visible, v), min(due, d)
-        return visible, due
-
     def _check_due(self, key: MsgKey, h: History, prev: Seen, ts: int, what: str) -> None:
-        visible, due = self._floors(key, h, prev)
-        if ts < visible:
-            self.fail(
-                f"{_name(key)} {what}, while its delivery to {prev.consumer} (epoch "
-                f"{prev.epoch}) is invisible until {visible}"
-            )
-        if ts < due:
-            self.fail(
-                f"{_name(key)} {what}, before it is due again at {due} (epoch {prev.epoch}, "
-                f"attempt {prev.attempt})"
-            )
+        for why in h.too_early(prev, self._config(key[0]).retry, ts):
+            self.fail(f"{_name(key)} {what}, {why}")
 
     def _check_fifo(self, key: MsgKey, s: Seen) -> None:
         """FIFO: ``s`` hands out ``key`` at its entry's log time; no other message of the
@@ -521,7 +470,7 @@ class PopChecker:
         ]
         if ended:
             return  # an ack or dead letter in the log may have ended it
-        _, due = self._floors(okey, oh, prev)
+        _, due = oh.floors(prev, self._config(okey[0]).retry)
         ts = self.time[s.epoch]
         if ts < due:
             self.fail(
