@@ -39,8 +39,20 @@ and the floor app was then the busy process (70-75 %). ``--client httpx`` switch
 httpx, and each run starts with a check that drives the floor app with both clients
 (``--no-client-check`` skips it), so the table shows the gap on the day.
 
+``--pop`` runs shared consumption instead (issue 28): no floor app; a topic of
+``--queues`` queues and a POP group (``start: earliest``); each of ``--repeat`` runs
+produces ``--pop-messages`` (200,000) 1 KiB messages (not timed), then ``--pop-clients``
+(16) consumers, each one keep-alive connection, loop ``POST /v1/groups/G/receive``
+(``--pop-batch`` 32, invisible 30 s, long poll 1 s) and ``POST /v1/groups/G/ack`` of
+every handle received, until the group acked the backlog (or ``--pop-seconds``; a run
+also ends when no ack succeeded for ``--request-timeout``). It reports messages acked
+per second, receive / ack / round latencies, and CPU µs per message of the master and of
+all nodes; ``--profile`` samples the master with ``py-spy record`` over the drain and
+prints its top functions.
+
     .venv/bin/python bench/http_bench.py             # ~3 min
     .venv/bin/python bench/http_bench.py --quick     # smoke run, ~1 min
+    .venv/bin/python bench/http_bench.py --pop --repeat 3 [--profile]   # ~1-2 min
 """
 
 from __future__ import annotations
@@ -53,6 +65,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -76,6 +89,7 @@ from ledgermq.processes import free_ports
 
 FLOOR_SCRIPT = Path(__file__).resolve().parent / "http_floor.py"
 TOPIC = "bench"
+POP_GROUP = "bench-pop"
 HOST = "127.0.0.1"
 _CHILDREN: list[subprocess.Popen[bytes]] = []
 
@@ -211,6 +225,39 @@ class Tally:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
 
+@dataclass
+class PopTally:
+    """What the consumers of a POP drain saw, besides ``Tally`` (whose latencies are
+    then whole rounds, a receive and its ack, and whose messages are the acked ones)."""
+
+    receive_latencies: list[float] = field(default_factory=list)
+    ack_latencies: list[float] = field(default_factory=list)
+    receives: int = 0
+    empty: int = 0  # receives answered with no message
+    acks: int = 0
+    acked: int = 0  # handles the acks answered OK: the messages consumed
+    invalid: int = 0  # handles the acks answered INVALID_RECEIPT_HANDLE
+    redelivered: int | None = 0  # messages received with delivery_attempt > 1 (None: unknown)
+
+    def figures(self) -> dict[str, Any]:
+        return {
+            "receives": self.receives,
+            "empty_receives": self.empty,
+            "acks": self.acks,
+            "acked": self.acked,
+            "invalid_handles": self.invalid,
+            "redelivered": self.redelivered,
+            "receive_p50_ms": _ms(_pct(self.receive_latencies, 0.50)),
+            "receive_p99_ms": _ms(_pct(self.receive_latencies, 0.99)),
+            "ack_p50_ms": _ms(_pct(self.ack_latencies, 0.50)),
+            "ack_p99_ms": _ms(_pct(self.ack_latencies, 0.99)),
+        }
+
+
+HANDLE = re.compile(rb'"receipt_handle":"([^"]+)"')
+ACK_TRIES = 3  # an ack that fails is sent again (a handle already acked answers INVALID)
+
+
 def _pull_next(data: bytes) -> tuple[str, int]:
     """(status, next_offset) of a pull answer without parsing its ~1 MB of messages:
     orjson keeps the key order of ``api.app.pull``, status first, next_offset after the
@@ -229,11 +276,28 @@ class LoadGen:
         self.tally = Tally()
         self.measure_from = 0.0
         self.stop_at = 0.0
-        self.pull_done = 0.0
+        self.pull_done = 0.0  # the last counted answer of a read to the end (pull, pop)
         self.window_started = False
+        self.budget: int | None = spec.get("max_messages")  # messages left to send (a fill)
+        self.pop = PopTally()
+        self.last_ack = 0.0  # (a POP drain ends when no ack succeeds for request_timeout)
 
     def _in_window(self, t: float) -> bool:
         return self.measure_from <= t <= self.stop_at
+
+    def _take(self) -> bool:
+        """One batch from the message budget (a fill); always True without one."""
+        if self.budget is None:
+            return True
+        if self.budget < self.spec["batch"]:
+            return False
+        self.budget -= self.spec["batch"]
+        return True
+
+    def _give_back(self) -> None:
+        """A batch taken by ``_take`` was not stored: it is sent again."""
+        if self.budget is not None:
+            self.budget += self.spec["batch"]
 
     async def _connect(self) -> RawConnection | HttpxConnection:
         """A client's connection, made before the clock starts (an httpx client builds
@@ -278,13 +342,14 @@ class LoadGen:
         checked = False
         i = k
         try:
-            while time.monotonic() < self.stop_at:
+            while time.monotonic() < self.stop_at and self._take():
                 req = reqs[i % len(reqs)]
                 i += 1
                 t0 = time.monotonic()
                 got = await self._one(conn, req)
                 t1 = time.monotonic()
                 if got is None:
+                    self._give_back()
                     continue
                 if not checked and s["kind"] == "produce":
                     n = got[1].count(b'"msg_id"')
@@ -345,11 +410,100 @@ class LoadGen:
         finally:
             await conn.aclose()
 
+    async def pop_client(self, conn: RawConnection | HttpxConnection) -> None:
+        """A consumer of a POP group: receive (``batch`` at most), ack every handle it
+        got, again, until ``pop_messages`` were acked by all of them (or the time is
+        up). A round (its latency in ``tally``) is a receive and its ack."""
+        s = self.spec
+        host, port, p = s["host"], s["port"], self.pop
+        path = f"/v1/groups/{s['group']}/receive"
+        body = orjson.dumps(
+            {
+                "topic": s["topic"],
+                "max_messages": s["batch"],
+                "invisible_ms": s["invisible_ms"],
+                "wait_ms": s["wait_ms"],
+            }
+        )
+        receive = (path, _post_head(host, port, path, len(body)), body)
+        ack_path = f"/v1/groups/{s['group']}/ack"
+        ack_head = b'{"topic":' + orjson.dumps(s["topic"]) + b',"receipt_handles":["'
+        checked = False
+        try:
+            while time.monotonic() < self.stop_at and p.acked < s["pop_messages"]:
+                if time.monotonic() - self.last_ack > s["request_timeout"]:
+                    break  # nothing acked for that long (the master moved?): the run ends
+                t0 = time.monotonic()
+                got = await self._one(conn, receive)
+                t1 = time.monotonic()
+                if got is None:
+                    continue
+                data = got[1]
+                handles = HANDLE.findall(data)
+                p.receives += 1
+                if not handles:
+                    p.empty += 1  # the long poll waited, or the rest is with others
+                    if not s["wait_ms"]:
+                        await asyncio.sleep(0.01)
+                    continue
+                p.receive_latencies.append(t1 - t0)  # (an empty one waited its wait_ms)
+                if not checked:
+                    self._check_received(data, handles)
+                    checked = True
+                firsts = data.count(b'"delivery_attempt":1,')
+                p.redelivered = (p.redelivered or 0) + len(handles) - firsts
+                ack = ack_head + b'","'.join(handles) + b'"]}'
+                req = (ack_path, _post_head(host, port, ack_path, len(ack)), ack)
+                for _ in range(ACK_TRIES):
+                    t2 = time.monotonic()
+                    answer = await self._one(conn, req)
+                    if answer is not None:
+                        break
+                else:
+                    continue  # their invisible time ends: they come back, late
+                t3 = time.monotonic()
+                ok = answer[1].count(b'"status":"OK"')
+                self._pop_round(t0, t2, t3, ok, len(handles) - ok)
+        finally:
+            await conn.aclose()
+
+    def _check_received(self, data: bytes, handles: list[bytes]) -> None:
+        """One receive answer per consumer parsed in full: the handles the scan found are
+        the messages', whose bodies are whole."""
+        msgs = orjson.loads(data)["messages"]
+        if [m["receipt_handle"].encode() for m in msgs] != handles or any(
+            len(m["body"]) != self.spec["body_size"] or m["delivery_attempt"] < 1 for m in msgs
+        ):
+            raise WrongAnswerError("a receive answer does not add up")
+
+    def _pop_round(self, t0: float, t2: float, t3: float, acked: int, invalid: int) -> None:
+        """A POP round that acked: received from ``t0``, acked from ``t2`` to ``t3``."""
+        p = self.pop
+        self.last_ack = t3
+        p.acks += 1
+        p.ack_latencies.append(t3 - t2)
+        p.acked += acked
+        p.invalid += invalid
+        if invalid and self._in_window(t3):
+            self.tally.errors["INVALID_RECEIPT_HANDLE"] = (
+                self.tally.errors.get("INVALID_RECEIPT_HANDLE", 0) + invalid
+            )
+        self.progress.value += 1
+        if self._in_window(t3):
+            self.tally.latencies.append(t3 - t0)
+            self.tally.requests += 1
+            self.tally.messages += acked
+            self.pull_done = max(self.pull_done, t3)
+
     async def run(self) -> dict[str, Any]:
         s = self.spec
-        if s["kind"] == "pull":
-            conns = [await self._connect() for _ in range(s["queues"])]
-            tasks = [self.pull_client(q, c) for q, c in enumerate(conns)]
+        if s["kind"] in ("pull", "pop"):
+            n = s["queues"] if s["kind"] == "pull" else s["clients"]
+            conns = [await self._connect() for _ in range(n)]
+            if s["kind"] == "pull":
+                tasks = [self.pull_client(q, c) for q, c in enumerate(conns)]
+            else:
+                tasks = [self.pop_client(c) for c in conns]
         elif s["kind"] == "blob":
             head = f"GET {s['path']} HTTP/1.1\r\nHost: {s['host']}:{s['port']}\r\n\r\n"
             reqs = [(s["path"], head.encode(), b"")]
@@ -365,9 +519,11 @@ class LoadGen:
         t0 = time.monotonic()
         self.measure_from = t0 + s["warmup"]
         self.stop_at = self.measure_from + s["seconds"]
+        self.last_ack = t0
         window = asyncio.create_task(self._window_events())
         await asyncio.gather(*tasks)
-        if not window.done():  # the pulls read everything before the time was up
+        ended = time.monotonic()
+        if not window.done():  # the reads or the budget ended before the time was up
             window.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await window
@@ -375,9 +531,11 @@ class LoadGen:
                 self.conn.send({"event": "window_end"})
         t = self.tally
         seconds = s["seconds"]
-        if s["kind"] == "pull" and self.pull_done:
+        if s["kind"] in ("pull", "pop") and self.pull_done:
             seconds = min(seconds, self.pull_done - self.measure_from)
-        return {
+        elif ended < self.stop_at:  # a fill that sent its budget
+            seconds = max(1e-3, ended - self.measure_from)
+        result = {
             "requests": t.requests,
             "messages": t.messages,
             "seconds": round(seconds, 3),
@@ -391,6 +549,9 @@ class LoadGen:
             "errors": sum(t.errors.values()),
             "error_kinds": t.errors,
         }
+        if s["kind"] == "pop":
+            result.update(self.pop.figures())
+        return result
 
     async def _window_events(self) -> None:
         """Tell the parent when the measured window starts and ends (it samples CPU)."""
@@ -490,6 +651,118 @@ def _cpu_ticks(pid: int) -> int | None:
         return None
 
 
+def machine_ticks() -> tuple[int, int] | None:
+    """(busy, total) ticks of all cores since boot; busy excludes idle and iowait."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            parts = f.readline().split()[1:]
+    except OSError:
+        return None
+    values = [int(x) for x in parts[:8]]
+    total = sum(values)
+    return total - values[3] - values[4], total
+
+
+def _loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except OSError:
+        return None
+
+
+class Profiler:
+    """``py-spy record`` of one process (the master) over a measured window, raw
+    (collapsed) stacks aggregated by function (``--function``); ``profile_top`` sums
+    them up. ``gil``: only the samples of the thread holding the GIL, i.e. the Python
+    work (a thread waiting for work, or in an fsync, releases it; one sending on a
+    socket from the event loop holds it); else every thread py-spy finds busy. py-spy
+    pauses the process for each sample: a profiled run is slower than one without."""
+
+    def __init__(self, pid: int, out: Path, rate: int, gil: bool = True) -> None:
+        self.pid, self.out, self.rate, self.gil = pid, out, rate, gil
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @staticmethod
+    def find() -> str | None:
+        """py-spy on the PATH or beside this interpreter (a virtualenv's bin/)."""
+        here = Path(sys.executable).parent / "py-spy"
+        return shutil.which("py-spy") or (str(here) if here.exists() else None)
+
+    def start(self) -> None:
+        exe = self.find()
+        if exe is None:
+            raise RuntimeError("--profile: py-spy not found (pip install py-spy)")
+        cmd = [exe, "record", "--pid", str(self.pid), "--rate", str(self.rate)]
+        cmd += ["--format", "raw", "--function", "--output", str(self.out)]
+        if self.gil:
+            cmd.append("--gil")
+        with self.out.with_suffix(".log").open("ab") as log:
+            self.proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
+        _CHILDREN.append(self.proc)
+
+    def stop(self) -> None:
+        """SIGINT: py-spy writes what it sampled and exits (bounded wait)."""
+        p, self.proc = self.proc, None
+        if p is None or p.poll() is not None:
+            return
+        p.send_signal(signal.SIGINT)
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)
+
+
+def _frame_package(frame: str) -> str:
+    """``func (broker/pop/service.py:120)`` -> ``broker``: the top package of a frame's
+    file as py-spy shortens it (``<frozen ...>`` and the like as they are)."""
+    i = frame.rfind(" (")
+    where = frame[i + 2 : -1] if i >= 0 else frame
+    where = where.rsplit(":", 1)[0]
+    return where.split("/", 1)[0] if "/" in where else where
+
+
+OWN_PACKAGES = ("api", "broker", "consumequeue", "dledger")  # (ledgermq: the node's main)
+
+
+def profile_top(path: Path, n: int) -> dict[str, Any]:
+    """The ``n`` functions with the most samples of a raw py-spy profile: ``self`` (the
+    function was running), ``total`` (one of the project's functions was on the stack:
+    what its calls cost), in % of all samples, and the self samples summed by top
+    package (``broker``, ``api``, ``starlette``, ``asyncio``, ...)."""
+    own: dict[str, int] = {}
+    total: dict[str, int] = {}
+    package: dict[str, int] = {}
+    samples = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        k = int(count)
+        samples += k
+        frames = stack.split(";")
+        leaf = frames[-1]
+        own[leaf] = own.get(leaf, 0) + k
+        pkg = _frame_package(leaf)
+        package[pkg] = package.get(pkg, 0) + k
+        for f in set(frames):
+            if _frame_package(f) in OWN_PACKAGES:
+                total[f] = total.get(f, 0) + k
+
+    def top(table: dict[str, int]) -> list[list[Any]]:
+        best = sorted(table.items(), key=lambda kv: -kv[1])[:n]
+        return [[f, c, round(100 * c / samples, 1)] for f, c in best]
+
+    return {
+        "samples": samples,
+        "self": top(own) if samples else [],
+        "total": top(total) if samples else [],
+        "self_by_package": top(package) if samples else [],
+    }
+
+
 class Bench:
     def __init__(self, a: argparse.Namespace, root: Path) -> None:
         self.a = a
@@ -509,10 +782,14 @@ class Bench:
 
     # -- children --
 
-    def start(self) -> str:
+    def start(self, floor: bool = True) -> str:
+        """Start the load generator, the nodes and (``floor``) the floor app; the
+        master once the cluster is ready."""
         self.worker.start()
         self.cluster.start_all()
         _CHILDREN.extend(self.cluster.procs.values())
+        if not floor:
+            return self.cluster.wait_ready(timeout_s=self.a.timeout)
         with (self.root / "floor.log").open("ab") as log:
             self.floor = subprocess.Popen(
                 [
@@ -606,6 +883,30 @@ class Bench:
         r.raise_for_status()
         return sum(q["max_offset"] - q["min_offset"] for q in r.json()["queues"])
 
+    def create_pop_group(self, master: str) -> None:
+        """The POP group of ``--pop``, reading every queue from its first message."""
+        r = httpx.put(
+            self.cluster.urls[master] + f"/v1/groups/{POP_GROUP}",
+            json={"mode": "pop", "start": "earliest"},
+            timeout=self.a.timeout,
+        )
+        r.raise_for_status()
+
+    def pop_backlog(self, node: str) -> int:
+        """Messages of the topic the POP group has not acked yet: each queue's lag, or
+        all of a queue it never received from."""
+        url = self.cluster.urls[node]
+        r = httpx.get(url + f"/v1/topics/{TOPIC}", timeout=self.a.timeout)
+        r.raise_for_status()
+        queues = {q["queue_id"]: q["max_offset"] - q["min_offset"] for q in r.json()["queues"]}
+        r = httpx.get(
+            url + f"/v1/groups/{POP_GROUP}/offsets", params={"topic": TOPIC}, timeout=self.a.timeout
+        )
+        r.raise_for_status()
+        for q in r.json()["offsets"]:
+            queues[q["queue_id"]] = q["lag"]
+        return sum(queues.values())
+
     # -- one scenario --
 
     def pids(self, server: str) -> dict[str, int]:
@@ -631,7 +932,12 @@ class Bench:
         clients: int = 1,
         client: str | None = None,
         warmup: float | None = None,
+        seconds: float | None = None,
+        extra: dict[str, Any] | None = None,
+        profiler: Profiler | None = None,
     ) -> dict[str, Any]:
+        """One scenario on ``server``; ``extra``: more fields of the load generator's
+        spec; ``profiler``: started and stopped with the measured window."""
         a = self.a
         port = self.floor_port if server == "floor" else self.port(server)
         spec = {
@@ -645,23 +951,31 @@ class Bench:
             "clients": clients,
             "body_size": a.body_size,
             "pool": a.pool,
-            "seconds": a.seconds,
+            "seconds": a.seconds if seconds is None else seconds,
             "warmup": a.warmup if warmup is None else warmup,
             "client": client or a.client,
             "request_timeout": a.request_timeout,
+            **(extra or {}),
         }
         self.check_alive(server)
         pids = self.pids(server)
         term0 = None if server == "floor" else self.term(server)
         cpu0: dict[str, int | None] = {}
         cpu: dict[str, float] = {}
+        cpu_s: dict[str, float] = {}  # CPU seconds in the window
+        machine: dict[str, Any] = {}  # the whole machine's busy share, load average
         t_start = time.monotonic()
+        m0 = machine_ticks()
 
         def on_window(event: str) -> None:
-            nonlocal cpu0, t_start
+            nonlocal cpu0, t_start, m0
             if event == "window_start":
                 t_start = time.monotonic()
                 cpu0 = {k: _cpu_ticks(p) for k, p in pids.items()}
+                m0 = machine_ticks()
+                machine["loadavg_start"] = _loadavg()
+                if profiler is not None:
+                    profiler.start()
                 return
             dt = time.monotonic() - t_start
             tck = os.sysconf("SC_CLK_TCK")
@@ -669,18 +983,29 @@ class Bench:
                 c1, c0 = _cpu_ticks(p), cpu0.get(k)
                 if c1 is not None and c0 is not None and dt > 0:
                     cpu[k] = round((c1 - c0) / tck / dt * 100)
+                    cpu_s[k] = (c1 - c0) / tck
+            m1 = machine_ticks()
+            if m0 is not None and m1 is not None and m1[1] > m0[1]:
+                machine["busy_pct"] = round((m1[0] - m0[0]) / (m1[1] - m0[1]) * 100, 1)
+            machine["loadavg_end"] = _loadavg()
+            if profiler is not None:
+                profiler.stop()
 
-        result = await_loadgen(
-            self.conn,
-            self.worker,
-            self.counter,
-            spec,
-            name,
-            progress=self.progress,
-            timeout=a.timeout,
-            check_alive=lambda: self.check_alive(server),
-            on_window=on_window,
-        )
+        try:
+            result = await_loadgen(
+                self.conn,
+                self.worker,
+                self.counter,
+                spec,
+                name,
+                progress=self.progress,
+                timeout=a.timeout,
+                check_alive=lambda: self.check_alive(server),
+                on_window=on_window,
+            )
+        finally:
+            if profiler is not None:
+                profiler.stop()
         row: dict[str, Any] = {
             "scenario": name,
             "server": server,
@@ -690,6 +1015,8 @@ class Bench:
             "client": spec["client"],
             **result,
             "cpu_pct": cpu,
+            "cpu_s": cpu_s,
+            "machine": machine,
         }
         if server != "floor":
             term1 = self.term(server)
@@ -804,6 +1131,153 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
     return results
 
 
+def run_pop(a: argparse.Namespace, root: Path) -> dict[str, Any]:
+    """``--pop``: ``--repeat`` runs, each producing ``--pop-messages`` to the topic (not
+    timed) and draining them through the POP group with ``--pop-clients`` consumers."""
+    b = Bench(a, root)
+    fills: list[dict[str, Any]] = []
+    drains: list[dict[str, Any]] = []
+    results: dict[str, Any] = {
+        "mode": "pop",
+        "settings": {k: str(v) for k, v in vars(a).items()},
+        "machine": {"cpus": os.cpu_count()},
+        "fills": fills,
+        "scenarios": drains,
+    }
+    try:
+        master = b.start(floor=False)
+        print(f"cluster ready, master {master}", file=sys.stderr)
+        b.create_topic(master)
+        b.create_pop_group(master)
+        for k in range(1, a.repeat + 1):
+            master = b.master()
+            fill = b.scenario(
+                f"fill {a.pop_messages:,} ({k})",
+                "produce",
+                master,
+                path=f"/v1/topics/{TOPIC}/messages",
+                batch=a.pop_fill_batch,
+                clients=a.pop_fill_clients,
+                warmup=0.0,
+                seconds=a.pop_seconds,
+                extra={"max_messages": a.pop_messages},
+            )
+            fills.append(fill)
+            b.wait_dispatched(master, master)
+            backlog = b.pop_backlog(master)
+            profiler = None
+            if a.profile:
+                out = (a.profile_dir or root) / f"pop-master-{k}.txt"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                profiler = Profiler(b.cluster.procs[master].pid, out, a.profile_rate, a.profile_gil)
+            row = b.scenario(
+                f"pop run {k}",
+                "pop",
+                master,
+                batch=a.pop_batch,
+                clients=a.pop_clients,
+                warmup=0.0,
+                seconds=a.pop_seconds,
+                extra={
+                    "group": POP_GROUP,
+                    "invisible_ms": a.pop_invisible_ms,
+                    "wait_ms": a.pop_wait_ms,
+                    "pop_messages": backlog,
+                },
+                profiler=profiler,
+            )
+            row["backlog"] = backlog
+            row["left"] = b.pop_backlog(master)
+            row["master"] = master
+            acked, cpu_s = row["acked"], row["cpu_s"]
+            nodes = [cpu_s[n] for n in b.cluster.ids if n in cpu_s]
+            row["master_cpu_us_per_msg"] = (
+                round(cpu_s[master] / acked * 1e6, 1) if acked and master in cpu_s else None
+            )
+            row["nodes_cpu_us_per_msg"] = round(sum(nodes) / acked * 1e6, 1) if acked else None
+            if profiler is not None and profiler.out.exists():
+                row["profile"] = profile_top(profiler.out, a.profile_top)
+                row["profile"]["file"] = str(profiler.out) if a.profile_dir else None
+            drains.append(row)
+    finally:
+        b.close()
+    return results
+
+
+def print_pop_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
+    print(
+        f"\nPOP receive + ack: 3 nodes on 127.0.0.1 (flush={a.flush}), a topic of {a.queues} "
+        f"queues, {a.body_size} B bodies, {os.cpu_count()} CPUs shared by all processes.\n"
+        f"  Each run: {a.pop_messages:,} messages produced (batches of {a.pop_fill_batch}, "
+        f"not timed), then {a.pop_clients} consumers, each one keep-alive connection "
+        f"({a.client} client), receive\n  (max_messages {a.pop_batch}, invisible_ms "
+        f"{a.pop_invisible_ms}, wait_ms {a.pop_wait_ms}) then ack of every handle received, "
+        "until the group acked the backlog.\n"
+        "  msg/s: messages acked OK / seconds from the first receive to the last ack. "
+        "round: a receive and its ack.\n  CPU µs/msg: CPU time (/proc utime+stime) over the "
+        "drain / messages acked; master: the node answering, nodes: all three.\n"
+        "  busy%: all cores, anyone's work (other processes of the machine included); "
+        "load: the 1-minute load average at the end."
+    )
+    hdr = (
+        f"  {'run':<10}{'acked':>9}{'s':>7}{'msg/s':>8}{'receive p50/p99':>17}"
+        f"{'ack p50/p99':>14}{'round p50/p99':>15}{'empty':>7}{'redeliv':>8}{'errors':>7}"
+        f"{'master µs/msg':>14}{'nodes µs/msg':>13}{'busy%':>7}{'load':>6}  CPU%"
+    )
+    print()
+    print(hdr)
+
+    def pair(r: dict[str, Any], k: str) -> str:
+        return f"{_fmt(r[k + '_p50_ms'], '.1f')}/{_fmt(r[k + '_p99_ms'], '.1f')}"
+
+    for r in results["scenarios"]:
+        cpu = " ".join(f"{k} {v}" for k, v in r["cpu_pct"].items())
+        err = f"{r['errors']}" + ("!" if r.get("term_changed") else "")
+        print(
+            f"  {r['scenario']:<10}{r['acked']:>9,}{r['seconds']:>7.1f}{r['msgs_per_s']:>8,}"
+            f"{pair(r, 'receive'):>17}{pair(r, 'ack'):>14}"
+            f"{_fmt(r['p50_ms'], '.1f') + '/' + _fmt(r['p99_ms'], '.1f'):>15}"
+            f"{r['empty_receives']:>7}{_fmt(r['redelivered']):>8}{err:>7}"
+            f"{_fmt(r['master_cpu_us_per_msg'], '.1f'):>14}"
+            f"{_fmt(r['nodes_cpu_us_per_msg'], '.1f'):>13}"
+            f"{_fmt(r['machine'].get('busy_pct'), '.0f'):>7}"
+            f"{_fmt(r['machine'].get('loadavg_end'), '.1f'):>6}  {cpu}"
+        )
+    for r in results["scenarios"]:
+        if r["left"] or r["errors"]:
+            print(
+                f"  {r['scenario']}: {r['left']:,} of {r['backlog']:,} messages left unacked; "
+                f"errors {r['error_kinds']}"
+            )
+    if any(r.get("term_changed") for r in results["scenarios"]):
+        print("  !: the Raft term changed during the run (a leader election under load)")
+    fills = results["fills"]
+    if fills:
+        print(
+            "  fills (not part of the figures): "
+            + ", ".join(f"{f['msgs_per_s']:,} msg/s" for f in fills)
+        )
+    for r in results["scenarios"]:
+        prof = r.get("profile")
+        if not prof or not prof["samples"]:
+            continue
+        print(
+            f"\n  {r['scenario']}: py-spy profile of the master ({r['master']}), "
+            f"{prof['samples']:,} samples at {a.profile_rate} Hz"
+            + (" holding the GIL" if a.profile_gil else "")
+            + "; % of samples"
+            + (f"; raw stacks: {prof['file']}" if prof.get("file") else "")
+        )
+        for title, key in (
+            ("self (running)", "self"),
+            ("total (on the stack; the project's functions)", "total"),
+            ("self by package", "self_by_package"),
+        ):
+            print(f"    {title}:")
+            for frame, _count, pct in prof[key]:
+                print(f"      {pct:5.1f}  {frame}")
+
+
 def _fmt(x: Any, spec: str = "") -> str:
     return "-" if x is None else format(x, spec)
 
@@ -896,9 +1370,32 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 s per scenario")
     ap.add_argument("--no-progress", action="store_true")
+    pop = ap.add_argument_group("--pop: shared (POP) consumption instead of the scenarios above")
+    pop.add_argument("--pop", action="store_true", help="run the POP receive + ack benchmark")
+    pop.add_argument("--pop-messages", type=int, default=200_000, help="backlog per run")
+    pop.add_argument("--pop-clients", type=int, default=16, help="concurrent consumers")
+    pop.add_argument("--pop-batch", type=int, default=32, help="max_messages per receive")
+    pop.add_argument("--pop-invisible-ms", type=int, default=30_000)
+    pop.add_argument("--pop-wait-ms", type=int, default=1000, help="a receive's long poll")
+    pop.add_argument("--pop-fill-batch", type=int, default=100, help="messages per produce")
+    pop.add_argument("--pop-fill-clients", type=int, default=16)
+    pop.add_argument("--pop-seconds", type=float, default=300.0, help="bound on a fill or drain")
+    pop.add_argument("--repeat", type=int, default=1, help="runs (fill + drain) on one cluster")
+    pop.add_argument("--profile", action="store_true", help="py-spy record of the master")
+    pop.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s")
+    pop.add_argument(
+        "--profile-gil",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="only samples holding the GIL (py-spy --gil); --no-profile-gil: every busy thread",
+    )
+    pop.add_argument("--profile-top", type=int, default=15, help="functions listed")
+    pop.add_argument("--profile-dir", type=Path, default=None, help="keep the raw stacks here")
     a = ap.parse_args()
     if a.quick:
         a.seconds, a.warmup, a.data_file_mb = 3.0, 0.5, 256
+        if not any(x.startswith("--pop-messages") for x in sys.argv):
+            a.pop_messages = 20_000
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
     atexit.register(_kill_children)
     if a.data_dir is not None:
@@ -909,7 +1406,7 @@ def main() -> int:
     print(f"data and logs (n*.log, floor.log): {root}", file=sys.stderr)
     ok = False
     try:
-        results = run(a, root)
+        results = run_pop(a, root) if a.pop else run(a, root)
         ok = True
     finally:
         _kill_children()
@@ -917,7 +1414,10 @@ def main() -> int:
             shutil.rmtree(root, ignore_errors=True)
         elif not ok:
             print(f"kept {root} (logs: n*.log, floor.log)", file=sys.stderr)
-    print_table(a, results)
+    if a.pop:
+        print_pop_table(a, results)
+    else:
+        print_table(a, results)
     if a.json is not None:
         a.json.write_text(json.dumps(results, indent=1) + "\n")
     print("JSON:", json.dumps(results))

@@ -13,10 +13,16 @@ after a warm-up, CPU sampled by the parent between the ``window_start`` and
 - ``nats``: JetStream publishes with nats-py, one connection per client; a request of
   ``batch`` messages is ``batch`` ``publish_async`` calls answered by ``batch`` acks;
 - ``pysyncobj``: ``bench/pysyncobj_baseline.py``'s APPEND frames of ``batch`` bodies;
-- ``etcd_range`` / ``nats_fetch``: the catch-up reads of the peers (see ``systems``).
+- ``etcd_range`` / ``nats_fetch``: the catch-up reads of the peers (see ``systems``);
+- ``pop`` (http_bench's, LedgerMQ's POP receive + ack) and ``nats_pop``: shared
+  consumption of a backlog, ``clients`` consumers each fetching ``batch`` messages from
+  one durable JetStream pull consumer (explicit acks) and acking each of them, with
+  ``Msg.ack()`` (published, not waited for: ``nats_ack`` ``ack``) or ``Msg.ack_sync()``
+  (each answered by the server, all 32 at once: ``ack_sync``), until the stream's
+  messages are acked.
 
 ``max_messages`` in a spec bounds the messages sent (the catch-up fill): each client
-takes its batch from a shared budget before sending it.
+takes its batch from a shared budget before sending it (http_bench's ``_take``).
 """
 
 from __future__ import annotations
@@ -126,22 +132,15 @@ def etcd_key_range(prefix: str) -> tuple[bytes, bytes]:
     return _b64(raw), _b64(raw[:-1] + bytes((raw[-1] + 1,)))
 
 
+NATS_POP_CONSUMER = "popbench"
+
+
 class PeerLoadGen(LoadGen):
     def __init__(self, spec: dict[str, Any], progress: Any, conn: Connection) -> None:
         super().__init__(spec, progress, conn)
-        self.budget = spec.get("max_messages")
         self.answered = 0
 
     # -- the common client loop --
-
-    def _take(self) -> bool:
-        """One batch from the message budget (the fill); always True without one."""
-        if self.budget is None:
-            return True
-        if self.budget < self.spec["batch"]:
-            return False
-        self.budget -= self.spec["batch"]
-        return True
 
     async def _client(self, call: Call) -> None:
         """Send requests back to back until the time is up (or the budget is spent)."""
@@ -158,8 +157,7 @@ class PeerLoadGen(LoadGen):
                 n = type(e).__name__
             t1 = time.monotonic()
             if isinstance(n, str):
-                if self.budget is not None:
-                    self.budget += self.spec["batch"]  # the fill sends it again
+                self._give_back()  # the fill sends it again
                 if self._in_window(t1):
                     errors[n] = errors.get(n, 0) + 1
                 await asyncio.sleep(0.02)
@@ -194,6 +192,7 @@ class PeerLoadGen(LoadGen):
         etcd = EtcdBodies(s, k) if s["body"] == "etcd" else None
         fill = s.get("max_messages") is not None
         reqs = [(s["path"], _post_head(host, port, s["path"], len(b)), b) for b in pool]
+        topic = s["path"].split("/")[3].encode() if s["body"] == "ledgermq" else b""
         marker = {"ledgermq": b'"msg_id"', "echo": b'"ok"', "etcd": b'"revision"'}[s["body"]]
         want = s["batch"] if s["body"] == "ledgermq" else 1
         i = k
@@ -206,7 +205,8 @@ class PeerLoadGen(LoadGen):
                 path, body = etcd.next()
                 return (path, _post_head(host, port, path, len(body)), body)
             if fill and s["body"] == "ledgermq":
-                session = b',"producer_id":"fill-%d","sequence":%d}' % (k, i)
+                # A producer per client and topic: each fill's sequences start anew.
+                session = b',"producer_id":"fill-%s-%d","sequence":%d}' % (topic, k, i)
                 body = pool[i % len(pool)][:-1] + session
                 return (s["path"], _post_head(host, port, s["path"], len(body)), body)
             return reqs[i % len(reqs)]
@@ -296,6 +296,79 @@ class PeerLoadGen(LoadGen):
             return len(msgs)
 
         return call
+
+    async def _nats_pop(self) -> list[Any]:
+        """The durable pull consumer of the stream (explicit acks, ``ack_wait`` the
+        receive's invisible time) and one subscription to it per client, each on its
+        own connection; the drain's target is the stream's message count."""
+        from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy  # noqa: PLC0415
+
+        s = self.spec
+        nc = await nats_connect(s["servers"], connect_timeout=2)
+        self._closers.append(nc.close)
+        js = nc.jetstream(timeout=s["request_timeout"])
+        s["pop_messages"] = (await js.stream_info(s["stream"])).state.messages
+        await js.add_consumer(
+            s["stream"],
+            ConsumerConfig(
+                durable_name=NATS_POP_CONSUMER,
+                ack_policy=AckPolicy.EXPLICIT,
+                deliver_policy=DeliverPolicy.ALL,
+                ack_wait=s["invisible_ms"] / 1000,
+                max_ack_pending=4 * s["clients"] * s["batch"],
+                max_waiting=max(512, 2 * s["clients"]),
+            ),
+        )
+        subs = []
+        for k in range(s["clients"]):
+            c = await nats_connect(s["servers"][k % 3 :] + s["servers"][: k % 3], connect_timeout=2)
+            self._closers.append(c.close)
+            cjs = c.jetstream(timeout=s["request_timeout"])
+            subs.append(await cjs.pull_subscribe_bind(NATS_POP_CONSUMER, stream=s["stream"]))
+        return subs
+
+    async def _nats_pop_client(self, sub: Any) -> None:
+        """http_bench's ``pop_client`` for NATS: fetch ``batch``, ack each message,
+        again, until the stream's messages are acked (or the time is up)."""
+        s, p = self.spec, self.pop
+        wait_s = max(0.001, s["wait_ms"] / 1000)
+        sync = s.get("nats_ack") == "ack_sync"
+        checked = False
+        while time.monotonic() < self.stop_at and p.acked < s["pop_messages"]:
+            if time.monotonic() - self.last_ack > s["request_timeout"]:
+                break  # nothing acked for that long: the run ends
+            t0 = time.monotonic()
+            try:
+                msgs = await sub.fetch(s["batch"], timeout=wait_s)
+            except TimeoutError:  # (nats-py's too) nothing to fetch within the wait
+                p.receives += 1
+                p.empty += 1
+                continue
+            except (OSError, *NATS_ERRORS) as e:
+                self.tally.error(type(e).__name__)
+                await asyncio.sleep(0.05)
+                continue
+            t1 = time.monotonic()
+            p.receives += 1
+            if not msgs:
+                p.empty += 1
+                continue
+            p.receive_latencies.append(t1 - t0)
+            if not checked:
+                if any(len(m.data) != s["body_size"] for m in msgs):
+                    raise WrongAnswerError("nats_pop: a fetched message's body is not whole")
+                checked = True
+            t2 = time.monotonic()
+            try:
+                if sync:
+                    await asyncio.gather(*(m.ack_sync(s["request_timeout"]) for m in msgs))
+                else:
+                    for m in msgs:
+                        await m.ack()
+            except (OSError, TimeoutError, *NATS_ERRORS) as e:
+                self.tally.error(type(e).__name__)  # redelivered after ack_wait
+                continue
+            self._pop_round(t0, t2, time.monotonic(), len(msgs), 0)
 
     # -- etcd ranges --
 
@@ -405,7 +478,7 @@ class PeerLoadGen(LoadGen):
 
     async def run(self) -> dict[str, Any]:
         s = self.spec
-        if s["kind"] in ("pull", "blob"):
+        if s["kind"] in ("pull", "blob", "pop"):
             result = await super().run()
             result["p999_ms"] = _ms(_pct(self.tally.latencies, 0.999))
             return result
@@ -424,6 +497,8 @@ class PeerLoadGen(LoadGen):
         if kind in ("nats_fetch", "etcd_range"):  # readers made before the clock starts
             reader = self._nats_fetch if kind == "nats_fetch" else self._etcd_range
             readers = [await reader(q) for q in range(s["queues"])]
+        elif kind == "nats_pop":
+            subs = await self._nats_pop()
         else:
             makers = {
                 "http": self._http_calls,
@@ -434,9 +509,12 @@ class PeerLoadGen(LoadGen):
         t0 = time.monotonic()
         self.measure_from = t0 + s["warmup"]
         self.stop_at = self.measure_from + s["seconds"]
+        self.last_ack = t0
         window = asyncio.create_task(self._window_events())
         if kind in ("nats_fetch", "etcd_range"):
             await asyncio.gather(*(self._reader(q, c) for q, c in enumerate(readers)))
+        elif kind == "nats_pop":
+            await asyncio.gather(*(self._nats_pop_client(sub) for sub in subs))
         else:
             await asyncio.gather(*(self._client(c) for c in calls))
         ended = time.monotonic()
@@ -451,7 +529,11 @@ class PeerLoadGen(LoadGen):
             seconds = min(seconds, self.pull_done - self.measure_from)
         elif ended < self.stop_at:
             seconds = max(1e-3, ended - self.measure_from)
-        return self._result(seconds)
+        result = self._result(seconds)
+        if kind == "nats_pop":
+            self.pop.redelivered = None  # (not read from the messages' metadata)
+            result.update(self.pop.figures())
+        return result
 
     def _result(self, seconds: float) -> dict[str, Any]:
         t = self.tally

@@ -15,18 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from http_bench import _cpu_ticks as cpu_ticks
-
-
-def machine_ticks() -> tuple[int, int] | None:
-    """(busy, total) ticks of all cores since boot; busy excludes idle and iowait."""
-    try:
-        with open("/proc/stat", "rb") as f:
-            parts = f.readline().split()[1:]
-    except OSError:
-        return None
-    values = [int(x) for x in parts[:8]]
-    total = sum(values)
-    return total - values[3] - values[4], total
+from http_bench import machine_ticks
 
 
 def loadavg() -> float | None:
@@ -70,4 +59,5 @@ class Sampler:
             "loadavg_start": self._load0,
             "loadavg_end": loadavg(),
             "cpus": os.cpu_count(),
+            "window_s": dt,
         }

@@ -6,8 +6,11 @@ the peers (``plan.alternate``):
 1. ``produce``: for each ``--batches`` x ``--clients``, one run per entry of the order;
 2. ``consume``: the catch-up log is written (``fill``: ``--consume-messages`` in
    requests of ``--fill-batch``), then read from its start by 8 readers;
-3. ``recovery``: restarts on that log (``recovery``);
-4. ``failover``: ``--kills`` kill -9's of the leader under load (``failover``).
+3. ``pop``: shared consumption: per system, ``--pop-messages`` written (a fill), then
+   drained by ``--pop-clients`` consumers, each receiving ``--pop-batch`` and acking
+   them (LedgerMQ's POP group, a NATS durable pull consumer with explicit acks);
+4. ``recovery``: restarts on that log (``recovery``);
+5. ``failover``: ``--kills`` kill -9's of the leader under load (``failover``).
 
 Data lives in a temp directory removed at the end; every process is stopped at the
 end, also on an error, Ctrl-C or SIGTERM. A system that fails is reported and skipped
@@ -121,6 +124,21 @@ class Run:
                 spec = self.guarded(key, "consume", s.consume_spec)
             self.one("consume", scenario, key, spec)
 
+    def pop(self) -> None:
+        """Per system (once each, alternating): its backlog written, then drained. A
+        system's fill comes right before its own drain, so every drain reads a backlog
+        just written (in the page cache)."""
+        n = self.a.pop_messages
+        scenario = f"pop receive+ack c={self.a.pop_clients} b={self.a.pop_batch}"
+        for key in plan.once_each(self.order()):
+            s = self.systems[key]
+            spec = self.guarded(key, "pop fill", lambda s=s: s.pop_fill_spec(n))
+            if spec is None:
+                continue
+            self.one("fill", f"pop fill {n:,}", key, spec)
+            spec = self.guarded(key, "pop", s.pop_spec)
+            self.one("pop", scenario, key, spec)
+
     def sampled(self, key: str, what: str, fn: Any) -> dict[str, Any]:
         """``fn()``'s figures with the machine's load while it ran (busy %, load avg)."""
         sampler = Sampler({})
@@ -159,6 +177,8 @@ class Run:
             self.produce()
         if "consume" in phases or "recovery" in phases:
             self.consume()
+        if "pop" in phases:
+            self.pop()
         if "recovery" in phases:
             self.recovery()
         if "failover" in phases:

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 
 PEERS = ("nats", "etcd", "pysyncobj", "floor")
 FLUSH = ("sync", "async")
-PHASES = ("produce", "consume", "recovery", "failover")
+PHASES = ("produce", "consume", "pop", "recovery", "failover")
+NATS_ACKS = ("ack", "ack_sync")
 
 
 def _csv(choices: Sequence[str]) -> object:
@@ -43,6 +44,7 @@ QUICK = {
     "seconds": 3.0,
     "warmup": 1.0,
     "consume_messages": 20_000,
+    "pop_messages": 20_000,
     "kills": 2,
     "data_file_mb": 64,
     "fill_timeout": 120.0,
@@ -73,6 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--fill-batch", type=int, default=100, help="messages per fill request")
     ap.add_argument("--fill-clients", type=int, default=32)
     ap.add_argument("--fill-timeout", type=float, default=900.0, help="bound on a fill or read")
+    ap.add_argument("--pop-messages", type=int, default=200_000, help="pop: the backlog")
+    ap.add_argument("--pop-clients", type=int, default=16, help="pop: concurrent consumers")
+    ap.add_argument("--pop-batch", type=int, default=32, help="pop: messages per receive")
+    ap.add_argument("--pop-invisible-ms", type=int, default=30_000, help="pop: and ack_wait")
+    ap.add_argument("--pop-wait-ms", type=int, default=1000, help="pop: a receive's long poll")
+    ap.add_argument(
+        "--nats-ack",
+        choices=NATS_ACKS,
+        default="ack",
+        help="pop: NATS acks each message with Msg.ack() (not waited for) or ack_sync()",
+    )
     ap.add_argument("--kills", type=int, default=20, help="failover: kill -9's of the leader")
     ap.add_argument("--fault-after", type=float, default=1.0, help="s of load before a kill")
     ap.add_argument("--client-timeout", type=float, default=0.5, help="failover: per request")

@@ -19,6 +19,15 @@ from typing import Any
 LEDGERMQ = ("ledgermq-sync", "ledgermq-async")
 FIGURES = ("msgs_per_s", "mb_per_s", "req_per_s", "p50_ms", "p99_ms", "p999_ms")
 CPU = ("system_cpu_pct", "loadgen_cpu_pct", "others_cpu_pct", "machine_busy_pct", "loadavg_end")
+# The POP drains' own (None in the other rows).
+POP = (
+    "receive_p50_ms",
+    "receive_p99_ms",
+    "ack_p50_ms",
+    "ack_p99_ms",
+    "system_cpu_us_per_msg",
+    "master_cpu_us_per_msg",
+)
 
 
 def _mean(values: Iterable[float | None]) -> float | None:
@@ -36,7 +45,7 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
     for scenario, systems in grouped.items():
         out[scenario] = {}
         for system, rows in systems.items():
-            agg: dict[str, Any] = {k: _mean(r.get(k) for r in rows) for k in FIGURES + CPU}
+            agg: dict[str, Any] = {k: _mean(r.get(k) for r in rows) for k in FIGURES + CPU + POP}
             agg["runs"] = len(rows)
             agg["errors"] = sum(r.get("errors", 0) for r in rows)
             agg["phase"] = rows[0]["phase"]
@@ -171,13 +180,64 @@ def _throughput_table(results: dict[str, Any], phase: str) -> list[str]:
     )
 
 
+def _pop_table(results: dict[str, Any]) -> list[str]:
+    agg = aggregate([r for r in results.get("runs", []) if r["phase"] == "pop"])
+    rows = []
+    for scenario, systems in agg.items():
+        for key, f in systems.items():
+            rows.append(
+                [
+                    scenario,
+                    _label(results, key),
+                    _fmt(f["msgs_per_s"]),
+                    f"{_fmt(f['receive_p50_ms'], '.1f')} / {_fmt(f['receive_p99_ms'], '.1f')}",
+                    f"{_fmt(f['ack_p50_ms'], '.1f')} / {_fmt(f['ack_p99_ms'], '.1f')}",
+                    f"{_fmt(f['p50_ms'], '.1f')} / {_fmt(f['p99_ms'], '.1f')}",
+                    _fmt(f["errors"], "d"),
+                    _fmt(f["master_cpu_us_per_msg"], ".1f"),
+                    _fmt(f["system_cpu_us_per_msg"], ".1f"),
+                    _fmt(f["loadgen_cpu_pct"]),
+                    _fmt(f["machine_busy_pct"]),
+                    _fmt(f["loadavg_end"], ".1f"),
+                ]
+            )
+    return _table(
+        [
+            "scenario",
+            "system",
+            "msg/s",
+            "receive p50 / p99 ms",
+            "ack p50 / p99 ms",
+            "round p50 / p99 ms",
+            "errors",
+            "master CPU µs/msg",
+            "system CPU µs/msg",
+            "loadgen CPU %",
+            "machine busy %",
+            "load avg",
+        ],
+        rows,
+        right_from=2,
+    )
+
+
+def pop_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 28's target: LedgerMQ's POP receive + ack (sync, as the other targets)."""
+    agg = aggregate([r for r in results.get("runs", []) if r["phase"] == "pop"])
+    return [
+        _target(scenario, "msg/s >= 20,000", systems["ledgermq-sync"]["msgs_per_s"], 20_000)
+        for scenario, systems in agg.items()
+        if "ledgermq-sync" in systems
+    ]
+
+
 def _short(text: str, n: int = 90) -> str:
     text = " ".join(str(text).split()).replace("|", "/")
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
 def _ratio_table(results: dict[str, Any]) -> list[str]:
-    runs = [r for r in results.get("runs", []) if r["phase"] in ("produce", "consume")]
+    runs = [r for r in results.get("runs", []) if r["phase"] in ("produce", "consume", "pop")]
     rat = ratios(aggregate(runs))
     cols: list[str] = []
     for row in rat.values():
@@ -274,12 +334,13 @@ def _recovery_table(results: dict[str, Any]) -> list[str]:
     )
 
 
-def _targets_table(results: dict[str, Any]) -> list[str]:
+def _targets_table(results: dict[str, Any], issue: int = 15) -> list[str]:
     rows = []
-    for t in targets(results):
+    for t in targets(results) if issue == 15 else pop_targets(results):
         met = {True: "met", False: "not met", None: "-"}[t["met"]]
         rows.append([t["scenario"], t["target"], _fmt(t["value"], t["spec"]), met])
-    return _table(["scenario", "target (issue 15)", "LedgerMQ sync", "met"], rows, right_from=2)
+    head = f"target (issue {issue})"
+    return _table(["scenario", head, "LedgerMQ sync", "met"], rows, right_from=2)
 
 
 def loadgen_check(results: dict[str, Any]) -> dict[str, Any]:
@@ -307,6 +368,22 @@ PRODUCE_INTRO = (
     "the system's own processes; loadgen: the load generator process; machine busy: all "
     "cores, anyone's work."
 )
+POP_INTRO = (
+    "Shared consumption of a backlog of {n} messages just written (the `pop fill` rows): "
+    "{c} consumers, each one connection, each receiving up to {b} messages and then "
+    "acknowledging every one of them, again, until all are acknowledged. LedgerMQ: a POP "
+    "group, `POST .../receive` (invisible_ms {inv}) then `POST .../ack` of the handles (an "
+    "ack is answered once it is committed on a quorum). NATS: one durable pull consumer "
+    "with explicit acks (ack_wait {inv} ms) shared by the consumers, `fetch({b})` then "
+    "{nats_ack} per message. msg/s: messages acknowledged / seconds from the first receive "
+    "to the last ack; round: a receive and its acks; CPU µs/msg: CPU time over the run per "
+    "message acknowledged (master: the LedgerMQ node answering; system: all replicas)."
+)
+NATS_ACK_TEXT = {
+    "ack": "`Msg.ack()` (published on the connection, not waited for: the ack p50/p99 is "
+    "the client's sending time)",
+    "ack_sync": "`Msg.ack_sync()` (each answered by the server; the batch's acks at once)",
+}
 CONSUME_INTRO = (
     "Reading the {n} messages the fill wrote, from the start, pages of {b}, 8 readers: "
     "LedgerMQ one per queue from the master; NATS a pull consumer per subject, no acks; "
@@ -363,8 +440,20 @@ def markdown(results: dict[str, Any]) -> str:
         "first write the new leader acknowledged; lost: acknowledged, then not read back.",
         _failover_table(results),
     )
+    lines += _section(
+        "Shared consumption (POP): receive + ack",
+        POP_INTRO.format(
+            n=_fmt(s.get("pop_messages"), ","),
+            c=s.get("pop_clients", "?"),
+            b=s.get("pop_batch", "?"),
+            inv=s.get("pop_invisible_ms", "?"),
+            nats_ack=NATS_ACK_TEXT.get(s.get("nats_ack", "ack"), "?"),
+        ),
+        _pop_table(results),
+    )
     lines += _section("Restart recovery", "", _recovery_table(results))
     lines += _section("Issue 15's targets", "", _targets_table(results))
+    lines += _section("Issue 28's target", "", _targets_table(results, 28))
     lg = loadgen_check(results)
     if lg["loadgen_cpu_pct"] is not None:
         lines += [

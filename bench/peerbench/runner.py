@@ -6,7 +6,9 @@ process (``loadgen.main``, spawned once), waits for its ``window_start`` /
 generator and of the machine (``machine.Sampler``), and returns the row: the load
 generator's figures, the CPU of the system's own processes (``cpu_pct``), the load
 generator's share (``loadgen_cpu_pct``), the CPU of everything else of ours that ran
-(``others_cpu_pct``: the idle systems), the machine's busy share and load average.
+(``others_cpu_pct``: the idle systems), the machine's busy share and load average, and
+the system's CPU time per message counted (``system_cpu_us_per_msg``; for a spec that
+names its ``master``, that process's alone: ``master_cpu_us_per_msg``).
 Every wait is bounded; a system process that exits stops the run.
 """
 
@@ -126,12 +128,25 @@ class Runner:
             "loadavg_start": window.get("loadavg_start"),
             "loadavg_end": window.get("loadavg_end"),
         }
+        row["system_cpu_us_per_msg"] = _us_per_msg(row["system_cpu_pct"], window, result)
+        master = spec.get("master")
+        if master in own:
+            row["master_cpu_us_per_msg"] = _us_per_msg(own[master], window, result)
         print(
             f"{scenario} | {system.key}: {row['msgs_per_s']:,} msg/s, {row['mb_per_s']} MB/s, "
             f"p50 {row['p50_ms']} p99 {row['p99_ms']} p999 {row['p999_ms']} ms, "
             f"errors {row['errors']}, CPU {system.key} {row['system_cpu_pct']}% "
             f"loadgen {row['loadgen_cpu_pct']}% others {row['others_cpu_pct']}%, "
-            f"machine {row['machine_busy_pct']}% busy, load {row['loadavg_end']}",
+            f"machine {row['machine_busy_pct']}% busy, load {row['loadavg_end']}, "
+            f"CPU µs/msg {row['system_cpu_us_per_msg']}",
             file=sys.stderr,
         )
         return row
+
+
+def _us_per_msg(cpu_pct: float, window: dict[str, Any], result: dict[str, Any]) -> float | None:
+    """CPU µs per message counted: ``cpu_pct`` (of one core) over the sampled window."""
+    seconds, messages = window.get("window_s"), result.get("messages")
+    if not seconds or not messages:
+        return None
+    return round(cpu_pct / 100 * seconds / messages * 1e6, 1)

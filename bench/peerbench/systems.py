@@ -2,14 +2,16 @@
 
 Every system says how it starts and stops, which processes are its own (their CPU is
 reported), and hands the load generator a spec per scenario (``produce_spec``,
-``fill_spec``, ``consume_spec``; None: not measured). The failover and restart hooks
-are in ``failover`` and ``recovery``.
+``fill_spec``, ``consume_spec``, ``pop_fill_spec``, ``pop_spec``; None: not measured).
+The failover and restart hooks are in ``failover`` and ``recovery``.
 
 - ``LedgerMQ``: ``ledgermq.local_cluster.LocalBrokerCluster`` (three ``python -m ledgermq``), with
   ``--flush sync`` or ``--flush async``; topics ``bench`` (produce), ``catchup`` (the
-  consume catch-up) and ``fo`` (failover), 8 queues each. Clients talk to the master.
+  consume catch-up), ``pop`` (shared consumption, the POP group ``popbench``) and ``fo``
+  (failover), 8 queues each. Clients talk to the master.
 - ``Nats``: three ``nats-server`` with JetStream in one cluster (routes on 127.0.0.1),
-  file-backed R3 streams ``BENCH`` (``bench.>``), ``CATCHUP`` and ``FO``; nats-py.
+  file-backed R3 streams ``BENCH`` (``bench.>``), ``CATCHUP``, ``POP`` (its durable pull
+  consumer made by the load generator) and ``FO``; nats-py.
 - ``Etcd``: three ``etcd`` members; 1 KiB values through the HTTP/JSON gateway
   (``/v3/kv/put``, ``/v3/kv/txn`` for a batch), sent to the leader's gateway.
 - ``PySyncObj``: three ``bench/pysyncobj_baseline.py node`` processes (raw Raft appends).
@@ -38,6 +40,7 @@ from .loadgen import nats_connect
 HOST = "127.0.0.1"
 BENCH_DIR = Path(__file__).resolve().parent.parent
 QUEUES = 8
+POP_GROUP = "popbench"
 # Each system's durability, as the report states it next to the figures.
 DURABILITY = {
     "ledgermq-sync": "fdatasync on every node before it acknowledges (flush=sync)",
@@ -149,6 +152,26 @@ class System:
     def consume_spec(self) -> dict[str, Any] | None:
         return None
 
+    def pop_fill_spec(self, n: int) -> dict[str, Any] | None:
+        return None
+
+    def pop_spec(self) -> dict[str, Any] | None:
+        return None
+
+    def pop_read(self, **kw: Any) -> dict[str, Any]:
+        """The POP drain: ``pop_clients`` consumers, ``pop_batch`` per receive, no
+        warm-up, bounded by ``fill_timeout``."""
+        a = self.a
+        return self.base_spec(
+            batch=a.pop_batch,
+            clients=a.pop_clients,
+            invisible_ms=a.pop_invisible_ms,
+            wait_ms=a.pop_wait_ms,
+            warmup=0.0,
+            seconds=a.fill_timeout,
+            **kw,
+        )
+
     def data_bytes(self) -> int:
         """Bytes on disk of one replica (the first)."""
         return 0
@@ -172,7 +195,7 @@ class LedgerMQ(System):
 
     def wait_ready(self) -> None:
         master = self.cluster.wait_ready(timeout_s=self.a.timeout)
-        for topic in ("bench", "catchup", "fo"):
+        for topic in ("bench", "catchup", "pop", "fo"):
             r = httpx.post(
                 self.cluster.urls[master] + "/v1/topics",
                 json={"name": topic, "queues": QUEUES},
@@ -227,6 +250,36 @@ class LedgerMQ(System):
         master = self.master()
         self.wait_dispatched(master)
         return self.catchup_read(kind="pull", port=self.master_port(), topic="catchup")
+
+    def pop_fill_spec(self, n: int) -> dict[str, Any]:
+        return self.catchup_fill(
+            self.produce_spec(self.a.fill_batch, self.a.fill_clients, "pop"), n
+        )
+
+    def pop_spec(self) -> dict[str, Any]:
+        """The drain of topic ``pop`` by the POP group ``popbench`` (from the earliest
+        message); its target: the messages of the topic."""
+        master = self.master()
+        url = self.cluster.urls[master]
+        r = httpx.put(
+            url + f"/v1/groups/{POP_GROUP}",
+            json={"mode": "pop", "start": "earliest"},
+            timeout=self.a.timeout,
+        )
+        if r.status_code != 200:
+            raise RuntimeError(f"{self.key}: POP group: {r.status_code} {r.text}")
+        self.wait_dispatched(master)
+        r = httpx.get(url + "/v1/topics/pop", timeout=self.a.timeout)
+        r.raise_for_status()
+        backlog = sum(q["max_offset"] - q["min_offset"] for q in r.json()["queues"])
+        return self.pop_read(
+            kind="pop",
+            port=self.master_port(),
+            topic="pop",
+            group=POP_GROUP,
+            pop_messages=backlog,
+            master=master,
+        )
 
     def data_bytes(self) -> int:
         return du(self.root / "data" / "n0")
@@ -288,7 +341,7 @@ class Floor(System):
 
 # ---- NATS JetStream ------------------------------------------------------------------------
 
-STREAMS = {"BENCH": "bench", "CATCHUP": "catchup", "FO": "fo"}
+STREAMS = {"BENCH": "bench", "CATCHUP": "catchup", "POP": "pop", "FO": "fo"}
 
 
 class Nats(System):
@@ -373,6 +426,15 @@ class Nats(System):
     def consume_spec(self) -> dict[str, Any]:
         return self.catchup_read(
             kind="nats_fetch", servers=self.servers, stream="CATCHUP", subject="catchup"
+        )
+
+    def pop_fill_spec(self, n: int) -> dict[str, Any]:
+        spec = self.produce_spec(self.a.fill_batch, self.a.fill_clients)
+        return self.catchup_fill(spec, n, subject="pop")
+
+    def pop_spec(self) -> dict[str, Any]:
+        return self.pop_read(
+            kind="nats_pop", servers=self.servers, stream="POP", nats_ack=self.a.nats_ack
         )
 
     def data_bytes(self) -> int:

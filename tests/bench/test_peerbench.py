@@ -23,13 +23,16 @@ def test_the_defaults_are_the_issues_scenarios() -> None:
     assert a.batches == [1, 100] and a.clients == [16, 64]
     assert a.consume_messages == 1_000_000
     assert a.kills == 20
-    assert a.phases == ["produce", "consume", "recovery", "failover"]
+    assert a.phases == ["produce", "consume", "pop", "recovery", "failover"]
+    # issue 28: receive + ack, batches of 32, 16 consumers
+    assert (a.pop_clients, a.pop_batch, a.pop_messages, a.nats_ack) == (16, 32, 200_000, "ack")
 
 
 def test_quick_shrinks_everything_but_what_is_given() -> None:
     a = plan.parse_args(["--quick", "--kills", "5"])
     assert a.seconds == plan.QUICK["seconds"]
     assert a.consume_messages == plan.QUICK["consume_messages"]
+    assert a.pop_messages == plan.QUICK["pop_messages"]
     assert a.kills == 5
 
 
@@ -200,6 +203,28 @@ def test_a_report_of_one_phase_has_no_empty_sections(results: dict[str, Any]) ->
     md = report.markdown(results)
     assert "## Produce" in md
     assert "## Consume" not in md and "## Failover" not in md and "## Restart" not in md
+
+
+def test_the_pop_section_has_its_figures_ratio_and_target(results: dict[str, Any]) -> None:
+    pop = "pop receive+ack c=16 b=32"
+    extra = {"receive_p50_ms": 20.0, "receive_p99_ms": 40.0, "ack_p50_ms": 15.0}
+    results["runs"] += [
+        {**_run("pop", pop, "ledgermq-sync", 12_000), **extra, "master_cpu_us_per_msg": 67.0},
+        {**_run("pop", pop, "nats", 6_000), **extra, "system_cpu_us_per_msg": 90.0},
+    ]
+    results["settings"].update(pop_messages=200_000, pop_clients=16, pop_batch=32)
+    md = report.markdown(results)
+    assert "## Shared consumption (POP): receive + ack" in md
+    assert "backlog of 200,000 messages" in md and "`Msg.ack()`" in md
+    assert (
+        "| pop receive+ack c=16 b=32 | LedgerMQ sync | 12,000 | 20.0 / 40.0 | 15.0 / - |"
+        " 10.0 / 20.0 | 0 | 67.0 | - |"
+    ) in md
+    assert "| pop receive+ack c=16 b=32 | 2.00 |" in md  # LedgerMQ sync / NATS
+    assert "| pop receive+ack c=16 b=32 | msg/s >= 20,000 | 12,000 | not met |" in md
+    for block in md.split("\n\n"):
+        rows = [r for r in block.splitlines() if r.startswith("|")]
+        assert len({r.count(" | ") for r in rows}) <= 1, block
 
 
 def test_charts(results: dict[str, Any], tmp_path: Path) -> None:
