@@ -38,7 +38,17 @@ from . import http_protocol, models
 from .auth import TokenTable
 from .guard import RequestGuard
 from .metrics import METRICS_CACHE_S, NodeMetrics
-from .routes import cluster, groups, messages, pop, probes, prometheus, query, topics
+from .routes import (
+    cluster,
+    groups,
+    messages,
+    pop,
+    probes,
+    prometheus,
+    query,
+    topics,
+    transactions,
+)
 from .routes.common import (
     DEFAULT_RETRY_AFTER_S,
     JSONBytes,
@@ -123,6 +133,7 @@ def create_app(
         query.router,
         groups.router,
         pop.router,
+        transactions.router,
     ):
         app.include_router(
             router, dependencies=guarded, responses=error_docs(401, 403) if guarded else None

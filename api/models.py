@@ -129,10 +129,19 @@ class ProduceMessage(_Request):
     )
 
 
+class TransactionSpec(_Request):
+    producer_group: str = Field(
+        pattern=GROUP_PATTERN, examples=["pg"], description="whose producers are checked"
+    )
+
+
 class ProduceRequest(_Request):
     messages: list[ProduceMessage] = Field(min_length=1)
     producer_id: str | None = Field(None, examples=["p-7d0c4f0e"])
     sequence: Annotated[int, Field(ge=0, le=2**62)] | None = Field(None, examples=[17])
+    transaction: TransactionSpec | None = Field(
+        None, description="store the messages as one transaction's half messages"
+    )
 
     model_config = ConfigDict(
         extra="forbid",
@@ -161,6 +170,9 @@ class ProduceResult(BaseModel):
 
 class ProduceResponse(BaseModel):
     results: list[ProduceResult]
+    transaction_id: str | None = Field(
+        None, description="a transaction's: POST /v1/transactions/{transaction_id} ends it"
+    )
 
 
 # ---- consume ------------------------------------------------------------------------------
@@ -380,3 +392,38 @@ class ChangeInvisibleResponse(BaseModel):
     receipt_handle: str
     delivery_attempt: int
     invisible_until: int
+
+
+class EndTransaction(_Request):
+    action: Literal["commit", "rollback"]
+
+
+class TransactionEnded(BaseModel):
+    transaction_id: str
+    state: Literal["committed", "rolled_back"]
+
+
+class TransactionCheck(BaseModel):
+    transaction_id: str
+    topic: str
+    producer_group: str
+    check_count: int
+    messages: list[MessageOut]
+
+
+class TransactionChecks(BaseModel):
+    checks: list[TransactionCheck]
+
+
+class PendingTransaction(BaseModel):
+    transaction_id: str
+    topic: str
+    producer_group: str
+    messages: int
+    check_count: int
+    born: int = Field(description="when its half messages were stored (ms since the epoch)")
+    next_check: int
+
+
+class PendingTransactions(BaseModel):
+    transactions: list[PendingTransaction]

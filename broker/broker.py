@@ -50,6 +50,8 @@ from .status import BrokerStatus, PeerStatus
 from .timers.applier import TimerApplier
 from .timers.service import Timers
 from .topics import MetadataLog, Topics
+from .transactions.applier import TransactionApplier
+from .transactions.service import Transactions
 
 __all__ = [
     "Broker",
@@ -201,6 +203,18 @@ class Broker:
             clock=now_ms,
         )
         dispatch.pinned = self.timers.pinned_entry_pos
+        self.transactions = Transactions(
+            settings=s,
+            gate=gate,
+            topics=topics,
+            metalog=self.metalog,
+            meta=meta,
+            reads=self.reads,
+            producer=self.producer,
+            dispatch=dispatch,
+            applier=next(a for a in dispatch.state if isinstance(a, TransactionApplier)),
+            clock=now_ms,
+        )
 
     async def start(self) -> None:
         self._assemble(await self.server.open())
@@ -216,9 +230,10 @@ class Broker:
         # becomes readable, so the node must fail loudly, not go on half alive.
         task.add_done_callback(self._task_done)
         self._tasks.append(task)
-        task = asyncio.create_task(self.timers.run(), name="broker-timers")  # (likewise)
-        task.add_done_callback(self._task_done)
-        self._tasks.append(task)
+        for loop, name in ((self.timers.run, "timers"), (self.transactions.run, "transactions")):
+            task = asyncio.create_task(loop(), name=f"broker-{name}")  # (likewise)
+            task.add_done_callback(self._task_done)
+            self._tasks.append(task)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled():

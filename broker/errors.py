@@ -107,6 +107,20 @@ class AlreadyDeliveredError(BrokerError):
     http_status = 409
 
 
+class TransactionNotFoundError(BrokerError):
+    """A transaction id that names no transaction (or one resolved long ago)."""
+
+    code = "TRANSACTION_NOT_FOUND"
+    http_status = 404
+
+
+class TransactionResolvedError(BrokerError):
+    """A commit of a transaction rolled back, or a rollback of one committed."""
+
+    code = "TRANSACTION_RESOLVED"
+    http_status = 409
+
+
 class UnknownNodeError(BrokerError):
     """A node id that is not a member of the group."""
 

@@ -37,9 +37,11 @@ from dledger.store import write_atomic
 from .jsonint import json_int
 from .pop.state import PopState
 from .timers.state import TimerState
+from .transactions.state import TransactionState
 
 POP_OP_PREFIX = "pop."
 TIMER_OP_PREFIX = "timer."
+TX_OP_PREFIX = "tx."
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +51,8 @@ TOPIC_NAME = re.compile(r"[A-Za-z0-9_%|-]{1,127}")
 # The delay messages' topic (broker/timers): its "." is in no name a client can give, so
 # no request reads, writes, lists or deletes it.
 TIMER_TOPIC = "%SYS%.timer"
-SYSTEM_TOPICS = frozenset({TIMER_TOPIC})
+HALF_TOPIC = "%SYS%.half"  # transactions' half messages (broker/transactions), likewise
+SYSTEM_TOPICS = frozenset({TIMER_TOPIC, HALF_TOPIC})
 
 
 def topic_name_ok(name: str) -> bool:
@@ -112,6 +115,8 @@ class MetadataState:
         self.pop = PopState()
         # delay messages: which are done (``broker/timers/state.py``)
         self.timers = TimerState()
+        # transactions: pending, committed and not yet copied, resolved
+        self.transactions = TransactionState()
 
     # ---- applying the log --------------------------------------------------------------
 
@@ -142,8 +147,10 @@ class MetadataState:
                     return name
             elif kind == "commit_offsets":
                 self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"])
-            elif isinstance(kind, str) and kind.startswith((POP_OP_PREFIX, TIMER_OP_PREFIX)):
-                pass  # the POP and timer appliers' (broker/pop/applier.py, broker/timers)
+            elif isinstance(kind, str) and kind.startswith(
+                (POP_OP_PREFIX, TIMER_OP_PREFIX, TX_OP_PREFIX)
+            ):
+                pass  # the POP, timer and transaction appliers' (their packages)
             else:
                 log.warning("entry %d: unknown metadata operation %r skipped", index, kind)
         except (KeyError, TypeError, ValueError, AttributeError) as e:

@@ -32,7 +32,7 @@ from . import errors, sessions
 from .commitlog import DLedgerCommitLog, PutResult
 from .encode import NewMessage, encode_request, validate_messages
 from .gate import WriteGate
-from .metadata import PRODUCER_ID, MetadataState, TopicMeta
+from .metadata import HALF_TOPIC, PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
 from .settings import BrokerSettings
 from .topics import Topics, check_topic_name
@@ -302,7 +302,8 @@ class Producer:
             store_host=self.store_host,
             uniq_key=self.uniq_key,
             limits=self.settings.limits,
-            batch_records=self.settings.batch_records,
+            # (a transaction's half messages are always one record: one entry, all or none)
+            batch_records=self.settings.batch_records or topic.name == HALF_TOPIC,
             select_queues=lambda qs: commitlog.select_queues(topic, qs, sticky=True),
         )
         self.gate.require_master()  # encoding took no await, but be explicit before appending

@@ -91,6 +91,9 @@ BROKER_PROPERTIES: Final = frozenset(
         "REAL_TOPIC",
         "REAL_QID",
         "TIMER_SHARDING_KEY",
+        "TX_PRODUCER_GROUP",
+        "TX_CHECK_AT",
+        "TX_ORIGIN",
     }
 )
 _KEY_SEPARATOR: Final = " "

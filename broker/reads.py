@@ -440,12 +440,15 @@ class Reads:
         wait_ms: int = 0,
         tags: str | None = None,
         max_bytes: int | None = None,
+        yield_first: bool = True,
     ) -> PullResult[_M]:
         """Messages of one queue from ``queue_offset`` (RocketMQ's PullStatus vocabulary),
         each made by ``make`` (``pulled_message`` for ``PulledMessage``s): ``max_messages``
         of them, fewer when their stored bytes would pass ``max_bytes`` (default
         ``max_response_bytes``), but always one: a message bigger than the budget is
-        answered alone, so a consumer never stalls on it."""
+        answered alone, so a consumer never stalls on it. ``yield_first=False``: no turn
+        of the loop first (a caller holding a lock across the pull, whose request yields
+        elsewhere: a POP selection)."""
         status, found, next_offset, lo, hi = await self._pull_loop(
             partial(self._scan, make),
             topic,
@@ -455,6 +458,7 @@ class Reads:
             max_bytes=self.settings.limits.max_response_bytes if max_bytes is None else max_bytes,
             wait_ms=wait_ms,
             tags=tags,
+            yield_first=yield_first,
         )
         return PullResult(status, found or [], next_offset, lo, hi)
 
@@ -495,13 +499,15 @@ class Reads:
         wait_ms: int,
         tags: str | None,
         limit: int | None = None,
+        yield_first: bool = True,
     ) -> tuple[str, _Found | None, int, int, int]:
         """The pull protocol, whatever form the messages take: (status, what ``scan``
         found or None, next queue offset, min offset, max offset). ``limit`` bounds
         ``max_messages`` (default: the JSON pull's ``max_pull_messages``)."""
         # Yield once per pull: a caller pulling back to back in-process would otherwise
         # hold the event loop (and the Raft node on it) for as long as data is there.
-        await asyncio.sleep(0)
+        if yield_first:
+            await asyncio.sleep(0)
         self.check_queue(topic, queue_id)
         self.check_pull_args(max_messages, wait_ms, limit)
         hashes = parse_tag_expression(tags)

@@ -97,6 +97,13 @@ class BrokerSettings:
     snapshots_kept: int = 2
     master_catch_up_timeout_ms: int = 30_000  # a new leader's wait for NOOP + dispatch
     append_timeout_ms: int = 10_000  # produce waits this long for commit + dispatch
+    # Transactions (docs/http.md): RocketMQ's check schedule (transactionTimeOut 6 s,
+    # transactionCheckInterval 30 s, transactionCheckMax 15, then rollback); at most so
+    # many pending at once (429 over it); resolutions remembered for repeats.
+    tx_first_check_ms: int = 6_000
+    tx_check_interval_ms: int = 30_000
+    tx_max_checks: int = 15
+    max_pending_transactions: int = 100_000
     # Delay messages due within this much of now wait in memory (the near window); the
     # rest are read from the timer queue when the window moves on (broker/timers).
     timer_window_ms: int = 60_000

@@ -37,6 +37,7 @@ from broker.reads import Reads
 from broker.settings import BrokerSettings, Limits
 from broker.timers.service import Timers
 from broker.topics import Topics
+from broker.transactions.service import Transactions
 
 from .. import models
 from ..auth import Grant, TokenTable
@@ -216,6 +217,11 @@ async def _timers(request: Request) -> Timers:
     return timers
 
 
+async def _transactions(request: Request) -> Transactions:
+    transactions: Transactions = request.app.state.broker.transactions
+    return transactions
+
+
 async def _leadership(request: Request) -> Leadership:
     leadership: Leadership = request.app.state.broker.leadership
     return leadership
@@ -244,6 +250,7 @@ GroupsDep = Annotated[ConsumerGroups, Depends(_groups)]
 LeadershipDep = Annotated[Leadership, Depends(_leadership)]
 PopDep = Annotated[PopGroups, Depends(_pop)]
 TimersDep = Annotated[Timers, Depends(_timers)]
+TransactionsDep = Annotated[Transactions, Depends(_transactions)]
 SettingsDep = Annotated[BrokerSettings, Depends(_settings)]
 LimitsDep = Annotated[Limits, Depends(_limits)]
 MetricsDep = Annotated[NodeMetrics, Depends(_metrics)]

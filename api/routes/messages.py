@@ -37,6 +37,7 @@ from .common import (
     ReadsDep,
     TimersDep,
     TopicPath,
+    TransactionsDep,
     check_maxima,
     error_docs,
     validation_message,
@@ -87,10 +88,12 @@ class ParsedProduce:
     messages: Sequence[Mapping[str, Any]]
     producer_id: str | None
     sequence: int | None
+    transaction_group: str | None = None  # a transaction's producer group
 
     @classmethod
     def of(cls, req: models.ProduceRequest) -> "ParsedProduce":
-        return cls([vars(m) for m in req.messages], req.producer_id, req.sequence)
+        group = None if req.transaction is None else req.transaction.producer_group
+        return cls([vars(m) for m in req.messages], req.producer_id, req.sequence, group)
 
 
 _REQUEST_FIELDS = frozenset(models.ProduceRequest.model_fields)
@@ -137,7 +140,7 @@ def plain_produce(raw: bytes) -> ParsedProduce | None:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    if type(doc) is not dict or not doc.keys() <= _REQUEST_FIELDS:
+    if type(doc) is not dict or not doc.keys() <= _REQUEST_FIELDS or "transaction" in doc:
         return None
     msgs, pid, seq = doc.get("messages"), doc.get("producer_id"), doc.get("sequence")
     if type(msgs) is not list or not msgs or not all(_plain_message(m) for m in msgs):
@@ -173,10 +176,12 @@ def parse_produce(raw: bytes, content_type: str, query: Any, limits: Limits) -> 
         if seq is not None and not seq.isdigit():
             raise errors.InvalidArgumentError("sequence must be a non-negative integer")
         try:
+            group = query.get("transaction_producer_group")
             req = models.ProduceRequest(
                 messages=msgs,
                 producer_id=query.get("producer_id"),
                 sequence=int(seq) if seq is not None else None,
+                transaction=None if group is None else models.TransactionSpec(producer_group=group),
             )
         except ValidationError as e:
             raise errors.InvalidArgumentError(validation_message(e)) from None
@@ -228,14 +233,18 @@ docstring (FastAPI would publish one as the operation's description)."""
 _RESULT_JSON = b'{"msg_id":"%b","queue_id":%d,"queue_offset":%d,"commitlog_offset":%d}'
 
 
-def produce_answer(results: Sequence[ProduceResult]) -> Response:
+def produce_answer(results: Sequence[ProduceResult], transaction: str | None = None) -> Response:
     """The produce answer: one result per message, in batch order, rendered into a
-    pre-built fragment (a message id is hex: nothing in it to escape)."""
+    pre-built fragment (a message id is hex: nothing in it to escape). A transaction's
+    results say where its half messages lie, and its id follows them."""
     rows = [
         _RESULT_JSON % (r.msg_id.encode(), r.queue_id, r.queue_offset, r.commitlog_offset)
         for r in results
     ]
-    return Response(b'{"results":[%b]}' % b",".join(rows), media_type=JSONBytes.media_type)
+    tail = b"" if transaction is None else b',"transaction_id":"%b"' % transaction.encode()
+    return Response(
+        b'{"results":[%b]%b}' % (b",".join(rows), tail), media_type=JSONBytes.media_type
+    )
 
 
 def scheduled_answer(results: Sequence[Scheduled]) -> Response:
@@ -272,6 +281,7 @@ async def produce(
     request: Request,
     producer: ProducerDep,
     timers: TimersDep,
+    transactions: TransactionsDep,
     limits: LimitsDep,
     metrics: MetricsDep,
     access: AccessDep,
@@ -285,7 +295,12 @@ async def produce(
             f"{len(req.messages)} messages; at most {limits.max_messages_per_request}"
         )
     batch = [to_broker_message(i, m) for i, m in enumerate(req.messages)]
-    if batch[0].deliver_at_ms is not None or batch[-1].deliver_at_ms is not None:
+    if req.transaction_group is not None:
+        begun = await transactions.produce(
+            topic, batch, req.transaction_group, req.producer_id, req.sequence
+        )
+        answer = produce_answer(begun.results, begun.transaction_id)
+    elif batch[0].deliver_at_ms is not None or batch[-1].deliver_at_ms is not None:
         scheduled = await timers.produce(topic, batch, req.producer_id, req.sequence)
         answer = scheduled_answer(scheduled)
     else:

@@ -34,6 +34,7 @@ from ..metadata import (
 )
 from ..pop.applier import PopApplier
 from ..timers.applier import TimerApplier
+from ..transactions.applier import TransactionApplier
 from .entry import Committed, StateApplier
 
 log = logging.getLogger(__name__)
@@ -153,6 +154,7 @@ def state_appliers(
         SessionApplier(meta),
         PopApplier(meta),
         TimerApplier(meta),
+        TransactionApplier(meta),
     ]
 
 

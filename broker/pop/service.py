@@ -413,7 +413,13 @@ class PopGroups:
             room = min(left, cap - len(flights) - len(reserved))
             if room > 0 and not (cfg.fifo and flights):
                 r = await self.reads.pull(
-                    _with_offset(make), t.name, q, since, max_messages=room, tags=tags
+                    _with_offset(make),
+                    t.name,
+                    q,
+                    since,
+                    max_messages=room,
+                    tags=tags,
+                    yield_first=False,  # (the selection lock is held: no idle turn)
                 )
                 end = max(since, r.next_offset)
                 for o, m in r.messages:
@@ -446,7 +452,9 @@ class PopGroups:
 
     async def _one(self, make: MessageMaker[_M], topic: str, q: int, offset: int) -> _M | None:
         """The message at ``offset`` of the queue, or None when retention deleted it."""
-        r = await self.reads.pull(_with_offset(make), topic, q, offset, max_messages=1)
+        r = await self.reads.pull(
+            _with_offset(make), topic, q, offset, max_messages=1, yield_first=False
+        )
         return next((m for o, m in r.messages if o == offset), None)
 
     async def _same_attempt(

@@ -85,6 +85,7 @@ def add_client_commands(sub: Any) -> None:
     _add_status_command(sub)
     _add_group_commands(sub)
     _add_dlq_commands(sub)
+    _add_tx_commands(sub)
     _add_leader_commands(sub)
 
 
@@ -241,6 +242,18 @@ def _add_dlq_commands(sub: Any) -> None:
     p.add_argument("group")
     add_option(p, "--max", type=int, default=1000, help="at most this many")
     _common(p, _dlq_redrive)
+
+
+def _add_tx_commands(sub: Any) -> None:
+    tx = sub.add_parser("tx", help="unresolved transactions: list, commit or roll back by hand")
+    tsub = tx.add_subparsers(dest="tx_command", required=True, metavar="ACTION")
+    p = tsub.add_parser("list", help="the unresolved transactions, oldest first")
+    add_option(p, "--producer-group", default=None, help="only this producer group's")
+    _common(p, _tx_list)
+    for action in ("commit", "rollback"):
+        p = tsub.add_parser(action, help=f"{action} a transaction (as its producer would)")
+        p.add_argument("transaction_id")
+        _common(p, _tx_end)
 
 
 def _add_leader_commands(sub: Any) -> None:
@@ -606,6 +619,31 @@ def status_table(views: Sequence[NodeView]) -> str:
         )
     headers = ["NODE", "URL", "RAFT", "BROKER", "TERM", "LEADER", "END", "COMMITTED"]
     return table([*headers, "DISPATCHED", "LAG", "NOTE"], rows)
+
+
+def _tx_list(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        pending = admin.pending_transactions(args.producer_group)
+    if args.json:
+        for t in pending:
+            _json_line(t)
+        return 0
+    if not pending:
+        print("no unresolved transactions")
+        return 0
+    names = ("transaction_id", "producer_group", "topic", "messages", "check_count", "born")
+    print(table([n.upper() for n in names], [tuple(t[n] for n in names) for t in pending]))
+    return 0
+
+
+def _tx_end(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        state = admin.end_transaction(args.transaction_id, args.tx_command)
+    if args.json:
+        _json_line({"transaction_id": args.transaction_id, "state": state})
+    else:
+        print(f"transaction {args.transaction_id}: {state}")
+    return 0
 
 
 def _leader_transfer(args: argparse.Namespace) -> int:

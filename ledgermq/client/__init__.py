@@ -70,6 +70,8 @@ from .errors import (
     SequenceTooOldError,
     TopicConflictError,
     TopicNotFoundError,
+    TransactionNotFoundError,
+    TransactionResolvedError,
     UnauthenticatedError,
     UnknownOutcomeError,
     make_error,
@@ -98,9 +100,12 @@ from .fronts import (
     AsyncConsumer,
     AsyncPopConsumer,
     AsyncProducer,
+    AsyncTransactionProducer,
     Consumer,
     PopConsumer,
     Producer,
+    Transaction,
+    TransactionProducer,
 )
 from .operations import PRODUCER_ID, AdminOps, ProducerOps, new_producer_id
 from .popping import (
@@ -119,6 +124,7 @@ from .popping import (
     dlq_topic,
 )
 from .settings import ClientOptions, ClientSettings, parse_brokers
+from .transacting import Begun, Checker, TransactionCheck, TransactionMessage, TransactionOps
 from .types import (
     AckResult,
     ArrowPage,
@@ -165,10 +171,13 @@ __all__ = [
     "AsyncConsumer",
     "AsyncPopConsumer",
     "AsyncProducer",
+    "AsyncTransactionProducer",
     "Batch",
+    "Begun",
     "BrokerUnavailableError",
     "BusyError",
     "Call",
+    "Checker",
     "ClientOptions",
     "ClientSettings",
     "ClusterNode",
@@ -228,6 +237,13 @@ __all__ = [
     "TopicDescription",
     "TopicInfo",
     "TopicNotFoundError",
+    "Transaction",
+    "TransactionCheck",
+    "TransactionMessage",
+    "TransactionNotFoundError",
+    "TransactionOps",
+    "TransactionProducer",
+    "TransactionResolvedError",
     "UnauthenticatedError",
     "UnknownOutcomeError",
     "Unreachable",

@@ -144,6 +144,18 @@ class AlreadyDeliveredError(LedgerMQError):
     CODE = "ALREADY_DELIVERED"
 
 
+class TransactionNotFoundError(LedgerMQError):
+    """The transaction id names no transaction (or one resolved long ago)."""
+
+    CODE = "TRANSACTION_NOT_FOUND"
+
+
+class TransactionResolvedError(LedgerMQError):
+    """The transaction was resolved the other way (``state`` says how)."""
+
+    CODE = "TRANSACTION_RESOLVED"
+
+
 class BrokerUnavailableError(LedgerMQError):
     """No broker answered (connection refused, timeouts) within the deadline."""
 
@@ -174,6 +186,8 @@ ERROR_CLASSES: dict[str, type[LedgerMQError]] = {
         InvalidReceiptHandleError,
         RecallHandleNotFoundError,
         AlreadyDeliveredError,
+        TransactionNotFoundError,
+        TransactionResolvedError,
         BrokerUnavailableError,
     )
 }

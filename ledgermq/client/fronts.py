@@ -5,7 +5,8 @@ properties (the ``*Front`` classes)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 from typing import Unpack as UnpackKw
@@ -24,7 +25,8 @@ from .exchange import Outcome
 from .operations import AdminOps, ProducerOps
 from .popping import Collect, Ended, PopOps, RunAction, RunOptions, RunSettings, RunStats, Spawn
 from .settings import ClientOptions, ClientSettings
-from .types import PopMessage, ReceivedMessage
+from .transacting import TransactionOps
+from .types import MessageLike, PopMessage, ReceivedMessage, SendResult
 
 
 def _settings(settings: ClientSettings | None, options: ClientOptions) -> ClientSettings:
@@ -62,6 +64,8 @@ class Admin(SyncDriver[AdminOps], _AdminFront):
     configure_group = blocking(AdminOps.configure_group)
     describe_group = blocking(AdminOps.describe_group)
     redrive_dead_letters = blocking(AdminOps.redrive_dead_letters)
+    pending_transactions = blocking(AdminOps.pending_transactions)
+    end_transaction = blocking(AdminOps.end_transaction)
     commit_offsets = blocking(AdminOps.commit_offsets)
     reset_offsets = blocking(AdminOps.reset_offsets)
     get_message = blocking(AdminOps.get_message)
@@ -86,6 +90,8 @@ class AsyncAdmin(AsyncDriver[AdminOps], _AdminFront):
     configure_group = awaiting(AdminOps.configure_group)
     describe_group = awaiting(AdminOps.describe_group)
     redrive_dead_letters = awaiting(AdminOps.redrive_dead_letters)
+    pending_transactions = awaiting(AdminOps.pending_transactions)
+    end_transaction = awaiting(AdminOps.end_transaction)
     commit_offsets = awaiting(AdminOps.commit_offsets)
     reset_offsets = awaiting(AdminOps.reset_offsets)
     get_message = awaiting(AdminOps.get_message)
@@ -138,6 +144,104 @@ class AsyncProducer(AsyncDriver[ProducerOps], _ProducerFront):
     send = awaiting(ProducerOps.send)
     send_one = awaiting(ProducerOps.send_one)
     recall = awaiting(ProducerOps.recall)
+
+
+class _TransactionFront(Front):
+    _ops: TransactionOps
+
+    def __init__(
+        self,
+        brokers: str | Sequence[str],
+        producer_group: str,
+        *,
+        producer_id: str | None = None,
+        first_sequence: int = 0,
+        settings: ClientSettings | None = None,
+        transport: Any = None,
+        **options: UnpackKw[ClientOptions],
+    ) -> None:
+        """A producer of transactions for ``producer_group`` (whose producers the broker
+        checks about unresolved ones), in a producer session as ``Producer``'s."""
+        ex = self._open(brokers, _settings(settings, options), transport)
+        self._ops = TransactionOps(ex, producer_group, ProducerOps(ex, producer_id, first_sequence))
+
+
+class Transaction:
+    """The messages of one ``TransactionProducer.transaction()`` block: each ``send``
+    stores a batch as half messages; the block's end commits them all, an exception
+    rolls them back."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+
+
+class TransactionProducer(SyncDriver[TransactionOps], _TransactionFront):
+    """Sends transactions: half messages, then commit or rollback (blocking)."""
+
+    begin = blocking(TransactionOps.begin)
+    commit = blocking(TransactionOps.commit)
+    rollback = blocking(TransactionOps.rollback)
+    checks = blocking(TransactionOps.checks)
+    answer_checks = blocking(TransactionOps.answer_checks)
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[_SyncTransaction]:
+        """``with p.transaction() as tx: tx.send(topic, messages)``: committed at the end
+        of the block, rolled back on an exception (and the exception goes on)."""
+        tx = _SyncTransaction(self)
+        try:
+            yield tx
+        except BaseException:
+            for tid in tx.ids:
+                self.rollback(tid)
+            raise
+        for tid in tx.ids:
+            self.commit(tid)
+
+
+class _SyncTransaction(Transaction):
+    def __init__(self, producer: TransactionProducer) -> None:
+        super().__init__()
+        self._producer = producer
+
+    def send(self, topic: str, messages: Iterable[MessageLike]) -> list[SendResult]:
+        begun = self._producer.begin(topic, messages)
+        self.ids.append(begun.transaction_id)
+        return begun.results
+
+
+class AsyncTransactionProducer(AsyncDriver[TransactionOps], _TransactionFront):
+    """``TransactionProducer`` for asyncio."""
+
+    begin = awaiting(TransactionOps.begin)
+    commit = awaiting(TransactionOps.commit)
+    rollback = awaiting(TransactionOps.rollback)
+    checks = awaiting(TransactionOps.checks)
+    answer_checks = awaiting(TransactionOps.answer_checks)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[_AsyncTransaction]:
+        """``async with p.transaction() as tx: await tx.send(topic, messages)``."""
+        tx = _AsyncTransaction(self)
+        try:
+            yield tx
+        except BaseException:
+            for tid in tx.ids:
+                await self.rollback(tid)
+            raise
+        for tid in tx.ids:
+            await self.commit(tid)
+
+
+class _AsyncTransaction(Transaction):
+    def __init__(self, producer: AsyncTransactionProducer) -> None:
+        super().__init__()
+        self._producer = producer
+
+    async def send(self, topic: str, messages: Iterable[MessageLike]) -> list[SendResult]:
+        begun = await self._producer.begin(topic, messages)
+        self.ids.append(begun.transaction_id)
+        return begun.results
 
 
 class _ConsumerFront(Front):

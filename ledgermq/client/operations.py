@@ -184,6 +184,22 @@ class AdminOps:
         d = reply.body
         return Redriven(int(d["redriven"]), int(d["skipped"]), int(d["next_offset"]))
 
+    def pending_transactions(self, producer_group: str | None = None) -> Gen[list[dict[str, Any]]]:
+        """The unresolved transactions (of a producer group), oldest first: each with its
+        ``transaction_id``, ``topic``, ``producer_group``, ``messages``, ``check_count``,
+        ``born`` and ``next_check``."""
+        params = {} if producer_group is None else {"producer_group": producer_group}
+        d = yield from self.ex.get(api_path("transactions"), params)
+        return list(d["transactions"])
+
+    def end_transaction(
+        self, transaction_id: str, action: Literal["commit", "rollback"]
+    ) -> Gen[str]:
+        """Resolve a transaction by hand; its state."""
+        path = api_path("transactions", transaction_id)
+        reply = yield from self.ex.write("POST", path, {"action": action})
+        return str(reply.body["state"])
+
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> Gen[None]:
         body = {"topic": topic, "offsets": {str(q): o for q, o in sorted(offsets.items())}}
         yield from self.ex.write("PUT", api_path("groups", group, "offsets"), body)
@@ -273,7 +289,7 @@ class AdminOps:
             ) from None
 
 
-def _send_result(r: Mapping[str, Any]) -> SendResult:
+def parse_send_result(r: Mapping[str, Any]) -> SendResult:
     q, o = r.get("queue_id"), r.get("queue_offset")
     return SendResult(
         str(r["msg_id"]),
@@ -318,7 +334,7 @@ class ProducerOps:
         reply = yield from self.ex.exchange(call)
         results = reply.body["results"]
         assert len(results) == len(batch), f"{len(results)} results for {len(batch)} messages"
-        return [_send_result(r) for r in results]
+        return [parse_send_result(r) for r in results]
 
     def recall(self, recall_handle: str) -> Gen[None]:
         """Cancel a delay message before its time (``SendResult.recall_handle``):

@@ -473,6 +473,9 @@ async def test_openapi_document_is_complete(node: Node) -> None:
         ("post", "/v1/groups/{group}/dlq"),
         ("post", "/v1/groups/{group}/dlq/redrive"),
         ("delete", "/v1/delayed/{recall_handle}"),
+        ("post", "/v1/transactions/{transaction_id}"),
+        ("get", "/v1/transactions/checks"),
+        ("get", "/v1/transactions"),
         ("get", "/v1/messages/{msg_id}"),
     }
     assert {(m, p) for p, ops in paths.items() for m in ops} == expected

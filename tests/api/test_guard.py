@@ -88,6 +88,7 @@ BODY_ENDPOINTS = [
     ("POST", "/v1/groups/g/invisible"),
     ("POST", "/v1/groups/g/dlq"),
     ("POST", "/v1/groups/g/dlq/redrive"),
+    ("POST", "/v1/transactions/tx1:0"),
 ]
 
 

@@ -20,7 +20,18 @@ from fastapi.routing import APIRoute
 
 from api import app as app_module
 from api.app import create_app
-from api.routes import cluster, common, groups, messages, pop, probes, prometheus, query, topics
+from api.routes import (
+    cluster,
+    common,
+    groups,
+    messages,
+    pop,
+    probes,
+    prometheus,
+    query,
+    topics,
+    transactions,
+)
 from api.routes.groups import group_pull
 from api.routes.messages import offset_for_time, produce, pull
 from api.routes.query import query_by_key
@@ -29,7 +40,17 @@ from broker.settings import BrokerSettings, Limits
 from tests.api.conftest import Node
 from tests.api.test_routes_deps import _api_routes
 
-ROUTE_MODULES = (probes, prometheus, cluster, topics, messages, query, groups, pop)
+ROUTE_MODULES = (
+    probes,
+    prometheus,
+    cluster,
+    topics,
+    messages,
+    query,
+    groups,
+    pop,
+    transactions,
+)
 
 
 def _served(routes: list[Any]) -> dict[tuple[str, str], Any]:

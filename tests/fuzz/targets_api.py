@@ -27,10 +27,12 @@ from broker.broker import Broker
 from broker.commitlog import OutgoingMessage, PutResult
 from broker.dispatch.appliers import state_appliers
 from broker.gate import BrokerRole
-from broker.metadata import POP_OP_PREFIX, TopicMeta
+from broker.metadata import POP_OP_PREFIX, TIMER_OP_PREFIX, TX_OP_PREFIX, TopicMeta
 from broker.pop.state import PopState
 from broker.settings import BrokerSettings, Limits
 from broker.status import BrokerStatus
+from broker.timers.state import TimerState
+from broker.transactions.state import TransactionState
 from dledger.store import FileStore
 
 from ..asgi import http_scope
@@ -52,6 +54,8 @@ REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     models.ChangeInvisible,
     models.DeadLetter,
     models.Redrive,
+    models.TransactionSpec,
+    models.EndTransaction,
 )
 
 _PRODUCE = orjson.dumps(
@@ -80,6 +84,9 @@ _BODIES = (
     b'{"topic": "t", "receipt_handle": "v1:0:0:1", "invisible_ms": 500}',
     b'{"topic": "t", "receipt_handles": ["v1:0:0:1"]}',
     b'{"max_messages": 3}',
+    b'{"action": "commit"}',
+    b'{"messages": [{"body": "a"}], "transaction": {"producer_group": "pg"}}',
+    b'{"messages": [{"body": "a", "delay_ms": 5}, {"body": "b", "deliver_at_ms": 1}]}',
 )
 
 
@@ -197,6 +204,8 @@ class _FuzzBroker(Broker):
         self.meta.offsets = {}
         self.meta.sessions.clear()
         self.meta.pop = PopState()
+        self.meta.timers = TimerState()
+        self.meta.transactions = TransactionState()
 
     async def _put_messages(
         self, topic: TopicMeta, batch: Sequence[OutgoingMessage]
@@ -207,8 +216,14 @@ class _FuzzBroker(Broker):
     async def _append_meta(self, op: dict[str, Any]) -> int:
         index = self.meta.applied_index + 1
         self.meta.apply_op(index, orjson.dumps(op))
-        if op["op"].startswith(POP_OP_PREFIX):  # (the POP applier's outcome, for its route)
-            self.pop.applier.apply_operation(index, 0, op["op"], orjson.loads(orjson.dumps(op)))
+        kind, parsed = op["op"], orjson.loads(orjson.dumps(op))
+        # (the appliers' outcomes, which their routes answer from)
+        if kind.startswith(POP_OP_PREFIX):
+            self.pop.applier.apply_operation(index, 0, kind, parsed)
+        elif kind.startswith(TIMER_OP_PREFIX):
+            self.timers.applier.apply_operation(index, kind, parsed)
+        elif kind.startswith(TX_OP_PREFIX):
+            self.transactions.applier.apply_operation(index, 0, kind, parsed)
         return self.meta.applied_index
 
     async def _transfer(self, to: str, timeout_s: float = 5.0) -> None:
@@ -279,6 +294,9 @@ _ROUTES = (
     ("POST", "/v1/groups/{name}/invisible", "application/json"),
     ("POST", "/v1/groups/{name}/dlq", "application/json"),
     ("POST", "/v1/groups/{name}/dlq/redrive", "application/json"),
+    ("POST", "/v1/transactions/{name}", "application/json"),
+    ("POST", "/v1/topics/{name}/messages", "application/json"),
+    ("POST", "/v1/topics/{name}/messages", "application/json"),
 )
 
 

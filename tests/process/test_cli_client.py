@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ledgermq.client import Admin, PopConsumer, Producer
+from ledgermq.client import Admin, Consumer, PopConsumer, Producer, TransactionProducer
 from ledgermq.local_cluster import LocalBrokerCluster
 
 LEDGERMQ = Path(sys.executable).with_name("ledgermq")
@@ -286,3 +286,33 @@ def test_leader_transfer(brokers: str, cluster3: LocalBrokerCluster) -> None:
     assert cluster3.wait_ready(timeout_s=30) == target
     p = ledgermq("leader", "transfer", "--to", "n9", rc=1, brokers=brokers)
     assert "n9" in one_error_line(p)
+
+
+def test_delay_messages_and_transactions_by_hand(brokers: str) -> None:
+    topic = "cli-later"
+    with Admin(brokers) as admin:
+        admin.create_topic(topic, 1)
+    out = ledgermq("produce", topic, "soon", "--delay-ms", "300", brokers=brokers).stdout
+    kind, deliver_at, _msg_id, handle = out.strip().split("\t")
+    assert kind == "delayed" and int(deliver_at) > 0 and handle.startswith("t1:")
+    with TransactionProducer(brokers, "cli-pg") as p:
+        kept = p.begin(topic, ["kept"]).transaction_id
+        dropped = p.begin(topic, ["dropped"]).transaction_id
+    listed = ledgermq("tx", "list", "--producer-group", "cli-pg", "--json", brokers=brokers)
+    assert [json.loads(line)["transaction_id"] for line in listed.stdout.splitlines()] == [
+        kept,
+        dropped,
+    ]
+    out = ledgermq("tx", "commit", kept, brokers=brokers).stdout
+    assert out == f"transaction {kept}: committed\n"
+    ledgermq("tx", "rollback", dropped, brokers=brokers)
+    err = one_error_line(ledgermq("tx", "commit", dropped, rc=1, brokers=brokers))
+    assert "TRANSACTION_RESOLVED" in err
+    assert ledgermq("tx", "list", brokers=brokers).stdout == "no unresolved transactions\n"
+    with Consumer(brokers, group="cli-later-g", topic=topic) as c:
+        got: list[str] = []
+        for _ in range(50):  # bounded: the delay message comes within its 300 ms
+            got += [m.body.decode() for m in c.poll(wait_ms=500)]
+            if len(got) >= 2:
+                break
+    assert sorted(got) == ["kept", "soon"]

@@ -437,13 +437,13 @@ PLANTED_POP: list[tuple[str, str, str, str, str, int, str]] = [
     ("state", "PopState.receive", "a redelivery before it is due",
      "if f.due > ts or f.attempt >= cfg.max_delivery_attempts:",
      "if f.attempt >= cfg.max_delivery_attempts:",
-     60, "pg1 T0@1/0@35 delivered to pg1c1 at log time 1700000007473 (epoch 122), while its"
-     " delivery to pg1c0 (epoch 121) is invisible until 1700000007887"),
+     1, "pg1 T0@1/1@0 delivered to pg1c2 at log time 1700000003802 (epoch 41), while its"
+     " delivery to pg1c1 (epoch 36) is invisible until 1700000004233"),
     # FIFO: a queue with a flight not yet due hands out nothing.
     ("state", "PopState.receive", "the FIFO block ignored",
      "if cfg.fifo and qs.blocked(ts):", "if False:",
-     201, "FIFO: pg1 T0@46/1@1 delivered at log time 1700000004289 (epoch 203) while"
-     " pg1 T0@46/1@15 is in flight"),
+     269, "FIFO: pg0 T0@1/0@8 delivered at log time 1700000001113 (epoch 54) while"
+     " pg0 T0@1/0@15 is in flight"),
     # A receive applies to the topic it was selected from (found by the simulation): one
     # applied after its topic's delete made the next life's queue skip its first messages.
     ("applier", "PopApplier._apply_pop", "a receive applied to its topic's next life",

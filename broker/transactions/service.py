@@ -1,0 +1,346 @@
+"""``Transactions``: the master's side of transactional messages (docs/http.md,
+"Transactions").
+
+``produce`` stores a request's messages as one record of ``HALF_TOPIC`` (visible to no
+consumer) and answers its id. ``end`` commits or rolls it back: a commit appends
+``tx.commit`` and then the copies of its messages into their topic, each carrying
+``TX_ORIGIN`` (``broker/transactions/applier.py``); a rollback appends ``tx.rollback``.
+``run`` (the master's loop) copies what a committed transaction still lacks (after a
+failover, say) and checks what stays pending: it appends ``tx.check`` (the count and
+the next time are replicated) and hands the check to the producers of its group that
+poll ``checks``; past ``tx_max_checks`` it rolls the transaction back.
+
+A copy is appended only once this node's log is applied and the message is still
+uncopied, one transaction at a time on this master (``_delivering``); a new master has
+applied every entry of the terms before its own: no message is copied twice, none is
+lost.
+
+Invariants:
+- what a check hands out, and whether a transaction is pending, committed or rolled
+  back, is the replicated state's (the check queues are this master's, for its
+  pollers, and start empty on a new master: the next check goes out when it is due);
+- every write passes the ``WriteGate``: a SLAVE redirects, as for produce.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .. import errors
+from ..gate import WriteGate
+from ..metadata import GROUP_NAME, HALF_TOPIC, MetadataState, TopicMeta
+from ..produce import NewMessage, Producer, ProduceResult
+from ..reads import PulledMessage, Reads
+from ..settings import BrokerSettings
+from ..timers.applier import PROP_REAL_QID, PROP_TIMER_SHARDING_KEY
+from ..topics import MetadataLog, Topics, check_topic_name
+from .applier import (
+    PROP_TX_CHECK_AT,
+    PROP_TX_GROUP,
+    PROP_TX_ORIGIN,
+    PROP_TX_TOPIC,
+    TransactionApplier,
+)
+from .state import COMMITTED, ROLLED_BACK, Transaction, TransactionState
+
+if TYPE_CHECKING:
+    from ..dispatch import Dispatch
+
+log = logging.getLogger(__name__)
+
+TX_PREFIX = "tx1:"
+TICK_S = 0.5  # the loop looks for due checks and uncopied messages this often at most
+CHECKS_PER_TICK = 256  # checks (or expiries) appended per turn, in one group commit
+CHECKS_QUEUED = 10_000  # checks waiting for a poller, per producer group (oldest dropped)
+# What a half message carries for the broker, not for its consumers.
+ROUTING_PROPERTIES = (
+    PROP_TX_TOPIC,
+    PROP_TX_GROUP,
+    PROP_TX_CHECK_AT,
+    PROP_REAL_QID,
+    PROP_TIMER_SHARDING_KEY,
+)
+ACTIONS = {"commit": COMMITTED, "rollback": ROLLED_BACK}
+
+
+def transaction_id(base: int) -> str:
+    return f"{TX_PREFIX}{base}"
+
+
+def parse_transaction_id(text: str) -> int | None:
+    digits = text.removeprefix(TX_PREFIX)
+    if text.startswith(TX_PREFIX) and digits.isdigit() and len(digits) < 19:
+        return int(digits)
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Begun:
+    """A transaction stored: its id and where each half message lies."""
+
+    transaction_id: str
+    results: list[ProduceResult]
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A check for a producer: the transaction, its messages and how many checks it had."""
+
+    transaction: Transaction
+    messages: list[PulledMessage]
+
+
+class Transactions:
+    def __init__(
+        self,
+        *,
+        settings: BrokerSettings,
+        gate: WriteGate,
+        topics: Topics,
+        metalog: MetadataLog,
+        meta: MetadataState,
+        reads: Reads,
+        producer: Producer,
+        dispatch: Dispatch,
+        applier: TransactionApplier,
+        clock: Callable[[], int],
+    ) -> None:
+        self.settings = settings
+        self.gate = gate
+        self.topics = topics
+        self.metalog = metalog
+        self.meta = meta
+        self.reads = reads
+        self.producer = producer
+        self.dispatch = dispatch
+        self.applier = applier
+        self.clock = clock
+        self._delivering: set[int] = set()
+        self._queued: dict[str, deque[int]] = {}  # producer group → checks to hand out
+        self._arrived: dict[str, asyncio.Event] = {}
+        self._wake = asyncio.Event()
+
+    @property
+    def state(self) -> TransactionState:
+        return self.meta.transactions
+
+    # ---- produce, commit, rollback --------------------------------------------------------
+
+    async def produce(
+        self,
+        topic_name: str,
+        messages: Sequence[NewMessage],
+        producer_group: str,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> Begun:
+        """Store ``messages`` as one transaction's half messages (visible to no consumer
+        until it is committed); the topic is made as a produce would make it."""
+        check_topic_name(topic_name)
+        _check_group(producer_group)
+        self.producer.check_request(messages, producer_id, sequence)
+        if any(m.deliver_at_ms is not None for m in messages):
+            raise errors.InvalidArgumentError("a transaction's messages have no delivery time")
+        most = self.settings.max_pending_transactions
+        if len(self.state.live) >= most:
+            raise errors.LimitReachedError(f"{most} transactions are pending", limit=most)
+        await self.gate.require_master_soon()
+        topic = await self.topics.get_or_create(topic_name)
+        half = await self._half_topic()
+        check_at = str(self.clock() + self.settings.tx_first_check_ms)
+        records = [
+            NewMessage(
+                m.body,
+                m.tags,
+                m.keys,
+                {
+                    **m.properties,
+                    PROP_TX_TOPIC: topic.name,
+                    PROP_TX_GROUP: producer_group,
+                    PROP_TX_CHECK_AT: check_at,
+                    **({} if m.queue_id is None else {PROP_REAL_QID: str(m.queue_id)}),
+                    **({} if m.sharding_key is None else {PROP_TIMER_SHARDING_KEY: m.sharding_key}),
+                },
+                queue_id=0,
+            )
+            for m in messages
+        ]
+        results = await self.producer.produce_to(half, records, producer_id, sequence)
+        return Begun(transaction_id(results[0].queue_offset), results)
+
+    async def _half_topic(self) -> TopicMeta:
+        t = self.meta.topics.get(HALF_TOPIC)
+        if t is None:
+            await self.metalog.append({"op": "create_topic", "name": HALF_TOPIC, "queues": 1})
+            t = self.meta.topics.get(HALF_TOPIC)
+            if t is None:
+                raise errors.UnknownOutcomeError("the half topic is not there yet; retry")
+        return t
+
+    def topic_of(self, tx_id: str) -> str:
+        """The topic of a transaction known here; ``TransactionNotFoundError`` else."""
+        base = parse_transaction_id(tx_id)
+        t = None if base is None else self.state.live.get(base)
+        if t is not None:
+            return t.topic
+        if base is None or self.state.state_of(base) is None:
+            raise errors.TransactionNotFoundError(f"no transaction {tx_id!r}")
+        return ""  # resolved: its topic is not kept (the route asks for admin then)
+
+    async def end(self, tx_id: str, action: str) -> str:
+        """Commit or roll back (``action``); the transaction's state after. A repeat
+        answers the same; the other resolution of one resolved is
+        ``TransactionResolvedError``."""
+        wanted = ACTIONS.get(action)
+        if wanted is None:
+            raise errors.InvalidArgumentError("action: commit or rollback")
+        base = parse_transaction_id(tx_id)
+        if base is None:
+            raise errors.TransactionNotFoundError(f"no transaction {tx_id!r}")
+        await self.gate.require_master_soon()
+        now = self.state.state_of(base)
+        if now is None:
+            raise errors.TransactionNotFoundError(f"no transaction {tx_id!r}")
+        if now == "pending":
+            op = "tx.commit" if wanted == COMMITTED else "tx.rollback"
+            index = await self.metalog.append({"op": op, "base": base})
+            outcome = self.applier.outcome(index)
+            now = outcome if isinstance(outcome, str) else self.state.state_of(base)
+        if now != wanted:
+            raise errors.TransactionResolvedError(f"transaction {tx_id} is {now}", state=now)
+        if wanted == COMMITTED:
+            await self.deliver(base)
+        return now
+
+    async def deliver(self, base: int) -> int:
+        """Copy what the committed transaction ``base`` has not copied yet into its topic;
+        how many copies were appended."""
+        if base in self._delivering:
+            return 0
+        self._delivering.add(base)
+        try:
+            return await self._deliver(base)
+        finally:
+            self._delivering.discard(base)
+
+    async def _deliver(self, base: int) -> int:
+        end = self.gate.server.ledger_end_index
+        if not await self.dispatch.wait_dispatched(end, self.settings.append_timeout_ms / 1000):
+            raise errors.UnknownOutcomeError("the log is not applied here yet; retry")
+        self.gate.require_master()
+        t = self.state.live.get(base)
+        if t is None or t.state != COMMITTED:
+            return 0
+        halves = await self._messages(t)
+        copies = [
+            _copy_of(m, base, m.queue_offset - base)
+            for m in halves
+            if m.queue_offset - base not in t.copied
+        ]
+        topic = self.meta.topics.get(t.topic)
+        if topic is None:
+            log.warning("transaction %d: topic %s is gone; its messages are dropped", base, t.topic)
+            await self.metalog.append({"op": "tx.drop", "base": base})
+            return 0
+        if copies:
+            await self.producer.produce_to(topic, copies, None, None)
+        return len(copies)
+
+    async def _messages(self, t: Transaction) -> list[PulledMessage]:
+        r = await self.reads.pull(
+            self.reads.pulled_message, HALF_TOPIC, 0, t.base, max_messages=t.count
+        )
+        return [m for m in r.messages if t.base <= m.queue_offset < t.base + t.count]
+
+    # ---- checks --------------------------------------------------------------------------
+
+    async def checks(self, group: str, wait_ms: int, most: int) -> list[Check]:
+        """The checks waiting for ``group``'s producers, waiting up to ``wait_ms`` for one
+        (a long poll, on the master)."""
+        _check_group(group)
+        await self.gate.require_master_soon()
+        queued = self._queued.setdefault(group, deque(maxlen=CHECKS_QUEUED))
+        if not queued and wait_ms > 0:
+            arrived = self._arrived.setdefault(group, asyncio.Event())
+            arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), wait_ms / 1000)
+        out: list[Check] = []
+        while queued and len(out) < most:
+            t = self.state.live.get(queued.popleft())
+            if t is not None and t.state == "pending":
+                out.append(Check(t, await self._messages(t)))
+        return out
+
+    def pending(self, group: str | None = None) -> list[Transaction]:
+        """The transactions not resolved yet (of ``group``), oldest first."""
+        return [t for t in self.state.pending() if group is None or t.group == group]
+
+    # ---- the master's loop ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """On the master: copy what committed transactions lack, check (or expire) the
+        pending ones when due."""
+        while True:
+            if self.gate.is_master:
+                try:
+                    await self.step(self.clock())
+                except errors.BrokerError as e:  # not master any more, a full disk, ...
+                    log.info("transactions: %s", e)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), TICK_S)
+
+    async def step(self, now: int) -> None:
+        for t in list(self.state.uncopied()):
+            await self.deliver(t.base)
+        due = [t for t in self.state.pending() if t.next_check <= now][:CHECKS_PER_TICK]
+        if not due:
+            return
+        s = self.settings
+        ops = []
+        for t in due:
+            if t.checks >= s.tx_max_checks:
+                log.warning(
+                    "transaction %s rolled back: unresolved after %d checks",
+                    transaction_id(t.base),
+                    t.checks,
+                )
+                ops.append({"op": "tx.rollback", "base": t.base, "expired": True})
+            else:
+                ops.append(
+                    {"op": "tx.check", "base": t.base, "interval_ms": s.tx_check_interval_ms}
+                )
+        await asyncio.gather(*(self.metalog.append(op) for op in ops))
+        for t, op in zip(due, ops, strict=True):
+            if op["op"] == "tx.check":
+                self._queued.setdefault(t.group, deque(maxlen=CHECKS_QUEUED)).append(t.base)
+                self._arrived.setdefault(t.group, asyncio.Event()).set()
+
+
+def _check_group(group: str) -> None:
+    if not GROUP_NAME.fullmatch(group):
+        raise errors.InvalidArgumentError(f"invalid producer group {group!r}")
+
+
+def _copy_of(m: PulledMessage, base: int, i: int) -> NewMessage:
+    """Half message ``i`` as the message it delivers: into its topic and pinned queue,
+    with its body, tags, keys, properties and born time, and its origin."""
+    props = {k: v for k, v in m.properties.items() if k not in ROUTING_PROPERTIES}
+    props[PROP_TX_ORIGIN] = f"{base}:{i}"
+    qid = m.properties.get(PROP_REAL_QID)
+    return NewMessage(
+        m.body,
+        m.tags,
+        m.keys,
+        props,
+        queue_id=None if qid is None else int(qid),
+        sharding_key=m.properties.get(PROP_TIMER_SHARDING_KEY),
+        born_timestamp=m.born_timestamp,  # (a copy is its own record: one entry each)
+    )
