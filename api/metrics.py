@@ -159,6 +159,8 @@ class StateSnapshot:
     queues: list[tuple[str, int, int, int]] | None  # topic, queue_id, min, max; None: installing
     offsets: list[tuple[str, str, dict[int, int]]]  # group, topic, committed per queue_id
     pop: list[PopGroupTopic]
+    timers: tuple[int, dict[str, int]]  # delay messages pending, and the counters
+    transactions: tuple[int, dict[str, int]]  # transactions pending, and the counters
     lag_limit: int
 
     @classmethod
@@ -182,11 +184,17 @@ class StateSnapshot:
                 copied = 0
                 await asyncio.sleep(0)
         pop = await _pop_groups(b)
-        return cls(status, is_master, auth_failures, queues, offsets, pop, lag_limit)
+        timers = (b.meta.timers.pending, dict(b.meta.timers.stats))
+        txs = b.meta.transactions
+        transactions = (sum(1 for _ in txs.pending()), dict(txs.stats))
+        return cls(
+            status, is_master, auth_failures, queues, offsets, pop, timers, transactions, lag_limit
+        )
 
     def metrics(self) -> Iterator[Metric]:
         yield from _node_metrics(self)
         yield from _log_metrics(self.status)
+        yield from _later_metrics(self.timers, self.transactions)
         if self.queues is not None:  # the queues were being replaced: no per-queue series
             yield from _queue_metrics(self.queues, self.offsets, self.lag_limit)
             yield from _pop_metrics(self.queues, self.pop, self.lag_limit)
@@ -373,3 +381,29 @@ def _pop_metrics(
     yield in_flight
     yield lag
     yield events
+
+
+def _later_metrics(
+    timers: tuple[int, dict[str, int]], transactions: tuple[int, dict[str, int]]
+) -> Iterator[Metric]:
+    """Delay messages and transactions: what is pending, and what happened (replicated
+    counters: the same on every node)."""
+    yield _gauge("ledgermq_delay_pending", "delay messages not delivered yet", timers[0])
+    events = CounterMetricFamily(
+        "ledgermq_delay_messages",
+        "delay messages: scheduled, delivered, cancelled, dropped (their topic was gone)",
+        labels=["event"],
+    )
+    for name, n in timers[1].items():
+        events.add_metric([name], n)
+    yield events
+    yield _gauge("ledgermq_transactions_pending", "transactions not resolved yet", transactions[0])
+    tx = CounterMetricFamily(
+        "ledgermq_transactions",
+        "transactions: begun, committed, rolled_back, checks, expired (rolled back after the"
+        " last check), copied (messages delivered), dropped (their topic was gone)",
+        labels=["event"],
+    )
+    for name, n in transactions[1].items():
+        tx.add_metric([name], n)
+    yield tx

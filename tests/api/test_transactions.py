@@ -194,3 +194,17 @@ async def test_the_client_commits_a_block_rolls_back_on_an_error_and_answers_che
             with pytest.raises(TransactionResolvedError):
                 await p.rollback(asked.transaction_id)
         assert await _bodies(node, "t") == ["committed", "asked"]
+
+
+async def test_metrics_show_pending_transactions_and_delay_messages(node: Node) -> None:
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await _begin(node, "t", ["a"])
+    r = await node.http.post(
+        "/v1/topics/t/messages", json={"messages": [{"body": "later", "delay_ms": 60_000}]}
+    )
+    assert r.status_code == 200, r.text
+    text = (await node.http.get("/metrics")).text
+    assert "ledgermq_transactions_pending 1.0" in text
+    assert 'ledgermq_transactions_total{event="begun"} 1.0' in text
+    assert "ledgermq_delay_pending 1.0" in text
+    assert 'ledgermq_delay_messages_total{event="scheduled"} 1.0' in text
