@@ -29,6 +29,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker import errors
+from broker.jsonint import decimal
 from broker.settings import Limits
 
 from .auth import TokenTable
@@ -70,7 +71,8 @@ class RequestGuard:
             try:  # a body is coming: is it wanted, and may it be this long?
                 if self.tokens is not None and scope["path"].startswith("/v1/"):
                     grant_of(self.tokens, bearer_token(headers.get("authorization")))
-                if declared is not None and (not declared.isdigit() or int(declared) > cap):
+                size = None if declared is None else decimal(declared)
+                if declared is not None and (size is None or size > cap):
                     raise too_large(cap)
             except errors.BrokerError as e:
                 await self.refuse(e, scope, receive, send)

@@ -22,7 +22,8 @@ Offset = Annotated[int, Field(ge=0, le=2**62)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_max_length=64 * 1024 * 1024)
+    # strict: a JSON number is an integer only if written as one (no "5", true or 1e3)
+    model_config = ConfigDict(extra="forbid", strict=True, str_max_length=64 * 1024 * 1024)
 
 
 class ErrorDetail(BaseModel):

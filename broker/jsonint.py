@@ -16,3 +16,13 @@ def json_int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not I64_MIN <= value <= I64_MAX:
         raise ValueError(f"{what}: {value!r} is not a 64-bit integer")
     return value
+
+
+def decimal(text: str, max_digits: int = 18) -> int | None:
+    """``text`` as a non-negative integer when it is 1..``max_digits`` ASCII digits, else
+    None. (``str.isdigit`` takes superscripts, circled and Arabic-Indic digits, which
+    ``int`` refuses or reads as other digits; and ``int`` of thousands of digits is
+    refused, slowly.)"""
+    if 0 < len(text) <= max_digits and text.isascii() and text.isdigit():
+        return int(text)
+    return None

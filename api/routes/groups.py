@@ -7,6 +7,7 @@ from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from broker import errors
+from broker.jsonint import decimal
 
 from .. import models
 from ..json_messages import JSONMessages, group_pull_json
@@ -26,9 +27,10 @@ def queue_ids(offsets: dict[str, int]) -> dict[int, int]:
     """A body's ``{"0": 12}`` as ``{0: 12}``; a key that is not a queue id is refused."""
     out = {}
     for k, v in offsets.items():
-        if not k.isdigit() or len(k) > 5:
+        q = decimal(k, 5)
+        if q is None or q > 65_535:
             raise errors.InvalidArgumentError(f"offsets: {k!r} is not a queue id")
-        out[int(k)] = v
+        out[q] = v
     return out
 
 

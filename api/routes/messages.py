@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from broker import errors
 from broker.broker import NewMessage, ProduceResult
+from broker.jsonint import decimal
 from broker.produce import now_ms
 from broker.settings import Limits
 from broker.timers.service import Scheduled
@@ -172,15 +173,16 @@ def parse_produce(raw: bytes, content_type: str, query: Any, limits: Limits) -> 
                 raise errors.InvalidArgumentError(
                     f"line {n + 1}: {validation_message(e)}"
                 ) from None
-        seq = query.get("sequence")
-        if seq is not None and not seq.isdigit():
-            raise errors.InvalidArgumentError("sequence must be a non-negative integer")
+        raw_seq = query.get("sequence")
+        seq = None if raw_seq is None else decimal(raw_seq)
+        if raw_seq is not None and (seq is None or seq > 2**62):
+            raise errors.InvalidArgumentError("sequence must be an integer in 0..2^62")
         try:
             group = query.get("transaction_producer_group")
             req = models.ProduceRequest(
                 messages=msgs,
                 producer_id=query.get("producer_id"),
-                sequence=int(seq) if seq is not None else None,
+                sequence=seq,
                 transaction=None if group is None else models.TransactionSpec(producer_group=group),
             )
         except ValidationError as e:

@@ -37,6 +37,7 @@ from consumequeue import tags_hash
 from dledger.store import BODY_OFFSET, MAGIC_NORMAL
 
 from ..batch import INNER_BATCH_FLAG, InnerRecord, batch_inners
+from ..jsonint import decimal
 from ..message import (
     PROP_TAGS,
     MessageFormatError,
@@ -144,7 +145,7 @@ def decode(  # noqa: PLR0917 - the entry header's fields, as the walk unpacks th
 
 def _deliver_ms(props: Mapping[str, str]) -> int:
     raw = props.get(PROP_TIMER_DELIVER_MS, "")
-    return int(raw) if raw.isdigit() and len(raw) < 19 else 0
+    return decimal(raw) or 0
 
 
 class Applier(Protocol):

@@ -37,7 +37,7 @@ import orjson
 
 from dledger.store import FileStore
 
-from ..jsonint import json_int
+from ..jsonint import decimal, json_int
 from ..metadata import MetadataState, SnapshotFiles
 from ..positions import pos_of
 from .entry import StateApplier
@@ -105,7 +105,7 @@ def parse_queue_table(raw: Any) -> dict[tuple[str, int], int]:
         topic, _, queue_id = str(key).rpartition("/")
         if (
             not topic
-            or not queue_id.isdigit()
+            or decimal(queue_id, 5) is None
             or not isinstance(next_offset, int)
             or next_offset < 0
         ):
