@@ -196,8 +196,11 @@ def _post_head(host: str, port: int, path: str, n: int) -> bytes:
     ).encode()
 
 
-def _bodies(batch: int, body_size: int, pool: int) -> list[bytes]:
-    """``pool`` produce request bodies of ``batch`` random ASCII messages each."""
+def _bodies(
+    batch: int, body_size: int, pool: int, fields: dict[str, Any] | None = None
+) -> list[bytes]:
+    """``pool`` produce request bodies of ``batch`` random ASCII messages each, every
+    message with ``fields`` besides its body (``{"delay_ms": ...}``: bench/delay_bench.py)."""
     out = []
     rnd = os.urandom(pool * batch * body_size)  # base64 of random bytes: valid UTF-8/JSON
     text = base64.b64encode(rnd).decode("ascii")
@@ -205,7 +208,7 @@ def _bodies(batch: int, body_size: int, pool: int) -> list[bytes]:
     for _ in range(pool):
         msgs = []
         for _ in range(batch):
-            msgs.append({"body": text[k : k + body_size]})
+            msgs.append({"body": text[k : k + body_size], **(fields or {})})
             k += body_size
         out.append(orjson.dumps({"messages": msgs}))
     return out
@@ -512,7 +515,7 @@ class LoadGen:
         else:
             reqs = [
                 (s["path"], _post_head(s["host"], s["port"], s["path"], len(b)), b)
-                for b in _bodies(s["batch"], s["body_size"], s["pool"])
+                for b in _bodies(s["batch"], s["body_size"], s["pool"], s.get("fields"))
             ]
             conns = [await self._connect() for _ in range(s["clients"])]
             tasks = [self.post_client(k, c, reqs) for k, c in enumerate(conns)]
@@ -932,6 +935,7 @@ class Bench:
         clients: int = 1,
         client: str | None = None,
         warmup: float | None = None,
+        fields: dict[str, Any] | None = None,
         seconds: float | None = None,
         extra: dict[str, Any] | None = None,
         profiler: Profiler | None = None,
@@ -955,6 +959,7 @@ class Bench:
             "warmup": a.warmup if warmup is None else warmup,
             "client": client or a.client,
             "request_timeout": a.request_timeout,
+            "fields": fields,
             **(extra or {}),
         }
         self.check_alive(server)
@@ -1342,6 +1347,55 @@ def _kill_children() -> None:
                 p.kill()
 
 
+def add_node_args(ap: argparse.ArgumentParser) -> None:
+    """The options of the cluster, its requests and the run's files (bench/delay_bench.py
+    has them too)."""
+    ap.add_argument("--body-size", type=int, default=1024)
+    ap.add_argument("--queues", type=int, default=8)
+    ap.add_argument("--pool", type=int, default=32, help="distinct request bodies per scenario")
+    ap.add_argument("--flush", choices=("sync", "async"), default="sync")
+    ap.add_argument("--data-file-mb", type=int, default=1024, help="commitlog segment size")
+    ap.add_argument("--request-timeout", type=float, default=30.0)
+    ap.add_argument("--timeout", type=float, default=60.0, help="bound on every other wait")
+    ap.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
+    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    ap.add_argument("--no-progress", action="store_true")
+
+
+def run_and_report(
+    a: argparse.Namespace,
+    name: str,
+    run: Callable[[argparse.Namespace, Path], dict[str, Any]],
+    print_table: Callable[[argparse.Namespace, dict[str, Any]], None],
+) -> int:
+    """``run(a, root)`` in a fresh directory ``root`` (``{name}-*``, under ``--data-dir``
+    if given: kept, else deleted after a run that did not fail), every child stopped at
+    the end, also on error, Ctrl-C or SIGTERM; then the table and the ``JSON:`` line."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
+    atexit.register(_kill_children)
+    if a.data_dir is not None:
+        a.data_dir.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=a.data_dir))
+    else:
+        root = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    print(f"data and logs (*.log): {root}", file=sys.stderr)
+    ok = False
+    try:
+        results = run(a, root)
+        ok = True
+    finally:
+        _kill_children()
+        if a.data_dir is None and ok:
+            shutil.rmtree(root, ignore_errors=True)
+        elif not ok:
+            print(f"kept {root} (logs: *.log)", file=sys.stderr)
+    print_table(a, results)
+    if a.json is not None:
+        a.json.write_text(json.dumps(results, indent=1) + "\n")
+    print("JSON:", json.dumps(results))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1351,25 +1405,16 @@ def main() -> int:
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 100])
     ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64])
     ap.add_argument("--consume-batch", type=int, default=1000, help="max_messages per pull")
-    ap.add_argument("--body-size", type=int, default=1024)
-    ap.add_argument("--queues", type=int, default=8)
-    ap.add_argument("--pool", type=int, default=32, help="distinct request bodies per scenario")
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw", help="load generator")
     ap.add_argument("--no-client-check", action="store_true", help="skip the httpx/raw check")
-    ap.add_argument("--flush", choices=("sync", "async"), default="sync")
     ap.add_argument(
         "--batch-records",
         action=argparse.BooleanOptionalAction,
         default=True,
         help="the nodes store a request's messages for one queue as one record (the default)",
     )
-    ap.add_argument("--data-file-mb", type=int, default=1024, help="commitlog segment size")
-    ap.add_argument("--request-timeout", type=float, default=30.0)
-    ap.add_argument("--timeout", type=float, default=60.0, help="bound on every other wait")
-    ap.add_argument("--data-dir", type=Path, default=None, help="keep data here (default: temp)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--quick", action="store_true", help="smoke run: 3 s per scenario")
-    ap.add_argument("--no-progress", action="store_true")
+    add_node_args(ap)
     pop = ap.add_argument_group("--pop: shared (POP) consumption instead of the scenarios above")
     pop.add_argument("--pop", action="store_true", help="run the POP receive + ack benchmark")
     pop.add_argument("--pop-messages", type=int, default=200_000, help="backlog per run")
@@ -1396,32 +1441,9 @@ def main() -> int:
         a.seconds, a.warmup, a.data_file_mb = 3.0, 0.5, 256
         if not any(x.startswith("--pop-messages") for x in sys.argv):
             a.pop_messages = 20_000
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks
-    atexit.register(_kill_children)
-    if a.data_dir is not None:
-        a.data_dir.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="http-bench-", dir=a.data_dir))
-    else:
-        root = Path(tempfile.mkdtemp(prefix="http-bench-"))
-    print(f"data and logs (n*.log, floor.log): {root}", file=sys.stderr)
-    ok = False
-    try:
-        results = run_pop(a, root) if a.pop else run(a, root)
-        ok = True
-    finally:
-        _kill_children()
-        if a.data_dir is None and ok:
-            shutil.rmtree(root, ignore_errors=True)
-        elif not ok:
-            print(f"kept {root} (logs: n*.log, floor.log)", file=sys.stderr)
     if a.pop:
-        print_pop_table(a, results)
-    else:
-        print_table(a, results)
-    if a.json is not None:
-        a.json.write_text(json.dumps(results, indent=1) + "\n")
-    print("JSON:", json.dumps(results))
-    return 0
+        return run_and_report(a, "http-bench", run_pop, print_pop_table)
+    return run_and_report(a, "http-bench", run, print_table)
 
 
 if __name__ == "__main__":

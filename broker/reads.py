@@ -381,6 +381,12 @@ class Reads:
             out.append(decoded.make(queue_offset, make))
         return out
 
+    def messages_of(self, units: list[tuple[int, int, int]]) -> list[PulledMessage]:
+        """The ``PulledMessage`` of each consume-queue unit ``(queue_offset,
+        commitlog_offset, size)``, read in one go like a pull's page (the release of
+        delay messages, ``broker/timers``); ``DLedgerError`` if a record is not there."""
+        return self._read_pulled(units, self.pulled_message)
+
     def _read_records(self, units: Sequence[tuple[int, int, int]]) -> dict[int, memoryview]:
         """The records the units ``(queue_offset, commitlog_offset, size)`` name, by
         commitlog offset, read in one go and checked like ``_record``."""

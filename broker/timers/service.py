@@ -38,10 +38,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from consumequeue import ConsumeQueueStore
+from dledger.codes import DLedgerError
 from dledger.store import BODY_OFFSET
 
 from .. import errors
 from ..gate import WriteGate
+from ..message import MessageFormatError
 from ..metadata import TIMER_TOPIC, MetadataState, TopicMeta
 from ..produce import NewMessage, Producer
 from ..reads import PulledMessage, Reads
@@ -326,10 +328,8 @@ class Timers:
             raise errors.UnknownOutcomeError("the log is not applied here yet")
         self.gate.require_master()
         by_topic: dict[str, list[NewMessage]] = {}
-        for _, timer, offset in due:
-            if self.state.is_done(timer):
-                continue
-            m = self.reads.message_at(offset)
+        pending = [(timer, offset) for _, timer, offset in due if not self.state.is_done(timer)]
+        for timer, m in self._records(pending):
             if m is None:  # (retention keeps a pending timer's record: not expected)
                 log.error("delay message %d: its record is gone; dropped", timer)
                 await self.metalog.append({"op": "timer.drop", "timer": timer})
@@ -346,6 +346,29 @@ class Timers:
                 continue
             await self.producer.produce_to(t, copies, None, None)
             self.released += len(copies)
+
+    def _records(self, pending: list[tuple[int, int]]) -> list[tuple[int, PulledMessage | None]]:
+        """The record of each ``(timer, commitlog offset)``: a run of consecutive timers
+        (timers scheduled together and due together) read with one read of their units
+        and records; a run that does not read so, one record at a time (None: gone)."""
+        q = self.cq.find(TIMER_TOPIC, 0)
+        out: list[tuple[int, PulledMessage | None]] = []
+        i = 0
+        while i < len(pending):
+            j = i + 1
+            while j < len(pending) and pending[j][0] == pending[j - 1][0] + 1:
+                j += 1
+            run = pending[i:j]
+            units = [] if q is None else q.read(run[0][0], j - i)
+            found: list[PulledMessage] | list[PulledMessage | None] | None = None
+            if [(u[0], u[1]) for u in units] == run:
+                with contextlib.suppress(DLedgerError, MessageFormatError):
+                    found = self.reads.messages_of([(t, c, size) for t, c, size, _ in units])
+            if found is None:
+                found = [self.reads.message_at(offset) for _, offset in run]
+            out.extend(zip([t for t, _ in run], found, strict=True))
+            i = j
+        return out
 
 
 def _copy_of(m: PulledMessage, timer: int) -> tuple[str, NewMessage]:

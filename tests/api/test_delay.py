@@ -94,6 +94,29 @@ async def test_a_recalled_message_is_never_delivered(node: Node) -> None:
     assert keep["recall_handle"] != drop["recall_handle"]
 
 
+async def test_timers_due_together_each_deliver_their_own_message(node: Node) -> None:
+    """The release reads a run of consecutive timers' records with one read (a cancelled
+    one splits the run): each copy still carries its own body, key, tags and origin."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    at = _now_ms() + 400
+    sent = await _send(
+        node,
+        "t",
+        [{"body": f"m{i}", "key": f"k{i}", "tags": f"T{i}", "deliver_at_ms": at} for i in range(7)],
+    )
+    r = await node.http.delete(f"/v1/delayed/{sent[3]['recall_handle']}")
+    assert r.status_code == 200, r.text
+    await until(lambda: node.broker.meta.timers.pending == 0, timeout_s=10, what="all due")
+    got = await _pull(node, "t")
+    assert [(m["body"], m["key"], m["tags"]) for m in got] == [
+        (f"m{i}", f"k{i}", f"T{i}") for i in (0, 1, 2, 4, 5, 6)
+    ]
+    handles = [sent[i]["recall_handle"] for i in (0, 1, 2, 4, 5, 6)]
+    assert [f"t1:{m['properties']['TIMER_ORIGIN']}" for m in got] == handles
+    # A run whose consume-queue units do not match is read record by record (None: none).
+    assert node.broker.timers._records([(0, 1)]) == [(0, None)]
+
+
 async def test_a_time_in_the_past_is_now_and_pinned_queues_hold(node: Node) -> None:
     await node.http.post("/v1/topics", json={"name": "t", "queues": 4})
     [r] = await _send(node, "t", [{"body": "now", "deliver_at_ms": 1, "queue_id": 3}])
