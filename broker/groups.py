@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import errors
 from .gate import WriteGate
-from .metadata import GROUP_NAME, MetadataState, op_commit_offsets
+from .metadata import GROUP_NAME, MetadataState, TopicMeta, op_commit_offsets
 from .reads import MessageMaker, Reads, Sized
 from .settings import BrokerSettings
 from .topics import MetadataLog, Topics
@@ -114,7 +114,32 @@ class ConsumerGroups:
             clean[qid] = queue_offset
         if not clean:
             raise errors.InvalidArgumentError("no offsets")
+        await self._check_within(t, clean)
+        self._check_room_for(group)
         await self.metalog.append(op_commit_offsets(group, topic, clean))
+
+    async def _check_within(self, t: TopicMeta, offsets: Mapping[int, int]) -> None:
+        """An offset past a queue's max offset is refused (RocketMQ's OFFSET_OVERFLOW):
+        it would skip messages not written yet and make the lag negative. What is
+        committed and not yet dispatched here is waited for first (bounded)."""
+        over = [q for q, o in offsets.items() if o > self.reads.queue_bounds(t.name, q)[1]]
+        if over:
+            await self.dispatch.wait_dispatched(
+                self.gate.server.committed_index, self.settings.append_timeout_ms / 1000
+            )
+        for q in over:
+            hi = self.reads.queue_bounds(t.name, q)[1]
+            if offsets[q] > hi:
+                raise errors.InvalidArgumentError(
+                    f"offset {offsets[q]} for queue {q} is past its max offset {hi}",
+                    max_offset=hi,
+                )
+
+    def _check_room_for(self, group: str) -> None:
+        """``LimitReachedError`` (429) for a new group past ``max_groups``."""
+        most = self.settings.limits.max_groups
+        if group not in self.meta.offsets and len(self.meta.offsets) >= most:
+            raise errors.LimitReachedError(f"{most} groups commit offsets already", limit=most)
 
     async def reset_offsets(self, group: str, topic: str, to: str | int) -> dict[int, int]:
         """Move a group's offsets to ``earliest``, ``latest`` or a store timestamp."""
@@ -155,7 +180,8 @@ class ConsumerGroups:
         self._check_offsets_mode(group)
         self.reads.check_pull_args(max_messages, wait_ms)
         t = self.topics.get(topic)
-        qids = list(range(t.queues)) if queue_ids is None else list(queue_ids)
+        # (each queue once, in the order given: a repeat would answer its messages twice)
+        qids = list(range(t.queues)) if queue_ids is None else list(dict.fromkeys(queue_ids))
         for qid in qids:
             self.reads.check_queue(topic, qid)
         deadline = time.monotonic() + wait_ms / 1000

@@ -144,6 +144,9 @@ class MetadataState:
                 if self.topics.pop(name, None) is not None:
                     for topics in self.offsets.values():
                         topics.pop(name, None)
+                    # A group goes with the last topic it committed offsets for.
+                    for group in [g for g, topics in self.offsets.items() if not topics]:
+                        del self.offsets[group]
                     return name
             elif kind == "commit_offsets":
                 self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"])

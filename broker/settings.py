@@ -57,6 +57,8 @@ class Limits:
     # either → 429 LIMIT_REACHED, nothing written.
     max_topics: int = 1024
     max_total_queues: int = 8192
+    # Groups that commit offsets (each keeps a table per topic): a new one past it → 429.
+    max_groups: int = 10_000
     # POP groups (docs/consuming.md): messages of one queue in flight for a group at once
     # (RocketMQ's popInflightMessageThreshold), handles per ack/nack, invisible times.
     max_pop_in_flight_per_queue: int = 2000

@@ -171,8 +171,11 @@ async def test_group_offsets_commit_reset_and_group_pull(tmp_path: Path) -> None
         assert lag == {0: 0, 1: 0}
         await b.groups.reset_offsets("g", "t", "earliest")
         assert [o["committed_offset"] for o in b.groups.group_offsets("g", "t")] == [0, 0]
-        await b.groups.commit_offsets("g", "t", {1: 2})
-        assert b.meta.committed_offset("g", "t", 1) == 2
+        q = max(range(2), key=lambda q: b.reads.queue_bounds("t", q)[1])  # (it holds 3 or more)
+        await b.groups.commit_offsets("g", "t", {q: 2})
+        assert b.meta.committed_offset("g", "t", q) == 2
+        with pytest.raises(errors.InvalidArgumentError, match="past its max offset"):
+            await b.groups.commit_offsets("g", "t", {q: 7})
         assert b.groups.list_groups() == ["g"]
         with pytest.raises(errors.InvalidArgumentError):
             await b.groups.commit_offsets("g", "t", {5: 1})
