@@ -160,6 +160,8 @@ class StateSnapshot:
     offsets: list[tuple[str, str, dict[int, int]]]  # group, topic, committed per queue_id
     pop: list[PopGroupTopic]
     lag_limit: int
+    transactions: dict[str, int]  # broker.transactions.state.STATS
+    pending_transactions: int
 
     @classmethod
     async def take(cls, b: Broker, lag_limit: int) -> StateSnapshot | None:
@@ -182,11 +184,24 @@ class StateSnapshot:
                 copied = 0
                 await asyncio.sleep(0)
         pop = await _pop_groups(b)
-        return cls(status, is_master, auth_failures, queues, offsets, pop, lag_limit)
+        txs = b.meta.transactions
+        pending = sum(1 for _ in txs.pending())
+        return cls(
+            status,
+            is_master,
+            auth_failures,
+            queues,
+            offsets,
+            pop,
+            lag_limit,
+            dict(txs.stats),
+            pending,
+        )
 
     def metrics(self) -> Iterator[Metric]:
         yield from _node_metrics(self)
         yield from _log_metrics(self.status)
+        yield from _transaction_metrics(self.transactions, self.pending_transactions)
         if self.queues is not None:  # the queues were being replaced: no per-queue series
             yield from _queue_metrics(self.queues, self.offsets, self.lag_limit)
             yield from _pop_metrics(self.queues, self.pop, self.lag_limit)
@@ -372,4 +387,20 @@ def _pop_metrics(
             events.add_metric([p.group, p.topic, name], n)
     yield in_flight
     yield lag
+    yield events
+
+
+def _transaction_metrics(stats: dict[str, int], pending: int) -> Iterator[Metric]:
+    """Transactions pending, and what happened to them (replicated: the same on every
+    node once it applied the same entries)."""
+    yield _gauge("ledgermq_transactions_pending", "transactions not yet resolved", pending)
+    events = CounterMetricFamily(
+        "ledgermq_transactions",
+        "transactions begun, committed, rolled_back (expired ones included), expired (rolled"
+        " back after the last check); checks issued; messages copied into their topic, and"
+        " dropped (their topic was deleted)",
+        labels=["event"],
+    )
+    for name, n in stats.items():
+        events.add_metric([name], n)
     yield events
