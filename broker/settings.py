@@ -136,6 +136,8 @@ class BrokerSettings:
             raise ValueError("default_queues must be between 1 and max_queues_per_topic")
         if self.flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+        if min(self.tx_first_check_ms, self.tx_check_interval_ms, self.tx_max_checks) < 0:
+            raise ValueError("tx_first_check_ms, tx_check_interval_ms, tx_max_checks: >= 0")
 
     @property
     def disk_reserve(self) -> int:

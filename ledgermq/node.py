@@ -355,6 +355,7 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     _add_data_options(p)
     _add_raft_timing_options(p)
     _add_disk_options(p)
+    _add_transaction_options(p)
     add_option(
         p,
         "--peer-address-check",
@@ -515,6 +516,30 @@ def _add_disk_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+# BrokerSettings' transaction check schedule as options (docs/http.md, "Transactions"):
+# (field, option, help).
+TRANSACTION_OPTIONS = (
+    (
+        "tx_first_check_ms",
+        "--tx-first-check-ms",
+        "an unresolved transaction's first check, ms after it was stored",
+    ),
+    (
+        "tx_check_interval_ms",
+        "--tx-check-interval-ms",
+        "ms between the later checks of an unresolved transaction",
+    ),
+    ("tx_max_checks", "--tx-max-checks", "checks of an unresolved transaction before its rollback"),
+)
+
+
+def _add_transaction_options(p: argparse.ArgumentParser) -> None:
+    """When unresolved transactions are checked, and how often before a rollback."""
+    defaults = BrokerSettings()
+    for name, option, help_text in TRANSACTION_OPTIONS:
+        add_option(p, option, type=int, default=getattr(defaults, name), help=help_text)
+
+
 def _add_limit_options(p: argparse.ArgumentParser) -> None:
     """The request limits (``Limits``), one option each."""
     limits = Limits()
@@ -611,6 +636,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
             check_peer_address=args.peer_address_check,
         ),
         disk_reserve_bytes=None if args.disk_reserve_mb is None else args.disk_reserve_mb * MiB,
+        **{name: getattr(args, _dest(option)) for name, option, _ in TRANSACTION_OPTIONS},
     )
     http = HttpSettings(
         host=host,

@@ -196,7 +196,8 @@ class Transactions:
     async def end(self, tx_id: str, action: str) -> str:
         """Commit or roll back (``action``); the transaction's state after. A repeat
         answers the same; the other resolution of one resolved is
-        ``TransactionResolvedError``."""
+        ``TransactionResolvedError``; a resolution committed but not applied here within
+        ``append_timeout_ms`` is ``UnknownOutcomeError`` (a retry answers it)."""
         wanted = ACTIONS.get(action)
         if wanted is None:
             raise errors.InvalidArgumentError("action: commit or rollback")
@@ -210,6 +211,8 @@ class Transactions:
         if now == "pending":
             op = "tx.commit" if wanted == COMMITTED else "tx.rollback"
             index = await self.metalog.append({"op": op, "base": base})
+            if self.dispatch.dispatched_index < index:  # committed, not applied in time
+                raise errors.UnknownOutcomeError(f"transaction {tx_id}: not applied yet; retry")
             outcome = self.applier.outcome(index)
             now = outcome if isinstance(outcome, str) else self.state.state_of(base)
         if now != wanted:

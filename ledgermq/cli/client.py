@@ -745,8 +745,8 @@ def _produce(args: argparse.Namespace) -> int:
                 batches += 1
                 bar(len(results))
                 for r in results if each else ():
-                    if args.json:
-                        _json_line(asdict(r))
+                    if args.json:  # (a delay message's time and handle when it has them)
+                        _json_line({k: v for k, v in asdict(r).items() if v is not None})
                     elif r.recall_handle is not None:
                         print(f"delayed\t{r.deliver_at_ms}\t{r.msg_id}\t{r.recall_handle}")
                     else:

@@ -10,7 +10,7 @@ import argparse
 
 import pytest
 
-from broker.settings import Limits
+from broker.settings import BrokerSettings, Limits
 from ledgermq.node import (
     GC_THRESHOLDS,
     LIMIT_OPTIONS,
@@ -60,3 +60,26 @@ def test_every_limit_is_an_option_with_its_default(monkeypatch: pytest.MonkeyPat
     assert http.metrics_need_auth is False and http.auth_token_in_argv
     for name in LIMIT_OPTIONS:
         assert parser.get_default(name) == getattr(Limits(), name), name
+
+
+def test_the_transaction_check_schedule_is_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("FIRST_CHECK_MS", "CHECK_INTERVAL_MS", "MAX_CHECKS"):
+        monkeypatch.delenv(f"LEDGERMQ_TX_{name}", raising=False)
+    parser = argparse.ArgumentParser()
+    add_broker_options(parser)
+    settings, _ = settings_from_args(parser.parse_args([]))
+    default = BrokerSettings()
+    assert (settings.tx_first_check_ms, settings.tx_check_interval_ms, settings.tx_max_checks) == (
+        default.tx_first_check_ms,
+        default.tx_check_interval_ms,
+        default.tx_max_checks,
+    )
+    args = ["--tx-first-check-ms", "300", "--tx-check-interval-ms", "400", "--tx-max-checks", "5"]
+    settings, _ = settings_from_args(parser.parse_args(args))
+    assert (settings.tx_first_check_ms, settings.tx_check_interval_ms, settings.tx_max_checks) == (
+        300,
+        400,
+        5,
+    )
+    with pytest.raises(ValueError, match="tx_max_checks"):
+        settings_from_args(parser.parse_args(["--tx-max-checks", "-1"]))

@@ -5,6 +5,7 @@ nothing."""
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,11 @@ async def test_a_committed_transaction_is_delivered_once_a_rolled_back_one_never
         2,
     )
     assert node.broker.meta.transactions.live == {}
+    text = (await node.http.get("/metrics")).text
+    assert "ledgermq_transactions_pending 0.0" in text
+    assert 'ledgermq_transactions_total{event="begun"} 2.0' in text
+    assert 'ledgermq_transactions_total{event="copied"} 2.0' in text
+    assert 'ledgermq_transactions_total{event="rolled_back"} 1.0' in text
 
 
 async def test_bad_transaction_input_changes_nothing(node: Node) -> None:
@@ -208,3 +214,33 @@ async def test_metrics_show_pending_transactions_and_delay_messages(node: Node) 
     assert 'ledgermq_transactions_total{event="begun"} 1.0' in text
     assert "ledgermq_delay_pending 1.0" in text
     assert 'ledgermq_delay_messages_total{event="scheduled"} 1.0' in text
+
+
+async def test_a_resolution_not_applied_in_time_is_an_unknown_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit whose entry is committed but not applied within ``append_timeout_ms``
+    (here dispatch stalls on a disk error right after it) answers 503 UNKNOWN_OUTCOME,
+    which a client retries, and not 409 TRANSACTION_RESOLVED ``state: pending``, which
+    it takes for a refusal; once dispatch goes on, the retry answers the commit."""
+    async with running_node(node_settings(tmp_path / "n0", append_timeout_ms=300)) as node:
+        await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+        tx = (await _begin(node, "t", ["a"]))["transaction_id"]
+        dispatcher, server = node.broker.dispatcher, node.broker.server
+        assert dispatcher is not None
+
+        def stalled(_most: int) -> int:  # from the next committed entry on: the commit's
+            if server.committed_index > dispatcher.dispatched_index:
+                raise OSError(errno.EIO, "injected: the disk fails")
+            return 0
+
+        monkeypatch.setattr(dispatcher, "dispatch_some", stalled)
+        try:
+            status, body = await _end(node, tx, "commit")
+        finally:
+            monkeypatch.undo()
+        assert (status, body["error"]["code"]) == (503, "UNKNOWN_OUTCOME"), body
+        txs = node.broker.meta.transactions
+        await until(lambda: txs.state_of(int(tx.removeprefix("tx1:"))) == "committed")
+        assert await _end(node, tx, "commit") == (200, {"transaction_id": tx, "state": "committed"})
+        assert await _bodies(node, "t") == ["a"]

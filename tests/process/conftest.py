@@ -2,7 +2,8 @@
 
 - ``cluster3``: three ``python -m ledgermq`` processes, shared by a module's tests that
   do not kill nodes;
-- ``fresh_cluster3``: one per test, for those that do.
+- ``fresh_cluster3``: one per test, for those that do (``start_cluster``: the same with a
+  test's own node options).
 
 A single ``ledgermq broker`` process with a test's own options is ``node_process``
 (``tests/process/nodeproc.py``).
@@ -11,7 +12,7 @@ A single ``ledgermq broker`` process with a test's own options is ``node_process
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,9 @@ from ledgermq.local_cluster import LocalBrokerCluster
 from tests.api.conftest import CLUSTER_ARGS
 
 
-def _start_cluster(data_dir: Path) -> LocalBrokerCluster:
-    c = LocalBrokerCluster(3, data_dir, extra_args=CLUSTER_ARGS)
+def start_cluster(data_dir: Path, extra_args: Sequence[str] = CLUSTER_ARGS) -> LocalBrokerCluster:
+    """Three node processes with ``extra_args``, started and waited for (a master)."""
+    c = LocalBrokerCluster(3, data_dir, extra_args=extra_args)
     c.start_all()
     try:
         c.wait_ready(timeout_s=90)
@@ -34,7 +36,7 @@ def _start_cluster(data_dir: Path) -> LocalBrokerCluster:
 @pytest.fixture(scope="module")
 def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
     data_dir = tmp_path_factory.mktemp("cluster3")
-    c = _start_cluster(data_dir)
+    c = start_cluster(data_dir)
     try:
         yield c
     finally:
@@ -44,7 +46,7 @@ def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCl
 
 @pytest.fixture
 def fresh_cluster3(tmp_path: Path) -> Iterator[LocalBrokerCluster]:
-    c = _start_cluster(tmp_path / "cluster")
+    c = start_cluster(tmp_path / "cluster")
     try:
         yield c
     finally:
