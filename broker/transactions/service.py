@@ -273,7 +273,8 @@ class Transactions:
             arrived = self._arrived.setdefault(group, asyncio.Event())
             arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), wait_ms / 1000)
+                async with asyncio.timeout(wait_ms / 1000):  # (wait_for can swallow a cancel)
+                    await arrived.wait()
         out: list[Check] = []
         while queued and len(out) < most:
             t = self.state.live.get(queued.popleft())
@@ -298,7 +299,8 @@ class Transactions:
                     log.info("transactions: %s", e)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), TICK_S)
+                async with asyncio.timeout(TICK_S):  # (wait_for can swallow a cancel)
+                    await self._wake.wait()
 
     async def step(self, now: int) -> None:
         for t in list(self.state.uncopied()):
