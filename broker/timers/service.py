@@ -190,9 +190,22 @@ class Timers:
         ]
         results = await self.producer.produce_to(timer_topic, records, producer_id, sequence)
         return [
-            Scheduled(r.msg_id, r.commitlog_offset, at, recall_handle(r.queue_offset))
+            Scheduled(
+                r.msg_id,
+                r.commitlog_offset,
+                self._stored_time(r.queue_offset, at),
+                recall_handle(r.queue_offset),
+            )
             for r, (_, at) in zip(results, messages, strict=True)
         ]
+
+    def _stored_time(self, timer: int, asked: int) -> int:
+        """The time a timer was stored with: its unit's tag code. A retried request that
+        its session answers (its first attempt stored it) asked a later time for a
+        ``delay_ms`` or a time past; the answer says the one that holds. ``asked`` when
+        the unit is gone (retention, long after the timer was done)."""
+        unit = self._unit(timer)
+        return asked if unit is None else unit[2]
 
     async def _timer_topic(self) -> TopicMeta:
         t = self.meta.topics.get(TIMER_TOPIC)

@@ -103,6 +103,38 @@ async def test_a_time_in_the_past_is_now_and_pinned_queues_hold(node: Node) -> N
     assert m["body"] == "now"
 
 
+async def test_a_retried_delay_produce_answers_the_time_its_first_attempt_stored(
+    node: Node,
+) -> None:
+    """A retry under the producer session is answered from its first attempt (nothing
+    stored twice), and so is the time: it said the retry's ``now + delay_ms`` (or its
+    now, for a time past), later than the one stored, and the message came before the
+    time its producer was told (found by the chaos checker's rule, tests/chaos)."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    body = {
+        "messages": [{"body": "rel", "delay_ms": 500}, {"body": "past", "deliver_at_ms": 1}],
+        "producer_id": "p",
+        "sequence": 0,
+    }
+    first = await _send_body(node, "t", body)
+    sent = _now_ms()
+    await until(lambda: _now_ms() >= sent + 50, what="the clock moves on")  # (a retry later)
+    again = await _send_body(node, "t", body)
+    assert again == first, "the retry says what the first attempt stored"
+    await until(lambda: node.broker.meta.timers.pending == 0, timeout_s=10, what="delivered")
+    got = {m["body"]: m for m in await _pull(node, "t")}
+    for r, name in zip(first, ("rel", "past"), strict=True):
+        assert got[name]["properties"]["TIMER_DELIVER_MS"] == str(r["deliver_at_ms"])
+        assert got[name]["store_timestamp"] >= r["deliver_at_ms"]
+
+
+async def _send_body(node: Node, topic: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    r = await node.http.post(f"/v1/topics/{topic}/messages", json=body)
+    assert r.status_code == 200, r.text
+    results: list[dict[str, Any]] = orjson.loads(r.content)["results"]
+    return results
+
+
 async def test_bad_delay_input_changes_nothing(node: Node) -> None:
     await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
     before = node.log_state()
