@@ -317,7 +317,8 @@ class Timers:
                 wait = min(wait, max(0.0, (self._heap[0][0] - now) / 1000))
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                async with asyncio.timeout(wait):  # not wait_for: it can swallow a cancel
+                    await self._wake.wait()
 
     def _due(self, now: int) -> list[tuple[int, int, int]]:
         """The heap's timers due at ``now`` and still pending, in time order, at most a

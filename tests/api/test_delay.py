@@ -4,6 +4,7 @@ offset assigned then, cancelled by their recall handle, refused when malformed."
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,19 @@ async def _send_body(node: Node, topic: str, body: dict[str, Any]) -> list[dict[
     assert r.status_code == 200, r.text
     results: list[dict[str, Any]] = orjson.loads(r.content)["results"]
     return results
+
+
+async def test_a_node_stops_at_once_after_a_recall(tmp_path: Path) -> None:
+    """A recall wakes the release loop; it waited with ``asyncio.wait_for``, which on
+    Python 3.11 swallows a cancel that comes as the wait ends, so a stop right after a
+    recall hung for ever (the loop's task cancelled and looping on). ``asyncio.timeout``
+    now, as every bounded wait of the broker."""
+    async with asyncio.timeout(30):  # (a hang fails here, not at the suite's timeout)
+        async with running_node(node_settings(tmp_path / "n0")) as node:
+            await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+            [r] = await _send(node, "t", [{"body": "x", "delay_ms": 60_000}])
+            answer = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+            assert answer.status_code == 200, answer.text
 
 
 async def test_bad_delay_input_changes_nothing(node: Node) -> None:
