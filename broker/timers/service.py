@@ -19,7 +19,8 @@ a refill anyway).
 
 Invariants:
 - a timer's copy is appended at or after its time (by the master's clock) and only
-  while it is pending and this node is MASTER;
+  while it is pending and this node is MASTER; never after a cancel of it in the log (a
+  release and a cancel take turns, each until what it appended is applied);
 - the heap holds each pending timer due before ``window_end`` at least once (a timer
   scheduled during a refill is pushed when applied; one already there is skipped);
 - the first pending timer's record is never deleted by retention, and no snapshot a
@@ -121,6 +122,10 @@ class Timers:
         self._in_heap: set[int] = set()
         self._window_end = 0
         self._wake = asyncio.Event()
+        # A release and a cancel take turns (each checks that a timer is pending, appends
+        # what ends it and waits until that is applied), so that no copy is appended
+        # after a cancel of its timer: the copy would still reach its topic.
+        self._turns = asyncio.Lock()
         self.released = 0  # copies this node appended (a counter for tests and metrics)
         applier.on_scheduled = self._scheduled
 
@@ -235,11 +240,16 @@ class Timers:
         await self.gate.require_master_soon()
         if timer >= self.state.end:
             raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
-        if not self.state.is_done(timer):
-            index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
-            if self.applier.outcome(index):
-                self._wake.set()
-                return
+        async with self._turns:
+            if not self.state.is_done(timer):
+                index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
+                if self.applier.outcome(index):
+                    self._wake.set()
+                    return
+        if not self.state.is_done(timer):  # the cancel not applied yet: it may still be
+            raise errors.UnknownOutcomeError(
+                f"the cancel of {handle} is not applied yet; retry to learn its outcome"
+            )
         if self.state.was_cancelled(timer):
             return
         raise errors.AlreadyDeliveredError(f"delay message {handle} was delivered already")
@@ -334,7 +344,11 @@ class Timers:
 
     async def release(self, due: Sequence[tuple[int, int, int]]) -> None:
         """Append the copies of ``due`` into their topics, once this node's log is applied
-        and each is still pending."""
+        and each is still pending (in turn with the cancels: ``_turns``)."""
+        async with self._turns:
+            await self._release(due)
+
+    async def _release(self, due: Sequence[tuple[int, int, int]]) -> None:
         end = self.gate.server.ledger_end_index
         if not await self.dispatch.wait_dispatched(end, self.settings.append_timeout_ms / 1000):
             raise errors.UnknownOutcomeError("the log is not applied here yet")

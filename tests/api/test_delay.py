@@ -136,6 +136,63 @@ async def _send_body(node: Node, topic: str, body: dict[str, Any]) -> list[dict[
     return results
 
 
+async def test_a_recall_racing_the_delivery_cancels_it_or_is_refused_never_both(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release checked that the timer was pending, then appended its copy; a cancel
+    that came in between was appended first and answered 200, and the copy still went
+    into the topic (found by the chaos checker, tests/chaos). Releases and cancels now
+    take turns: here the release was first, so the recall is refused."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    [r] = await _send(node, "t", [{"body": "raced", "delay_ms": 100}])
+    entered, go = asyncio.Event(), asyncio.Event()
+    produce_to = b.timers.producer.produce_to
+
+    async def held(topic: Any, messages: Any, producer_id: Any, sequence: Any) -> Any:
+        if topic.name == "t":  # the copy, held between the release's check and its append
+            entered.set()
+            await go.wait()
+        return await produce_to(topic, messages, producer_id, sequence)
+
+    monkeypatch.setattr(b.timers.producer, "produce_to", held)
+    await until(entered.is_set, timeout_s=10, what="the release under way")
+    recall = asyncio.create_task(node.http.delete(f"/v1/delayed/{r['recall_handle']}"))
+    # The recall's chance to overtake the copy (it took a few milliseconds before).
+    await asyncio.wait({recall}, timeout=0.3)
+    go.set()
+    answer = await recall
+    await until(lambda: b.timers.released == 1, timeout_s=10, what="the copy appended")
+    assert b.meta.timers.pending == 0
+    assert [m["body"] for m in await _pull(node, "t")] == ["raced"]
+    assert answer.status_code == 409, answer.text
+    assert orjson.loads(answer.content)["error"]["code"] == "ALREADY_DELIVERED"
+    assert b.meta.timers.stats["cancelled"] == 0
+
+
+async def test_a_cancel_not_applied_yet_is_an_unknown_outcome(node: Node) -> None:
+    """A cancel whose operation is not applied when its append returns (the wait for it
+    timed out) may still cancel the message: it answered ALREADY_DELIVERED, and the
+    message was then never delivered. Now 503 UNKNOWN_OUTCOME (a retry says which)."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    [r] = await _send(node, "t", [{"body": "slow", "delay_ms": 60_000}])
+
+    async def timed_out(op: Any) -> int:
+        return -1  # (an index whose outcome is not known here)
+
+    metalog = b.timers.metalog
+    metalog.append = timed_out  # type: ignore[method-assign]
+    try:
+        answer = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+    finally:
+        del metalog.append
+    assert answer.status_code == 503, answer.text
+    assert orjson.loads(answer.content)["error"]["code"] == "UNKNOWN_OUTCOME"
+    again = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+    assert again.status_code == 200, again.text
+
+
 async def test_a_node_stops_at_once_after_a_recall(tmp_path: Path) -> None:
     """A recall wakes the release loop; it waited with ``asyncio.wait_for``, which on
     Python 3.11 swallows a cancel that comes as the wait ends, so a stop right after a
