@@ -58,7 +58,9 @@ def _until_answered(c: LocalBrokerCluster, http: httpx.Client, method: str, path
     def attempt() -> httpx.Response | None:
         return _write(c, http, method, path, body)
 
-    return wait_until(attempt, timeout_s=15, what=f"{method} {path} answered", poll_s=0.05)
+    r = wait_until(attempt, timeout_s=15, what=f"{method} {path} answered", poll_s=0.05)
+    assert r is not None
+    return r
 
 
 def _recall(c: LocalBrokerCluster, http: httpx.Client, result: dict[str, Any]) -> str:
