@@ -19,7 +19,8 @@ a refill anyway).
 
 Invariants:
 - a timer's copy is appended at or after its time (by the master's clock) and only
-  while it is pending and this node is MASTER;
+  while it is pending and this node is MASTER; never after a cancel of it in the log (a
+  release and a cancel take turns, each until what it appended is applied);
 - the heap holds each pending timer due before ``window_end`` at least once (a timer
   scheduled during a refill is pushed when applied; one already there is skipped);
 - the first pending timer's record is never deleted by retention, and no snapshot a
@@ -123,6 +124,10 @@ class Timers:
         self._in_heap: set[int] = set()
         self._window_end = 0
         self._wake = asyncio.Event()
+        # A release and a cancel take turns (each checks that a timer is pending, appends
+        # what ends it and waits until that is applied), so that no copy is appended
+        # after a cancel of its timer: the copy would still reach its topic.
+        self._turns = asyncio.Lock()
         self.released = 0  # copies this node appended (a counter for tests and metrics)
         applier.on_scheduled = self._scheduled
 
@@ -192,9 +197,22 @@ class Timers:
         ]
         results = await self.producer.produce_to(timer_topic, records, producer_id, sequence)
         return [
-            Scheduled(r.msg_id, r.commitlog_offset, at, recall_handle(r.queue_offset))
+            Scheduled(
+                r.msg_id,
+                r.commitlog_offset,
+                self._stored_time(r.queue_offset, at),
+                recall_handle(r.queue_offset),
+            )
             for r, (_, at) in zip(results, messages, strict=True)
         ]
+
+    def _stored_time(self, timer: int, asked: int) -> int:
+        """The time a timer was stored with: its unit's tag code. A retried request that
+        its session answers (its first attempt stored it) asked a later time for a
+        ``delay_ms`` or a time past; the answer says the one that holds. ``asked`` when
+        the unit is gone (retention, long after the timer was done)."""
+        unit = self._unit(timer)
+        return asked if unit is None else unit[2]
 
     async def _timer_topic(self) -> TopicMeta:
         t = self.meta.topics.get(TIMER_TOPIC)
@@ -224,11 +242,16 @@ class Timers:
         await self.gate.require_master_soon()
         if timer >= self.state.end:
             raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
-        if not self.state.is_done(timer):
-            index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
-            if self.applier.outcome(index):
-                self._wake.set()
-                return
+        async with self._turns:
+            if not self.state.is_done(timer):
+                index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
+                if self.applier.outcome(index):
+                    self._wake.set()
+                    return
+        if not self.state.is_done(timer):  # the cancel not applied yet: it may still be
+            raise errors.UnknownOutcomeError(
+                f"the cancel of {handle} is not applied yet; retry to learn its outcome"
+            )
         if self.state.was_cancelled(timer):
             return
         raise errors.AlreadyDeliveredError(f"delay message {handle} was delivered already")
@@ -306,7 +329,8 @@ class Timers:
                 wait = min(wait, max(0.0, (self._heap[0][0] - now) / 1000))
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                async with asyncio.timeout(wait):  # not wait_for: it can swallow a cancel
+                    await self._wake.wait()
 
     def _due(self, now: int) -> list[tuple[int, int, int]]:
         """The heap's timers due at ``now`` and still pending, in time order, at most a
@@ -322,7 +346,11 @@ class Timers:
 
     async def release(self, due: Sequence[tuple[int, int, int]]) -> None:
         """Append the copies of ``due`` into their topics, once this node's log is applied
-        and each is still pending."""
+        and each is still pending (in turn with the cancels: ``_turns``)."""
+        async with self._turns:
+            await self._release(due)
+
+    async def _release(self, due: Sequence[tuple[int, int, int]]) -> None:
         end = self.gate.server.ledger_end_index
         if not await self.dispatch.wait_dispatched(end, self.settings.append_timeout_ms / 1000):
             raise errors.UnknownOutcomeError("the log is not applied here yet")

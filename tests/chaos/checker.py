@@ -22,7 +22,11 @@ What it finds (each a list in ``Verdict``; any entry makes the run invalid):
   ``pop_held_twice``, ``pop_attempts``, ``pop_fifo``, ``pop_invisible_until``, and at
   the end ``pop_not_done``, ``pop_dead_letters``, ``pop_lag``. What a POP consumer was
   handed out counts as a read of its place for ``unexpected`` and ``inconsistent``
-  (not for the offsets' contiguity: a receive draws from every queue).
+  (not for the offsets' contiguity: a receive draws from every queue);
+- the delay messages' rules (``tests/chaos/delay_checker.py``): ``delay_early``,
+  ``delay_lost``, ``delay_recall``. A delay message's value counts for ``unexpected``,
+  ``duplicated`` and ``inconsistent`` like any other once delivered (its send's answer
+  names no place: it has none before its time).
 
 What it measures: sends acknowledged, failed and indeterminate (``info``), and of the
 indeterminate values how many turned out to be in the log (exactly once, else they are
@@ -43,6 +47,7 @@ from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any
 
+from .delay_checker import check_delays, delay_summary
 from .history import Op, Read
 from .pop_checker import check_pop, pop_summary
 
@@ -97,6 +102,18 @@ class Verdict:
     pop_not_done: list[str] = field(default_factory=list)
     pop_dead_letters: list[str] = field(default_factory=list)
     pop_lag: list[str] = field(default_factory=list)
+    # Delay messages (tests/chaos/delay_checker.py)
+    delay_sent: int = 0
+    delay_acknowledged: int = 0
+    delay_failed: int = 0
+    delay_indeterminate: int = 0
+    delay_indeterminate_found: int = 0
+    delay_delivered: int = 0
+    delay_recalls: dict[str, int] = field(default_factory=dict)  # by outcome
+    delay_late_ms: list[int] = field(default_factory=list)  # store time - time, acknowledged
+    delay_early: list[str] = field(default_factory=list)
+    delay_lost: list[str] = field(default_factory=list)
+    delay_recall: list[str] = field(default_factory=list)
 
     ANOMALIES = (
         "lost",
@@ -114,6 +131,9 @@ class Verdict:
         "pop_not_done",
         "pop_dead_letters",
         "pop_lag",
+        "delay_early",
+        "delay_lost",
+        "delay_recall",
     )
 
     @property
@@ -139,6 +159,7 @@ def check(history: Sequence[Op]) -> Verdict:
     _pull_starts(history, v)
     _group_offsets(history, v)
     check_pop(history, positions, v)
+    check_delays(history, reads + received, positions, v)
     v.windows = _windows(history)
     return v
 
@@ -164,6 +185,8 @@ def _operation_counts(history: Iterable[Op]) -> dict[str, int]:
 def _sends(history: Iterable[Op], v: Verdict) -> _Sends:
     s = _Sends()
     for op in history:
+        if op.f == "delay" and op.type == "invoke":  # (the rest: delay_checker.py)
+            s.invoked.update(d.value for d in op.value)
         if op.f != "send":
             continue
         if op.type == "invoke":
@@ -358,5 +381,6 @@ def summary(v: Verdict) -> dict[str, Any]:
         f"{v.indeterminate_absent} absent",
         "read": v.reads,
         **pop_summary(v),
+        **delay_summary(v),
         **{a: len(getattr(v, a)) for a in Verdict.ANOMALIES},
     }

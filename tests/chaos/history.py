@@ -9,6 +9,13 @@ Operations (``f``) and their values:
 - ``poll`` (a group consumer), ``pull`` (a direct pull of one queue from one node),
   ``drain`` (the final read of every queue from one node): ok with the ``Read``s, in the
   order received; a pull's invoke holds ``(queue, offset)``.
+- ``delay`` (a producer's batch of delay messages): invoke with one ``Delay`` per value
+  (what was asked: ``deliver_at_ms`` or ``delay_ms``); ok with one ``Scheduled`` per
+  value (the time the broker answered and the recall handle); fail/info with the
+  ``Delay``s again. A delay message is read like any other once delivered.
+- ``recall`` (a producer): invoke with ``{"value": ..., "handle": ...}``; ok: cancelled
+  (200); fail: certainly not cancelled (``error``: ``ALREADY_DELIVERED`` or
+  ``RECALL_HANDLE_NOT_FOUND``); info: unknown.
 - ``commit`` (a group consumer's offsets): invoke and ok with ``{queue: offset}``.
 - ``offsets`` (a group's committed offsets as one node reports them): ok with
   ``{queue: committed}``; ``node`` names the node.
@@ -50,11 +57,30 @@ OpType = Literal["invoke", "ok", "fail", "info"]
 
 
 class Read(NamedTuple):
-    """One message as a client saw it: its unique value and its place."""
+    """One message as a client saw it: its unique value, its place and its store time
+    (ms, the master's wall clock; None in a history written before it was kept)."""
 
     value: str
     queue: int
     offset: int
+    store_ms: int | None = None
+
+
+class Delay(NamedTuple):
+    """A delay message asked for: delivered at ``deliver_at_ms``, or ``delay_ms`` after
+    the broker stores it (the other one None)."""
+
+    value: str
+    deliver_at_ms: int | None
+    delay_ms: int | None
+
+
+class Scheduled(NamedTuple):
+    """A delay message stored, as its send's answer said: its time and recall handle."""
+
+    value: str
+    deliver_at_ms: int
+    recall_handle: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +105,7 @@ class Popped(NamedTuple):
     attempt: int  # 1 on the first delivery
     invisible_until: int  # ms, the log's time (the master's wall clock)
     msg_id: str
+    store_ms: int | None = None  # the message's store time (None: an older history)
 
 
 class DeadLetter(NamedTuple):
@@ -135,7 +162,13 @@ class History:
 
 
 # The records kept in a history, by their tag in its JSON.
-RECORDS: dict[str, type[Read | Popped | DeadLetter]] = {"r": Read, "p": Popped, "dl": DeadLetter}
+RECORDS: dict[str, type[Read | Popped | DeadLetter | Delay | Scheduled]] = {
+    "r": Read,
+    "p": Popped,
+    "dl": DeadLetter,
+    "dy": Delay,
+    "sc": Scheduled,
+}
 
 
 def _encode(v: Any) -> Any:

@@ -109,7 +109,8 @@ def pop_plan(seed: int) -> PopPlan:
 
 def popped(m: PopMessage) -> Popped:
     return Popped(m.body.decode(), m.queue_id, m.queue_offset, m.receipt_handle,
-                  m.delivery_attempt, m.invisible_until, m.msg_id)  # fmt: skip
+                  m.delivery_attempt, m.invisible_until, m.msg_id,
+                  m.store_timestamp)  # fmt: skip
 
 
 def _why(e: LedgerMQError) -> str:

@@ -7,7 +7,9 @@
    (``tests/chaos/stall.py``: no produce acknowledged for ``STALL_S`` while the cluster
    should take writes) makes the run INVALID and ends the schedule.
 3. The workload stops, then everything is healed (every node running, every link up,
-   every ballast gone), the POP group is drained (``drain_pop``: received and acked
+   every ballast gone), the delay messages still due are awaited (``wait_for_delays``:
+   every one certain to be delivered is in the topic, every one sent is due, within
+   ``DELAYS_S``), the POP group is drained (``drain_pop``: received and acked
    until every node says its lag is 0, within ``POP_DRAIN_S``), and the cluster must
    converge within ``CONVERGE_S``: every node ready, one master, the same ledger end,
    committed and dispatched on every node.
@@ -73,7 +75,7 @@ from .pop_workload import (
     report_pop_lag,
 )
 from .stall import STALL_S, StallWatcher, describe, http_fetch, stalls
-from .workload import Workload, WorkloadSettings, reads, report_offsets
+from .workload import Workload, WorkloadSettings, reads, report_offsets, wait_for_delays
 
 # Each phase's bound, in seconds (a phase over its bound is left and the run INVALID).
 OPEN_S = 45.0  # namespaces, mounts, three processes started (never left half-way)
@@ -86,6 +88,7 @@ STEP_GRACE_S = 30.0  # a step still under way this long after that is abandoned
 WORKLOAD_STOP_S = WorkloadSettings().stop_s  # the clients' last operations
 LOAD_END_S = 10.0  # the watcher, the load's tasks, the loop's close
 HEAL_S = 30.0  # every fault undone, every node running
+DELAYS_S = 30.0  # the delay messages still due delivered (they are due within 3 s)
 POP_DRAIN_S = 60.0  # the POP group received and acked until its lag is 0 everywhere
 CONVERGE_S = 90.0
 LOOK_S = 15.0  # convergence's last look and the ledger spans (2 s per node each)
@@ -112,6 +115,7 @@ def phase_bounds_s(duration_s: float) -> dict[str, float]:
         "wait for a master": START_S + TOPIC_S + POP_GROUP_S,
         "load": load_s(duration_s),
         "heal": HEAL_S,
+        "delay messages due": DELAYS_S + LOAD_END_S,
         "POP drain": POP_DRAIN_S + LOAD_END_S,
         "convergence": CONVERGE_S + LOOK_S,
         "drain": DRAIN_S + TOPIC_S,
@@ -223,6 +227,8 @@ class _Run:
         self.say(f"cluster up in namespaces {c.lab.name}-*; master {first}")
         sup.run("load", lambda: asyncio.run(self._load()), bound["load"])
         sup.run("heal", self.nemesis.heal_all, bound["heal"])
+        delays = lambda: asyncio.run(self._wait_for_delays())  # noqa: E731
+        sup.run("delay messages due", delays, bound["delay messages due"])
         sup.run("POP drain", lambda: asyncio.run(self._drain_pop()), bound["POP drain"])
         master = sup.run("convergence", self._converge, bound["convergence"])
         if master is None:
@@ -326,6 +332,20 @@ class _Run:
         return [describe(s, snapshots, self.load_start_s, self.wall_start) for s in found]
 
     # ---- the end ---------------------------------------------------------------------------
+
+    async def _wait_for_delays(self) -> None:
+        t0 = time.monotonic()
+        ops = list(self.history.ops)
+        try:
+            async with asyncio.timeout(DELAYS_S):
+                awaited, seen = await wait_for_delays(self.cluster.urls, self.settings, ops,
+                                                      DELAYS_S)  # fmt: skip
+        except TimeoutError:
+            awaited, seen = -1, -1
+        self.say(
+            f"delay messages: {seen} of the {awaited} certain to be delivered seen, in "
+            f"{time.monotonic() - t0:.1f} s"
+        )
 
     async def _drain_pop(self) -> None:
         s, t0 = self.settings, time.monotonic()

@@ -6,7 +6,8 @@ and the same on every node, group offsets never backwards, replicas byte-identic
 the POP group's consumers (FIFO or not, as the seed says) by POP's rules: nothing acked
 handed out again, nothing held by two consumers inside its invisible time, attempts up,
 FIFO order held, and once drained every message acked or dead-lettered exactly once,
-lag 0.
+lag 0; and the delay messages: none read before its time, each acknowledged one
+delivered once unless a recall may have cancelled it, none whose recall answered OK.
 
 The seed is random unless ``LEDGERMQ_CHAOS_SEED`` is set; a failure names it and the
 command that replays it (``python -m tests.chaos --seed S --duration D``), and keeps the
@@ -73,6 +74,8 @@ def test_chaos_loses_nothing_and_replicas_converge(tmp_path: Path) -> None:
     assert v.acknowledged > 0 and v.reads > 0
     # The POP consumers worked, and messages came back (expired or nacked) under faults.
     assert v.pop_acked > 0 and v.pop_redelivered > 0, text
+    # Delay messages were delivered, and recalls cancelled some.
+    assert v.delay_delivered > 0 and v.delay_recalls.get("ok", 0) > 0, text
 
 
 def _ours(lab_prefix: str) -> list[str]:

@@ -1,5 +1,6 @@
 """The chaos checker on hand-made histories: a clean one passes, and each anomaly it
-must catch is caught (and only it); the POP group's rules likewise."""
+must catch is caught (and only it); the POP group's rules and the delay messages' rules
+likewise."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from .checker import Verdict, check, summary
-from .history import DeadLetter, History, Op, Popped, Read, dump, load
+from .history import DeadLetter, Delay, History, Op, Popped, Read, Scheduled, dump, load
 
 WALL0 = 1_700_000_000.0  # the fake wall clock at the fake monotonic clock's 0
 
@@ -40,13 +41,36 @@ class Script:
         else:
             done(outcome)
 
-    def read(self, f: str, reads: list[tuple[str, int, int]], process: str = "consumer-0",
+    def read(self, f: str, reads: list[tuple[Any, ...]], process: str = "consumer-0",
              node: str | None = "n0", asked: tuple[int, int] | None = None) -> None:  # fmt: skip
+        """``reads``: (value, queue, offset) or (value, queue, offset, store ms)."""
         done = self.h.invoke(process, f, asked)
         done("ok", tuple(Read(*r) for r in reads), node)
 
     def ops(self) -> list[Op]:
         return list(self.h)
+
+    # ---- delay messages ---------------------------------------------------------------
+
+    def delay(self, asks: list[tuple[str, int | None, int | None]], outcome: str = "ok",
+              answered: list[int] | None = None) -> list[str]:  # fmt: skip
+        """A delay batch: (value, deliver_at_ms, delay_ms) each; ok: answered with the
+        times in ``answered`` (by default the ones asked, or now + the delay); the
+        recall handles."""
+        done = self.h.invoke("producer-0", "delay", tuple(Delay(*a) for a in asks))
+        now = self.now_ms()
+        times = answered or [at if at is not None else now + (d or 0) for _, at, d in asks]
+        handles = [f"t1:{a[0]}" for a in asks]
+        if outcome == "ok":
+            sched = (Scheduled(a[0], t, h) for a, t, h in zip(asks, times, handles, strict=True))
+            done("ok", tuple(sched))
+        else:
+            done(outcome, error="UNKNOWN_OUTCOME: no answer")
+        return handles
+
+    def recall(self, value: str, outcome: str = "ok", code: str | None = None) -> None:
+        done = self.h.invoke("producer-0", "recall", {"value": value, "handle": f"t1:{value}"})
+        done(outcome, error=None if code is None else f"{code}: said the broker")
 
     # ---- the POP group ----------------------------------------------------------------
 
@@ -464,3 +488,146 @@ def test_a_history_written_before_the_wall_clock_loads(tmp_path: Path) -> None:
     row = ["producer-0", "invoke", "send", ["a"], 0.1, None, None]  # 7 fields: no wall_s
     (tmp_path / "h.jsonl").write_text(json.dumps(row) + "\n")
     assert load(tmp_path / "h.jsonl") == [Op("producer-0", "invoke", "send", ("a",), 0.1)]
+
+
+# ---- delay messages -----------------------------------------------------------------------
+
+
+def _delay_clean() -> Script:
+    """Every fate a delay message has in a run, by the rules."""
+    s = Script()
+    t = s.now_ms()
+    s.send(["a"], at=[(0, 0)])
+    # x due at t + 500 (asked so), y 300 ms after its send (t + 600), z recalled in time
+    s.delay([("x", t + 500, None), ("y", None, 300), ("z", t + 2000, None)])
+    s.recall("z")
+    s.wait(0.5)
+    # y delivered, then a recall of it answered ALREADY_DELIVERED (after its time)
+    s.read("poll", [("y", 0, 1, t + 600)])
+    s.recall("y", "fail", "ALREADY_DELIVERED")
+    s.read("pull", [("a", 0, 0), ("y", 0, 1, t + 600), ("x", 0, 2, t + 501)], "puller-0",
+           asked=(0, 0))  # fmt: skip
+    # w: no answer, found once; v: no answer, never stored; u: a recall of unknown outcome
+    s.delay([("w", None, 0)], outcome="info")
+    s.delay([("v", t + 900, None)], outcome="info")
+    s.delay([("u", t + 1000, None)])
+    s.recall("u", "info", "UNKNOWN_OUTCOME")
+    s.wait(1.0)
+    drained = [("a", 0, 0), ("y", 0, 1, t + 600), ("x", 0, 2, t + 501), ("w", 0, 3, s.now_ms())]
+    for n in ("n0", "n1", "n2"):
+        s.read("drain", drained, "drain", n)
+    return s
+
+
+def test_a_clean_delay_history_is_valid() -> None:
+    v = check(_delay_clean().ops())
+    assert v.valid, v.anomalies()
+    assert (v.delay_sent, v.delay_acknowledged, v.delay_indeterminate) == (6, 4, 2)
+    assert (v.delay_indeterminate_found, v.delay_delivered) == (1, 3)
+    assert v.delay_recalls == {"ok": 1, "fail": 1, "info": 1}
+    assert sorted(v.delay_late_ms) == [0, 1]  # x 1 ms late, y on time
+    assert "delay messages" in summary(v)
+
+
+def test_a_delay_history_survives_dump_and_load(tmp_path: Path) -> None:
+    ops = _delay_clean().ops()
+    dump(ops, tmp_path / "h.jsonl")
+    assert load(tmp_path / "h.jsonl") == ops
+
+
+def test_a_delay_message_stored_before_its_time_is_caught() -> None:
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", t + 500, None)])
+    s.wait(1.0)
+    s.read("drain", [("x", 0, 0, t + 499)], "drain")
+    assert _only(check(s.ops()), "delay_early") == [
+        f"x (due {t + 500}) read by drain drain: stored at {t + 499}, 1 ms early"
+    ]
+
+
+def test_a_time_answered_later_than_the_stored_one_makes_the_delivery_early() -> None:
+    """The bug the rule found: a retried send answered by its session said the retry's
+    now + delay_ms; the message came at the first attempt's."""
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", None, 1000)], answered=[t + 1400])  # stored at about t + 1000
+    s.wait(1.5)
+    s.read("drain", [("x", 0, 0, t + 1001)], "drain")
+    assert "399 ms early" in _only(check(s.ops()), "delay_early")[0]
+
+
+def test_a_delay_message_read_before_its_time_is_caught_whatever_its_store_time() -> None:
+    """A read that ended before the time saw it early (an older history: no store time;
+    a send of unknown outcome: its time is its invoke plus its delay)."""
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", None, 5000)], outcome="info")
+    s.read("pull", [("x", 0, 0)], "puller-0", asked=(0, 0))
+    s.wait(5.0)
+    s.read("drain", [("x", 0, 0)], "drain")
+    [found] = _only(check(s.ops()), "delay_early")
+    assert found.startswith(f"x (due {t + 100 + 5000}) read by puller-0 pull: the read ended")
+
+
+def test_a_pop_receive_before_the_time_is_caught() -> None:
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", t + 5000, None)])
+    s.receive("pop-0", [("x", 0, 0, 3, 1)])
+    s.wait(5.0)
+    s.read("drain", [("x", 0, 0, t + 5000)], "drain")
+    assert "pop-0 receive: the read ended" in _only(check(s.ops()), "delay_early")[0]
+
+
+def test_already_delivered_before_the_time_is_caught() -> None:
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", t + 5000, None)])
+    s.recall("x", "fail", "ALREADY_DELIVERED")
+    s.wait(5.0)
+    s.read("drain", [("x", 0, 0, t + 5000)], "drain")
+    assert "answered ALREADY_DELIVERED" in _only(check(s.ops()), "delay_early")[0]
+
+
+def test_a_lost_delay_message_is_caught_unless_a_recall_may_have_cancelled_it() -> None:
+    s = Script()
+    t = s.now_ms()
+    s.delay([(x, t + 100, None) for x in ("lost", "refused", "maybe", "cancelled")])
+    s.recall("refused", "fail", "ALREADY_DELIVERED")
+    s.recall("maybe", "info", "UNKNOWN_OUTCOME")
+    s.recall("cancelled")
+    s.delay([("unknown", t + 100, None)], outcome="info")
+    s.wait(1.0)
+    s.read("drain", [], "drain")
+    lost = _only(check(s.ops()), "delay_lost")
+    assert [x.split(" ")[0] for x in lost] == ["lost", "refused"]
+
+
+def test_a_recalled_delay_message_delivered_is_caught() -> None:
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", t + 1000, None)])
+    s.recall("x")
+    s.wait(1.0)
+    s.read("drain", [("x", 0, 0, t + 1000)], "drain")
+    assert _only(check(s.ops()), "delay_recall") == ["x: read although a recall of it answered OK"]
+
+
+def test_a_recall_handle_not_found_for_an_acknowledged_message_is_caught() -> None:
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", t + 100, None)])
+    s.recall("x", "fail", "RECALL_HANDLE_NOT_FOUND")
+    s.wait(1.0)
+    s.read("drain", [("x", 0, 0, t + 100)], "drain")
+    assert _only(check(s.ops()), "delay_recall") == ["x: its recall handle t1:x not found"]
+
+
+def test_a_delay_message_of_unknown_outcome_delivered_twice_is_caught() -> None:
+    s = Script()
+    t = s.now_ms()
+    s.delay([("x", t + 100, None)], outcome="info")
+    s.wait(1.0)
+    s.read("drain", [("x", 0, 0, t + 100), ("x", 0, 1, t + 101)], "drain")
+    assert _only(check(s.ops()), "duplicated") == ["x at [(0, 0), (0, 1)]"]

@@ -5,13 +5,18 @@
   ``batch_max`` unique values (``p<i>-<n>``) one batch at a time. Ok: the results; an
   error the broker gives before writing anything (bad input) is ``fail``; every other
   error — the client retried under its session until its deadline — is ``info``: the
-  batch may be in the log (the checker resolves it).
+  batch may be in the log (the checker resolves it). A share of the batches
+  (``delay.share``) are delay messages, each due 0 to ``delay.max_ms`` later (the batch
+  asks ``delay_ms`` or ``deliver_at_ms``, drawn); after a share of those
+  (``delay.recall_share``) the producer recalls one of its messages at a time drawn
+  around its due time, so that some recalls come before it and some race it.
 - One group consumer (``auto_commit=False``) polls, then commits what it polled: so the
   group pull and the queue-by-queue sweep both run.
 - One puller pulls a queue directly from one node at a time (the node drawn at random),
   from its own position per queue: reads from followers, stale or not.
 - One reporter asks every node for the group's committed offsets every
   ``offsets_every_s``.
+- Once the faults stop, ``wait_for_delays`` waits for the delay messages still due.
 - ``pop.consumers`` consumers of a POP group on the same topic receive, ack, nack, let
   messages expire and give them new invisible times (``tests/chaos/pop_workload.py``).
 
@@ -25,7 +30,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ledgermq.client import (
@@ -34,15 +40,37 @@ from ledgermq.client import (
     AsyncProducer,
     ClientSettings,
     LedgerMQError,
+    Message,
     ReceivedMessage,
 )
 from ledgermq.demo.load import LoadSettings, task_failure
 
-from .history import History, Read
+from .delay_checker import read_delays, to_deliver
+from .history import Delay, History, Op, Read, Scheduled
 from .pop_workload import PopPlan, pop_consumer
 
 # Refused before anything is written: the send certainly did not happen.
 DEFINITE = {"INVALID_ARGUMENT", "PAYLOAD_TOO_LARGE", "TOPIC_NOT_FOUND", "UNAUTHENTICATED"}
+# A recall answered so certainly cancelled nothing.
+NOT_CANCELLED = {"ALREADY_DELIVERED", "RECALL_HANDLE_NOT_FOUND"}
+
+
+@dataclass(frozen=True, slots=True)
+class DelayPlan:
+    """The producers' delay messages."""
+
+    share: float = 0.25  # of the batches
+    max_ms: int = 3_000  # each message due 0 to this much later
+    recall_share: float = 0.4  # of the delay batches: one message of it recalled
+
+
+@dataclass(slots=True)
+class Recall:
+    """A recall a producer will send (at ``at``, monotonic)."""
+
+    value: str
+    handle: str
+    at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +86,7 @@ class WorkloadSettings:
     pull_pause_s: float = 0.1
     offsets_every_s: float = 0.5
     pop: PopPlan = field(default_factory=PopPlan)  # the POP group (``pop_plan(seed)``)
+    delay: DelayPlan = field(default_factory=DelayPlan)
     # The demo's client (a failover takes a second or two; backoff capped at 0.5 s), an
     # operation given up after 20 s (then it is recorded as info).
     client: ClientSettings = field(
@@ -81,7 +110,9 @@ def why(e: LedgerMQError) -> str:
 
 
 def reads(messages: list[ReceivedMessage]) -> tuple[Read, ...]:
-    return tuple(Read(m.body.decode(), m.queue_id, m.queue_offset) for m in messages)
+    return tuple(
+        Read(m.body.decode(), m.queue_id, m.queue_offset, m.store_timestamp) for m in messages
+    )
 
 
 class Workload:
@@ -138,12 +169,20 @@ class Workload:
     async def _produce(self, i: int) -> None:
         process = f"producer-{i}"
         brokers = list(self.urls.values())
+        recalls: list[Recall] = []
         async with AsyncProducer(brokers, producer_id=f"chaos-{i}", settings=self.s.client) as p:
             for n in range(10**9):  # bounded by the run: stopping ends it
                 if self.stopping.is_set():
                     return
+                for r in [r for r in recalls if r.at <= time.monotonic()]:
+                    recalls.remove(r)
+                    await self._recall(p, process, r)
                 size = self.rng.randint(1, self.s.batch_max)
                 values = tuple(f"p{i}-{n}-{k}" for k in range(size))
+                if self.rng.random() < self.s.delay.share:
+                    recalls += await self._send_delayed(p, process, values)
+                    await self._pause(self.s.send_pause_s)
+                    continue
                 done = self.h.invoke(process, "send", values)
                 try:
                     results = await p.send(self.s.topic, list(values))
@@ -156,6 +195,46 @@ class Workload:
                     )
                     done("ok", tuple(rs))
                 await self._pause(self.s.send_pause_s)
+
+    async def _send_delayed(self, p: AsyncProducer, process: str,
+                            values: tuple[str, ...]) -> list[Recall]:  # fmt: skip
+        """A batch of delay messages; the recall of one of them to send later, if drawn."""
+        plan, rng = self.s.delay, self.rng
+        delays = [rng.randint(0, plan.max_ms) for _ in values]
+        if rng.random() < 0.5:  # each way of asking, half the batches
+            now_ms = int(time.time() * 1000)
+            asked = tuple(Delay(x, now_ms + d, None) for x, d in zip(values, delays, strict=True))
+        else:
+            asked = tuple(Delay(x, None, d) for x, d in zip(values, delays, strict=True))
+        messages = [Message(a.value, deliver_at_ms=a.deliver_at_ms, delay_ms=a.delay_ms)
+                    for a in asked]  # fmt: skip
+        done = self.h.invoke(process, "delay", asked)
+        try:
+            results = await p.send(self.s.topic, messages)
+        except LedgerMQError as e:
+            done("fail" if e.code in DEFINITE else "info", error=why(e))
+            return []
+        scheduled = tuple(
+            Scheduled(x, r.deliver_at_ms or 0, r.recall_handle or "")
+            for x, r in zip(values, results, strict=True)
+        )
+        done("ok", scheduled)
+        if rng.random() >= plan.recall_share:
+            return []
+        k = rng.randrange(len(values))
+        # Around its due time: before it (cancelled) or after (already delivered), or racing.
+        in_s = max(0, scheduled[k].deliver_at_ms - int(time.time() * 1000)) / 1000
+        at = time.monotonic() + rng.uniform(0.0, in_s + 0.3)
+        return [Recall(values[k], scheduled[k].recall_handle, at)]
+
+    async def _recall(self, p: AsyncProducer, process: str, r: Recall) -> None:
+        done = self.h.invoke(process, "recall", {"value": r.value, "handle": r.handle})
+        try:
+            await p.recall(r.handle)
+        except LedgerMQError as e:
+            done("fail" if e.code in NOT_CANCELLED else "info", error=why(e))
+        else:
+            done("ok")
 
     async def _consume(self) -> None:
         brokers = list(self.urls.values())
@@ -225,3 +304,31 @@ async def report_offsets(h: History, s: WorkloadSettings, node: str, admin: Asyn
     committed = {o.queue_id: o.committed_offset for o in offsets}
     if committed and None not in committed.values():
         h.ok("offsets", "offsets", committed, node)
+
+
+async def wait_for_delays(urls: Mapping[str, str], s: WorkloadSettings, ops: Sequence[Op],
+                          timeout_s: float) -> tuple[int, int]:  # fmt: skip
+    """Once the faults stop: until every delay message certain to be delivered is in the
+    topic (each queue read from where the last look ended, from any node) and every
+    one that may have been stored is due, or ``timeout_s``. Then the POP drain finds
+    them all. (How many were awaited, how many of them seen.)"""
+    delays = read_delays(ops)
+    now_ms = time.time() * 1000
+    latest = max((x for d in delays.values() if (x := d.latest_ms(now_ms)) is not None),
+                 default=0.0)  # fmt: skip
+    awaited = to_deliver(delays)
+    seen: set[str] = set()
+    positions = dict.fromkeys(range(s.queues), 0)
+    deadline = time.monotonic() + timeout_s
+    async with AsyncAdmin(list(urls.values()), settings=s.probe) as admin:
+        while time.monotonic() < deadline:
+            for q in positions:
+                with contextlib.suppress(LedgerMQError):
+                    r = await admin.pull(s.topic, q, positions[q], max_messages=1000)
+                    seen.update(m.body.decode() for m in r.messages)
+                    if r.messages:
+                        positions[q] = r.messages[-1].queue_offset + 1
+            if awaited <= seen and time.time() * 1000 >= latest:
+                break
+            await asyncio.sleep(0.2)
+    return len(awaited), len(awaited & seen)
