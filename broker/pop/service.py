@@ -82,6 +82,8 @@ _M = TypeVar("_M")
 
 POLL_SLICE_S = 1.0  # a waiting receive looks again at least this often
 ENDING_ROUNDS = 4  # a receive dead-letters (or ends) and looks again at most this often
+# The properties that tell an applier which record a copy ends: never copied again.
+COPY_ORIGINS = ("TIMER_ORIGIN", "TX_ORIGIN", PROP_POP_EPOCH)
 REDRIVE_PRODUCER = "%REDRIVE%"  # + group: the session of a group's redrive (no client's)
 # What a dead letter has that its message had not: dropped when it is produced back.
 DEAD_LETTER_PROPERTIES = (
@@ -90,7 +92,7 @@ DEAD_LETTER_PROPERTIES = (
     PROP_DLQ_ORIGIN_QUEUE_OFFSET,
     PROP_DLQ_ORIGIN_MSG_ID,
     PROP_DELIVERY_ATTEMPTS,
-    PROP_POP_EPOCH,
+    *COPY_ORIGINS,
 )
 _HANDLE = re.compile(r"v1:(\d{1,5}):(\d{1,19}):(\d{1,19})")
 
@@ -553,7 +555,9 @@ class PopGroups:
             m = await self._one(self.reads.pulled_message, t.name, q, o)
             if m is None:
                 continue
-            props = dict(m.properties)
+            # (a delay message's or a transaction's origin ended its own record: a copy
+            # carrying it would look to their appliers like a second delivery)
+            props = {k: v for k, v in m.properties.items() if k not in COPY_ORIGINS}
             props.update(
                 {
                     PROP_DLQ_ORIGIN_TOPIC: t.name,

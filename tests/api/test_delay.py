@@ -338,3 +338,24 @@ async def test_the_client_sends_delay_messages_and_recalls_one(node: Node) -> No
         with pytest.raises(AlreadyDeliveredError):
             await p.recall(soon.recall_handle)
     assert [m["body"] for m in await _pull(node, "t")] == ["soon"]
+
+
+async def test_a_dead_lettered_delay_message_carries_no_origin(node: Node) -> None:
+    """A copy of a copy (here a delay message dead-lettered by a POP group) drops the
+    origin its first copy ended: the timer applier sees no second delivery."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await node.http.put("/v1/groups/g", json={"start": "earliest"})
+    await _send(node, "t", [{"body": "late", "delay_ms": 0}])
+    await until(lambda: node.broker.meta.timers.pending == 0, what="delivered")
+    r = await node.http.post("/v1/groups/g/receive", json={"topic": "t", "invisible_ms": 60_000})
+    [m] = orjson.loads(r.content)["messages"]
+    assert "TIMER_ORIGIN" in m["properties"]
+    r = await node.http.post(
+        "/v1/groups/g/dlq", json={"topic": "t", "receipt_handles": [m["receipt_handle"]]}
+    )
+    assert orjson.loads(r.content)["results"][0]["status"] == "OK"
+    r = await node.http.get("/v1/topics/%25DLQ%25g/queues/0/messages?offset=0")
+    [dead] = orjson.loads(r.content)["messages"]
+    assert "TIMER_ORIGIN" not in dead["properties"]
+    assert dead["properties"]["TIMER_DELIVER_MS"] == m["properties"]["TIMER_DELIVER_MS"]
+    assert node.broker.meta.timers.stats["delivered"] == 1
