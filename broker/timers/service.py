@@ -35,7 +35,7 @@ import heapq
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from consumequeue import ConsumeQueueStore
 from dledger.codes import DLedgerError
@@ -66,6 +66,7 @@ log = logging.getLogger(__name__)
 
 RECALL_PREFIX = "t1:"
 IDLE_S = 1.0  # the release loop looks again at least this often
+RETRY_S = 0.1  # ... and this long after a failed release
 SCAN_SLICE = 4096  # consume-queue units read per turn of the loop by a refill
 _ROUTING = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_TIMER_SHARDING_KEY)
 
@@ -79,6 +80,17 @@ def parse_recall_handle(text: str) -> int | None:
     if text.startswith(RECALL_PREFIX) and digits.isdigit() and len(digits) < 19:
         return int(digits)
     return None
+
+
+class Wake(Protocol):
+    """What the release loop sleeps on between turns: ``asyncio.Event`` (the simulation
+    hands ``Timers`` one that schedules the next turn when set)."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    async def wait(self) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +118,7 @@ class Timers:
         dispatch: Dispatch,
         applier: TimerApplier,
         clock: Callable[[], int],
+        wake: Callable[[], Wake] = asyncio.Event,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -122,7 +135,8 @@ class Timers:
         self._heap: list[tuple[int, int, int]] = []  # (deliver_ms, timer, commitlog offset)
         self._in_heap: set[int] = set()
         self._window_end = 0
-        self._wake = asyncio.Event()
+        self._was_master = False  # at the release loop's last turn
+        self._wake = wake()
         self.released = 0  # copies this node appended (a counter for tests and metrics)
         applier.on_scheduled = self._scheduled
 
@@ -283,30 +297,50 @@ class Timers:
     # ---- delivering -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """The release loop: on the master, deliver every timer at its time."""
-        was_master = False
+        """The release loop: on the master, deliver every timer at its time (``step``),
+        looking again when the first timer in the heap falls due, when woken (a timer
+        scheduled earlier, a cancel) or after ``IDLE_S``; after a failed release, after
+        ``RETRY_S``."""
         while True:
-            master = self.gate.is_master
-            now = self.clock()
-            if master and (not was_master or now >= self._window_end - self.window_ms // 2):
-                await self.refill(now)
-            was_master = master
-            due = self._due(now) if master else []
-            if due:
-                try:
-                    await self.release(due)
-                except errors.BrokerError as e:  # not master any more, a full disk, ...
-                    log.info("delay messages not delivered now: %s", e)
-                    for item in due:
-                        self._push(*item)
-                    await asyncio.sleep(0.1)
+            try:
+                wait = await self.step()
+            except errors.BrokerError as e:  # not master any more, a full disk, ...
+                log.info("delay messages not delivered now: %s", e)
+                await asyncio.sleep(RETRY_S)
                 continue
-            wait = IDLE_S
-            if self._heap:
-                wait = min(wait, max(0.0, (self._heap[0][0] - now) / 1000))
+            if wait == 0:
+                continue
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=wait)
+                await asyncio.wait_for(
+                    self._wake.wait(), timeout=IDLE_S if wait is None else min(IDLE_S, wait)
+                )
+
+    async def step(self) -> float | None:
+        """One turn of the release loop (``run``; the simulation drives it on its own
+        clock): on the master, refill the window when it moves on (and on becoming
+        master) and release what is due. Returns the seconds until the first timer in
+        the heap falls due: 0 after a release (more may be due), None for none, and on
+        a slave, which releases nothing (a deposed master's heap may hold timers due
+        long ago: a wait of 0 would turn the loop at once, again and again). A failed
+        release puts its timers back in the heap and raises its ``BrokerError``."""
+        master = self.gate.is_master
+        now = self.clock()
+        if master and (not self._was_master or now >= self._window_end - self.window_ms // 2):
+            await self.refill(now)
+        self._was_master = master
+        if not master:
+            return None
+        due = self._due(now)
+        if due:
+            try:
+                await self.release(due)
+            except errors.BrokerError:
+                for item in due:
+                    self._push(*item)
+                raise
+            return 0.0
+        return max(0.0, (self._heap[0][0] - now) / 1000) if self._heap else None
 
     def _due(self, now: int) -> list[tuple[int, int, int]]:
         """The heap's timers due at ``now`` and still pending, in time order, at most a

@@ -4,6 +4,7 @@ offset assigned then, cancelled by their recall handle, refused when malformed."
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from broker.gate import BrokerRole
 from broker.metadata import TIMER_TOPIC
 from ledgermq.client import AlreadyDeliveredError, AsyncProducer, Message
 from tests.api.conftest import Node, node_settings, running_node
@@ -216,3 +218,36 @@ async def test_the_client_sends_delay_messages_and_recalls_one(node: Node) -> No
         with pytest.raises(AlreadyDeliveredError):
             await p.recall(soon.recall_handle)
     assert [m["body"] for m in await _pull(node, "t")] == ["soon"]
+
+
+async def test_a_deposed_master_does_not_spin_on_the_timers_it_held(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that stops being master keeps its near window, where timers fall due that
+    only a master releases. Its release loop waited until the first of them was due: 0 s
+    once it was, so it turned again at once, for as long as it stayed a slave (found
+    while making the loop a ``step`` the simulation drives; with the fix undone, seed 15
+    fails). A slave's loop waits ``IDLE_S`` now."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await until(lambda: b.timers._window_end > 0, what="the loop's first turn as master")
+    await _send(node, "t", [{"body": "held", "delay_ms": 300}])
+    assert b.timers._heap, "in the near window"
+    turns = 0
+    step = b.timers.step
+
+    async def counted() -> float | None:
+        nonlocal turns
+        turns += 1
+        assert turns < 100, "the release loop spins"  # (ends it: the node fails)
+        return await step()
+
+    monkeypatch.setattr(b.timers, "step", counted)
+    b.gate.set_role(BrokerRole.SLAVE, b.gate.role_term, "a test: deposed")
+    b.timers._wake.set()  # (the loop takes a turn now, as a slave)
+    await asyncio.sleep(0.6)  # the timer falls due meanwhile
+    assert turns <= 3 and b.meta.timers.pending == 1
+    b.gate.set_role(BrokerRole.MASTER, b.gate.role_term, "a test: master again")
+    b.timers._wake.set()
+    await until(lambda: b.meta.timers.pending == 0, what="delivered by the master")
+    assert [m["body"] for m in await _pull(node, "t")] == ["held"]
