@@ -34,8 +34,9 @@ import contextlib
 import heapq
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from consumequeue import ConsumeQueueStore
 from dledger.codes import DLedgerError
@@ -118,6 +119,7 @@ class Timers:
         dispatch: Dispatch,
         applier: TimerApplier,
         clock: Callable[[], int],
+        lock: Callable[[], AbstractAsyncContextManager[Any]] = asyncio.Lock,
         wake: Callable[[], Wake] = asyncio.Event,
     ) -> None:
         self.settings = settings
@@ -137,6 +139,10 @@ class Timers:
         self._window_end = 0
         self._was_master = False  # at the release loop's last turn
         self._wake = wake()
+        # Held by a release from reading the log end to appending its copies, and by a
+        # cancel while it appends: a cancel is either in the log a release waits for, or
+        # after the release's copies (``release``).
+        self._appending = lock()
         self.released = 0  # copies this node appended (a counter for tests and metrics)
         applier.on_scheduled = self._scheduled
 
@@ -238,11 +244,13 @@ class Timers:
         await self.gate.require_master_soon()
         if timer >= self.state.end:
             raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
-        if not self.state.is_done(timer):
-            index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
-            if self.applier.outcome(index):
-                self._wake.set()
-                return
+        async with self._appending:
+            index = None
+            if not self.state.is_done(timer):
+                index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
+        if index is not None and self.applier.outcome(index):
+            self._wake.set()
+            return
         if self.state.was_cancelled(timer):
             return
         raise errors.AlreadyDeliveredError(f"delay message {handle} was delivered already")
@@ -356,7 +364,13 @@ class Timers:
 
     async def release(self, due: Sequence[tuple[int, int, int]]) -> None:
         """Append the copies of ``due`` into their topics, once this node's log is applied
-        and each is still pending."""
+        and each is still pending. A cancel appended here meanwhile would come before a
+        copy in the log, and the copy would deliver a cancelled message: cancels wait
+        (``_appending``) from the read of the log end to the last copy's append."""
+        async with self._appending:
+            await self._release(due)
+
+    async def _release(self, due: Sequence[tuple[int, int, int]]) -> None:
         end = self.gate.server.ledger_end_index
         if not await self.dispatch.wait_dispatched(end, self.settings.append_timeout_ms / 1000):
             raise errors.UnknownOutcomeError("the log is not applied here yet")

@@ -220,6 +220,42 @@ async def test_the_client_sends_delay_messages_and_recalls_one(node: Node) -> No
     assert [m["body"] for m in await _pull(node, "t")] == ["soon"]
 
 
+async def test_a_recall_while_a_release_waits_either_cancels_or_finds_it_delivered(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the broker simulation (with the fix undone, seed 150 fails: PLANTED_DELAY
+    in tests/sim/test_broker_simulation.py): a release reads the log end, waits until
+    it is applied here, checks the timer is pending and appends its copy. A cancel
+    appended during that wait came before the copy in the log: the recall was answered
+    200 and the copy delivered the message anyway. A cancel now waits for the release."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    [r] = await _send(node, "t", [{"body": "raced", "delay_ms": 300}])
+    real = b.dispatcher.wait_dispatched
+    recall: list[asyncio.Task[httpx.Response]] = []
+
+    async def wait_dispatched(index: int, timeout_s: float) -> bool:
+        if not recall:  # the release's wait (the first after the produce): recall now
+            recall.append(
+                asyncio.create_task(node.http.delete(f"/v1/delayed/{r['recall_handle']}"))
+            )
+            # The log end the release waits for is applied just after the cancel is
+            # appended (if it is not held back), before the cancel is applied.
+            for _ in range(200):
+                await asyncio.sleep(0.001)
+                if b.server.ledger_end_index > index:
+                    break
+        return await real(index, timeout_s)
+
+    monkeypatch.setattr(b.dispatcher, "wait_dispatched", wait_dispatched)
+    await until(lambda: bool(recall) and recall[0].done(), what="the recall answered")
+    await until(lambda: b.meta.timers.pending == 0, what="done")
+    answer = recall[0].result()
+    delivered = [m["body"] for m in await _pull(node, "t")]
+    assert (answer.status_code, delivered) in ((200, []), (409, ["raced"])), answer.text
+    assert b.meta.timers.stats["delivered"] + b.meta.timers.stats["cancelled"] == 1
+
+
 async def test_a_deposed_master_does_not_spin_on_the_timers_it_held(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
