@@ -57,6 +57,7 @@ from .applier import (
     PROP_TIMER_ORIGIN,
     PROP_TIMER_SHARDING_KEY,
     TimerApplier,
+    parse_timer,
 )
 from .state import TimerState
 
@@ -212,9 +213,25 @@ class Timers:
         ]
         results = await self.producer.produce_to(timer_topic, records, producer_id, sequence)
         return [
-            Scheduled(r.msg_id, r.commitlog_offset, at, recall_handle(r.queue_offset))
+            Scheduled(
+                r.msg_id,
+                r.commitlog_offset,
+                self._time_of(r.queue_offset, r.commitlog_offset, at),
+                recall_handle(r.queue_offset),
+            )
             for r, (_, at) in zip(results, messages, strict=True)
         ]
+
+    def _time_of(self, timer: int, offset: int, asked: int) -> int:
+        """The time the timer's record holds: ``asked``, unless a retry was answered from
+        the producer-session table, with the record of an earlier attempt (a time past
+        was that attempt's now). From the timer queue's unit, else the record."""
+        unit = self._unit(timer)
+        if unit is not None and unit[0] == offset:
+            return unit[2]
+        m = self.reads.message_at(offset)
+        at = None if m is None else parse_timer(m.properties.get(PROP_TIMER_DELIVER_MS, ""))
+        return asked if at is None else at
 
     async def _timer_topic(self) -> TopicMeta:
         t = self.meta.topics.get(TIMER_TOPIC)

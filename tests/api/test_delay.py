@@ -256,6 +256,19 @@ async def test_a_recall_while_a_release_waits_either_cancels_or_finds_it_deliver
     assert b.meta.timers.stats["delivered"] + b.meta.timers.stats["cancelled"] == 1
 
 
+async def test_a_retried_produce_answers_the_time_its_timer_holds(node: Node) -> None:
+    """Found by the broker simulation (with the fix undone, seed 27 fails): a retry
+    answered from the producer-session table reported its own "now" as the time of a
+    message sent with a time in the past, not the first attempt's, which its timer
+    holds."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    body = {"messages": [{"body": "past", "deliver_at_ms": 1}], "producer_id": "p", "sequence": 0}
+    first = orjson.loads((await node.http.post("/v1/topics/t/messages", json=body)).content)
+    await asyncio.sleep(0.01)  # (the retry's now is later)
+    again = orjson.loads((await node.http.post("/v1/topics/t/messages", json=body)).content)
+    assert again["results"] == first["results"]
+
+
 async def test_a_deposed_master_does_not_spin_on_the_timers_it_held(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
