@@ -403,14 +403,17 @@ class Timers:
             by_topic.setdefault(topic, []).append(copy)
         for name, copies in by_topic.items():
             t = self.meta.topics.get(name)
-            if t is None:  # deleted since: dropped, counted
-                for c in copies:
+            # Dropped, counted: a copy whose topic was deleted since, or made again without
+            # the queue it is pinned to (its append would be refused, again and again).
+            keep = [c for c in copies if t is not None and (c.queue_id or 0) < t.queues]
+            for c in copies:
+                if t is None or (c.queue_id or 0) >= t.queues:
                     await self.metalog.append(
                         {"op": "timer.drop", "timer": int(c.properties[PROP_TIMER_ORIGIN])}
                     )
-                continue
-            await self.producer.produce_to(t, copies, None, None)
-            self.released += len(copies)
+            if t is not None and keep:
+                await self.producer.produce_to(t, keep, None, None)
+                self.released += len(keep)
 
     def _records(self, pending: list[tuple[int, int]]) -> list[tuple[int, PulledMessage | None]]:
         """The record of each ``(timer, commitlog offset)``: a run of consecutive timers

@@ -269,6 +269,25 @@ async def test_a_retried_produce_answers_the_time_its_timer_holds(node: Node) ->
     assert again["results"] == first["results"]
 
 
+async def test_a_message_pinned_to_a_queue_its_topic_lost_is_dropped_not_stuck(
+    node: Node,
+) -> None:
+    """Found by the broker simulation (with the fix undone, seed 442 fails): a delay
+    message pinned to a queue that its topic no longer had (deleted and made again with
+    fewer queues) made every release of its batch fail, again and again: it and the
+    messages due with it were never delivered. It is dropped now, as one whose topic is
+    gone."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 4})
+    at = _now_ms() + 400
+    pinned = {"body": "pinned", "deliver_at_ms": at, "queue_id": 3}
+    await _send(node, "t", [pinned, {"body": "free", "deliver_at_ms": at}])
+    assert (await node.http.delete("/v1/topics/t")).status_code in (200, 204)
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await until(lambda: node.broker.meta.timers.pending == 0, timeout_s=10, what="done")
+    assert [m["body"] for m in await _pull(node, "t")] == ["free"]
+    assert node.broker.meta.timers.stats["dropped"] == 1
+
+
 async def test_a_deposed_master_does_not_spin_on_the_timers_it_held(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
