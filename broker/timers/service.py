@@ -265,9 +265,15 @@ class Timers:
             index = None
             if not self.state.is_done(timer):
                 index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
-        if index is not None and self.applier.outcome(index):
+        ended = None if index is None else self.applier.outcome(index)
+        if ended:
             self._wake.set()
             return
+        if index is not None and ended is None and not self.state.is_done(timer):
+            # Committed, not applied here within append_timeout_ms: it may yet cancel it.
+            raise errors.UnknownOutcomeError(
+                f"the cancel of delay message {handle} is not applied yet; retry"
+            )
         if self.state.was_cancelled(timer):
             return
         raise errors.AlreadyDeliveredError(f"delay message {handle} was delivered already")

@@ -288,6 +288,32 @@ async def test_a_message_pinned_to_a_queue_its_topic_lost_is_dropped_not_stuck(
     assert node.broker.meta.timers.stats["dropped"] == 1
 
 
+async def test_a_cancel_not_applied_in_time_is_no_already_delivered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel committed but not applied here within ``append_timeout_ms`` was answered
+    409 ALREADY_DELIVERED (its outcome not known, the timer not cancelled yet), and then
+    cancelled the message: it answers 503 UNKNOWN_OUTCOME now, and a retry 200."""
+    async with running_node(node_settings(tmp_path / "n0", append_timeout_ms=300)) as node:
+        b = node.broker
+        await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+        [r] = await _send(node, "t", [{"body": "later", "delay_ms": 60_000}])
+
+        async def idle(force: bool = False) -> None:
+            await asyncio.sleep(0.01)
+
+        with monkeypatch.context() as m:  # a dispatcher behind (its loop idles meanwhile)
+            m.setattr(b.dispatcher, "dispatch_some", lambda _max: 0)
+            m.setattr(b.dispatcher, "housekeep", idle)
+            first = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+        assert first.status_code == 503, first.text
+        await _send(node, "t", [{"body": "more"}])  # (a commit: the dispatcher goes on)
+        await until(lambda: b.meta.timers.pending == 0, what="cancelled")
+        again = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+        assert again.status_code == 200, again.text
+        assert b.meta.timers.stats["cancelled"] == 1
+
+
 async def test_a_deposed_master_does_not_spin_on_the_timers_it_held(
     node: Node, monkeypatch: pytest.MonkeyPatch
 ) -> None:
