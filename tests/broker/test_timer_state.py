@@ -63,7 +63,7 @@ def test_a_million_pending_timers_cost_a_bitmap() -> None:
 
 
 def test_a_recall_asked_again_answers_the_same_after_the_bitmaps_move_on() -> None:
-    """Found by the broker simulation (with the fix undone, seed 27 fails): a timer
+    """Found by the broker simulation (with the fix undone, seed 119 fails): a timer
     cancelled, then the seven others of its byte done, fell below ``base`` and was
     forgotten, so a repeated recall of it answered 409 ALREADY_DELIVERED. The last
     ``RECALLS_KEPT`` cancels are kept below ``base``, in the snapshot; older ones are
