@@ -43,6 +43,7 @@ from dledger.codes import DLedgerError
 from dledger.store import BODY_OFFSET
 
 from .. import errors
+from ..encode import check_pinned_queue
 from ..gate import WriteGate
 from ..message import MessageFormatError
 from ..metadata import TIMER_TOPIC, MetadataState, TopicMeta
@@ -181,6 +182,8 @@ class Timers:
             times.append(max(now, m.deliver_at_ms))
         await self.gate.require_master_soon()
         topic = await self.topics.get_or_create(topic_name)
+        for i, m in enumerate(messages):  # (a plain produce checks it when it encodes)
+            check_pinned_queue(m, i, topic.queues)
         return await self.schedule(
             topic, list(zip(messages, times, strict=True)), producer_id, sequence
         )

@@ -10,10 +10,11 @@ delay messages runs as it did before): one or two producers send batches of dela
 messages (in a producer session, retried with it until acknowledged) while the faults
 go on (and after them until each sent ``MIN_BATCHES``), each due now (or at a time
 already past), soon, or up to ``MAX_DELAY_MS`` later, some pinned to a queue or with a
-sharding key; a client recalls some acknowledged ones, well before their time, around
-it, or after it, and now and then asks again. The near
-window (``timer_window_ms``) is short in most seeds, so timers wait in the log and a
-refill reads them from the timer queue. The release loop (``TimerLoop``) runs on every
+sharding key (a batch refused for a queue its topic no longer has, made again with
+fewer, is sent again unpinned); a client recalls some acknowledged ones, well before
+their time, around it, or after it, and now and then asks again. The near window
+(``timer_window_ms``) is short in most seeds, so timers wait in the log and a refill
+reads them from the timer queue. The release loop (``TimerLoop``) runs on every
 node as ``Timers.run`` does: a turn when the first timer in the heap falls due, when
 woken (a timer scheduled earlier, a cancel), after ``IDLE_S`` or after ``RETRY_S``.
 
@@ -49,14 +50,14 @@ from __future__ import annotations
 import bisect
 import functools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from broker.errors import AlreadyDeliveredError, RecallHandleNotFoundError
+from broker.errors import AlreadyDeliveredError, InvalidArgumentError, RecallHandleNotFoundError
 from broker.message import StoredMessage
 from broker.produce import NewMessage
 from broker.timers.applier import PROP_TIMER_DELIVER_MS, PROP_TIMER_ORIGIN
-from broker.timers.service import IDLE_S, RETRY_S, Scheduled, parse_recall_handle
+from broker.timers.service import IDLE_S, RETRY_S, parse_recall_handle
 from broker.timers.state import STATS, TimerState
 
 from .clients import Batch, ProducerClient, SameAtIndex, SideClients, user_topics
@@ -73,6 +74,7 @@ MIN_BATCHES = 3  # a producer sends this many batches at least (after the faults
 MAX_RECALL_TRIES = 1_000  # a bound on one recall's retries (liveness fails long before)
 
 Answer = tuple[int, str, int]  # (commitlog offset, recall handle, deliver_at_ms)
+QUEUE_GONE = "queue gone"  # a produce refused: a pinned queue its topic has not (any more)
 
 
 def deliver_ms_of(m: StoredMessage) -> int:
@@ -398,13 +400,16 @@ class DelayWorkload(SideClients):
         self.sim.trace(f"delay produce {b.pid} seq={b.seq} #{b.attempts} {b.topic}")
 
         def reply(kind: str, payload: Any) -> None:
-            if kind == "ok":
+            if kind == "ok" and payload != QUEUE_GONE:
                 self.checker.scheduled(b.pid, b.seq, payload)
             if a != p.attempt:
                 return  # a late answer to an attempt the client gave up on
             p.attempt = 0
             self.sim.stats[f"delay produce {kind}"] += 1
-            if kind != "ok":
+            if payload == QUEUE_GONE:  # (refused: its topic was made again with fewer)
+                self.sim.stats["delay produces refused a pinned queue"] += 1
+                b.messages = [replace(m, queue_id=None) for m in b.messages]
+            if kind != "ok" or payload == QUEUE_GONE:
                 self.sim.trace(f"delay produce {b.pid} seq={b.seq} {kind} {payload}")
                 self._later(10, 150, f"delay {p.pid}", lambda: self._produce(p))
                 return
@@ -414,13 +419,16 @@ class DelayWorkload(SideClients):
                     self._plan_recall(handle, at)
             self._later(*self.knobs.produce_every_ms, f"delay {p.pid}", lambda: self._produce(p))
 
-        def produce(bn: BrokerNode) -> Any:
-            return bn.timers.produce(b.topic, b.messages, b.pid, b.seq)
-
-        def answer(rs: list[Scheduled]) -> list[Answer]:
+        async def produce(bn: BrokerNode) -> list[Answer] | str:
+            try:
+                rs = await bn.timers.produce(b.topic, b.messages, b.pid, b.seq)
+            except InvalidArgumentError as e:
+                if "is not in 0.." not in e.message:
+                    raise
+                return QUEUE_GONE  # (any other refusal of what no node takes fails the seed)
             return [(r.commitlog_offset, r.recall_handle, r.deliver_at_ms) for r in rs]
 
-        if not self._send("delay produce", produce, reply, answer):
+        if not self._send("delay produce", produce, reply):
             p.attempt = 0
             self._later(20, 100, f"delay {p.pid}", lambda: self._produce(p))
 

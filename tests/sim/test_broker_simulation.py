@@ -588,6 +588,11 @@ PLANTED_DELAY: list[Planted] = [  # (as PLANTED_POP)
      "keep = [c for c in copies if t is not None and (c.queue_id or 0) < t.queues]",
      "keep = [c for c in copies if t is not None]",
      442, "n0: timers: message 0: queue_id 2 is not in 0..1"),
+    # Found by the simulation: a delay produce pinned to a queue its topic has not (made
+    # again with fewer) was stored, to be dropped at its time; a plain produce refuses it.
+    ("service", "Timers.produce", "a pinned queue its topic has not, taken",
+     "check_pinned_queue(m, i, topic.queues)", "pass",
+     404, "entry 95 drops timer 22 of T0, never deleted"),
     # Found by the simulation: a cancelled timer fell below ``base`` with its byte and
     # was forgotten, so a recall asked again answered ALREADY_DELIVERED.
     ("state", "TimerState._trim", "a cancel forgotten with its byte",
