@@ -115,7 +115,8 @@ class TimerState:
             full += 1
         if full:
             for j, bits in enumerate(self._cancelled[:full]):
-                self.recalled += [self.base + 8 * j + b for b in range(8) if bits >> b & 1]
+                if bits:
+                    self.recalled += [self.base + 8 * j + b for b in range(8) if bits >> b & 1]
             del self._done[:full]
             del self._cancelled[:full]
             self.base += 8 * full
