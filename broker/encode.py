@@ -151,12 +151,17 @@ def _checked_properties(
             f"message {index_in_batch}: properties of {len(raw_props)} bytes, "
             f"over {lim.max_properties_bytes}"
         )
-    queues = r.topic.queues
+    check_pinned_queue(m, index_in_batch, r.topic.queues)
+    return raw_props
+
+
+def check_pinned_queue(m: NewMessage, index_in_batch: int, queues: int) -> None:
+    """``InvalidArgumentError`` unless the message's pinned queue (if any) is one of the
+    topic's ``queues``."""
     if m.queue_id is not None and not 0 <= m.queue_id < queues:
         raise errors.InvalidArgumentError(
             f"message {index_in_batch}: queue_id {m.queue_id} is not in 0..{queues - 1}"
         )
-    return raw_props
 
 
 def _encode_single(

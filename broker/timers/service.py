@@ -19,8 +19,7 @@ a refill anyway).
 
 Invariants:
 - a timer's copy is appended at or after its time (by the master's clock) and only
-  while it is pending and this node is MASTER; never after a cancel of it in the log (a
-  release and a cancel take turns, each until what it appended is applied);
+  while it is pending and this node is MASTER;
 - the heap holds each pending timer due before ``window_end`` at least once (a timer
   scheduled during a refill is pushed when applied; one already there is skipped);
 - the first pending timer's record is never deleted by retention, and no snapshot a
@@ -35,14 +34,16 @@ import contextlib
 import heapq
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from consumequeue import ConsumeQueueStore
 from dledger.codes import DLedgerError
 from dledger.store import BODY_OFFSET
 
 from .. import errors
+from ..encode import check_pinned_queue
 from ..gate import WriteGate
 from ..message import MessageFormatError
 from ..metadata import TIMER_TOPIC, MetadataState, TopicMeta
@@ -57,6 +58,7 @@ from .applier import (
     PROP_TIMER_ORIGIN,
     PROP_TIMER_SHARDING_KEY,
     TimerApplier,
+    parse_timer,
 )
 from .state import TimerState
 
@@ -67,6 +69,7 @@ log = logging.getLogger(__name__)
 
 RECALL_PREFIX = "t1:"
 IDLE_S = 1.0  # the release loop looks again at least this often
+RETRY_S = 0.1  # ... and this long after a failed release
 SCAN_SLICE = 4096  # consume-queue units read per turn of the loop by a refill
 _ROUTING = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_TIMER_SHARDING_KEY)
 
@@ -80,6 +83,17 @@ def parse_recall_handle(text: str) -> int | None:
     if text.startswith(RECALL_PREFIX) and digits.isdigit() and len(digits) < 19:
         return int(digits)
     return None
+
+
+class Wake(Protocol):
+    """What the release loop sleeps on between turns: ``asyncio.Event`` (the simulation
+    hands ``Timers`` one that schedules the next turn when set)."""
+
+    def set(self) -> None: ...
+
+    def clear(self) -> None: ...
+
+    async def wait(self) -> object: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +121,8 @@ class Timers:
         dispatch: Dispatch,
         applier: TimerApplier,
         clock: Callable[[], int],
+        lock: Callable[[], AbstractAsyncContextManager[Any]] = asyncio.Lock,
+        wake: Callable[[], Wake] = asyncio.Event,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -123,11 +139,12 @@ class Timers:
         self._heap: list[tuple[int, int, int]] = []  # (deliver_ms, timer, commitlog offset)
         self._in_heap: set[int] = set()
         self._window_end = 0
-        self._wake = asyncio.Event()
-        # A release and a cancel take turns (each checks that a timer is pending, appends
-        # what ends it and waits until that is applied), so that no copy is appended
-        # after a cancel of its timer: the copy would still reach its topic.
-        self._turns = asyncio.Lock()
+        self._was_master = False  # at the release loop's last turn
+        self._wake = wake()
+        # Held by a release from reading the log end to appending its copies, and by a
+        # cancel while it appends: a cancel is either in the log a release waits for, or
+        # after the release's copies (``release``).
+        self._appending = lock()
         self.released = 0  # copies this node appended (a counter for tests and metrics)
         applier.on_scheduled = self._scheduled
 
@@ -165,6 +182,8 @@ class Timers:
             times.append(max(now, m.deliver_at_ms))
         await self.gate.require_master_soon()
         topic = await self.topics.get_or_create(topic_name)
+        for i, m in enumerate(messages):  # (a plain produce checks it when it encodes)
+            check_pinned_queue(m, i, topic.queues)
         return await self.schedule(
             topic, list(zip(messages, times, strict=True)), producer_id, sequence
         )
@@ -200,19 +219,22 @@ class Timers:
             Scheduled(
                 r.msg_id,
                 r.commitlog_offset,
-                self._stored_time(r.queue_offset, at),
+                self._time_of(r.queue_offset, r.commitlog_offset, at),
                 recall_handle(r.queue_offset),
             )
             for r, (_, at) in zip(results, messages, strict=True)
         ]
 
-    def _stored_time(self, timer: int, asked: int) -> int:
-        """The time a timer was stored with: its unit's tag code. A retried request that
-        its session answers (its first attempt stored it) asked a later time for a
-        ``delay_ms`` or a time past; the answer says the one that holds. ``asked`` when
-        the unit is gone (retention, long after the timer was done)."""
+    def _time_of(self, timer: int, offset: int, asked: int) -> int:
+        """The time the timer's record holds: ``asked``, unless a retry was answered from
+        the producer-session table, with the record of an earlier attempt (a time past
+        was that attempt's now). From the timer queue's unit, else the record."""
         unit = self._unit(timer)
-        return asked if unit is None else unit[2]
+        if unit is not None and unit[0] == offset:
+            return unit[2]
+        m = self.reads.message_at(offset)
+        at = None if m is None else parse_timer(m.properties.get(PROP_TIMER_DELIVER_MS, ""))
+        return asked if at is None else at
 
     async def _timer_topic(self) -> TopicMeta:
         t = self.meta.topics.get(TIMER_TOPIC)
@@ -242,15 +264,18 @@ class Timers:
         await self.gate.require_master_soon()
         if timer >= self.state.end:
             raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
-        async with self._turns:
+        async with self._appending:
+            index = None
             if not self.state.is_done(timer):
                 index = await self.metalog.append({"op": "timer.cancel", "timer": timer})
-                if self.applier.outcome(index):
-                    self._wake.set()
-                    return
-        if not self.state.is_done(timer):  # the cancel not applied yet: it may still be
+        ended = None if index is None else self.applier.outcome(index)
+        if ended:
+            self._wake.set()
+            return
+        if index is not None and ended is None and not self.state.is_done(timer):
+            # Committed, not applied here within append_timeout_ms: it may yet cancel it.
             raise errors.UnknownOutcomeError(
-                f"the cancel of {handle} is not applied yet; retry to learn its outcome"
+                f"the cancel of delay message {handle} is not applied yet; retry"
             )
         if self.state.was_cancelled(timer):
             return
@@ -306,31 +331,50 @@ class Timers:
     # ---- delivering -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """The release loop: on the master, deliver every timer at its time."""
-        was_master = False
+        """The release loop: on the master, deliver every timer at its time (``step``),
+        looking again when the first timer in the heap falls due, when woken (a timer
+        scheduled earlier, a cancel) or after ``IDLE_S``; after a failed release, after
+        ``RETRY_S``."""
         while True:
-            master = self.gate.is_master
-            now = self.clock()
-            if master and (not was_master or now >= self._window_end - self.window_ms // 2):
-                await self.refill(now)
-            was_master = master
-            due = self._due(now) if master else []
-            if due:
-                try:
-                    await self.release(due)
-                except errors.BrokerError as e:  # not master any more, a full disk, ...
-                    log.info("delay messages not delivered now: %s", e)
-                    for item in due:
-                        self._push(*item)
-                    await asyncio.sleep(0.1)
+            try:
+                wait = await self.step()
+            except errors.BrokerError as e:  # not master any more, a full disk, ...
+                log.info("delay messages not delivered now: %s", e)
+                await asyncio.sleep(RETRY_S)
                 continue
-            wait = IDLE_S
-            if self._heap:
-                wait = min(wait, max(0.0, (self._heap[0][0] - now) / 1000))
+            if wait == 0:
+                continue
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(wait):  # not wait_for: it can swallow a cancel
+                # (asyncio.timeout, not wait_for: on 3.11 that can swallow a stop's cancel)
+                async with asyncio.timeout(IDLE_S if wait is None else min(IDLE_S, wait)):
                     await self._wake.wait()
+
+    async def step(self) -> float | None:
+        """One turn of the release loop (``run``; the simulation drives it on its own
+        clock): on the master, refill the window when it moves on (and on becoming
+        master) and release what is due. Returns the seconds until the first timer in
+        the heap falls due: 0 after a release (more may be due), None for none, and on
+        a slave, which releases nothing (a deposed master's heap may hold timers due
+        long ago: a wait of 0 would turn the loop at once, again and again). A failed
+        release puts its timers back in the heap and raises its ``BrokerError``."""
+        master = self.gate.is_master
+        now = self.clock()
+        if master and (not self._was_master or now >= self._window_end - self.window_ms // 2):
+            await self.refill(now)
+        self._was_master = master
+        if not master:
+            return None
+        due = self._due(now)
+        if due:
+            try:
+                await self.release(due)
+            except errors.BrokerError:
+                for item in due:
+                    self._push(*item)
+                raise
+            return 0.0
+        return max(0.0, (self._heap[0][0] - now) / 1000) if self._heap else None
 
     def _due(self, now: int) -> list[tuple[int, int, int]]:
         """The heap's timers due at ``now`` and still pending, in time order, at most a
@@ -346,8 +390,10 @@ class Timers:
 
     async def release(self, due: Sequence[tuple[int, int, int]]) -> None:
         """Append the copies of ``due`` into their topics, once this node's log is applied
-        and each is still pending (in turn with the cancels: ``_turns``)."""
-        async with self._turns:
+        and each is still pending. A cancel appended here meanwhile would come before a
+        copy in the log, and the copy would deliver a cancelled message: cancels wait
+        (``_appending``) from the read of the log end to the last copy's append."""
+        async with self._appending:
             await self._release(due)
 
     async def _release(self, due: Sequence[tuple[int, int, int]]) -> None:
@@ -366,14 +412,17 @@ class Timers:
             by_topic.setdefault(topic, []).append(copy)
         for name, copies in by_topic.items():
             t = self.meta.topics.get(name)
-            if t is None:  # deleted since: dropped, counted
-                for c in copies:
+            # Dropped, counted: a copy whose topic was deleted since, or made again without
+            # the queue it is pinned to (its append would be refused, again and again).
+            keep = [c for c in copies if t is not None and (c.queue_id or 0) < t.queues]
+            for c in copies:
+                if t is None or (c.queue_id or 0) >= t.queues:
                     await self.metalog.append(
                         {"op": "timer.drop", "timer": int(c.properties[PROP_TIMER_ORIGIN])}
                     )
-                continue
-            await self.producer.produce_to(t, copies, None, None)
-            self.released += len(copies)
+            if t is not None and keep:
+                await self.producer.produce_to(t, keep, None, None)
+                self.released += len(keep)
 
     def _records(self, pending: list[tuple[int, int]]) -> list[tuple[int, PulledMessage | None]]:
         """The record of each ``(timer, commitlog offset)``: a run of consecutive timers

@@ -12,24 +12,31 @@ What is kept is small whatever the number of pending timers: ``end`` (timers bel
 scheduled), ``floor`` (every timer below is done) and two bitmaps from ``base`` (a
 multiple of 8 at or below ``floor``): done, and of those cancelled. A million pending
 timers cost 250 KB here; their times and records stay in the log and the timer topic's
-consume queue (whose tag code is the delivery time), never in memory.
+consume queue (whose tag code is the delivery time), never in memory. Below ``base`` the
+last ``RECALLS_KEPT`` cancelled timers are kept (``recalled``), so that a recall asked
+again answers the same once the bitmaps have moved on; below ``forgotten`` how a timer
+ended is not known.
 
 Invariants:
 - a timer is done at most once: delivered or cancelled, never both, never again;
 - nothing at or past ``end`` is done (a copy or cancel of a timer not scheduled is
   ignored, alike on every replica);
-- ``floor`` only grows; applying never raises on what the log holds.
+- ``floor`` only grows; applying never raises on what the log holds;
+- ``recalled`` holds, ascending, exactly the cancelled timers in ``[forgotten, base)``.
 """
 
 from __future__ import annotations
 
 import base64
+import bisect
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
 from ..jsonint import json_int
 
 STATS = ("scheduled", "delivered", "cancelled", "dropped")
+RECALLS_KEPT = 4096  # cancelled timers below ``base`` remembered (``was_cancelled``)
 
 
 class TimerState:
@@ -40,6 +47,8 @@ class TimerState:
         self._cancelled = bytearray()
         self.done_count = 0  # done timers at or above base
         self.stats = dict.fromkeys(STATS, 0)
+        self.recalled: list[int] = []  # the cancelled timers in [forgotten, base)
+        self.forgotten = 0
 
     # ---- reading ----------------------------------------------------------------------
 
@@ -64,9 +73,12 @@ class TimerState:
 
     def was_cancelled(self, timer: int) -> bool | None:
         """Whether a done timer was cancelled (False: delivered or dropped); None when
-        that is forgotten (below ``base``)."""
+        that is forgotten (below ``forgotten``: more than ``RECALLS_KEPT`` cancels ago)."""
         if timer < self.base:
-            return None
+            if timer < self.forgotten:
+                return None
+            k = bisect.bisect_left(self.recalled, timer)
+            return k < len(self.recalled) and self.recalled[k] == timer
         i = timer - self.base
         return i >> 3 < len(self._cancelled) and bool(self._cancelled[i >> 3] >> (i & 7) & 1)
 
@@ -102,10 +114,17 @@ class TimerState:
         while full < len(self._done) and self._done[full] == 0xFF:
             full += 1
         if full:
+            for j, bits in enumerate(self._cancelled[:full]):
+                if bits:
+                    self.recalled += [self.base + 8 * j + b for b in range(8) if bits >> b & 1]
             del self._done[:full]
             del self._cancelled[:full]
             self.base += 8 * full
             self.done_count -= 8 * full
+            if len(self.recalled) > RECALLS_KEPT:
+                cut = len(self.recalled) - RECALLS_KEPT
+                self.forgotten = self.recalled[cut - 1] + 1
+                del self.recalled[:cut]
 
     # ---- the snapshot part ---------------------------------------------------------------
 
@@ -116,11 +135,14 @@ class TimerState:
             "done": base64.b64encode(bytes(self._done)).decode("ascii"),
             "cancelled": base64.b64encode(bytes(self._cancelled)).decode("ascii"),
             "stats": dict(self.stats),
+            "recalled": list(self.recalled),
+            "forgotten": self.forgotten,
         }
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> TimerState:
-        """``ValueError``, ``TypeError``, ``KeyError`` on a malformed part."""
+        """``ValueError``, ``TypeError``, ``KeyError`` on a malformed part. A part written
+        before ``recalled`` has forgotten every timer below ``base``."""
         s = cls()
         s.end = json_int(d["end"], "end")
         s.base = json_int(d["base"], "base")
@@ -130,4 +152,12 @@ class TimerState:
             raise ValueError("timer bitmaps out of shape")
         s.done_count = sum(bin(b).count("1") for b in s._done)
         s.stats = {k: json_int(d["stats"].get(k, 0), k) for k in STATS}
+        s.recalled = [json_int(t, "recalled") for t in d.get("recalled", [])]
+        s.forgotten = json_int(d.get("forgotten", s.base), "forgotten")
+        if not (
+            s.forgotten <= s.base
+            and all(s.forgotten <= t < s.base for t in s.recalled)
+            and all(a < b for a, b in itertools.pairwise(s.recalled))
+        ):
+            raise ValueError("recalled timers out of order")
         return s

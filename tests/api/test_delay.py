@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from broker.gate import BrokerRole
 from broker.metadata import TIMER_TOPIC
 from ledgermq.client import AlreadyDeliveredError, AsyncProducer, Message
 from tests.api.conftest import Node, node_settings, running_node
@@ -229,13 +230,6 @@ async def test_a_node_stops_at_once_after_a_recall(tmp_path: Path) -> None:
             assert answer.status_code == 200, answer.text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug: TimerState forgets which done timers were cancelled once a whole "
-    "byte of them is trimmed below base (was_cancelled is None), and cancel() answers that "
-    "ALREADY_DELIVERED: a client's retry of a recall whose first answer was lost says the "
-    "message was delivered, and it never is",
-)
 async def test_a_repeated_recall_still_answers_200_once_its_timer_is_trimmed(node: Node) -> None:
     await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
     [r] = await _send(node, "t", [{"body": "c", "delay_ms": 60_000}])
@@ -245,7 +239,7 @@ async def test_a_repeated_recall_still_answers_200_once_its_timer_is_trimmed(nod
     await until(lambda: node.broker.meta.timers.pending == 0, timeout_s=10, what="done")
     assert node.broker.meta.timers.base == 8  # timers 0-7 done: their byte trimmed
     again = await node.http.delete(f"/v1/delayed/{handle}")
-    assert again.status_code == 200, again.text  # (409 ALREADY_DELIVERED now)
+    assert again.status_code == 200, again.text  # (409 ALREADY_DELIVERED before the fix)
 
 
 async def test_bad_delay_input_changes_nothing(node: Node) -> None:
@@ -359,3 +353,148 @@ async def test_a_dead_lettered_delay_message_carries_no_origin(node: Node) -> No
     assert "TIMER_ORIGIN" not in dead["properties"]
     assert dead["properties"]["TIMER_DELIVER_MS"] == m["properties"]["TIMER_DELIVER_MS"]
     assert node.broker.meta.timers.stats["delivered"] == 1
+
+
+async def test_a_recall_while_a_release_waits_either_cancels_or_finds_it_delivered(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the broker simulation (with the fix undone, seed 150 fails: PLANTED_DELAY
+    in tests/sim/test_broker_simulation.py): a release reads the log end, waits until
+    it is applied here, checks the timer is pending and appends its copy. A cancel
+    appended during that wait came before the copy in the log: the recall was answered
+    200 and the copy delivered the message anyway. A cancel now waits for the release."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    [r] = await _send(node, "t", [{"body": "raced", "delay_ms": 300}])
+    real = b.dispatcher.wait_dispatched
+    recall: list[asyncio.Task[httpx.Response]] = []
+
+    async def wait_dispatched(index: int, timeout_s: float) -> bool:
+        if not recall:  # the release's wait (the first after the produce): recall now
+            recall.append(
+                asyncio.create_task(node.http.delete(f"/v1/delayed/{r['recall_handle']}"))
+            )
+            # The log end the release waits for is applied just after the cancel is
+            # appended (if it is not held back), before the cancel is applied.
+            for _ in range(200):
+                await asyncio.sleep(0.001)
+                if b.server.ledger_end_index > index:
+                    break
+        return await real(index, timeout_s)
+
+    monkeypatch.setattr(b.dispatcher, "wait_dispatched", wait_dispatched)
+    await until(lambda: bool(recall) and recall[0].done(), what="the recall answered")
+    await until(lambda: b.meta.timers.pending == 0, what="done")
+    answer = recall[0].result()
+    delivered = [m["body"] for m in await _pull(node, "t")]
+    assert (answer.status_code, delivered) in ((200, []), (409, ["raced"])), answer.text
+    assert b.meta.timers.stats["delivered"] + b.meta.timers.stats["cancelled"] == 1
+
+
+async def test_a_retried_produce_answers_the_time_its_timer_holds(node: Node) -> None:
+    """Found by the broker simulation (with the fix undone, seed 27 fails): a retry
+    answered from the producer-session table reported its own "now" as the time of a
+    message sent with a time in the past, not the first attempt's, which its timer
+    holds."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    body = {"messages": [{"body": "past", "deliver_at_ms": 1}], "producer_id": "p", "sequence": 0}
+    first = orjson.loads((await node.http.post("/v1/topics/t/messages", json=body)).content)
+    await asyncio.sleep(0.01)  # (the retry's now is later)
+    again = orjson.loads((await node.http.post("/v1/topics/t/messages", json=body)).content)
+    assert again["results"] == first["results"]
+
+
+async def test_a_message_pinned_to_a_queue_its_topic_lost_is_dropped_not_stuck(
+    node: Node,
+) -> None:
+    """Found by the broker simulation (with the fix undone, seed 442 fails): a delay
+    message pinned to a queue that its topic no longer had (deleted and made again with
+    fewer queues) made every release of its batch fail, again and again: it and the
+    messages due with it were never delivered. It is dropped now, as one whose topic is
+    gone."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 4})
+    at = _now_ms() + 400
+    pinned = {"body": "pinned", "deliver_at_ms": at, "queue_id": 3}
+    await _send(node, "t", [pinned, {"body": "free", "deliver_at_ms": at}])
+    assert (await node.http.delete("/v1/topics/t")).status_code in (200, 204)
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await until(lambda: node.broker.meta.timers.pending == 0, timeout_s=10, what="done")
+    assert [m["body"] for m in await _pull(node, "t")] == ["free"]
+    assert node.broker.meta.timers.stats["dropped"] == 1
+
+
+async def test_a_cancel_not_applied_in_time_is_no_already_delivered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cancel committed but not applied here within ``append_timeout_ms`` was answered
+    409 ALREADY_DELIVERED (its outcome not known, the timer not cancelled yet), and then
+    cancelled the message: it answers 503 UNKNOWN_OUTCOME now, and a retry 200."""
+    async with running_node(node_settings(tmp_path / "n0", append_timeout_ms=300)) as node:
+        b = node.broker
+        await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+        [r] = await _send(node, "t", [{"body": "later", "delay_ms": 60_000}])
+
+        async def idle(force: bool = False) -> None:
+            await asyncio.sleep(0.01)
+
+        with monkeypatch.context() as m:  # a dispatcher behind (its loop idles meanwhile)
+            m.setattr(b.dispatcher, "dispatch_some", lambda _max: 0)
+            m.setattr(b.dispatcher, "housekeep", idle)
+            first = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+        assert first.status_code == 503, first.text
+        await _send(node, "t", [{"body": "more"}])  # (a commit: the dispatcher goes on)
+        await until(lambda: b.meta.timers.pending == 0, what="cancelled")
+        again = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+        assert again.status_code == 200, again.text
+        assert b.meta.timers.stats["cancelled"] == 1
+
+
+async def test_a_deposed_master_does_not_spin_on_the_timers_it_held(
+    node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node that stops being master keeps its near window, where timers fall due that
+    only a master releases. Its release loop waited until the first of them was due: 0 s
+    once it was, so it turned again at once, for as long as it stayed a slave (found
+    while making the loop a ``step`` the simulation drives; with the fix undone, seed 15
+    fails). A slave's loop waits ``IDLE_S`` now."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    await until(lambda: b.timers._window_end > 0, what="the loop's first turn as master")
+    await _send(node, "t", [{"body": "held", "delay_ms": 300}])
+    assert b.timers._heap, "in the near window"
+    turns = 0
+    step = b.timers.step
+
+    async def counted() -> float | None:
+        nonlocal turns
+        turns += 1
+        assert turns < 100, "the release loop spins"  # (ends it: the node fails)
+        return await step()
+
+    monkeypatch.setattr(b.timers, "step", counted)
+    b.gate.set_role(BrokerRole.SLAVE, b.gate.role_term, "a test: deposed")
+    b.timers._wake.set()  # (the loop takes a turn now, as a slave)
+    await asyncio.sleep(0.6)  # the timer falls due meanwhile
+    assert turns <= 3 and b.meta.timers.pending == 1
+    b.gate.set_role(BrokerRole.MASTER, b.gate.role_term, "a test: master again")
+    b.timers._wake.set()
+    await until(lambda: b.meta.timers.pending == 0, what="delivered by the master")
+    assert [m["body"] for m in await _pull(node, "t")] == ["held"]
+
+
+async def test_a_delay_message_pinned_to_a_queue_its_topic_has_not_is_refused(
+    node: Node,
+) -> None:
+    """A plain produce refuses a queue_id its topic has not (422) when it encodes; a
+    delay message's record goes to the timer topic's one queue, so its queue_id went
+    unchecked: it was stored, and dropped at its time (found by the broker simulation,
+    seed 404: a produce pinned to a queue of a topic made again with fewer queues in
+    the meantime). It is refused as a plain produce is, and nothing is written."""
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 2})
+    before = node.log_state()
+    for delayed in ({"delay_ms": 100}, {}):
+        r = await node.http.post(
+            "/v1/topics/t/messages", json={"messages": [{"body": "x", "queue_id": 2, **delayed}]}
+        )
+        assert r.status_code == 422 and "queue_id 2 is not in 0..1" in r.text, r.text
+    assert node.log_state() == before

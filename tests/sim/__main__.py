@@ -43,6 +43,12 @@ def main() -> int:
         default=True,
         help="with --broker: POP groups (default: as the seed draws)",
     )
+    ap.add_argument(
+        "--delay",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --broker: delay messages (default: as the seed draws)",
+    )
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
@@ -54,6 +60,7 @@ def main() -> int:
             batch_records=a.batch_records,
             transfers=a.transfers,
             pop=a.pop,
+            delay=a.delay,
         )
         if a.broker
         else functools.partial(run_seed, transfers=a.transfers)

@@ -79,7 +79,12 @@ each receive (``wait_ms`` 0), then ack (mostly), nack, change the invisible time
 forget a message (it comes back, or goes to the dead letters), sometimes after its
 invisible time; a FIFO consumer retries a receive whose answer it lost with the same
 ``attempt_id``. They go on after healing until every message is done
-(``tests/sim/pop_sim.py``, whose docstring lists the POP checks).
+(``tests/sim/pop_sim.py``, whose docstring lists the POP checks). In another quarter
+(``DelayKnobs``, streams of their own) producers send delay messages through the
+master's real ``Timers`` and a client recalls some; every node runs the release loop
+(the real ``Timers.step``, turned by ``TimerLoop`` as ``Timers.run`` turns it, its wake
+a ``drive.Wake``, its lock a ``drive.Lock``) on the simulated clock
+(``tests/sim/delay_sim.py``, whose docstring lists the delay checks).
 
 What is checked, against :class:`LogModel` (an independent model of the committed log)
 and in Jepsen's words:
@@ -116,6 +121,12 @@ and in Jepsen's words:
   is done in the state within ``POP_DONE_WITHIN_MS`` ("liveness: POP"), each one acked
   or dead-lettered in the log (bar what the tag filter passes over and what retention
   deleted on a master), and the state counts exactly the dead letters;
+- delay messages (``DelayChecker``, on every committed entry, answer and dispatch step):
+  no copy is stored before its time, a timer has at most one copy and none after its
+  cancel or drop, recall answers agree with the log, every node's ``TimerState`` is the
+  same at the same applied index and counts the log, the release loop never spins;
+  after healing every timer ends within ``DELAY_DONE_WITHIN_MS`` ("liveness: delay"),
+  delivered exactly once, cancelled or dropped;
 - after convergence: every node dispatched everything; metadata (topics, offsets,
   producer sessions; and, in the snapshot comparison, POP state) is identical on every
   node and equals the model; every queue starts
@@ -202,6 +213,9 @@ from broker.message import (
 from broker.metadata import (
     POP_OP_PREFIX,
     SYS_TOPIC,
+    SYSTEM_TOPICS,
+    TIMER_OP_PREFIX,
+    TIMER_TOPIC,
     TOPIC_NAME,
     MetadataState,
     SnapshotFiles,
@@ -216,6 +230,8 @@ from broker.promotion import Promotion, Step, own_term_committed, queue_table_fr
 from broker.properties import split_keys
 from broker.reads import Reads
 from broker.settings import BrokerSettings
+from broker.timers.applier import PROP_TIMER_ORIGIN, TimerApplier
+from broker.timers.service import Timers
 from broker.topics import MetadataLog, Topics
 from consumequeue import (
     UNIT_SIZE,
@@ -234,8 +250,17 @@ from dledger.core.snapshot import Snapshot
 from dledger.runtime.server import DLedgerServer
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, Entry, FileStore
 
+from .clients import Batch, ProducerClient, target, user_topics
 from .collaborators import CountedSessions, SimReput, SimServer
-from .drive import Conditions, Lock, Task, Wait
+from .delay_sim import (
+    DELAY_DONE_WITHIN_MS,
+    DelayChecker,
+    DelayKnobs,
+    DelayWorkload,
+    TimerLoop,
+    deliver_ms_of,
+)
+from .drive import Conditions, Lock, Task, Wait, Wake
 from .pop_sim import POP_DONE_WITHIN_MS, PopChecker, PopKnobs, PopWorkload
 from .sim import (
     LIVENESS,
@@ -268,12 +293,6 @@ Result = tuple[int, int, int]  # (queue_id, queue_offset, commitlog_offset)
 Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
 
 
-def _user_topics(bn: BrokerNode) -> list[str]:
-    """The topics clients produce to and commit offsets of: not a POP group's dead
-    letters (``%DLQ%<group>``, written by the master alone)."""
-    return [t for t in sorted(bn.meta.topics) if not t.startswith(DLQ_PREFIX)]
-
-
 def _no_reply(kind: str, payload: Any) -> None:
     """For a task held while its node is paused: its request has a reply of its own."""
 
@@ -295,6 +314,7 @@ def broker_replay_command(
     batch_records: bool | None = None,
     transfers: bool = True,
     pop: bool = True,
+    delay: bool = True,
 ) -> str:
     more = f" --explore {','.join(sorted(explore))}" if explore else ""
     more += f" --fault-ms {fault_ms}" if fault_ms != FAULT_MS else ""
@@ -302,6 +322,7 @@ def broker_replay_command(
         more += " --batch-records" if batch_records else " --no-batch-records"
     more += "" if transfers else " --no-transfers"
     more += "" if pop else " --no-pop"
+    more += "" if delay else " --no-delay"
     return f".venv/bin/python -m tests.sim --broker --seed {seed}{more} --verbose"
 
 
@@ -490,7 +511,9 @@ class LogModel:
     def __init__(self, fail: Callable[[str], None]) -> None:
         self.fail = fail
         self.pop: PopChecker  # what the log says of POP groups (set by the simulation)
+        self.delay: DelayChecker  # ... and of delay messages
         self.end = -1
+        self.term = 0
         self.pos: dict[int, int] = {}
         self.incarnations: dict[str, list[Incarnation]] = {}
         self.queues: dict[tuple[str, int, int], ModelQueue] = {}
@@ -530,6 +553,7 @@ class LogModel:
     def feed(self, e: Entry) -> None:
         assert e.index == self.end + 1, (e.index, self.end)
         self.end = e.index
+        self.term = e.term  # the entry's being fed
         self.pos[e.index] = e.pos
         if e.magic == MAGIC_NOOP:
             return
@@ -547,18 +571,29 @@ class LogModel:
             self._apply_op(e.index, m)
             return
         dead_letter = m.topic.startswith(DLQ_PREFIX)  # a copy of a POP group's message
+        copy = PROP_TIMER_ORIGIN in m.properties  # a delay message's delivery
         for logged in _messages_of(m, e.body, clo):
-            self._feed_message(e.index, m, logged, dead_letter=dead_letter)
+            self._feed_message(e.index, m, logged, dead_letter=dead_letter, copy=copy)
 
     def _feed_message(
-        self, index: int, m: StoredMessage, logged: LoggedMessage, *, dead_letter: bool = False
+        self,
+        index: int,
+        m: StoredMessage,
+        logged: LoggedMessage,
+        *,
+        dead_letter: bool = False,
+        copy: bool = False,
     ) -> None:
         """One message of the committed record ``m`` (a batch record holds several); a
-        dead letter holds the body of the message it copies (``PopChecker`` checks it)."""
+        dead letter holds the body of the message it copies (``PopChecker`` checks it),
+        and so does a delay message's copy (``DelayChecker``). The records of the timer
+        topic are the delay messages as sent; their units' tag code is their time."""
         body, session, queue_offset, address, tags, keys = logged
         key = b"|".join(body.split(b"|", 3)[:3]).decode()  # "producer|seq|index in batch"
         if dead_letter:
             self.pop.log_dead_letter(index, m, key)
+        elif copy:
+            self.delay.log_copy(index, m, key)
         else:
             if key not in self.sent:
                 self.fail(f"unexpected: entry {index} holds message {key!r}, never sent")
@@ -583,12 +618,15 @@ class LogModel:
                     f"commit order gives {len(q.indexes)}"
                 )
             q.indexes.append(index)
-            q.units.append((m.physical_offset, m.size, tags_hash(tags)))
+            code = deliver_ms_of(m) if m.topic == TIMER_TOPIC else tags_hash(tags)
+            q.units.append((m.physical_offset, m.size, code))
             q.ids.append(key)
-        if not dead_letter:
+        if m.topic == TIMER_TOPIC:
+            self.delay.log_scheduled(index, m, key, queue_offset)
+        if not (dead_letter or copy):
             self.by_id[key] = address
         self.messages[address] = ModelMessage(
-            index, f"{m.topic}:{key}" if dead_letter else key, m.topic, m.queue_id,
+            index, f"{m.topic}:{key}" if dead_letter or copy else key, m.topic, m.queue_id,
             queue_offset, m.size, keys, placed,
         )  # fmt: skip
 
@@ -611,9 +649,13 @@ class LogModel:
         if kind.startswith(POP_OP_PREFIX):
             self.pop.log_op(index, m.store_timestamp, op)
             return
+        if kind.startswith(TIMER_OP_PREFIX):
+            self.delay.log_op(index, op)
+            return
         cur = self.current(name)
         if kind == "create_topic":
-            if cur is None and TOPIC_NAME.fullmatch(name) and int(op["queues"]) >= 1:
+            named = TOPIC_NAME.fullmatch(name) or name in SYSTEM_TOPICS
+            if cur is None and named and int(op["queues"]) >= 1:
                 self.incarnations.setdefault(name, []).append(
                     Incarnation(name, int(op["queues"]), index)
                 )
@@ -725,19 +767,27 @@ class BrokerNode:
             dispatch=self.dispatcher,
             stats=Counter(),  # not the simulation's: a seed without POP traces as before
         )
-        self.pop = PopGroups(
-            settings=s,
-            gate=self.gate,
-            topics=self.topics,
-            metalog=self.metalog,
-            meta=self.meta,
-            reads=self.reads,
-            producer=self.producer,
-            dispatch=self.dispatcher,
-            applier=next(a for a in self.dispatcher.state if isinstance(a, PopApplier)),
-            clock=sim.clock,
-            lock=Lock,
-        )
+        # What the master's POP and timer services take alike (a drive.Lock: a contended
+        # asyncio.Lock needs a loop).
+        common: dict[str, Any] = {
+            "settings": s,
+            "gate": self.gate,
+            "topics": self.topics,
+            "metalog": self.metalog,
+            "meta": self.meta,
+            "reads": self.reads,
+            "producer": self.producer,
+            "dispatch": self.dispatcher,
+            "clock": sim.clock,
+            "lock": Lock,
+        }
+        appliers = self.dispatcher.state
+        pop = next(a for a in appliers if isinstance(a, PopApplier))
+        self.pop = PopGroups(**common, applier=pop)
+        self.wake = Wake()  # the release loop's (``TimerLoop`` turns it)
+        timers = next(a for a in appliers if isinstance(a, TimerApplier))
+        self.timers = Timers(**common, cq=self.cq, applier=timers, wake=lambda: self.wake)
+        self.dispatcher.pinned = self.timers.pinned_entry_pos
         self.promotion: Promotion | None = None  # LEADER, not yet MASTER: the real rule
         self.tasks: list[tuple[Task, Reply]] = []  # requests being served, oldest first
         self.held: list[tuple[Callable[[], None], Reply]] = []  # requests while paused
@@ -835,6 +885,7 @@ class BrokerChecker(Checker):
             sim.batch_records,
             sim.transfers_on,
             sim.pop_asked,
+            sim.delay_asked,
         )
         raise InvariantViolationError(f"seed {sim.seed} t={sim.now_ms}: {what}\nreplay: {replay}")
 
@@ -896,6 +947,7 @@ class BrokerChecker(Checker):
                 self.fail(f"{n.node_id} keeps {q.max_offset} units of deleted {name}/{qid}")
         self._check_offsets(n, bn)
         self.sim.pop_checker.check_replica(n.node_id, applied, bn.meta.pop)
+        self.sim.delay_checker.check_replica(n.node_id, applied, bn.meta.timers)
 
     def _check_queue(
         self, n: SimNode, bn: BrokerNode, name: str, created: int, qid: int, dispatched: int
@@ -1136,23 +1188,6 @@ class BrokerChecker(Checker):
 
 
 @dataclass(slots=True)
-class Batch:
-    pid: str
-    seq: int
-    topic: str
-    messages: list[NewMessage]
-    attempts: int = 0
-
-
-@dataclass(slots=True)
-class ProducerClient:
-    pid: str
-    next_seq: int = 0
-    batch: Batch | None = None
-    attempt: int = 0  # the attempt awaiting a reply; 0 = none
-
-
-@dataclass(slots=True)
 class Consumer:
     group: str
     last: dict[tuple[str, int, int], int] = field(default_factory=dict)
@@ -1197,6 +1232,7 @@ class BrokerSimulation(Simulation):
         batch_records: bool | None = None,
         transfers: bool = True,
         pop: bool = True,
+        delay: bool = True,
     ) -> None:
         super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose, transfers=transfers)
         unknown = explore - KNOWN_BUGS.keys()
@@ -1205,6 +1241,7 @@ class BrokerSimulation(Simulation):
         self.batch_records = batch_records  # as asked (None: drawn), for the replay command
         self.transfers_on = transfers
         self.pop_asked = pop  # (False: no POP groups, whatever the seed draws)
+        self.delay_asked = delay  # (False: no delay messages, whatever the seed draws)
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
         self.wipe_rng = self.bknobs.side_draws(seed)
         self.retain_rng = self.bknobs.retention_draws(seed)
@@ -1239,6 +1276,15 @@ class BrokerSimulation(Simulation):
         self.pop = (
             None if self.pop_knobs is None else PopWorkload(self, self.pop_knobs, self.pop_checker)
         )
+        # Delay messages (issue 29), from streams of their own: None in most seeds
+        self.delay_knobs = DelayKnobs.from_seed(seed) if delay else None
+        self.delay_checker = DelayChecker(self, self.model, self.delay_knobs)
+        self.model.delay = self.delay_checker
+        self.delay = (
+            None
+            if self.delay_knobs is None
+            else DelayWorkload(self, self.delay_knobs, self.delay_checker)
+        )
         self._uniq = itertools.count()
         self._attempts = itertools.count(1)
         self.acked: dict[tuple[str, int], list[Result]] = {}
@@ -1268,6 +1314,7 @@ class BrokerSimulation(Simulation):
             disk_check_interval_ms=NEVER,
             consume_queue=CQ_SETTINGS,
             key_index=KEY_SETTINGS,
+            **({} if self.delay_knobs is None else {"timer_window_ms": self.delay_knobs.window_ms}),
         )
 
     def clock(self) -> int:
@@ -1305,6 +1352,8 @@ class BrokerSimulation(Simulation):
         self.checker.check_node(n, bn)
         self._count_recovery(bn)
         _housekeep(d)  # the Broker offers the snapshot it recovered, then its loop runs
+        if self.delay is not None:
+            TimerLoop(self, n, bn).start()  # (and the release loop)
         gen = n.restarts
         self.at(
             self.now_ms + self.rng.randint(*self.bknobs.persist_every_ms),
@@ -1710,6 +1759,9 @@ class BrokerSimulation(Simulation):
             # After healing (at the end of the fault phase) every message must be done
             # within a bound, named ahead of the generic "no convergence".
             self.at(self.knobs.fault_ms + POP_DONE_WITHIN_MS, "liveness", self._pop_liveness)
+        if self.delay is not None:
+            self.delay.start()
+            self.at(self.knobs.fault_ms + DELAY_DONE_WITHIN_MS, "liveness", self._delay_liveness)
 
     def _serve(
         self,
@@ -1794,17 +1846,12 @@ class BrokerSimulation(Simulation):
     # ---- clients ----------------------------------------------------------------------------
 
     def _target(self) -> SimNode | None:
-        """Where a client sends a write: a node it believes is master (perhaps a paused or
-        deposed one), now and then any node (which refuses), or nobody yet."""
-        masters = [
-            n
-            for n in self.nodes
-            if (bn := self.brokers.get(n.node_id)) is not None and bn.role is BrokerRole.MASTER
-        ]
-        if masters and self.rng.random() < 0.9:
-            return self.rng.choice(masters)
-        alive = [n for n in self.nodes if n.core is not None]
-        return self.rng.choice(alive) if alive and self.rng.random() < 0.5 else None
+        return target(self, self.rng)
+
+    def messages_coming(self) -> bool:
+        """Messages may still be added to the topics: the workload goes on, or delay
+        messages are not all delivered."""
+        return self.workload_on or (self.delay is not None and self.delay.busy())
 
     def _master_view(self) -> BrokerNode | None:
         for n in self.nodes:
@@ -1823,10 +1870,10 @@ class BrokerSimulation(Simulation):
             view = self._master_view()
             if not self.workload_on:
                 return
-            if view is None or not _user_topics(view):
+            if view is None or not user_topics(view):
                 self._later(20, 100, "producer", lambda: self._produce(p))
                 return
-            topic = self.rng.choice(_user_topics(view))
+            topic = self.rng.choice(user_topics(view))
             msgs = []
             for k in range(self.rng.randint(1, self.bknobs.batch_max)):
                 r = self.rng.random()
@@ -1894,9 +1941,9 @@ class BrokerSimulation(Simulation):
             return
         self._later(*self.bknobs.commit_every_ms, "consumer", lambda: self._commit(c))
         view = self._master_view()
-        if c.attempt or view is None or not _user_topics(view):
+        if c.attempt or view is None or not user_topics(view):
             return
-        name = self.rng.choice(_user_topics(view))
+        name = self.rng.choice(user_topics(view))
         t = view.meta.topics[name]
         offsets = {}
         for qid in range(t.queues):
@@ -2021,6 +2068,20 @@ class BrokerSimulation(Simulation):
                 f"{POP_DONE_WITHIN_MS} ms after healing, first {pending[:3]}; their queues {state}"
             )
 
+    def _delay_liveness(self) -> None:
+        view = self._master_view()
+        pending = self.delay_checker.pending(view)
+        batches = [f"{p.pid} seq={p.batch.seq}" for p in self.delay.producers if p.batch]
+        if pending or batches:
+            timers = self.delay_checker.timers
+            first = [(t, timers[t].deliver_ms - EPOCH_MS) for t in pending[:3] if t >= 0]
+            heap = None if view is None else sorted(view.timers._heap)[:3]
+            self.checker.fail(
+                f"{LIVENESS} delay: {len(pending)} timers pending and batches {batches} not "
+                f"acknowledged {DELAY_DONE_WITHIN_MS} ms after healing; first (timer, due at "
+                f"ms) {first}; the master's heap {heap}"
+            )
+
     def _liveness_status(self) -> str:
         waiting = [
             f"{p.pid} seq={p.batch.seq} x{p.batch.attempts}" for p in self.producers if p.batch
@@ -2042,6 +2103,7 @@ class BrokerSimulation(Simulation):
         busy = any(p.batch is not None for p in self.producers)
         busy |= any(c.attempt for c in self.consumers)
         busy |= self.pop is not None and self.pop.busy()
+        busy |= self.delay is not None and self.delay.busy()
         return not (busy or self.admin.goals or self.admin.attempt)
 
     def final_checks(self) -> None:
@@ -2050,6 +2112,7 @@ class BrokerSimulation(Simulation):
         first = self.brokers[self.nodes[0].node_id]
         assert first is not None
         self.pop_checker.final(first)
+        self.delay_checker.final()
         acked = sum(1 for _ in self.acked)
         self.trace(
             f"broker final: {acked} batches acknowledged, {dict(sorted(self.stats.items()))}"
@@ -2066,10 +2129,12 @@ def run_broker_seed(
     batch_records: bool | None = None,
     transfers: bool = True,
     pop: bool = True,
+    delay: bool = True,
 ) -> BrokerSimulation:
     """Run one seed; ``batch_records`` None: drawn from the seed (``batch_draws``);
     ``transfers=False``: no leadership transfers (``TransferKnobs``; pinned seeds);
-    ``pop=False``: no POP groups (``PopKnobs``; the seeds pinned before issue 28)."""
+    ``pop=False``: no POP groups (``PopKnobs``; the seeds pinned before issue 28);
+    ``delay=False``: no delay messages (``DelayKnobs``; the seeds pinned before issue 29)."""
     root = sim_root()
     sim = BrokerSimulation(
         seed,
@@ -2080,11 +2145,14 @@ def run_broker_seed(
         batch_records=batch_records,
         transfers=transfers,
         pop=pop,
+        delay=delay,
     )
     try:
         sim.execute()
     except BaseException as e:
-        replay = broker_replay_command(seed, explore, fault_ms, batch_records, transfers, pop)
+        replay = broker_replay_command(
+            seed, explore, fault_ms, batch_records, transfers, pop, delay
+        )
         e.add_note(f"seed {seed}, replay: {replay}")
         raise
     finally:

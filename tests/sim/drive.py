@@ -10,7 +10,8 @@ events: a proposal done, a dispatch step, a time-out on the simulated clock
 schedules the task's next ``step`` as an event of its own, as asyncio's ``call_soon``
 does: a task never runs inside another task's step. ``asyncio.sleep(0)`` (the reads
 yield once per pull) is a bare yield: the task goes on in an event of its own at once.
-``Lock`` is ``asyncio.Lock`` for driven tasks (a contended ``asyncio.Lock`` needs a loop).
+``Lock`` is ``asyncio.Lock`` for driven tasks (a contended ``asyncio.Lock`` needs a loop),
+and ``Wake`` the ``asyncio.Event`` of a loop the simulation runs one turn at a time.
 
 Invariants:
 - a task runs only in ``step``: up to its next unsettled ``Wait`` or to its end, which
@@ -238,3 +239,29 @@ class Lock:
             self._waiters.popleft().set_result(None)  # it stays held, by the next one
         else:
             self._locked = False
+
+
+class Wake:
+    """``asyncio.Event`` for a loop the simulation drives in turns (``Timers.run``'s
+    wake, ``broker/timers/service.py``): nobody awaits it; ``set`` tells ``on_set``, and
+    the driver starts the loop's next turn at once if the loop waits between turns."""
+
+    __slots__ = ("_set", "on_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self.on_set: Callable[[], None] | None = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        self._set = True
+        if self.on_set is not None:
+            self.on_set()
+
+    def clear(self) -> None:
+        self._set = False
+
+    async def wait(self) -> bool:
+        raise AssertionError("a driven loop waits between turns in its driver, not here")

@@ -55,15 +55,11 @@ hands out messages nobody holds; the checks above allow for them but cannot see 
 
 from __future__ import annotations
 
-import hashlib
 import random
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
-from broker.gate import BrokerRole
 from broker.message import StoredMessage, decode_properties
 from broker.pop.applier import (
     DLQ_PREFIX,
@@ -78,11 +74,12 @@ from broker.pop.state import PopConfig, PopState
 from consumequeue import tags_hash
 from tests.pop_rules import History, Seen
 
+from .clients import SameAtIndex, SideClients
+
 if TYPE_CHECKING:
     from broker.message import RecordHead
 
     from .broker_sim import BrokerNode, BrokerSimulation, LogModel
-    from .sim import SimNode
 
 POP_CHANCE = 0.25  # of the seeds run POP consumers (drawn from the seed's "pop" stream)
 POP_DONE_WITHIN_MS = 12_000  # after healing: every message acked or dead-lettered
@@ -92,7 +89,6 @@ MAX_ACK = 32  # handles in one ack
 MsgKey = tuple[str, str, int, int, int]  # group, topic, its creating entry, queue, offset
 QueueKey = tuple[str, str, int, int]  # group, topic, its creating entry, queue
 Made = tuple[str, int, int, str, str | None]  # topic, queue, queue offset, body key, tags
-Reply = Callable[[str, Any], None]  # ("ok" | "refused" | "unknown", payload)
 
 
 def _made(
@@ -209,8 +205,8 @@ class PopChecker:
         # The clients
         self.history: dict[MsgKey, History] = {}
         self.by_queue: dict[QueueKey, dict[int, list[int]]] = {}  # offset -> epochs seen
-        # Replicas: the POP state's digest by applied index (the first node's to get there)
-        self.replicas: dict[int, tuple[str, str]] = {}
+        # Replicas: the POP state by applied index (the first node's to get there)
+        self.replicas = SameAtIndex()
         # Retention: the highest log head a node had while it was MASTER; a group cannot
         # get the messages before it (exempt from "every message is done").
         self.gone_pos = 0
@@ -484,10 +480,9 @@ class PopChecker:
         """Every node's POP state is the same at the same applied index."""
         if not self.plans:
             return
-        digest = hashlib.sha256(orjson.dumps(state.to_json())).hexdigest()
-        first = self.replicas.setdefault(applied, (node_id, digest))
-        if first[1] != digest:
-            self.fail(f"{node_id}'s state at applied index {applied} differs from {first[0]}'s")
+        other = self.replicas.differs(node_id, applied, state.to_json())
+        if other is not None:
+            self.fail(f"{node_id}'s state at applied index {applied} differs from {other}'s")
 
     # ---- liveness and the end ------------------------------------------------------------------
 
@@ -563,36 +558,27 @@ def _name(key: MsgKey) -> str:
 # ---- the clients ------------------------------------------------------------------------------
 
 
-class PopWorkload:
+class PopWorkload(SideClients):
     """The POP admin and consumers of one run, on the simulation's events: each request
     goes to a node the client believes is MASTER (``BrokerSimulation._request``) and
     runs the node's real ``PopGroups`` there (``_serve``). Its draws come from a stream
     of their own."""
 
     def __init__(self, sim: BrokerSimulation, knobs: PopKnobs, checker: PopChecker) -> None:
-        self.sim = sim
+        super().__init__(sim, f"{sim.seed}/pop-events")
         self.knobs = knobs
         self.checker = checker
-        self.rng = random.Random(f"{sim.seed}/pop-events")
         self.consumers = [
             PopConsumer(f"{p.name}c{i}", p) for p in knobs.groups for i in range(p.consumers)
         ]
         self.to_configure = list(knobs.groups)
         self.admin_attempt = 0
-        self._attempts = 0
         self._pending: tuple[int, int] | None = None  # (now_ms, how many), cached
-
-    def _next_attempt(self) -> int:
-        self._attempts += 1
-        return self._attempts
 
     def start(self) -> None:
         self._later(1, 10, "pop admin", self._admin)
         for c in self.consumers:
             self._later(1, 50, f"pop {c.name}", lambda c=c: self._step(c))
-
-    def _later(self, lo_ms: int, hi_ms: int, what: str, fn: Callable[[], None]) -> None:
-        self.sim.at(self.sim.now_ms + self.rng.randint(lo_ms, hi_ms), what, fn)
 
     def pending(self) -> int:
         """Messages not done yet in the master's state (cached per simulated ms)."""
@@ -602,8 +588,9 @@ class PopWorkload:
         return self._pending[1]
 
     def active(self) -> bool:
-        """Clients work while the simulation's workload does, then until all is done."""
-        return self.sim.workload_on or bool(self.to_configure) or self.pending() > 0
+        """Clients work while messages may come (the simulation's workload, delay
+        messages not delivered yet), then until all is done."""
+        return self.sim.messages_coming() or bool(self.to_configure) or self.pending() > 0
 
     def busy(self) -> bool:
         """Not converged: a request outstanding, a group not configured, work left."""
@@ -613,45 +600,6 @@ class PopWorkload:
             or any(c.attempt for c in self.consumers)
             or self.pending() > 0
         )
-
-    def _target(self) -> SimNode | None:
-        """As ``BrokerSimulation._target``, with this workload's draws."""
-        sim = self.sim
-        masters = [
-            n
-            for n in sim.nodes
-            if (bn := sim.brokers.get(n.node_id)) is not None and bn.role is BrokerRole.MASTER
-        ]
-        if masters and self.rng.random() < 0.9:
-            return self.rng.choice(masters)
-        alive = [n for n in sim.nodes if n.core is not None]
-        return self.rng.choice(alive) if alive and self.rng.random() < 0.5 else None
-
-    def _send(
-        self,
-        what: str,
-        handler: Callable[[BrokerNode], Coroutine[Any, Any, Any]],
-        reply: Reply,
-        ok: Callable[[Any], Any] = lambda x: x,
-    ) -> bool:
-        """Send a request to a node (False: nobody to send it to); a client time-out
-        answers "unknown" unless the reply came first (``reply`` sorts that out)."""
-        sim = self.sim
-        n = self._target()
-        if n is None:
-            return False
-        sim.at(
-            sim.now_ms + sim.bknobs.client_timeout_ms,
-            "client timeout",
-            lambda: reply("unknown", "client timeout"),
-        )
-
-        def handle() -> None:
-            bn = sim._bn(n)
-            sim._serve(n, bn, what, handler(bn), reply, ok)
-
-        sim._request(n, what, handle, reply, self.rng)
-        return True
 
     # ---- the admin: each group's configuration --------------------------------------------
 

@@ -15,9 +15,11 @@ on) and an xfail test with a seed that reproduces it. Fixed bugs keep their seed
 ``FIXED``: it runs with every knob as drawn, the former trigger included, and must pass
 after exercising what once failed. They, and the seeds of the planted-bug tests found
 before issue 26, run without leadership transfers (``transfers=False``): as found; every
-seed pinned before issue 28 runs without POP groups (``pop=False``), as found. POP
-groups run in a quarter of the seeds (``tests/sim/pop_sim.py``), and planted bugs in the
-POP rule, its applier and the master's side fail seeds of their own.
+seed pinned before issue 28 runs without POP groups (``pop=False``), and every seed
+pinned before issue 29 without delay messages (``delay=False``), as found. POP groups
+run in a quarter of the seeds (``tests/sim/pop_sim.py``), and so do delay messages
+(``tests/sim/delay_sim.py``); planted bugs in the POP rule, its applier and the master's
+side, and in the timer state, its applier and the release loop, fail seeds of their own.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from dledger.codes import DLedgerError
 from dledger.runtime.server import NotLeaderError
 
 from .broker_sim import KNOWN_BUGS, BrokerKnobs, run_broker_seed
+from .delay_sim import DelayKnobs
 from .pop_sim import PopKnobs
 from .sim import (
     LIVENESS,
@@ -129,6 +132,8 @@ FIXED: list[tuple[str, int, int, str | None, str]] = [
 
 # What each CI seed's POP groups did (issue 28), for ``test_the_seeds_drive_pop_groups``.
 _POP: dict[int, Counter[str]] = {}
+# ... and its delay messages (issue 29), for ``test_the_seeds_drive_delay_messages``.
+_DELAY: dict[int, Counter[str]] = {}
 # What each CI seed did of retention and INSTALL_SNAPSHOT: (installs, power losses
 # between an install and the log reset), for ``test_the_seeds_install_snapshots``.
 _INSTALLS: dict[int, tuple[int, int]] = {}
@@ -150,6 +155,11 @@ def test_seed_keeps_the_broker_invariants_and_converges(seed: int) -> None:
         pop["FIFO groups"] = sum(p.config.fifo for p in sim.pop_knobs.groups)
         pop["retentions"] = sim.stats["retentions"]
         _POP[seed] = pop
+    if sim.delay_knobs is not None:
+        delay = Counter({k: v for k, v in sim.stats.items() if k.startswith("delay ")})
+        for k in ("retentions", "installs", "crashes after install"):
+            delay[k] = sim.stats[k]
+        _DELAY[seed] = delay
 
 
 def test_the_seeds_install_snapshots() -> None:
@@ -208,7 +218,33 @@ def test_the_seeds_drive_pop_groups() -> None:
     assert any(c["pop receives retried with their attempt_id"] for c in _POP.values()), _POP
 
 
-@pytest.mark.parametrize("seed", [7, 1])  # (1 runs POP groups)
+def test_the_seeds_drive_delay_messages() -> None:
+    """The CI seeds (run above) with delay messages (a quarter of them) cover what the
+    delay checks are about: messages delivered, some on time for a master that was
+    elected after they were scheduled, some read from the log by a refill (due beyond
+    the window when scheduled), recalls that cancelled and recalls too late, recalls
+    asked again, releases that failed and were retried, timers dropped with their
+    topic, delay messages under retention; and every timer ends (the seeds pass)."""
+    delay_seeds = [s for s in SEEDS if DelayKnobs.from_seed(s) is not None]
+    if _DELAY.keys() != set(delay_seeds):
+        pytest.skip("needs every CI seed run in this session")
+    assert len(delay_seeds) >= len(SEEDS) // 5, delay_seeds
+    for what, least in (
+        ("delay delivered", len(delay_seeds)),
+        ("delay delivered by a new master", 5),
+        ("delay delivered beyond the window", 5),
+        ("delay recalls answered recalled", 5),
+        ("delay recalls answered delivered", 5),
+        ("delay recalls asked again", 5),
+        ("delay releases failed", 2),
+        ("delay dropped", 1),
+        ("retentions", 5),
+    ):
+        seeds = [s for s, c in _DELAY.items() if c[what] > 0]
+        assert len(seeds) >= least, (what, seeds)
+
+
+@pytest.mark.parametrize("seed", [7, 1, 15])  # (1 runs POP groups, 15 delay messages)
 def test_same_seed_gives_the_same_trace_digest(seed: int) -> None:
     a, b = run_broker_seed(seed), run_broker_seed(seed)
     assert a.trace_lines == b.trace_lines > 100
@@ -266,7 +302,9 @@ def test_every_known_bug_has_a_reproducer() -> None:
 def test_fixed_broker_bug_seed_passes(
     bug: str, seed: int, fault_ms: int, exercised: str | None, said: str
 ) -> None:
-    sim = run_broker_seed(seed, fault_ms=fault_ms, batch_records=False, transfers=False, pop=False)
+    sim = run_broker_seed(
+        seed, fault_ms=fault_ms, batch_records=False, transfers=False, pop=False, delay=False
+    )
     assert sim.acked, "no produce was ever acknowledged"
     if exercised is not None:
         assert sim.stats[exercised] > 0, f"seed {seed} no longer exercises {bug} (said: {said})"
@@ -338,11 +376,11 @@ def test_a_bug_in_the_real_produce_path_fails_a_seed(
     module_name, name = where.split(".")
     module = {"produce": produce, "encode": encode}[module_name]
     owner = produce.Producer if module is produce else module
-    sim = run_broker_seed(seed, pop=False)  # without the bug the seed passes
+    sim = run_broker_seed(seed, pop=False, delay=False)  # without the bug the seed passes
     assert sim.acked
     _plant(monkeypatch.setattr, module, owner, name, good, bad)
     with pytest.raises(InvariantViolationError, match=re.escape(said)):
-        run_broker_seed(seed, pop=False)
+        run_broker_seed(seed, pop=False, delay=False)
 
 
 def test_a_bug_in_the_real_session_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -355,7 +393,9 @@ def test_a_bug_in_the_real_session_rule_fails_a_seed(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(ProducerSessions, "end", end_forgetting)
     with pytest.raises(InvariantViolationError, match="duplicated: message"):
-        run_broker_seed(39, fault_ms=3000, batch_records=False, transfers=False, pop=False)
+        run_broker_seed(
+            39, fault_ms=3000, batch_records=False, transfers=False, pop=False, delay=False
+        )
 
 
 def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -368,7 +408,7 @@ def test_a_bug_in_the_real_promotion_rule_fails_a_seed(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(Promotion, "advance", skip_dispatch)
     with pytest.raises(InvariantViolationError, match="inconsistent-offsets"):
-        run_broker_seed(0, batch_records=False, transfers=False, pop=False)
+        run_broker_seed(0, batch_records=False, transfers=False, pop=False, delay=False)
 
 
 # ---- issue 26: a failed leadership transfer must not leave the cluster without a master --
@@ -379,11 +419,11 @@ def test_a_stuck_transfer_in_the_real_core_fails_a_seed(monkeypatch: pytest.Monk
     leader's ``transferee`` set, so the master refuses every produce (LEADER_TRANSFERRING)
     while it leads. The liveness check after healing says so by name. Without the bug
     the seed passes, after its transfer failed."""
-    sim = run_broker_seed(STUCK_TRANSFER_SEED, pop=False)
+    sim = run_broker_seed(STUCK_TRANSFER_SEED, pop=False, delay=False)
     assert sim.transfers["crash failed"] > 0, sim.transfers
     plant_stuck_transferee(monkeypatch.setattr)
     with pytest.raises(InvariantViolationError, match=f"{LIVENESS} no produce acknowledged"):
-        run_broker_seed(STUCK_TRANSFER_SEED, pop=False)
+        run_broker_seed(STUCK_TRANSFER_SEED, pop=False, delay=False)
 
 
 def test_a_broker_that_takes_a_refusal_for_lost_leadership_fails_a_seed(
@@ -412,11 +452,13 @@ def test_a_broker_that_takes_a_refusal_for_lost_leadership_fails_a_seed(
             step_down(gate)
         return append_error(gate, e)
 
-    assert run_broker_seed(SLAVE_ON_REFUSAL_SEED, pop=False).transfers["drop failed"] > 0
+    assert (
+        run_broker_seed(SLAVE_ON_REFUSAL_SEED, pop=False, delay=False).transfers["drop failed"] > 0
+    )
     monkeypatch.setattr(WriteGate, "require_master", require_master_or_step_down)
     monkeypatch.setattr(WriteGate, "append_error", append_error_and_step_down)
     with pytest.raises(InvariantViolationError, match=f"{LIVENESS} no MASTER"):
-        run_broker_seed(SLAVE_ON_REFUSAL_SEED, pop=False)
+        run_broker_seed(SLAVE_ON_REFUSAL_SEED, pop=False, delay=False)
 
 
 # ---- issue 28: POP groups run the real rule, applier and master's side --------------------
@@ -426,7 +468,8 @@ def test_a_broker_that_takes_a_refusal_for_lost_leadership_fails_a_seed(
 # invariant it breaks (tests/sim/pop_sim.py).
 
 # (module, function, what it breaks, the line as it is, the line with the bug, seed, said)
-PLANTED_POP: list[tuple[str, str, str, str, str, int, str]] = [
+Planted = tuple[str, str, str, str, str, int, str]
+PLANTED_POP: list[Planted] = [
     # An ack needs the handle's epoch: a late ack whose message went out again in the
     # meantime (its entry raced the redelivery's) must not end the new delivery.
     ("state", "PopState.ack", "an ack without the epoch check",
@@ -458,28 +501,115 @@ PLANTED_POP: list[tuple[str, str, str, str, str, int, str]] = [
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("module_name", "where", "what", "good", "bad", "seed", "said"),
-    PLANTED_POP,
-    ids=[r[2] for r in PLANTED_POP],
-)
+@pytest.mark.parametrize("row", PLANTED_POP, ids=[r[2] for r in PLANTED_POP])
 def test_a_bug_in_the_real_pop_code_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch, row: Planted
+) -> None:
+    """The simulation drives the POP rule, its applier and the master's side as they
+    are: a one-line bug in any of them fails a seed with the broken invariant."""
+    module_name, where, _what, good, bad, seed, said = row
+    assert PopKnobs.from_seed(seed, ["T0"]) is not None, f"seed {seed} runs no POP groups"
+    _planted_bug_fails(
+        monkeypatch, f"broker.pop.{module_name}", where, good, bad, seed, said,
+        ran="pop delivered", delay=False,
+    )  # fmt: skip
+
+
+def _planted_bug_fails(
     monkeypatch: pytest.MonkeyPatch,
     module_name: str,
     where: str,
-    what: str,
     good: str,
     bad: str,
     seed: int,
     said: str,
+    *,
+    ran: str,
+    **run: Any,
 ) -> None:
-    """The simulation drives the POP rule, its applier and the master's side as they
-    are: a one-line bug in any of them fails a seed with the broken invariant."""
-    module = importlib.import_module(f"broker.pop.{module_name}")
+    """Without the bug the seed passes (a CI seed in the test above, another here once
+    its stats show ``ran``); with ``good`` replaced by ``bad`` in ``where`` of
+    ``module_name`` it fails saying ``said``."""
+    module = importlib.import_module(module_name)
     owner_name, name = where.split(".")
-    assert PopKnobs.from_seed(seed, ["T0"]) is not None, f"seed {seed} runs no POP groups"
-    if seed not in SEEDS:  # (a CI seed passes without the bug in the test above)
-        assert run_broker_seed(seed).stats["pop delivered"] > 0
+    if seed not in SEEDS:
+        assert run_broker_seed(seed, **run).stats[ran] > 0
     _plant(monkeypatch.setattr, module, getattr(module, owner_name), name, good, bad)
     with pytest.raises(InvariantViolationError, match=re.escape(said)):
-        run_broker_seed(seed)
+        run_broker_seed(seed, **run)
+
+
+# ---- issue 29: delay messages run the real timer state, applier and release loop ----------
+# The simulation's producers schedule and recall delay messages through the master's real
+# Timers (broker/timers/service.py), whose release loop (Timers.step) runs on every node on
+# the simulated clock, and every node applies the real TimerApplier (broker/timers/
+# applier.py) to the real TimerState (broker/timers/state.py). A one-line bug in any of them
+# fails a named seed with the invariant it breaks (tests/sim/delay_sim.py); the fixes found
+# by the simulation (issue 29) are among them, undone.
+
+PLANTED_DELAY: list[Planted] = [  # (as PLANTED_POP)
+    # A timer ends once: a cancel applied after the copy must change nothing.
+    ("state", "TimerState.finish", "a timer ended twice",
+     "if not 0 <= timer < self.end or self.is_done(timer):", "if not 0 <= timer < self.end:",
+     15, "n2's timers at applied index 35: {'scheduled': 10, 'delivered': 4, 'cancelled': 3,"),
+    # A copy ends its timer (the copy and the end are one entry).
+    ("applier", "TimerApplier.apply", "a copy that does not end its timer",
+     'if origin is None or not self.state.finish(origin, "delivered"):', "if origin is None:",
+     15, "n2's timers at applied index 9: {'scheduled': 4, 'delivered': 0, 'cancelled': 1,"),
+    # The release checks again, once the log is applied, that each timer is pending.
+    ("service", "Timers._release", "no second look after the wait",
+     "pending = [(timer, offset) for _, timer, offset in due if not self.state.is_done(timer)]",
+     "pending = [(timer, offset) for _, timer, offset in due]",
+     42, "entry 35, the copy of timer 2 (d1|0|0 at 1700000000393): delivered after it was"
+     " cancelled at entry 33"),
+    # Nothing is released before its time.
+    ("service", "Timers._due", "released 50 ms early",
+     "self._heap[0][0] <= now and", "self._heap[0][0] <= now + 50 and",
+     22, "entry 23, the copy of timer 0 (d1|0|0 at 1700000000478) stored at 1700000000451,"
+     " before its time"),
+    # Found by the simulation: a slave's loop waited for the first timer of its heap.
+    ("service", "Timers.step", "a deposed master's loop spins on its heap",
+     "if not master:\n        return None\n    due = self._due(now)",
+     "due = self._due(now) if master else []",
+     15, "the release loop on n2 (SLAVE) turned 100 times at 1502 ms releasing nothing"),
+    # Found by the simulation: a cancel appended while a release waited for the log came
+    # before the copy, whose recall was answered 200.
+    ("service", "Timers.release", "a cancel not waiting for a release",
+     "async with self._appending:", "if True:",
+     150, "entry 14, the copy of timer 1 (d0|0|1 at 1700000000932): delivered after it was"
+     " cancelled at entry 13"),
+    # Found by the simulation: a retry answered from the session table said its own now.
+    ("service", "Timers.schedule", "a retry answered with its own time",
+     "self._time_of(r.queue_offset, r.commitlog_offset, at),", "at,",
+     27, "d0|1|0 answered as (10717, 't1:9', 1700000002794), the log has"),
+    # Found by the simulation: a copy pinned to a queue its topic lost (deleted, made
+    # again with fewer queues) was refused on every release, and so were those due with it.
+    ("service", "Timers._release", "a copy pinned to a queue its topic lost",
+     "keep = [c for c in copies if t is not None and (c.queue_id or 0) < t.queues]",
+     "keep = [c for c in copies if t is not None]",
+     442, "n0: timers: message 0: queue_id 2 is not in 0..1"),
+    # Found by the simulation: a delay produce pinned to a queue its topic has not (made
+    # again with fewer) was stored, to be dropped at its time; a plain produce refuses it.
+    ("service", "Timers.produce", "a pinned queue its topic has not, taken",
+     "check_pinned_queue(m, i, topic.queues)", "pass",
+     404, "entry 95 drops timer 22 of T0, never deleted"),
+    # Found by the simulation: a cancelled timer fell below ``base`` with its byte and
+    # was forgotten, so a recall asked again answered ALREADY_DELIVERED.
+    ("state", "TimerState._trim", "a cancel forgotten with its byte",
+     "self.recalled += [self.base + 8 * j + b for b in range(8) if bits >> b & 1]", "pass",
+     119, "the recall of timer 7 (d1|2|1 at 1700000001529) answered delivered, first recalled"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", PLANTED_DELAY, ids=[r[2] for r in PLANTED_DELAY])
+def test_a_bug_in_the_real_timer_code_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch, row: Planted
+) -> None:
+    """The simulation drives the timer state, its applier and the master's release loop
+    as they are: a one-line bug in any of them fails a seed with the broken invariant."""
+    module_name, where, _what, good, bad, seed, said = row
+    assert DelayKnobs.from_seed(seed) is not None, f"seed {seed} runs no delay messages"
+    _planted_bug_fails(
+        monkeypatch, f"broker.timers.{module_name}", where, good, bad, seed, said,
+        ran="delay delivered",
+    )  # fmt: skip
