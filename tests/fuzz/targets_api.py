@@ -176,6 +176,7 @@ class _EmptyLog:
 
     ledger_end_index = -1
     committed_index = -1
+    ledger_begin_pos = committed_pos = 0  # (no record to read at any address)
 
 
 class _FuzzBroker(Broker):
