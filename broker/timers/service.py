@@ -345,10 +345,11 @@ class Timers:
             if wait == 0:
                 continue
             self._wake.clear()
+            # Not wait_for: cancelled as the wake is set, it returns, and the loop goes on
+            # (Broker.stop waited for it for ever after a recall).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._wake.wait(), timeout=IDLE_S if wait is None else min(IDLE_S, wait)
-                )
+                async with asyncio.timeout(IDLE_S if wait is None else min(IDLE_S, wait)):
+                    await self._wake.wait()
 
     async def step(self) -> float | None:
         """One turn of the release loop (``run``; the simulation drives it on its own
