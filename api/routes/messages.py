@@ -399,7 +399,7 @@ async def recall(
     timers: TimersDep,
     access: AccessDep,
 ) -> Response:
-    topic = timers.topic_of(recall_handle)
+    topic = await timers.topic_of(recall_handle)
     access.need("produce", topic) if topic is not None else access.need("admin")
     await timers.cancel(recall_handle)
     return JSONBytes({"recall_handle": recall_handle, "status": "CANCELLED"})

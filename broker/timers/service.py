@@ -245,12 +245,26 @@ class Timers:
                 raise errors.UnknownOutcomeError("the timer topic is not there yet; retry")
         return t
 
-    def topic_of(self, handle: str) -> str | None:
-        """The topic of the delay message a recall handle names (None when its record is
-        not readable here: done long ago); ``NotFoundError`` for no timer."""
+    async def _timer_of(self, handle: str) -> int:
+        """The timer a recall handle names; ``RecallHandleNotFoundError`` for none. A
+        produce is answered once its records are committed, perhaps before they are
+        applied here: a timer not known yet is looked for again once what is committed
+        is applied (``append_timeout_ms`` at most), and a slave, which may not have it
+        yet, sends the request to the master (``require_master``'s refusal)."""
         timer = parse_recall_handle(handle)
+        if timer is not None and timer >= self.state.end:
+            committed = self.gate.server.committed_index
+            await self.dispatch.wait_dispatched(committed, self.settings.append_timeout_ms / 1000)
+            if timer >= self.state.end:
+                self.gate.require_master()
         if timer is None or timer >= self.state.end:
             raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
+        return timer
+
+    async def topic_of(self, handle: str) -> str | None:
+        """The topic of the delay message a recall handle names (None when its record is
+        not readable here: done long ago); ``NotFoundError`` for no timer."""
+        timer = await self._timer_of(handle)
         unit = self._unit(timer)
         m = None if unit is None else self.reads.message_at(unit[0])
         return None if m is None else m.properties.get(PROP_REAL_TOPIC)
@@ -258,12 +272,10 @@ class Timers:
     async def cancel(self, handle: str) -> None:
         """Cancel a delay message before its delivery: ``AlreadyDeliveredError`` after it,
         nothing again for one cancelled already."""
-        timer = parse_recall_handle(handle)
-        if timer is None:
+        if parse_recall_handle(handle) is None:
             raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
         await self.gate.require_master_soon()
-        if timer >= self.state.end:
-            raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
+        timer = await self._timer_of(handle)
         async with self._appending:
             index = None
             if not self.state.is_done(timer):
@@ -345,8 +357,9 @@ class Timers:
             if wait == 0:
                 continue
             self._wake.clear()
+            # Not wait_for: cancelled as the wake is set, it returns, and the loop goes on
+            # (Broker.stop waited for it for ever after a recall).
             with contextlib.suppress(TimeoutError):
-                # (asyncio.timeout, not wait_for: on 3.11 that can swallow a stop's cancel)
                 async with asyncio.timeout(IDLE_S if wait is None else min(IDLE_S, wait)):
                     await self._wake.wait()
 

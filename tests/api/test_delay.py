@@ -498,3 +498,28 @@ async def test_a_delay_message_pinned_to_a_queue_its_topic_has_not_is_refused(
         )
         assert r.status_code == 422 and "queue_id 2 is not in 0..1" in r.text, r.text
     assert node.log_state() == before
+
+
+async def test_a_recall_right_after_its_produce_finds_it_while_the_dispatcher_lags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A produce is answered once committed, and waits for dispatch only a while: a
+    recall right after it, on a master whose dispatcher lagged, answered 404 (the timer
+    beyond ``end``). Found by the broker simulation (seed 887). It waits until what is
+    committed is applied now (and a slave sends it to the master)."""
+    async with running_node(node_settings(tmp_path / "n0", append_timeout_ms=300)) as node:
+        b = node.broker
+        await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+        await _send(node, "t", [{"body": "first", "delay_ms": 60_000}])  # (the timer topic)
+
+        async def idle(force: bool = False) -> None:
+            await asyncio.sleep(0.01)
+
+        with monkeypatch.context() as m:  # a dispatcher behind (its loop idles meanwhile)
+            m.setattr(b.dispatcher, "dispatch_some", lambda _max: 0)
+            m.setattr(b.dispatcher, "housekeep", idle)
+            [r] = await _send(node, "t", [{"body": "lagged", "delay_ms": 60_000}])
+        assert b.meta.timers.end == 1, "committed, answered, not applied yet"
+        answer = await node.http.delete(f"/v1/delayed/{r['recall_handle']}")
+        assert answer.status_code == 200, answer.text
+        assert b.meta.timers.stats["cancelled"] == 1

@@ -471,8 +471,9 @@ class DelayWorkload(SideClients):
             else:
                 self.recalls.remove(c)
 
-        async def recall(bn: BrokerNode) -> str:
+        async def recall(bn: BrokerNode) -> str:  # (as the route: its topic, then cancel)
             try:
+                await bn.timers.topic_of(c.handle)
                 await bn.timers.cancel(c.handle)
             except AlreadyDeliveredError:
                 return "delivered"

@@ -593,6 +593,11 @@ PLANTED_DELAY: list[Planted] = [  # (as PLANTED_POP)
     ("service", "Timers.produce", "a pinned queue its topic has not, taken",
      "check_pinned_queue(m, i, topic.queues)", "pass",
      404, "entry 95 drops timer 22 of T0, never deleted"),
+    # Found by the simulation: a recall right after its produce was answered (committed),
+    # on a master whose dispatcher lagged, did not find its timer (404).
+    ("service", "Timers._timer_of", "a recall not waiting for what is committed",
+     "await self.dispatch.wait_dispatched(committed, self.settings.append_timeout_ms / 1000)",
+     "pass", 887, "the recall of timer 15 (d0|2|1 at 1700000002653) answered not found"),
     # Found by the simulation: a cancelled timer fell below ``base`` with its byte and
     # was forgotten, so a recall asked again answered ALREADY_DELIVERED.
     ("state", "TimerState._trim", "a cancel forgotten with its byte",
