@@ -22,6 +22,7 @@ from .errors import (
     LedgerMQError,
     NoMasterError,
     NotMasterError,
+    TopicNotFoundError,
     make_error,
 )
 from .settings import ClientSettings, parse_brokers
@@ -241,6 +242,8 @@ class Exchange:
                 raise r.last or _unavailable(f"gave up after {r.attempts} requests")
             url = self._pick(call, r.skip)
             wait_s = 0.0
+            if url is None and isinstance(r.last, TopicNotFoundError):
+                raise r.last  # every replica that answered says so
             if url is None or r.redirects > s.max_redirects:
                 if r.last is None or isinstance(r.last, BrokerUnavailableError):
                     r.last = _unavailable(
@@ -270,6 +273,11 @@ class Exchange:
                     self.master = None
                 elif isinstance(err, CorruptEntryError) and not call.write:
                     r.skip.add(url)  # another replica's copy is intact: ask the next one
+                    continue
+                elif isinstance(err, TopicNotFoundError) and not call.write and url != self.master:
+                    # A follower behind the master has not applied the topic's creation
+                    # yet (another client just made it): ask the others before believing it.
+                    r.skip.add(url)
                     continue
                 elif err.code in RETRIED:
                     if err.code not in _SAME_MASTER:
