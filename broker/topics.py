@@ -146,6 +146,18 @@ class Topics:
             )
         return existing, created
 
+    async def system(self, name: str) -> TopicMeta:
+        """One of the broker's own ``SYSTEM_TOPICS`` (one queue, no client's), made on
+        its first use."""
+        assert name in SYSTEM_TOPICS, name
+        t = self.meta.topics.get(name)
+        if t is None:
+            await self.metalog.append(op_create_topic(name, 1))
+            t = self.meta.topics.get(name)
+            if t is None:
+                raise errors.UnknownOutcomeError(f"topic {name} is not there yet; retry")
+        return t
+
     async def get_or_create(self, name: str) -> TopicMeta:
         """The topic a produce writes to: created with the default queue count when
         ``auto_create_topics`` allows, else ``TopicNotFoundError``."""

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query
 from starlette.responses import Response
 
+from broker.copies import PROP_REAL_TOPIC
 from broker.reads import PulledMessage
 from broker.transactions.service import ROUTING_PROPERTIES, Check, transaction_id
 
@@ -50,7 +51,7 @@ def _message(m: PulledMessage) -> dict[str, Any]:
     except UnicodeDecodeError:
         body, encoding = base64.b64encode(m.body).decode("ascii"), "base64"
     return {
-        "topic": m.properties.get("REAL_TOPIC", m.topic),
+        "topic": m.properties.get(PROP_REAL_TOPIC, m.topic),
         "queue_id": None,
         "queue_offset": None,
         "msg_id": m.msg_id,

@@ -33,9 +33,6 @@ log = logging.getLogger(__name__)
 
 PROP_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"  # the time (RocketMQ's name); kept on the copy
 PROP_TIMER_ORIGIN = "TIMER_ORIGIN"  # on the copy: the timer it ends
-PROP_REAL_TOPIC = "REAL_TOPIC"  # on the timer record: the message's topic (RocketMQ's)
-PROP_REAL_QID = "REAL_QID"  # on the timer record: the queue the producer pinned
-PROP_TIMER_SHARDING_KEY = "TIMER_SHARDING_KEY"  # on the timer record: its sharding key
 OUTCOMES_KEPT = 1024
 
 OnScheduled = Callable[[int, int, int], None]

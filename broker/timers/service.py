@@ -43,6 +43,7 @@ from dledger.codes import DLedgerError
 from dledger.store import BODY_OFFSET
 
 from .. import errors
+from ..copies import PROP_REAL_TOPIC, copy_of, held
 from ..encode import check_pinned_queue
 from ..gate import WriteGate
 from ..message import MessageFormatError
@@ -51,15 +52,7 @@ from ..produce import NewMessage, Producer
 from ..reads import PulledMessage, Reads
 from ..settings import BrokerSettings
 from ..topics import MetadataLog, Topics, check_topic_name
-from .applier import (
-    PROP_REAL_QID,
-    PROP_REAL_TOPIC,
-    PROP_TIMER_DELIVER_MS,
-    PROP_TIMER_ORIGIN,
-    PROP_TIMER_SHARDING_KEY,
-    TimerApplier,
-    parse_timer,
-)
+from .applier import PROP_TIMER_DELIVER_MS, PROP_TIMER_ORIGIN, TimerApplier, parse_timer
 from .state import TimerState
 
 if TYPE_CHECKING:
@@ -71,7 +64,6 @@ RECALL_PREFIX = "t1:"
 IDLE_S = 1.0  # the release loop looks again at least this often
 RETRY_S = 0.1  # ... and this long after a failed release
 SCAN_SLICE = 4096  # consume-queue units read per turn of the loop by a refill
-_ROUTING = (PROP_REAL_TOPIC, PROP_REAL_QID, PROP_TIMER_SHARDING_KEY)
 
 
 def recall_handle(timer: int) -> str:
@@ -196,21 +188,13 @@ class Timers:
         sequence: int | None,
     ) -> list[Scheduled]:
         """Store each (message, time) as a timer of ``topic``; results after commit."""
-        timer_topic = await self._timer_topic()
+        timer_topic = await self.topics.system(TIMER_TOPIC)
         records = [
-            NewMessage(
-                m.body,
-                m.tags,
-                m.keys,
-                {
-                    **m.properties,
-                    PROP_REAL_TOPIC: topic.name,
-                    PROP_TIMER_DELIVER_MS: str(at),
-                    **({} if m.queue_id is None else {PROP_REAL_QID: str(m.queue_id)}),
-                    **({} if m.sharding_key is None else {PROP_TIMER_SHARDING_KEY: m.sharding_key}),
-                },
-                queue_id=0,
-                born_timestamp=m.born_timestamp if m.born_timestamp is not None else self.clock(),
+            held(
+                m,
+                topic.name,
+                {PROP_TIMER_DELIVER_MS: str(at)},
+                m.born_timestamp if m.born_timestamp is not None else self.clock(),
             )
             for m, at in messages
         ]
@@ -235,15 +219,6 @@ class Timers:
         m = self.reads.message_at(offset)
         at = None if m is None else parse_timer(m.properties.get(PROP_TIMER_DELIVER_MS, ""))
         return asked if at is None else at
-
-    async def _timer_topic(self) -> TopicMeta:
-        t = self.meta.topics.get(TIMER_TOPIC)
-        if t is None:
-            await self.metalog.append({"op": "create_topic", "name": TIMER_TOPIC, "queues": 1})
-            t = self.meta.topics.get(TIMER_TOPIC)
-            if t is None:
-                raise errors.UnknownOutcomeError("the timer topic is not there yet; retry")
-        return t
 
     async def _timer_of(self, handle: str) -> int:
         """The timer a recall handle names; ``RecallHandleNotFoundError`` for none. A
@@ -421,7 +396,7 @@ class Timers:
                 log.error("delay message %d: its record is gone; dropped", timer)
                 await self.metalog.append({"op": "timer.drop", "timer": timer})
                 continue
-            topic, copy = _copy_of(m, timer)
+            topic, copy = copy_of(m, (PROP_TIMER_ORIGIN, str(timer)), keep_key=True)
             by_topic.setdefault(topic, []).append(copy)
         for name, copies in by_topic.items():
             t = self.meta.topics.get(name)
@@ -459,21 +434,3 @@ class Timers:
             out.extend(zip([t for t, _ in run], found, strict=True))
             i = j
         return out
-
-
-def _copy_of(m: PulledMessage, timer: int) -> tuple[str, NewMessage]:
-    """A timer's record as the message it delivers: into its topic and pinned queue,
-    with its body, tags, keys, properties, born time and unique key, and its origin."""
-    props = {k: v for k, v in m.properties.items() if k not in _ROUTING}
-    props[PROP_TIMER_ORIGIN] = str(timer)
-    qid = m.properties.get(PROP_REAL_QID)
-    return m.properties[PROP_REAL_TOPIC], NewMessage(
-        m.body,
-        m.tags,
-        m.keys,
-        props,
-        queue_id=None if qid is None else int(qid),
-        sharding_key=m.properties.get(PROP_TIMER_SHARDING_KEY),
-        born_timestamp=m.born_timestamp,
-        uniq_key=m.uniq_key,
-    )

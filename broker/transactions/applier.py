@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from ..copies import PROP_REAL_TOPIC
 from ..jsonint import json_int
 from ..message import decode_properties
 from ..metadata import HALF_TOPIC, TX_OP_PREFIX, MetadataState
@@ -37,7 +38,6 @@ log = logging.getLogger(__name__)
 PROP_TX_GROUP = "TX_PRODUCER_GROUP"  # on a half message: where its checks go
 PROP_TX_CHECK_AT = "TX_CHECK_AT"  # on a half message: the log time of the first check
 PROP_TX_ORIGIN = "TX_ORIGIN"  # on a copy: "<transaction base>:<message index>"
-PROP_TX_TOPIC = "REAL_TOPIC"  # on a half message: its topic (as for delay messages)
 OUTCOMES_KEPT = 4096
 
 
@@ -73,7 +73,7 @@ class TransactionApplier:
                 e.info.queue_offset,
                 e.count,
                 props.get(PROP_TX_GROUP, ""),
-                props.get(PROP_TX_TOPIC, ""),
+                props.get(PROP_REAL_TOPIC, ""),
                 e.info.store_timestamp,
                 int(check_at) - e.info.store_timestamp if check_at.isdigit() else 0,
             )

@@ -33,20 +33,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .. import errors
+from ..copies import ROUTING, copy_of, held
 from ..gate import WriteGate
-from ..metadata import GROUP_NAME, HALF_TOPIC, MetadataState, TopicMeta
+from ..metadata import GROUP_NAME, HALF_TOPIC, MetadataState
 from ..produce import NewMessage, Producer, ProduceResult
 from ..reads import PulledMessage, Reads
 from ..settings import BrokerSettings
-from ..timers.applier import PROP_REAL_QID, PROP_TIMER_SHARDING_KEY
 from ..topics import MetadataLog, Topics, check_topic_name
-from .applier import (
-    PROP_TX_CHECK_AT,
-    PROP_TX_GROUP,
-    PROP_TX_ORIGIN,
-    PROP_TX_TOPIC,
-    TransactionApplier,
-)
+from .applier import PROP_TX_CHECK_AT, PROP_TX_GROUP, PROP_TX_ORIGIN, TransactionApplier
 from .state import COMMITTED, ROLLED_BACK, Transaction, TransactionState
 
 if TYPE_CHECKING:
@@ -58,14 +52,9 @@ TX_PREFIX = "tx1:"
 TICK_S = 0.5  # the loop looks for due checks and uncopied messages this often at most
 CHECKS_PER_TICK = 256  # checks (or expiries) appended per turn, in one group commit
 CHECKS_QUEUED = 10_000  # checks waiting for a poller, per producer group (oldest dropped)
+TX_MARKS = (PROP_TX_GROUP, PROP_TX_CHECK_AT)  # a half message's, beside its routing
 # What a half message carries for the broker, not for its consumers.
-ROUTING_PROPERTIES = (
-    PROP_TX_TOPIC,
-    PROP_TX_GROUP,
-    PROP_TX_CHECK_AT,
-    PROP_REAL_QID,
-    PROP_TIMER_SHARDING_KEY,
-)
+ROUTING_PROPERTIES = (*ROUTING, *TX_MARKS)
 ACTIONS = {"commit": COMMITTED, "rollback": ROLLED_BACK}
 
 
@@ -152,36 +141,12 @@ class Transactions:
             raise errors.LimitReachedError(f"{most} transactions are pending", limit=most)
         await self.gate.require_master_soon()
         topic = await self.topics.get_or_create(topic_name)
-        half = await self._half_topic()
+        half = await self.topics.system(HALF_TOPIC)
         check_at = str(self.clock() + self.settings.tx_first_check_ms)
-        records = [
-            NewMessage(
-                m.body,
-                m.tags,
-                m.keys,
-                {
-                    **m.properties,
-                    PROP_TX_TOPIC: topic.name,
-                    PROP_TX_GROUP: producer_group,
-                    PROP_TX_CHECK_AT: check_at,
-                    **({} if m.queue_id is None else {PROP_REAL_QID: str(m.queue_id)}),
-                    **({} if m.sharding_key is None else {PROP_TIMER_SHARDING_KEY: m.sharding_key}),
-                },
-                queue_id=0,
-            )
-            for m in messages
-        ]
+        marks = {PROP_TX_GROUP: producer_group, PROP_TX_CHECK_AT: check_at}
+        records = [held(m, topic.name, marks) for m in messages]
         results = await self.producer.produce_to(half, records, producer_id, sequence)
         return Begun(transaction_id(results[0].queue_offset), results)
-
-    async def _half_topic(self) -> TopicMeta:
-        t = self.meta.topics.get(HALF_TOPIC)
-        if t is None:
-            await self.metalog.append({"op": "create_topic", "name": HALF_TOPIC, "queues": 1})
-            t = self.meta.topics.get(HALF_TOPIC)
-            if t is None:
-                raise errors.UnknownOutcomeError("the half topic is not there yet; retry")
-        return t
 
     def topic_of(self, tx_id: str) -> str:
         """The topic of a transaction known here; ``TransactionNotFoundError`` else."""
@@ -242,9 +207,9 @@ class Transactions:
             return 0
         halves = await self._messages(t)
         copies = [
-            _copy_of(m, base, m.queue_offset - base)
+            copy_of(m, (PROP_TX_ORIGIN, f"{base}:{i}"), TX_MARKS, keep_key=False)[1]
             for m in halves
-            if m.queue_offset - base not in t.copied
+            if (i := m.queue_offset - base) not in t.copied
         ]
         topic = self.meta.topics.get(t.topic)
         if topic is None:
@@ -332,20 +297,3 @@ class Transactions:
 def _check_group(group: str) -> None:
     if not GROUP_NAME.fullmatch(group):
         raise errors.InvalidArgumentError(f"invalid producer group {group!r}")
-
-
-def _copy_of(m: PulledMessage, base: int, i: int) -> NewMessage:
-    """Half message ``i`` as the message it delivers: into its topic and pinned queue,
-    with its body, tags, keys, properties and born time, and its origin."""
-    props = {k: v for k, v in m.properties.items() if k not in ROUTING_PROPERTIES}
-    props[PROP_TX_ORIGIN] = f"{base}:{i}"
-    qid = m.properties.get(PROP_REAL_QID)
-    return NewMessage(
-        m.body,
-        m.tags,
-        m.keys,
-        props,
-        queue_id=None if qid is None else int(qid),
-        sharding_key=m.properties.get(PROP_TIMER_SHARDING_KEY),
-        born_timestamp=m.born_timestamp,  # (a copy is its own record: one entry each)
-    )
