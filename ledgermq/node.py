@@ -121,6 +121,10 @@ class HttpSettings:
     # (``tune_gc``; the node's command line defaults to GC_THRESHOLDS); None keeps the
     # process's own, as a node served inside another program (a test) should.
     gc_thresholds: tuple[int, int, int] | None = None
+    # Peers whose X-Forwarded-For / X-Forwarded-Proto are believed (reverse proxies:
+    # comma-separated addresses or networks, "*" for any); none by default, so a client
+    # cannot pass for another one (per-client limits count the socket's address).
+    forwarded_allow_ips: str = ""
 
     @property
     def has_tokens(self) -> bool:
@@ -251,20 +255,7 @@ async def serve(
         on_drop=lambda reason: metrics.http_dropped.labels(reason).inc(),
     )
     metrics.http_connections.set_function(lambda: connections.open)
-    config = uvicorn.Config(
-        app,
-        host=http.host,
-        port=http.port,
-        loop="none",  # this loop: the Raft runtime's
-        http=protocol,  # httptools, with header caps and read deadlines
-        lifespan="off",
-        log_config=None,
-        access_log=http.access_log,
-        timeout_graceful_shutdown=http.graceful_shutdown_s,
-        ssl_certfile=http.ssl_certfile,
-        ssl_keyfile=http.ssl_keyfile,
-        limit_concurrency=http.max_connections,
-    )
+    config = http_config(app, http, protocol)
     server = _Server(config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -314,6 +305,28 @@ class _Server(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def http_config(app: Any, http: HttpSettings, protocol: Any = "httptools") -> uvicorn.Config:
+    """uvicorn's configuration of a node's HTTP server: on the running loop (the Raft
+    runtime's), the ``protocol`` class (``guarded_protocol``'s: header caps and read
+    deadlines), forwarded headers believed only from ``http.forwarded_allow_ips``."""
+    return uvicorn.Config(
+        app,
+        host=http.host,
+        port=http.port,
+        loop="none",  # this loop: the Raft runtime's
+        http=protocol,
+        lifespan="off",
+        log_config=None,
+        access_log=http.access_log,
+        timeout_graceful_shutdown=http.graceful_shutdown_s,
+        ssl_certfile=http.ssl_certfile,
+        ssl_keyfile=http.ssl_keyfile,
+        limit_concurrency=http.max_connections,
+        proxy_headers=bool(http.forwarded_allow_ips),
+        forwarded_allow_ips=http.forwarded_allow_ips or None,
+    )
 
 
 def _request_exit(server: uvicorn.Server) -> None:
@@ -480,6 +493,13 @@ def _add_connection_options(p: argparse.ArgumentParser) -> None:
         type=float,
         default=METRICS_CACHE_S,
         help="seconds a rendered /metrics answers scrapes (0: render every scrape)",
+    )
+    add_option(
+        p,
+        "--forwarded-allow-ips",
+        default="",
+        help="reverse proxies whose X-Forwarded-For/-Proto are believed (comma-separated "
+        "addresses or networks, '*': any); default none: the socket's address counts",
     )
 
 
@@ -651,6 +671,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
             **{name: getattr(args, _dest(option)) for name, option, _ in CONNECTION_OPTIONS}
         ),
         metrics_cache_s=args.metrics_cache_s,
+        forwarded_allow_ips=args.forwarded_allow_ips,
         gc_thresholds=args.gc_thresholds,
         auth_token_in_argv=bool(args.auth_token)
         and args.auth_token != os.environ.get(env_name("--auth-token")),
