@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from . import errors
 from .gate import WriteGate
-from .metadata import GROUP_NAME, MetadataState, TopicMeta, op_commit_offsets
+from .metadata import MetadataState, TopicMeta, op_commit_offsets
+from .names import check_group_name
 from .reads import MessageMaker, Reads, Sized
 from .settings import BrokerSettings
 from .topics import MetadataLog, Topics
@@ -57,13 +58,9 @@ class ConsumerGroups:
         self.meta = meta
         self.reads = reads
 
-    def _check_group(self, group: str) -> None:
-        if not GROUP_NAME.fullmatch(group):
-            raise errors.InvalidArgumentError(f"invalid group name {group!r}")
-
     def _check_offsets_mode(self, group: str) -> None:
         """``GroupModeConflictError`` for a POP group: its offsets are the broker's."""
-        self._check_group(group)
+        check_group_name(group)
         if group in self.meta.pop.groups:
             raise errors.GroupModeConflictError(
                 f"group {group} is a POP group: receive and ack (docs/consuming.md)"
@@ -74,7 +71,7 @@ class ConsumerGroups:
         return sorted(set(self.meta.offsets) | set(self.meta.pop.groups))
 
     def group_offsets(self, group: str, topic: str | None = None) -> list[dict[str, Any]]:
-        self._check_group(group)
+        check_group_name(group)
         topics = self.meta.offsets.get(group)
         if topics is None:
             raise errors.GroupNotFoundError(f"group {group} has committed no offsets")

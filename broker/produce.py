@@ -34,8 +34,9 @@ from .encode import NewMessage, encode_request, validate_messages
 from .gate import WriteGate
 from .metadata import HALF_TOPIC, PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
+from .names import check_topic_name
 from .settings import BrokerSettings
-from .topics import Topics, check_topic_name
+from .topics import Topics
 
 if TYPE_CHECKING:
     from .dispatch import Dispatch

@@ -9,7 +9,7 @@ commits of the consumer groups (``broker/groups.py``).
 Invariants:
 - a metadata append passes the ``WriteGate`` first, and waits (``append_timeout_ms`` at
   most) until it is applied here, so the writer reads its own write;
-- a topic name is ``TOPIC_NAME`` and never starts with the reserved ``SYS_PREFIX``;
+- a client's topic name passes ``broker/names.py`` (the broker's prefixes reserved);
 - a create that would pass ``max_topics`` or ``max_total_queues`` is refused by the
   master before it is written (replicas apply what the master wrote).
 """
@@ -28,15 +28,14 @@ from .commitlog import DLedgerCommitLog
 from .gate import WriteGate
 from .message import encode_message
 from .metadata import (
-    SYS_PREFIX,
     SYS_TOPIC,
     SYSTEM_TOPICS,
-    TOPIC_NAME,
     MetadataState,
     TopicMeta,
     op_create_topic,
     op_delete_topic,
 )
+from .names import check_topic_name
 from .settings import BrokerSettings
 
 if TYPE_CHECKING:
@@ -81,16 +80,6 @@ class MetadataLog:
         return index
 
 
-def check_topic_name(name: str) -> None:
-    """``InvalidArgumentError`` unless ``name`` may name a user's topic."""
-    if not TOPIC_NAME.fullmatch(name):
-        raise errors.InvalidArgumentError(
-            f"invalid topic name {name!r}: want [A-Za-z0-9_%|-]{{1,127}}"
-        )
-    if name.startswith(SYS_PREFIX):
-        raise errors.InvalidArgumentError(f"the topic prefix {SYS_PREFIX} is reserved")
-
-
 class Topics:
     def __init__(
         self,
@@ -119,10 +108,13 @@ class Topics:
         """Every user's topic, by name: ``all`` without the broker's ``SYSTEM_TOPICS``."""
         return [t for t in self.all() if t.name not in SYSTEM_TOPICS]
 
-    async def create(self, name: str, queues: int | None = None) -> tuple[TopicMeta, bool]:
+    async def create(
+        self, name: str, queues: int | None = None, *, dead_letters: bool = False
+    ) -> tuple[TopicMeta, bool]:
         """Create a topic; returns (topic, created). Same again → (topic, False); another
-        queue count → ``TopicConflictError``."""
-        check_topic_name(name)
+        queue count → ``TopicConflictError``. ``dead_letters``: the broker makes a POP
+        group's ``%DLQ%<group>`` (``broker/names.py``)."""
+        check_topic_name(name, dead_letters=dead_letters)
         n = self.settings.default_queues if queues is None else queues
         if not 1 <= n <= self.settings.limits.max_queues_per_topic:
             raise errors.InvalidArgumentError(
@@ -166,7 +158,12 @@ class Topics:
             return topic
         if not self.settings.auto_create_topics:
             raise errors.TopicNotFoundError(f"topic {name} does not exist", topic=name)
-        topic, _ = await self.create(name, None)
+        try:
+            topic, _ = await self.create(name, None)
+        except errors.TopicConflictError:
+            # A create with another queue count won the race: a produce takes the topic
+            # as it is (it asked for no count).
+            return self.get(name)
         return topic
 
     async def delete(self, name: str) -> None:

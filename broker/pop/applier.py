@@ -25,6 +25,7 @@ import orjson
 
 from ..jsonint import json_int
 from ..metadata import POP_OP_PREFIX, MetadataState
+from ..names import DLQ_PREFIX
 from .state import Delivered, Handle, PopConfig, PopState
 
 if TYPE_CHECKING:  # (not at run time: broker.dispatch registers this applier)
@@ -32,7 +33,6 @@ if TYPE_CHECKING:  # (not at run time: broker.dispatch registers this applier)
 
 log = logging.getLogger(__name__)
 
-DLQ_PREFIX = "%DLQ%"
 PROP_DLQ_ORIGIN_TOPIC = "DLQ_ORIGIN_TOPIC"
 PROP_DLQ_ORIGIN_QUEUE_ID = "DLQ_ORIGIN_QUEUE_ID"
 PROP_DLQ_ORIGIN_QUEUE_OFFSET = "DLQ_ORIGIN_QUEUE_OFFSET"

@@ -58,7 +58,8 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from .. import errors
 from ..gate import WriteGate
 from ..message import RecordHead
-from ..metadata import GROUP_NAME, MetadataState, TopicMeta
+from ..metadata import MetadataState, TopicMeta
+from ..names import check_group_name
 from ..produce import NewMessage, Producer
 from ..reads import MessageMaker, PulledMessage, Reads
 from ..settings import BrokerSettings
@@ -217,13 +218,9 @@ class PopGroups:
 
     # ---- configuration ---------------------------------------------------------------
 
-    def _check_group(self, group: str) -> None:
-        if not GROUP_NAME.fullmatch(group):
-            raise errors.InvalidArgumentError(f"invalid group name {group!r}")
-
     def config(self, group: str) -> PopConfig:
         """A POP group's configuration; ``GroupNotFoundError`` for any other group."""
-        self._check_group(group)
+        check_group_name(group)
         cfg = self.state.groups.get(group)
         if cfg is None:
             raise errors.GroupNotFoundError(f"group {group} is not a POP group")
@@ -231,7 +228,7 @@ class PopGroups:
 
     async def configure(self, group: str, doc: dict[str, Any]) -> PopConfig:
         """Create a POP group or change its configuration (``PUT /v1/groups/{group}``)."""
-        self._check_group(group)
+        check_group_name(group)
         try:
             cfg = PopConfig.from_json(doc)
         except (ValueError, TypeError) as e:
@@ -272,7 +269,7 @@ class PopGroups:
         each invisible to the group for ``invisible_ms``; waits up to ``wait_ms`` for
         one. A FIFO receive retried with the same ``attempt_id`` gets the same messages
         while they are in flight."""
-        self._check_group(group)
+        check_group_name(group)
         lim = self.settings.limits
         if not 1 <= max_messages <= lim.max_pull_messages:
             raise errors.InvalidArgumentError(f"max_messages must be 1..{lim.max_pull_messages}")
@@ -547,7 +544,7 @@ class PopGroups:
     ) -> set[tuple[int, int]]:
         dlq = dlq_topic(group)
         if dlq not in self.meta.topics:
-            await self.topics.create(dlq, 1)
+            await self.topics.create(dlq, 1, dead_letters=True)
         ended: set[tuple[int, int]] = set()
         for q, o, f in spent:
             if not self._current(group, t.name, (q, o, f.epoch)):
@@ -620,7 +617,7 @@ class PopGroups:
     ) -> list[bool]:
         """Append an ack or a nack of the handles that are current here now; whether
         each held (a handle not current here is INVALID, with no write)."""
-        self._check_group(group)
+        check_group_name(group)
         parsed = self._handles(handles)
         await self.gate.require_master_soon()
         self.topics.get(topic)
@@ -682,7 +679,7 @@ class PopGroups:
         lim = self.settings.limits
         if not 0 <= invisible_ms <= lim.max_invisible_ms:
             raise errors.InvalidArgumentError(f"invisible_ms must be 0..{lim.max_invisible_ms}")
-        self._check_group(group)
+        check_group_name(group)
         (h,) = self._handles([handle])
         await self.gate.require_master_soon()
         self.topics.get(topic)
@@ -709,7 +706,7 @@ class PopGroups:
         """Copy each handle's message into ``%DLQ%<group>`` at once, ending its flight
         (``POST /v1/groups/{group}/dlq``), if the handle is current; whether each held.
         A message being handed out again meanwhile is not (its handle dies)."""
-        self._check_group(group)
+        check_group_name(group)
         parsed = self._handles(handles)
         await self.gate.require_master_soon()
         t = self.topics.get(topic)

@@ -48,10 +48,11 @@ from ..encode import check_pinned_queue
 from ..gate import WriteGate
 from ..message import MessageFormatError
 from ..metadata import TIMER_TOPIC, MetadataState, TopicMeta
+from ..names import check_topic_name
 from ..produce import NewMessage, Producer
 from ..reads import PulledMessage, Reads
 from ..settings import BrokerSettings
-from ..topics import MetadataLog, Topics, check_topic_name
+from ..topics import MetadataLog, Topics
 from .applier import PROP_TIMER_DELIVER_MS, PROP_TIMER_ORIGIN, TimerApplier, parse_timer
 from .state import TimerState
 

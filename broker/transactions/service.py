@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING
 from .. import errors
 from ..copies import ROUTING, copy_of, held
 from ..gate import WriteGate
-from ..metadata import GROUP_NAME, HALF_TOPIC, MetadataState
+from ..metadata import HALF_TOPIC, MetadataState
+from ..names import check_group_name, check_topic_name
 from ..produce import NewMessage, Producer, ProduceResult
 from ..reads import PulledMessage, Reads
 from ..settings import BrokerSettings
-from ..topics import MetadataLog, Topics, check_topic_name
+from ..topics import MetadataLog, Topics
 from .applier import PROP_TX_CHECK_AT, PROP_TX_GROUP, PROP_TX_ORIGIN, TransactionApplier
 from .state import COMMITTED, ROLLED_BACK, Transaction, TransactionState
 
@@ -132,7 +133,7 @@ class Transactions:
         """Store ``messages`` as one transaction's half messages (visible to no consumer
         until it is committed); the topic is made as a produce would make it."""
         check_topic_name(topic_name)
-        _check_group(producer_group)
+        check_group_name(producer_group, "producer group")
         self.producer.check_request(messages, producer_id, sequence)
         if any(m.deliver_at_ms is not None for m in messages):
             raise errors.InvalidArgumentError("a transaction's messages have no delivery time")
@@ -231,7 +232,7 @@ class Transactions:
     async def checks(self, group: str, wait_ms: int, most: int) -> list[Check]:
         """The checks waiting for ``group``'s producers, waiting up to ``wait_ms`` for one
         (a long poll, on the master)."""
-        _check_group(group)
+        check_group_name(group, "producer group")
         await self.gate.require_master_soon()
         queued = self._queued.setdefault(group, deque(maxlen=CHECKS_QUEUED))
         if not queued and wait_ms > 0:
@@ -292,8 +293,3 @@ class Transactions:
             if op["op"] == "tx.check":
                 self._queued.setdefault(t.group, deque(maxlen=CHECKS_QUEUED)).append(t.base)
                 self._arrived.setdefault(t.group, asyncio.Event()).set()
-
-
-def _check_group(group: str) -> None:
-    if not GROUP_NAME.fullmatch(group):
-        raise errors.InvalidArgumentError(f"invalid producer group {group!r}")
