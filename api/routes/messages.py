@@ -308,8 +308,7 @@ async def produce(
     else:
         answer = produce_answer(await producer.produce(topic, batch, req.producer_id, req.sequence))
     metrics.produce_latency.observe(time.monotonic() - started)
-    metrics.produced_messages.labels(topic).inc(len(batch))
-    metrics.produced_bytes.labels(topic).inc(sum(len(m.body) for m in batch))
+    metrics.count_produced(topic, len(batch), sum(len(m.body) for m in batch))
     return answer
 
 
