@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-http bench-delay bench-spark bench-failover bench-peers clean
+.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-http bench-delay bench-tx bench-spark bench-failover bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-http: setup
 
 bench-delay: setup  # issue 29: delayed produce next to plain, release of 100,000 due at once
 	$(PY) bench/delay_bench.py
+
+bench-tx: setup  # issue 29: transactional produce + commit next to plain, b=1, 10, 100 (~1 min)
+	$(PY) bench/tx_bench.py
 
 bench-failover: setup  # issue 18: kill -9 / SIGSTOP of the master, and no fault (~10 min)
 	$(PY) bench/failover_bench.py --mode kill --kills 20

@@ -5,6 +5,7 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import errno
 from pathlib import Path
 from typing import Any
@@ -244,3 +245,33 @@ async def test_a_resolution_not_applied_in_time_is_an_unknown_outcome(
         await until(lambda: txs.state_of(int(tx.removeprefix("tx1:"))) == "committed")
         assert await _end(node, tx, "commit") == (200, {"transaction_id": tx, "state": "committed"})
         assert await _bodies(node, "t") == ["a"]
+
+
+async def test_a_commit_right_after_its_begin_finds_it_while_the_dispatcher_lags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transactional produce is answered once committed, and waits for dispatch only a
+    while: a commit right after it, on a master whose dispatcher lagged (a new master
+    still applying the terms before its own, say), answered 404 TRANSACTION_NOT_FOUND
+    for a transaction it had acknowledged. It waits until what is committed is applied
+    now (and a slave sends it to the master), as a recall of a delay message does."""
+    async with running_node(node_settings(tmp_path / "n0", append_timeout_ms=300)) as node:
+        b = node.broker
+        await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+        await _begin(node, "t", ["first"])  # (the half topic)
+
+        async def idle(force: bool = False) -> None:
+            await asyncio.sleep(0.01)
+
+        with monkeypatch.context() as m:  # a dispatcher behind (its loop idles meanwhile)
+            m.setattr(b.dispatcher, "dispatch_some", lambda _max: 0)
+            m.setattr(b.dispatcher, "housekeep", idle)
+            r = await node.http.post(
+                "/v1/topics/t/messages",
+                json={"messages": [{"body": "lagged"}], "transaction": {"producer_group": "pg"}},
+            )
+        assert r.status_code == 200, r.text
+        tx = orjson.loads(r.content)["transaction_id"]
+        assert b.meta.transactions.end == 1, "committed, answered, not applied yet"
+        assert await _end(node, tx, "commit") == (200, {"transaction_id": tx, "state": "committed"})
+        assert await _bodies(node, "t") == ["lagged"]

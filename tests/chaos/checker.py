@@ -26,7 +26,12 @@ What it finds (each a list in ``Verdict``; any entry makes the run invalid):
 - the delay messages' rules (``tests/chaos/delay_checker.py``): ``delay_early``,
   ``delay_lost``, ``delay_recall``. A delay message's value counts for ``unexpected``,
   ``duplicated`` and ``inconsistent`` like any other once delivered (its send's answer
-  names no place: it has none before its time).
+  names no place: it has none before its time);
+- the transactions' rules (``tests/chaos/tx_checker.py``): ``tx_lost``, ``tx_visible``,
+  ``tx_partial``, ``tx_duplicated``, ``tx_answers``, ``tx_unresolved``,
+  ``tx_replicas``. The transactions have a topic of their own, read by ``tx-pull`` and
+  ``tx-drain`` (not ``READS``); a transaction's message read in the workload's topic is
+  ``tx_visible`` (and ``unexpected``).
 
 What it measures: sends acknowledged, failed and indeterminate (``info``), and of the
 indeterminate values how many turned out to be in the log (exactly once, else they are
@@ -50,6 +55,7 @@ from typing import Any
 from .delay_checker import check_delays, delay_summary
 from .history import Op, Read
 from .pop_checker import check_pop, pop_summary
+from .tx_checker import check_transactions, tx_summary
 
 READS = ("poll", "pull", "drain")
 RESTARTING = ("kill",)  # fault kinds after which a node may report an older view (restarted)
@@ -114,6 +120,21 @@ class Verdict:
     delay_early: list[str] = field(default_factory=list)
     delay_lost: list[str] = field(default_factory=list)
     delay_recall: list[str] = field(default_factory=list)
+    # Transactions (tests/chaos/tx_checker.py)
+    tx_begun: int = 0
+    tx_outcomes: dict[str, int] = field(default_factory=dict)  # begins by outcome
+    tx_fates: dict[str, int] = field(default_factory=dict)
+    tx_committed: int = 0  # in the topic whole at the end
+    tx_absent: int = 0  # none of its messages in the topic at the end
+    tx_checks: int = 0  # handed out to the checker thread
+    tx_ends: dict[str, int] = field(default_factory=dict)  # "<who> <action> <outcome>"
+    tx_lost: list[str] = field(default_factory=list)
+    tx_visible: list[str] = field(default_factory=list)
+    tx_partial: list[str] = field(default_factory=list)
+    tx_duplicated: list[str] = field(default_factory=list)
+    tx_answers: list[str] = field(default_factory=list)
+    tx_unresolved: list[str] = field(default_factory=list)
+    tx_replicas: list[str] = field(default_factory=list)
 
     ANOMALIES = (
         "lost",
@@ -134,6 +155,13 @@ class Verdict:
         "delay_early",
         "delay_lost",
         "delay_recall",
+        "tx_lost",
+        "tx_visible",
+        "tx_partial",
+        "tx_duplicated",
+        "tx_answers",
+        "tx_unresolved",
+        "tx_replicas",
     )
 
     @property
@@ -160,6 +188,7 @@ def check(history: Sequence[Op]) -> Verdict:
     _group_offsets(history, v)
     check_pop(history, positions, v)
     check_delays(history, reads + received, positions, v)
+    check_transactions(history, reads + received, v)
     v.windows = _windows(history)
     return v
 
@@ -382,5 +411,6 @@ def summary(v: Verdict) -> dict[str, Any]:
         "read": v.reads,
         **pop_summary(v),
         **delay_summary(v),
+        **tx_summary(v),
         **{a: len(getattr(v, a)) for a in Verdict.ANOMALIES},
     }

@@ -28,6 +28,8 @@ from ledgermq.local_cluster import LocalBrokerCluster
 from tests import netns
 from tests.smallfs import Ballast, MiB, can_mount, small_fs
 
+from .tx_workload import NODE_ARGS as TX_ARGS
+
 HTTP_PORT = 8080
 RAFT_PORT = 9080
 # Per node. A node preallocates ~40 MiB (consume-queue segments, the key index, the
@@ -36,7 +38,10 @@ RAFT_PORT = 9080
 # run. tmpfs takes memory only for what is written.
 FS_BYTES = 256 * MiB
 RESERVE_MB = 24  # writes are refused (507 DISK_FULL) with less free than this
-ARGS = ("--data-file-mb", "8", "--disk-reserve-mb", str(RESERVE_MB), "--log-level", "INFO")
+# The transactions' check schedule is short (tests/chaos/tx_workload.py): checks and
+# their expiry happen within the run.
+ARGS = ("--data-file-mb", "8", "--disk-reserve-mb", str(RESERVE_MB), "--log-level", "INFO",
+        *TX_ARGS)  # fmt: skip
 
 
 def available() -> bool:

@@ -37,6 +37,22 @@ The POP group's operations (``tests/chaos/pop_checker.py`` checks them):
 - ``pop-lag``: ok with ``{queue: lag}`` as one node reports the group's offsets at the
   end; ``node`` names the node.
 
+The transactional producers' operations (``tests/chaos/tx_workload.py``;
+``tests/chaos/tx_checker.py`` checks them), keyed by the transaction's name:
+
+- ``tx-begin``: invoke with ``{"name", "values", "fate"}``; ok with ``{"name", "id"}``
+  (the transaction id the broker answered); fail/info with the invoke's value;
+- ``tx-end`` (a producer, or the checker thread answering a check): invoke with
+  ``{"name", "id", "action"}`` (``commit`` or ``rollback``); ok with those and
+  ``"state"`` as answered; fail: certainly no effect (``TRANSACTION_RESOLVED``, the
+  value then carrying the ``state`` the broker gave, or ``TRANSACTION_NOT_FOUND``);
+  info: unknown;
+- ``tx-checks`` (the checker thread's long poll): ok with one ``TxCheck`` per check;
+- ``tx-pull`` (a direct pull of the transactions' topic from one node) and ``tx-drain``
+  (the final read of it from one node, ``node`` naming it): ok with the ``Read``s;
+- ``tx-pending``: ok with the ids of the group's transactions one node (``node``) has
+  pending, at the end.
+
 Times are seconds on one monotonic clock; each op also carries the wall clock
 (``wall_s``, ``time.time``) when it was recorded: a POP group's invisible times are the
 master's wall clock, and the nodes run on this machine's. The history is append-only and
@@ -108,6 +124,15 @@ class Popped(NamedTuple):
     store_ms: int | None = None  # the message's store time (None: an older history)
 
 
+class TxCheck(NamedTuple):
+    """One check of a transaction the broker handed out: its id, its messages' values
+    and how many checks it had."""
+
+    transaction_id: str
+    values: tuple[str, ...]
+    check_count: int
+
+
 class DeadLetter(NamedTuple):
     """One message of ``%DLQ%<group>``: its body and its DLQ_* properties (-1 or "" for
     one missing or malformed)."""
@@ -162,12 +187,13 @@ class History:
 
 
 # The records kept in a history, by their tag in its JSON.
-RECORDS: dict[str, type[Read | Popped | DeadLetter | Delay | Scheduled]] = {
+RECORDS: dict[str, type[Read | Popped | DeadLetter | Delay | Scheduled | TxCheck]] = {
     "r": Read,
     "p": Popped,
     "dl": DeadLetter,
     "dy": Delay,
     "sc": Scheduled,
+    "tc": TxCheck,
 }
 
 
@@ -184,7 +210,7 @@ def _encode(v: Any) -> Any:
 
 def _decode(v: Any) -> Any:
     if isinstance(v, dict) and len(v) == 1 and (tag := next(iter(v))) in RECORDS:
-        return RECORDS[tag](*v[tag])
+        return RECORDS[tag](*(_decode(x) for x in v[tag]))
     if isinstance(v, dict) and "d" in v:
         return {k: _decode(x) for k, x in v["d"]}
     if isinstance(v, list):

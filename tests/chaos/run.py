@@ -10,11 +10,14 @@
    every ballast gone), the delay messages still due are awaited (``wait_for_delays``:
    every one certain to be delivered is in the topic, every one sent is due, within
    ``DELAYS_S``), the POP group is drained (``drain_pop``: received and acked
-   until every node says its lag is 0, within ``POP_DRAIN_S``), and the cluster must
+   until every node says its lag is 0, within ``POP_DRAIN_S``), the transactions are
+   resolved (``resolve_transactions``: the checker thread answers checks until no node
+   has one pending, within ``TX_RESOLVE_S``), and the cluster must
    converge within ``CONVERGE_S``: every node ready, one master, the same ledger end,
    committed and dispatched on every node.
 4. Every queue is drained from every node (``ledgermq.replicas.read_queues``) into the
-   history, every node's group offsets and POP lag read, and the POP group's dead
+   history, the transactions' topic too, every node's group offsets, POP lag and
+   pending transactions read, and the POP group's dead
    letters from the master: the checker decides over all of it. The consume queues'
    digests over HTTP must be equal on every node.
 5. The nodes stop (SIGTERM: files synced), and their commitlogs and consume queues are
@@ -75,6 +78,7 @@ from .pop_workload import (
     report_pop_lag,
 )
 from .stall import STALL_S, StallWatcher, describe, http_fetch, stalls
+from .tx_workload import drain_transactions, resolve_transactions
 from .workload import Workload, WorkloadSettings, reads, report_offsets, wait_for_delays
 
 # Each phase's bound, in seconds (a phase over its bound is left and the run INVALID).
@@ -90,6 +94,9 @@ LOAD_END_S = 10.0  # the watcher, the load's tasks, the loop's close
 HEAL_S = 30.0  # every fault undone, every node running
 DELAYS_S = 30.0  # the delay messages still due delivered (they are due within 3 s)
 POP_DRAIN_S = 60.0  # the POP group received and acked until its lag is 0 everywhere
+# Every transaction resolved: the broker's last check comes 5 s after a begin
+# (tests/chaos/tx_workload.py), an answer may take the client's deadline (20 s).
+TX_RESOLVE_S = 30.0
 CONVERGE_S = 90.0
 LOOK_S = 15.0  # convergence's last look and the ledger spans (2 s per node each)
 DRAIN_S = 60.0  # every queue from every node, the digests, the group offsets
@@ -117,6 +124,7 @@ def phase_bounds_s(duration_s: float) -> dict[str, float]:
         "heal": HEAL_S,
         "delay messages due": DELAYS_S + LOAD_END_S,
         "POP drain": POP_DRAIN_S + LOAD_END_S,
+        "transactions resolved": TX_RESOLVE_S + WORKLOAD_STOP_S + LOAD_END_S,
         "convergence": CONVERGE_S + LOOK_S,
         "drain": DRAIN_S + TOPIC_S,
         "stop of the nodes": STOP_S,
@@ -230,6 +238,8 @@ class _Run:
         delays = lambda: asyncio.run(self._wait_for_delays())  # noqa: E731
         sup.run("delay messages due", delays, bound["delay messages due"])
         sup.run("POP drain", lambda: asyncio.run(self._drain_pop()), bound["POP drain"])
+        resolve = lambda: asyncio.run(self._resolve_transactions())  # noqa: E731
+        sup.run("transactions resolved", resolve, bound["transactions resolved"])
         master = sup.run("convergence", self._converge, bound["convergence"])
         if master is None:
             r.problems.append(f"the cluster did not converge within {CONVERGE_S:g} s")
@@ -252,6 +262,7 @@ class _Run:
         master = self.cluster.wait_ready(None, START_S)
         brokers = list(self.cluster.urls.values())
         asyncio.run(ensure_topic(brokers, s.topic, s.queues, s.client))
+        asyncio.run(ensure_topic(brokers, s.tx.topic, s.tx.queues, s.client))
         asyncio.run(configure_group(brokers, s.pop, s.topic, self.history, s.client))
         self.say(f"POP group {s.pop}")
         return master
@@ -278,7 +289,8 @@ class _Run:
     async def _load_under_way(self) -> None:
         c, h, r = self.cluster, self.history, self.result
         steps = schedule(r.seed, r.duration_s)
-        workload = Workload(c.urls, self.settings, h, random.Random(r.seed))
+        workload = Workload(c.urls, self.settings, h, random.Random(r.seed),
+                            random.Random(f"{r.seed}/tx"))  # fmt: skip
         stop = threading.Event()  # the schedule's end: its deadline, a stall, a halt
         self.load_start_s, self.wall_start = h.clock(), time.time()
         deadline_s = time.monotonic() + schedule_s(r.duration_s)
@@ -359,6 +371,21 @@ class _Run:
             self.say(f"POP group drained in {time.monotonic() - t0:.1f} s")
         else:
             self.result.problems.append(f"the POP group's lag was not 0 within {POP_DRAIN_S:g} s")
+
+    async def _resolve_transactions(self) -> None:
+        s, t0 = self.settings, time.monotonic()
+        try:
+            async with asyncio.timeout(TX_RESOLVE_S + WORKLOAD_STOP_S):
+                pending = await resolve_transactions(self.cluster.urls, s.tx, s.client, s.probe,
+                                                     self.history, TX_RESOLVE_S)  # fmt: skip
+        except TimeoutError:
+            pending = None
+        if pending is None:  # (the checker says which, from the drain)
+            self.say(f"transactions: some still pending after {TX_RESOLVE_S:g} s")
+        else:
+            self.say(
+                f"transactions: the {pending} pending resolved in {time.monotonic() - t0:.1f} s"
+            )
 
     def _converge(self) -> str | None:
         c = self.cluster
@@ -443,6 +470,12 @@ async def _drain(cluster: ChaosCluster, master: str, s: WorkloadSettings, histor
             await report_offsets(history, s, node, admin)
             await report_pop_lag(admin, s.pop, s.topic, history, node)
     await read_dead_letters(cluster.urls[master], s.pop, history, s.client, master)
+    tx_images = await drain_transactions(cluster.urls, master, s.tx, s.client, s.probe, history)
+    for node, image in tx_images.items():
+        if image != tx_images[master]:
+            result.problems.append(
+                f"{node}'s transactions' topic differs from {master}'s over HTTP"
+            )
 
 
 def _compare_files(cluster: ChaosCluster, result: RunResult, evidence: Path) -> None:

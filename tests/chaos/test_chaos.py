@@ -7,7 +7,9 @@ the POP group's consumers (FIFO or not, as the seed says) by POP's rules: nothin
 handed out again, nothing held by two consumers inside its invisible time, attempts up,
 FIFO order held, and once drained every message acked or dead-lettered exactly once,
 lag 0; and the delay messages: none read before its time, each acknowledged one
-delivered once unless a recall may have cancelled it, none whose recall answered OK.
+delivered once unless a recall may have cancelled it, none whose recall answered OK;
+and the transactions: each answered committed in its topic whole and once on every
+node, none rolled back or never asked to commit visible, every one resolved at the end.
 
 The seed is random unless ``LEDGERMQ_CHAOS_SEED`` is set; a failure names it and the
 command that replays it (``python -m tests.chaos --seed S --duration D``), and keeps the
@@ -76,6 +78,10 @@ def test_chaos_loses_nothing_and_replicas_converge(tmp_path: Path) -> None:
     assert v.pop_acked > 0 and v.pop_redelivered > 0, text
     # Delay messages were delivered, and recalls cancelled some.
     assert v.delay_delivered > 0 and v.delay_recalls.get("ok", 0) > 0, text
+    # Transactions were committed and rolled back, and checks answered both ways.
+    assert v.tx_committed > 0 and v.tx_absent > 0, text
+    assert v.tx_ends.get("checker commit ok", 0) > 0, text
+    assert v.tx_ends.get("checker rollback ok", 0) > 0, text
 
 
 def _ours(lab_prefix: str) -> list[str]:

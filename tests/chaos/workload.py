@@ -19,6 +19,10 @@
 - Once the faults stop, ``wait_for_delays`` waits for the delay messages still due.
 - ``pop.consumers`` consumers of a POP group on the same topic receive, ack, nack, let
   messages expire and give them new invisible times (``tests/chaos/pop_workload.py``).
+- ``tx.producers`` transactional producers on a topic of their own, the checker thread
+  answering the broker's checks and a puller of that topic
+  (``tests/chaos/tx_workload.py``); once the faults stop, ``resolve_transactions``
+  answers checks until no transaction is pending.
 
 Bounds: each task paces itself (``send_pause_s``, ``pull_pause_s``), every request by
 the client's settings; ``stop()`` ends them all within ``stop_s`` (the client's deadline
@@ -48,6 +52,7 @@ from ledgermq.demo.load import LoadSettings, task_failure
 from .delay_checker import read_delays, to_deliver
 from .history import Delay, History, Op, Read, Scheduled
 from .pop_workload import PopPlan, pop_consumer
+from .tx_workload import TxPlan, tx_check_answerer, tx_producer, tx_puller
 
 # Refused before anything is written: the send certainly did not happen.
 DEFINITE = {"INVALID_ARGUMENT", "PAYLOAD_TOO_LARGE", "TOPIC_NOT_FOUND", "UNAUTHENTICATED"}
@@ -87,6 +92,7 @@ class WorkloadSettings:
     offsets_every_s: float = 0.5
     pop: PopPlan = field(default_factory=PopPlan)  # the POP group (``pop_plan(seed)``)
     delay: DelayPlan = field(default_factory=DelayPlan)
+    tx: TxPlan = field(default_factory=TxPlan)
     # The demo's client (a failover takes a second or two; backoff capped at 0.5 s), an
     # operation given up after 20 s (then it is recorded as info).
     client: ClientSettings = field(
@@ -117,11 +123,14 @@ def reads(messages: list[ReceivedMessage]) -> tuple[Read, ...]:
 
 class Workload:
     def __init__(self, urls: Mapping[str, str], settings: WorkloadSettings, history: History,
-                 rng: random.Random) -> None:  # fmt: skip
+                 rng: random.Random, tx_rng: random.Random | None = None) -> None:  # fmt: skip
+        """``tx_rng``: the transactional clients' draws (a stream of their own, so that
+        the other clients' draws stay as they were)."""
         self.urls = dict(urls)
         self.s = settings
         self.h = history
         self.rng = rng
+        self.tx_rng = tx_rng or random.Random(0)
         self.stopping = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -133,6 +142,17 @@ class Workload:
             pop_consumer(i, brokers, self.s.pop, self.s.topic, self.h,
                          random.Random(self.rng.getrandbits(64)), self.stopping, self._pause)
             for i in range(self.s.pop.consumers)
+        ]  # fmt: skip
+        tx, client = self.s.tx, self.s.client
+        runs += [
+            tx_producer(i, brokers, tx, client, self.h,
+                        random.Random(self.tx_rng.getrandbits(64)), self.stopping, self._pause)
+            for i in range(tx.producers)
+        ]  # fmt: skip
+        runs += [
+            tx_check_answerer(brokers, tx, client, self.h, self.stopping),
+            tx_puller(self.urls, tx, self.s.probe, self.h,
+                      random.Random(self.tx_rng.getrandbits(64)), self.stopping, self._pause),
         ]  # fmt: skip
         self.tasks = [asyncio.create_task(r) for r in runs]
 
