@@ -30,12 +30,21 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from broker.broker import Broker
 from broker.status import BrokerStatus
+
+from .version import PYTHON, VERSION
 
 # Seconds, from one fsync'd local append (~1 ms) to a slow quorum (seconds).
 LATENCY_BUCKETS = (
@@ -107,6 +116,9 @@ class NodeMetrics:
         )
         self.http_connections = Gauge(
             "ledgermq_http_connections", "open HTTP connections", registry=r
+        )
+        Info("ledgermq_build", "this node's LedgerMQ and Python versions", registry=r).info(
+            {"version": VERSION, "python": PYTHON}
         )
         broker.server.commit_observers.append(lambda s, _n: self.commit_latency.observe(s))
 

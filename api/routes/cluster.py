@@ -4,6 +4,7 @@ from fastapi import APIRouter
 from starlette.responses import Response
 
 from .. import models
+from ..version import VERSION
 from .common import AccessDep, BrokerDep, JSONBytes, LeadershipDep, SettingsDep, error_docs
 
 router = APIRouter(tags=["cluster"])
@@ -41,6 +42,7 @@ async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
             "dispatched_index": st.dispatched_index,
             "snapshot_index": st.snapshot_index,
             "snapshots_installed": st.snapshots_installed,
+            "version": VERSION,
         }
     )
 

@@ -88,6 +88,11 @@ def server_mac(secret: bytes, node_id: str, server_nonce: bytes, client_nonce: b
 def check_magic(data: bytes, who: str) -> None:
     """Raise ``PeerAuthError`` unless ``data`` (the first bytes ``who`` sent) is MAGIC."""
     if data != MAGIC:
+        if len(data) == len(MAGIC) and data[:-1] == MAGIC[:-1]:
+            raise PeerAuthError(
+                f"{who} speaks Raft protocol version {data[-1]}, this node {MAGIC[-1]}"
+                " (a LedgerMQ release of another series?)"
+            )
         raise PeerAuthError(f"{who} sent no handshake (no peer secret there?)")
 
 

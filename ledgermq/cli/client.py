@@ -42,6 +42,7 @@ from ..client import (
     MessageLike,
     NodeView,
     Pacer,
+    PayloadTooLargeError,
     PopConsumer,
     Producer,
     ReceivedMessage,
@@ -72,6 +73,14 @@ def _common(
     add_option(p, "--auth-token", default=None, help="bearer token (docs/operations.md)")
     add_option(p, "--timeout", type=float, default=timeout_s, help="seconds per request")
     add_option(p, "--deadline", type=float, default=30.0, help="seconds per operation")
+    add_option(
+        p,
+        "--ca-file",
+        type=Path,
+        default=os.environ.get("SSL_CERT_FILE") or None,
+        help="CA bundle (PEM) that signed the brokers' TLS certificates, for a private CA "
+        "(default: $SSL_CERT_FILE, else the system's)",
+    )
     if json_output:
         add_option(p, "--json", action="store_true", help="JSON lines instead of text")
     p.set_defaults(client_handler=handler)
@@ -304,8 +313,14 @@ def _error(name: str, message: str) -> int:
 
 
 def _settings(args: argparse.Namespace) -> ClientSettings:
+    ca_file: Path | None = args.ca_file
+    if ca_file is not None and not ca_file.is_file():
+        raise ValueError(f"--ca-file {ca_file}: no such file")
     return ClientSettings(
-        timeout_s=args.timeout, deadline_s=args.deadline, auth_token=args.auth_token
+        timeout_s=args.timeout,
+        deadline_s=args.deadline,
+        auth_token=args.auth_token,
+        verify=True if ca_file is None else str(ca_file),
     )
 
 
@@ -713,6 +728,25 @@ def _messages(
         yield obj
 
 
+def _send_within_limits(p: Producer, args: argparse.Namespace, batch: list[Any]) -> list[Any]:
+    """Send ``batch``; one the broker refuses as too large (413, nothing written) is
+    sent in halves, and ``args.batch`` shrinks for the rest (said once on stderr)."""
+    try:
+        return p.send(args.topic, batch)
+    except PayloadTooLargeError:
+        if len(batch) == 1:
+            raise
+    half = len(batch) // 2
+    if half < args.batch:
+        print(
+            f"ledgermq produce: --batch {args.batch} is over the broker's limits: "
+            f"batches of {half} from here",
+            file=sys.stderr,
+        )
+        args.batch = half
+    return _send_within_limits(p, args, batch[:half]) + _send_within_limits(p, args, batch[half:])
+
+
 def _produce(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise ValueError("--batch must be >= 1")
@@ -740,7 +774,7 @@ def _produce(args: argparse.Namespace) -> int:
             _Progress(show_bar) as bar,
         ):
             while batch := list(itertools.islice(source, args.batch)):
-                results = p.send(args.topic, batch)
+                results = _send_within_limits(p, args, batch)
                 sent += len(results)
                 batches += 1
                 bar(len(results))

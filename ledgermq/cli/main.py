@@ -21,13 +21,14 @@ import sys
 import time
 from pathlib import Path
 
+from api.version import VERSION
 from dledger.runtime.peer_auth import load_peer_secret
 from ledgermq.processes import ChildNodes
 
 from ..demo import add_demo_options, run_demo
 from ..node import add_broker_options, run_broker
 from .client import add_client_commands, run_client_command
-from .util import add_option
+from .util import add_option, hoist_client_options
 
 SERVER_COMMANDS = ("broker", "cluster", "demo", "bench")
 # ``ledgermq bench`` runs the comparison harness of the source checkout (make bench-peers)
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ledgermq",
         description="LedgerMQ: a RocketMQ-style message broker on a DLedger-style Raft log",
     )
+    parser.add_argument("--version", action="version", version=f"ledgermq {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_broker_options(sub.add_parser("broker", help="run one broker node"))
     cluster = sub.add_parser("cluster", help="a local cluster of child processes")
@@ -185,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["bench"]:  # its options are the harness's, not parsed here
         return run_bench(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(hoist_client_options(argv))
     if args.command == "broker":
         return run_broker(args)
     if args.command not in SERVER_COMMANDS:

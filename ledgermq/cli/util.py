@@ -58,6 +58,39 @@ def add_brokers_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# The options every client command takes (``client._common``): given before the
+# command (``ledgermq --brokers URL topic list``) they are moved after it. True: the
+# option takes a value.
+CLIENT_OPTIONS = {
+    "--brokers": True,
+    "--auth-token": True,
+    "--timeout": True,
+    "--deadline": True,
+    "--ca-file": True,
+    "--json": False,
+}
+
+
+def hoist_client_options(argv: list[str]) -> list[str]:
+    """``argv`` with the ``CLIENT_OPTIONS`` that come before the command moved to the
+    end (before a ``--``, if any), where the command's parser reads them."""
+    front: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].startswith("--"):
+        name, eq, _ = argv[i].partition("=")
+        takes_value = CLIENT_OPTIONS.get(name)
+        if takes_value is None:  # --help, --version, or not ours: argparse answers
+            break
+        n = 2 if takes_value and not eq else 1
+        front += argv[i : i + n]
+        i += n
+    if not front:
+        return argv
+    rest = argv[i:]
+    end = rest.index("--") if "--" in rest else len(rest)
+    return rest[:end] + front + rest[end:]
+
+
 def parse_bool(raw: str, what: str) -> bool:
     v = raw.strip().lower()
     if v in ("1", "true", "yes", "on"):

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import GroupNotFoundError
+from .errors import GroupNotFoundError, InvalidArgumentError
 from .exchange import Call, Exchange, Gen
 from .operations import AdminOps, api_path, queue_map
 from .types import PullResult, ReceivedMessage, decode_message
@@ -126,6 +126,12 @@ class ConsumerOps:
         offset (a queue it has not committed starts at the earliest, as on the broker),
         without a group ``start``. Queues already positioned keep their place."""
         desc = yield from self.admin.describe_topic(self.topic)
+        missing = set(self.queue_ids or ()) - {q.queue_id for q in desc.queues}
+        if missing:  # (a group pull is refused by the broker alike)
+            raise InvalidArgumentError(
+                InvalidArgumentError.CODE,
+                f"queue_id {min(missing)} is not in 0..{len(desc.queues) - 1} of {self.topic}",
+            )
         committed: dict[int, int | None] = {}
         if self.group is not None:
             try:

@@ -92,6 +92,20 @@ def test_errors_are_one_line_without_a_traceback() -> None:
     assert "LEDGERMQ_FROM" in p.stderr  # a bad environment value is named
 
 
+def test_global_options_before_the_command_and_a_queue_that_is_not_there(brokers: str) -> None:
+    """Issue 32: ``ledgermq --brokers URL topic list`` failed ("invalid choice"), and
+    ``consume --queue-id 99`` of a 4-queue topic printed nothing and exited 0."""
+    out = ledgermq("--brokers", brokers, "topic", "create", "cli-q", "--queues", "4").stdout
+    assert "(created)" in out
+    assert "cli-q" in ledgermq(f"--brokers={brokers}", "--json", "topic", "list").stdout
+    for args in (["--queue-id", "99"], ["--queue-id", "1", "--queue-id", "4"]):
+        p = ledgermq("consume", "cli-q", *args, "--brokers", brokers, rc=1)
+        assert "INVALID_ARGUMENT" in one_error_line(p) and "0..3" in p.stderr
+        p = ledgermq("consume", "cli-q", "-g", "qg", *args, "--brokers", brokers, rc=1)
+        assert "INVALID_ARGUMENT" in one_error_line(p)
+    assert ledgermq("--version").stdout.startswith("ledgermq ")
+
+
 def test_produce_from_arguments_stdin_and_files(brokers: str, tmp_path: Path) -> None:
     topic = "cli-p"
     out = ledgermq("produce", topic, "one", "two", "--key", "k", "--tags", "T", brokers=brokers)

@@ -13,6 +13,7 @@ import trustme
 
 from ledgermq.client import Admin, BrokerUnavailableError, Consumer, Producer
 from tests.process.nodeproc import node_process
+from tests.process.test_cli_client import ledgermq, one_error_line
 
 
 def make_certificates(tmp_path: Path) -> tuple[Path, Path, Path]:
@@ -44,3 +45,42 @@ def test_the_client_produces_and_consumes_over_https(tmp_path: Path) -> None:
         plain = node.url.replace("https://", "http://")
         with pytest.raises(httpx.HTTPError):
             httpx.get(plain + "/healthz", timeout=5)
+
+
+def test_the_cli_over_https_trusts_a_private_ca(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 32: the documented backup, replace and upgrade procedures run the CLI
+    against HTTPS nodes; it trusts a private CA from --ca-file or $SSL_CERT_FILE. The
+    node here also takes at most 10 messages a request: a --batch over it is split."""
+    ca, cert, key = make_certificates(tmp_path)
+    tls = ("--ssl-certfile", str(cert), "--ssl-keyfile", str(key))
+    limit = ("--max-messages-per-request", "10")
+    with node_process(tmp_path / "d", *tls, *limit, scheme="https", verify=str(ca)) as node:
+        url = node.url
+        out = ledgermq("topic", "create", "sec", "--queues", "2", "--brokers", url, ca_file=str(ca))
+        assert "(created)" in out.stdout
+        # Global options before the command, the CA from the environment.
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca))
+        p = ledgermq(
+            "--brokers",
+            url,
+            "--json",
+            "produce",
+            "sec",
+            "-",
+            "--batch",
+            "25",
+            stdin="".join(f"m{i}\n" for i in range(25)),
+        )
+        monkeypatch.delenv("SSL_CERT_FILE")
+        assert len(p.stdout.splitlines()) == 25
+        assert "--batch 25 is over the broker's limits: batches of" in p.stderr
+        listed = ledgermq("topic", "describe", "sec", "--brokers", url, ca_file=str(ca)).stdout
+        assert listed.splitlines()[0] == "topic sec: 2 queues, 25 messages retained"
+        err = one_error_line(ledgermq("topic", "list", "--brokers", url, "--deadline", "2", rc=1))
+        assert "BROKER_UNAVAILABLE" in err and "CERTIFICATE_VERIFY_FAILED" in err
+        err = one_error_line(
+            ledgermq("topic", "list", "--brokers", url, rc=1, ca_file=str(tmp_path / "none"))
+        )
+        assert "--ca-file" in err and "no such file" in err

@@ -202,6 +202,10 @@ def test_wrong_magic_and_wrong_sizes_are_refused() -> None:
         server.check_client_proof(MAGIC)
     with pytest.raises(PeerAuthError, match="no handshake"):
         ClientHandshake(SECRET, "n0").answer(b"Y" * HELLO_BYTES)
+    # A release of another Raft protocol: said as such, not taken for a missing secret.
+    other = MAGIC[:-1] + bytes([MAGIC[-1] + 1])
+    with pytest.raises(PeerAuthError, match=f"version {MAGIC[-1] + 1}, this node {MAGIC[-1]}"):
+        ClientHandshake(SECRET, "n0").answer(other + b"N" * NONCE_BYTES)
 
 
 def test_settings_refuse_an_empty_secret_and_do_not_print_it() -> None:
