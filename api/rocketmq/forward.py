@@ -42,6 +42,7 @@ MAX_HOPS = 2
 HOLD_STEP_S = 0.05
 # The client's metadata a forwarded call keeps: RocketMQ's own headers and its signature.
 FORWARDED_HEADERS = ("x-mq-", "authorization")
+STREAMING = frozenset({"ReceiveMessage"})  # the server-streaming RPCs forwarded
 RETRY_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 
@@ -114,7 +115,10 @@ class MasterCalls:
         stub = service_pb2_grpc.MessagingServiceStub(self._channel(target))  # type: ignore[no-untyped-call]
         self.forwarded += 1
         try:
-            return await getattr(stub, method)(request, metadata=metadata, timeout=timeout)
+            call = getattr(stub, method)(request, metadata=metadata, timeout=timeout)
+            if method in STREAMING:  # a server stream: its items, collected
+                return [item async for item in call]
+            return await call
         except grpc.aio.AioRpcError as e:
             if e.code() in RETRY_CODES:
                 log.debug("forward of %s to %s: %s", method, target, e.code())

@@ -58,6 +58,7 @@ class RocketMQFront:
             topics=broker.topics,
             producer=broker.producer,
             timers=broker.timers,
+            pop=broker.pop,
             master=self.master,
         )
         self.server: Any = grpc.aio.server(options=server_options(settings, grpc_settings))

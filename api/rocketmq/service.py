@@ -30,11 +30,15 @@ from google.protobuf.duration_pb2 import Duration
 
 from broker import errors
 from broker.gate import BrokerRole, WriteGate
+from broker.pop.service import PopGroups
+from broker.pop.state import PopConfig
 from broker.produce import Producer
 from broker.settings import BrokerSettings
 from broker.timers.service import Timers
 from broker.topics import Topics
 
+from . import consume
+from .codes import OK, broker_error_code, status
 from .convert import SendRefusedError, to_send_batch
 from .forward import MasterCalls, client_id_of
 from .protocol import definition_pb2 as pb
@@ -46,6 +50,7 @@ log = logging.getLogger(__name__)
 
 Code = pb.Code
 ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)
+
 # What Settings replies carry (the proxy's defaults, ProxyConfig and SubscriptionGroupConfig).
 PRODUCER_MAX_ATTEMPTS = 3
 CONSUMER_MAX_ATTEMPTS = 17  # 16 retries, RocketMQ's retryMaxTimes
@@ -54,37 +59,6 @@ CUSTOMIZED_BACKOFF_S = (
 )  # fmt: skip
 RECEIVE_BATCH_SIZE = 32
 LONG_POLLING_TIMEOUT_S = 20
-
-
-def status(code: int, message: str = "") -> pb.Status:
-    return pb.Status(code=code, message=message or pb.Code.Name(code))  # type: ignore[arg-type]
-
-
-OK = status(Code.OK, "OK")
-
-
-# The protocol's status code for each of the broker's refusals (the first class that
-# matches); any other is INTERNAL_SERVER_ERROR.
-BROKER_ERROR_CODES: tuple[tuple[type[errors.BrokerError], int], ...] = (
-    (errors.PayloadTooLargeError, Code.PAYLOAD_TOO_LARGE),
-    (errors.InvalidArgumentError, Code.BAD_REQUEST),
-    (errors.TopicNotFoundError, Code.TOPIC_NOT_FOUND),
-    (errors.BusyError, Code.TOO_MANY_REQUESTS),
-    (errors.LimitReachedError, Code.TOO_MANY_REQUESTS),
-    (errors.UnauthenticatedError, Code.UNAUTHORIZED),
-    (errors.ForbiddenError, Code.FORBIDDEN),
-    (errors.NoMasterError, Code.HA_NOT_AVAILABLE),
-    (errors.NotMasterError, Code.HA_NOT_AVAILABLE),
-    (errors.UnknownOutcomeError, Code.MASTER_PERSISTENCE_TIMEOUT),
-)
-
-
-def broker_error_code(e: errors.BrokerError) -> int:
-    """The protocol's status code for one of the broker's refusals."""
-    for cls, code in BROKER_ERROR_CODES:
-        if isinstance(e, cls):
-            return int(code)
-    return int(Code.INTERNAL_SERVER_ERROR)
 
 
 @dataclass(slots=True)
@@ -125,9 +99,13 @@ class Clients:
         return len(self._clients)
 
 
-def settings_reply(client: pb.Settings, max_body_bytes: int) -> pb.Settings | None:
+def settings_reply(
+    client: pb.Settings, max_body_bytes: int, group: PopConfig | None = None
+) -> pb.Settings | None:
     """The client's Settings with the server's values in (the proxy's
-    ``GrpcClientSettingsManager``): None for a client type this server does not know."""
+    ``GrpcClientSettingsManager``): None for a client type this server does not know.
+    A consumer's FIFO flag and retry policy are its POP group's (``group``, replicated),
+    RocketMQ's defaults while the group is not made yet."""
     out = pb.Settings()
     out.CopyFrom(client)
     out.metric.on = False
@@ -143,16 +121,35 @@ def settings_reply(client: pb.Settings, max_body_bytes: int) -> pb.Settings | No
         return out
     if client.client_type in (pb.PUSH_CONSUMER, pb.SIMPLE_CONSUMER):
         sub = out.subscription
-        sub.fifo = False
+        sub.fifo = group.fifo if group is not None else False
         sub.receive_batch_size = RECEIVE_BATCH_SIZE
         if client.client_type == pb.PUSH_CONSUMER or not sub.HasField("long_polling_timeout"):
             sub.long_polling_timeout.CopyFrom(Duration(seconds=LONG_POLLING_TIMEOUT_S))
-        out.backoff_policy.max_attempts = CONSUMER_MAX_ATTEMPTS
-        nxt = out.backoff_policy.customized_backoff.next
-        del nxt[:]
-        nxt.extend(Duration(seconds=s) for s in CUSTOMIZED_BACKOFF_S)
+        _retry_policy(out.backoff_policy, group)
         return out
     return None
+
+
+def _retry_policy(out: pb.RetryPolicy, group: PopConfig | None) -> None:
+    """A consumer group's retry policy as the protocol's: a list of delays as a
+    customized backoff, an exponential one as such."""
+    if group is None:
+        out.max_attempts = CONSUMER_MAX_ATTEMPTS
+        out.customized_backoff.next.extend(Duration(seconds=s) for s in CUSTOMIZED_BACKOFF_S)
+        return
+    out.max_attempts = group.max_delivery_attempts
+    r = group.retry
+    if r.policy == "list":
+        out.customized_backoff.next.extend(_duration(ms) for ms in r.delays_ms)
+        return
+    exp = out.exponential_backoff
+    exp.initial.CopyFrom(_duration(r.initial_ms))
+    exp.max.CopyFrom(_duration(r.max_ms))
+    exp.multiplier = r.multiplier
+
+
+def _duration(ms: int) -> Duration:
+    return Duration(seconds=ms // 1000, nanos=(ms % 1000) * 1_000_000)
 
 
 class MessagingService(service_pb2_grpc.MessagingServiceServicer):
@@ -167,6 +164,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         topics: Topics,
         producer: Producer,
         timers: Timers,
+        pop: PopGroups,
         master: MasterCalls,
         clock: Any = None,
     ) -> None:
@@ -176,6 +174,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.topics = topics
         self.producer = producer
         self.timers = timers
+        self.pop = pop
         self.master = master
         self.clients = Clients(grpc_settings.max_clients)
         self.clock = clock or (lambda: int(time.time() * 1000))
@@ -274,7 +273,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         async for command in request_iterator:
             if not command.HasField("settings"):
                 continue
-            reply = settings_reply(command.settings, self.settings.limits.max_body_bytes)
+            cs = command.settings
+            group = None
+            if cs.WhichOneof("pub_sub") == "subscription" and cs.subscription.HasField("group"):
+                group = self.pop.state.groups.get(cs.subscription.group.name)
+            reply = settings_reply(cs, self.settings.limits.max_body_bytes, group)
             if reply is None:
                 yield spb.TelemetryCommand(
                     status=status(
@@ -343,6 +346,73 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     @property
     def is_master(self) -> bool:
         return self.gate.role is BrokerRole.MASTER
+
+    # ---- consume (POP groups) ---------------------------------------------------------
+
+    async def ReceiveMessage(
+        self, request: spb.ReceiveMessageRequest, context: Any
+    ) -> AsyncIterator[spb.ReceiveMessageResponse]:
+        """A long-polling receive from every queue of the topic, on the master; the
+        stream: a status, the messages, the delivery time (what the proxy writes)."""
+        if not client_id_of(context):
+            items = consume.receive_refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is required")
+        else:
+            try:
+                consume.check_receive(request, self.settings.limits.max_wait_ms)
+            except consume.ConsumeRefusedError as e:
+                items = consume.receive_refused(e.code, e.message)
+            else:
+                remaining = context.time_remaining()
+
+                async def local(r: spb.ReceiveMessageRequest) -> list[spb.ReceiveMessageResponse]:
+                    return await consume.receive(
+                        self.pop,
+                        r,
+                        time_remaining_s=remaining,
+                        max_wait_ms=self.settings.limits.max_wait_ms,
+                        make=self._maker,
+                    )
+
+                items = await self.master.call(
+                    "ReceiveMessage", request, context, local, consume.receive_refused
+                )
+        for item in items:
+            yield item
+
+    def _maker(self, namespace: str) -> consume.ProtoMessages:
+        return consume.ProtoMessages(
+            self.settings.group, self.settings.peer_grpc.get(self.settings.node_id, ""), namespace
+        )
+
+    async def AckMessage(
+        self, request: spb.AckMessageRequest, context: Any
+    ) -> spb.AckMessageResponse:
+        if not client_id_of(context):
+            return spb.AckMessageResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        return await self.master.call(
+            "AckMessage",
+            request,
+            context,
+            lambda r: consume.ack(self.pop, r),
+            lambda code, text: spb.AckMessageResponse(status=status(code, text)),
+        )
+
+    async def ChangeInvisibleDuration(
+        self, request: spb.ChangeInvisibleDurationRequest, context: Any
+    ) -> spb.ChangeInvisibleDurationResponse:
+        if not client_id_of(context):
+            return spb.ChangeInvisibleDurationResponse(
+                status=status(Code.CLIENT_ID_REQUIRED), receipt_handle=request.receipt_handle
+            )
+        return await self.master.call(
+            "ChangeInvisibleDuration",
+            request,
+            context,
+            lambda r: consume.change_invisible(self.pop, r),
+            lambda code, text: spb.ChangeInvisibleDurationResponse(
+                status=status(code, text), receipt_handle=request.receipt_handle
+            ),
+        )
 
 
 def _send_refused(code: int, message: str, n: int) -> spb.SendMessageResponse:

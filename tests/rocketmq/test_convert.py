@@ -3,18 +3,25 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from api.rocketmq.codes import broker_error_code
+from api.rocketmq.consume import ConsumeRefusedError, ProtoMessages, tags_of
 from api.rocketmq.convert import (
     SHARDING_KEY_PROPERTY,
     SendRefusedError,
     to_send_batch,
 )
 from api.rocketmq.protocol import definition_pb2 as pb
-from api.rocketmq.service import broker_error_code, settings_reply
+from api.rocketmq.service import settings_reply
 from api.rocketmq.settings import parse_grpc_peers
 from broker import errors
+from broker.message import decode_head, encode_message
+from broker.pop.state import PopConfig, RetryPolicy
+from broker.properties import encode_properties
 from broker.settings import Limits
 
 NOW_MS = 1_700_000_000_000
@@ -134,3 +141,51 @@ def test_peer_grpc_addresses_parse() -> None:
     for bad in ("n0", "n0=h0", "=h:1", "n0=h:x"):
         with pytest.raises(ValueError):
             parse_grpc_peers(bad)
+
+
+def test_tag_filters_map_to_our_tags_and_sql_is_refused() -> None:
+    assert tags_of(pb.FilterExpression(type=pb.TAG, expression="*")) is None
+    assert tags_of(pb.FilterExpression(type=pb.TAG, expression="")) is None
+    assert tags_of(pb.FilterExpression(type=pb.TAG, expression="a || b")) == "a||b"
+    for bad in (
+        pb.FilterExpression(type=pb.SQL, expression="a > 1"),
+        pb.FilterExpression(type=pb.TAG, expression="a||"),
+    ):
+        with pytest.raises(ConsumeRefusedError) as e:
+            tags_of(bad)
+        assert e.value.code == pb.ILLEGAL_FILTER_EXPRESSION
+
+
+def test_consumer_settings_follow_the_groups_replicated_config() -> None:
+    cfg = PopConfig(
+        fifo=True, max_delivery_attempts=4, retry=RetryPolicy(policy="exponential", initial_ms=500)
+    )
+    reply = settings_reply(
+        pb.Settings(client_type=pb.PUSH_CONSUMER, subscription=pb.Subscription()), 1, cfg
+    )
+    assert reply is not None and reply.subscription.fifo
+    assert reply.backoff_policy.max_attempts == 4
+    assert reply.backoff_policy.exponential_backoff.initial.nanos == 500_000_000
+
+
+def test_a_stored_message_renders_as_both_clients_decode_it() -> None:
+    raw = encode_message(
+        topic="T",
+        body=b"hello",
+        properties=encode_properties(
+            {"TAGS": "A", "KEYS": "k1 k2", "UNIQ_KEY": "01AB", "__SHARDINGKEY": "g", "u": "v"}
+        ),
+        born_timestamp=NOW_MS,
+        store_timestamp=NOW_MS + 1,
+        store_host=("127.0.0.1", 1),
+    )
+    h = decode_head(raw)
+    body = memoryview(raw)[h.body_at : h.body_at + h.body_len]
+    props = memoryview(raw)[h.props_at : h.props_at + h.props_len]
+    m = ProtoMessages("g0", "127.0.0.1:10080")(h, 7, 1234, body, props)
+    sp = m.system_properties
+    assert m.body == b"hello" and dict(m.user_properties) == {"u": "v"}
+    assert sp.message_id == "01AB" and sp.tag == "A" and list(sp.keys) == ["k1", "k2"]
+    assert sp.body_encoding == pb.IDENTITY and sp.body_digest.type == pb.MD5
+    assert sp.body_digest.checksum == hashlib.md5(b"hello").hexdigest().upper()
+    assert sp.message_type == pb.FIFO and sp.message_group == "g" and sp.queue_offset == 7

@@ -33,7 +33,7 @@ from .client_env import official_python, run_script
 
 pytestmark = pytest.mark.slow
 
-TOPICS = {"orders": 4, "fifo": 8, "later": 2, "fromslave": 2, "speed": 4}
+TOPICS = {"orders": 4, "fifo": 8, "later": 2, "fromslave": 2, "speed": 4, "work": 3}
 
 
 @pytest.fixture(scope="module")
@@ -187,6 +187,60 @@ def test_official_producer_throughput_is_reported(
         )
 
 
+def test_simple_consumer_receives_acks_and_changes_invisible_time_through_a_follower(
+    official: Path, cluster: LocalBrokerCluster
+) -> None:
+    master = cluster.master()
+    assert master is not None
+    follower = next(n for n in cluster.ids if n != master)
+    # The group starts at the earliest message (RocketMQ's start is the latest, ours too
+    # by default: a group made by its first receive sees what comes after it).
+    r = httpx.put(f"{cluster.urls[master]}/v1/groups/workers", json={"start": "earliest"})
+    assert r.status_code == 200, r.text
+    messages = [
+        {
+            "topic": "work",
+            "body": "job 1",
+            "tag": "TagA",
+            "keys": ["job-1"],
+            "properties": {"p": "1"},
+        },
+        {"topic": "work", "body": "job 2"},
+        {"topic": "work", "body": "job 3", "group": "jobs"},
+        {"topic": "work", "body": "job 4"},
+    ]
+    receipts = send(official, cluster.grpc_endpoints, messages)["receipts"]
+    assert all("error" not in r for r in receipts), receipts
+    report = run_script(
+        official,
+        "simple_consumer.py",
+        {
+            "endpoints": cluster.grpc_addrs[follower],  # every call forwarded to the master
+            "group": "workers",
+            "topic": "work",
+            "expect": len(messages),
+            "invisible_s": 20,
+            "await_s": 2,
+        },
+    )
+    got = {m["message_id"]: m for m in report["received"]}
+    assert set(got) == {r["message_id"] for r in receipts}
+    for spec, r in zip(messages, receipts, strict=True):
+        m = got[r["message_id"]]
+        assert m["body"] == spec["body"] and m["tag"] == spec.get("tag")
+        assert m["keys"] == spec.get("keys", []) and m["properties"] == spec.get("properties", {})
+        assert m["message_group"] == spec.get("group") and m["topic"] == "work"
+        assert m["delivery_attempt"] == 1 and not m["corrupted"]  # the MD5 digest holds
+    assert report["handle_replaced"]
+    assert report["old_handle_ack"].startswith("refused") and "40013" in report["old_handle_ack"]
+    (again,) = report["again"]
+    assert again["message_id"] == report["received"][0]["message_id"]
+    assert again["delivery_attempt"] == 2
+    assert report["left"] == []
+    lag = httpx.get(f"{cluster.urls[master]}/v1/groups/workers/offsets", params={"topic": "work"})
+    assert sum(q["lag"] for q in lag.json()["offsets"]) == 0, lag.text
+
+
 # ---- bad input, from a raw stub ---------------------------------------------------------------
 
 
@@ -266,6 +320,27 @@ def test_bad_input_gets_clear_status_codes_and_changes_nothing(
         code(stub.SendMessage(one("orders", body=b""), metadata=CLIENT, timeout=5))
         == pb.MESSAGE_BODY_EMPTY
     )
+    # consumers: no client id, a SQL filter, a handle that names nothing
+    rq = spb.ReceiveMessageRequest(
+        group=pb.Resource(name="g"),
+        message_queue=pb.MessageQueue(topic=pb.Resource(name="orders")),
+        filter_expression=pb.FilterExpression(type=pb.SQL, expression="a > 1"),
+        batch_size=1,
+    )
+    assert [
+        int(r.status.code) for r in stub.ReceiveMessage(rq, timeout=5) if r.HasField("status")
+    ] == [pb.CLIENT_ID_REQUIRED]
+    assert [
+        int(r.status.code)
+        for r in stub.ReceiveMessage(rq, metadata=CLIENT, timeout=5)
+        if r.HasField("status")
+    ] == [pb.ILLEGAL_FILTER_EXPRESSION]
+    bogus = spb.AckMessageRequest(
+        group=pb.Resource(name="g"),
+        topic=pb.Resource(name="orders"),
+        entries=[spb.AckMessageEntry(message_id="x", receipt_handle="v1:0:0:1")],
+    )
+    assert code(stub.AckMessage(bogus, metadata=CLIENT, timeout=5)) == pb.INVALID_RECEIPT_HANDLE
     # an RPC not served (yet): gRPC UNIMPLEMENTED
     with pytest.raises(grpc.RpcError) as e:
         stub.GetOffset(spb.GetOffsetRequest(), metadata=CLIENT, timeout=5)
