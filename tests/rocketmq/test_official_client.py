@@ -388,3 +388,33 @@ def test_telemetry_answers_settings_with_the_servers_values(
     assert reply.settings.backoff_policy.HasField("exponential_backoff")
     nameless = stub.Telemetry(iter([spb.TelemetryCommand(settings=settings)]), timeout=5)
     assert [r.status.code for r in nameless] == [pb.CLIENT_ID_REQUIRED]
+
+
+def test_a_send_through_a_follower_is_held_through_the_masters_death(tmp_path: Path) -> None:
+    """kill -9 of the master, then at once a send to a follower with a 15 s deadline: the
+    follower holds it through the election and forwards it to the new master (clients
+    never re-route: an early refusal would only come back to the same node)."""
+    c = start_cluster(tmp_path / "c", (*CLUSTER_ARGS, "--no-auto-create-topics"))
+    try:
+        master = c.wait_ready()
+        r = httpx.post(f"{c.urls[master]}/v1/topics", json={"name": "held", "queues": 2})
+        assert r.status_code == 201, r.text
+        follower = next(n for n in c.ids if n != master)
+        wait_until(lambda: by_key_topic(c, follower, "held"), 10, "the topic on the follower")
+        c.kill(master)
+        with grpc.insecure_channel(c.grpc_addrs[follower]) as ch:
+            stub = service_pb2_grpc.MessagingServiceStub(ch)
+            sent = stub.SendMessage(
+                one("held", b"through the election"), metadata=CLIENT, timeout=15
+            )
+        assert sent.status.code == pb.OK, sent
+        new_master = c.wait_ready()
+        assert new_master != master
+        (m,) = wait_until(lambda: by_key(c, new_master, "held", "0102TEST"), 10, "the message")
+        assert m["body"] == "through the election"
+    finally:
+        c.stop_all()
+
+
+def by_key_topic(c: LocalBrokerCluster, node: str, topic: str) -> bool:
+    return httpx.get(f"{c.urls[node]}/v1/topics/{topic}", timeout=5).status_code == 200
