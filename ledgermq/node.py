@@ -208,7 +208,7 @@ def exposure_warnings(http: HttpSettings) -> list[str]:
             f"HTTP on {http.host}:{http.port} without --auth-token or --auth-tokens-file: "
             "anyone who reaches it may produce, consume and delete topics"
         )
-    if http.grpc is not None and not is_loopback(http.grpc.host):
+    if http.grpc is not None and not http.has_tokens and not is_loopback(http.grpc.host):
         out.append(
             f"gRPC (RocketMQ 5) on {http.grpc.host}:{http.grpc.port} checks no credentials"
             " yet: anyone who reaches it may produce (--grpc off turns it off)"
@@ -303,7 +303,16 @@ async def serve(
     if exit_with_parent:
         watchdog = asyncio.create_task(_watch_parent(server, os.getppid()))
     try:
-        front = await start_rocketmq_front(settings, http.grpc, broker)
+        grpc = http.grpc
+        if grpc is not None and http.has_tokens:
+            # The gRPC front checks no credentials yet (AK/SK is a later step): open, it
+            # would let anyone past the tokens the HTTP API asks for.
+            log.warning(
+                "no gRPC front (RocketMQ 5 clients): this node requires tokens, and the"
+                " gRPC front cannot check credentials yet"
+            )
+            grpc = None
+        front = await start_rocketmq_front(settings, grpc, broker)
         await server.serve()
         if not server.started:
             raise OSError(f"could not serve HTTP on {http.host}:{http.port}")

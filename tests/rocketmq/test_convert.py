@@ -1,8 +1,10 @@
 """The gRPC front's pure parts: RocketMQ messages checked and mapped onto ours
-(``api/rocketmq/convert.py``), the Settings replies (``settings_reply``), the options."""
+(``api/rocketmq/convert.py``), stored ones rendered (``consume.ProtoMessages``), the
+Settings replies (``settings_reply``), the node's ``--grpc`` options."""
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 
 import pytest
@@ -17,12 +19,13 @@ from api.rocketmq.convert import (
 )
 from api.rocketmq.protocol import definition_pb2 as pb
 from api.rocketmq.service import settings_reply
-from api.rocketmq.settings import parse_grpc_peers
+from api.rocketmq.settings import GrpcSettings, parse_grpc_peers
 from broker import errors
 from broker.message import decode_head, encode_message
 from broker.pop.state import PopConfig, RetryPolicy
 from broker.properties import encode_properties
-from broker.settings import Limits
+from broker.settings import BrokerSettings, Limits
+from ledgermq.node import HttpSettings, add_broker_options, exposure_warnings, settings_from_args
 
 NOW_MS = 1_700_000_000_000
 LIMITS = Limits(max_body_bytes=1024, max_delay_ms=60_000)
@@ -189,3 +192,29 @@ def test_a_stored_message_renders_as_both_clients_decode_it() -> None:
     assert sp.body_encoding == pb.IDENTITY and sp.body_digest.type == pb.MD5
     assert sp.body_digest.checksum == hashlib.md5(b"hello").hexdigest().upper()
     assert sp.message_type == pb.FIFO and sp.message_group == "g" and sp.queue_offset == 7
+
+
+def _node(*args: str) -> tuple[BrokerSettings, HttpSettings]:
+    p = argparse.ArgumentParser()
+    add_broker_options(p)
+    return settings_from_args(p.parse_args(list(args)))
+
+
+def test_grpc_listens_next_to_http_unless_told() -> None:
+    settings, http = _node("--http", "127.0.0.1:8081", "--peer-urls", "n1=http://h1:8082")
+    assert http.grpc is not None and (http.grpc.host, http.grpc.port) == ("127.0.0.1", 10081)
+    assert not http.grpc.required  # a default that is taken: the node goes on without
+    assert settings.peer_grpc == {"n0": "127.0.0.1:10081", "n1": "h1:10082"}
+    _, http = _node("--grpc", "127.0.0.1:7000")
+    assert http.grpc is not None and http.grpc.port == 7000 and http.grpc.required
+    assert _node("--grpc", "off")[1].grpc is None
+    settings, _ = _node("--peer-grpc", "n1=h1:1", "--peer-urls", "n1=http://h1:8082")
+    assert settings.peer_grpc["n1"] == "h1:1"
+    settings, _ = _node("--http", "0.0.0.0:8080", "--advertised-url", "http://me:8080")
+    assert settings.peer_grpc["n0"] == "me:10080"  # a wildcard listener: the advertised host
+
+
+def test_a_public_grpc_port_without_tokens_is_warned_about() -> None:
+    (warning,) = exposure_warnings(HttpSettings(grpc=GrpcSettings(host="0.0.0.0")))
+    assert "gRPC" in warning
+    assert exposure_warnings(HttpSettings(grpc=GrpcSettings())) == []
