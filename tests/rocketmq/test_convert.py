@@ -5,7 +5,11 @@ Settings replies (``settings_reply``), the node's ``--grpc`` options."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
+import logging
+import sys
+from typing import Any
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
@@ -25,7 +29,13 @@ from broker.message import decode_head, encode_message
 from broker.pop.state import PopConfig, RetryPolicy
 from broker.properties import encode_properties
 from broker.settings import BrokerSettings, Limits
-from ledgermq.node import HttpSettings, add_broker_options, exposure_warnings, settings_from_args
+from ledgermq.node import (
+    HttpSettings,
+    add_broker_options,
+    exposure_warnings,
+    settings_from_args,
+    start_rocketmq_front,
+)
 
 NOW_MS = 1_700_000_000_000
 LIMITS = Limits(max_body_bytes=1024, max_delay_ms=60_000)
@@ -218,3 +228,14 @@ def test_a_public_grpc_port_without_tokens_is_warned_about() -> None:
     (warning,) = exposure_warnings(HttpSettings(grpc=GrpcSettings(host="0.0.0.0")))
     assert "gRPC" in warning
     assert exposure_warnings(HttpSettings(grpc=GrpcSettings())) == []
+
+
+def test_a_node_without_the_generated_modules_starts_without_grpc_and_says_why(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "api.rocketmq.server", None)  # import fails
+    broker: Any = None  # not reached
+    with caplog.at_level(logging.WARNING, logger="ledgermq.node"):
+        front = asyncio.run(start_rocketmq_front(BrokerSettings(), GrpcSettings(), broker))
+    assert front is None
+    assert "tools/protos.py" in caplog.text and "no gRPC front" in caplog.text
