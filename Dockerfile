@@ -12,6 +12,11 @@ COPY broker/ broker/
 COPY consumequeue/ consumequeue/
 COPY dledger/ dledger/
 COPY ledgermq/ ledgermq/
+# The RocketMQ 5 protocol modules (api/rocketmq/protocol, not in the repository): the npm
+# package's .proto files, checked against their pinned sha512, compiled by grpcio-tools.
+COPY tools/protos.py tools/protos.py
+RUN pip install --no-cache-dir 'grpcio-tools>=1.85,<2' \
+ && python tools/protos.py
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 # ---- run
@@ -34,8 +39,9 @@ ENV PYTHONUNBUFFERED=1 \
 USER 10001:10001
 WORKDIR /var/lib/ledgermq
 VOLUME ["/var/lib/ledgermq"]
-# 8080: the HTTP API; 9080: Raft (the peers' port in LEDGERMQ_PEERS).
-EXPOSE 8080 9080
+# 8080: the HTTP API; 9080: Raft (the peers' port in LEDGERMQ_PEERS); 10080: RocketMQ 5
+# gRPC (LEDGERMQ_GRPC, by default the HTTP port + 2000).
+EXPOSE 8080 9080 10080
 # Ready = a master is known and this node's dispatch has caught up (GET /readyz, open
 # even with --auth-token). The slim image has no curl; Python's urllib does the job.
 HEALTHCHECK --interval=5s --timeout=3s --start-period=30s --retries=3 \

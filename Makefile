@@ -11,9 +11,15 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,spark]'
+	$(PY) tools/protos.py
 	@touch $(STAMP)
 
-setup: $(STAMP)
+# The gRPC front's generated modules (gitignored): made again when removed or outdated.
+PROTOCOL := api/rocketmq/protocol/SOURCE
+$(PROTOCOL): tools/protos.py $(STAMP)
+	$(PY) tools/protos.py
+
+setup: $(STAMP) $(PROTOCOL)
 
 demo: setup
 	$(VENV)/bin/ledgermq demo

@@ -45,6 +45,9 @@ class ClusterNode(BaseModel):
     node_id: str
     raft_addr: str
     http_url: str | None = None
+    grpc_addr: str | None = Field(
+        default=None, description="its RocketMQ 5 gRPC front (host:port), if known"
+    )
     match_index: int | None = None
 
 

@@ -39,13 +39,22 @@ def held(
     m: NewMessage, topic: str, marks: Mapping[str, str], born_timestamp: int | None = None
 ) -> NewMessage:
     """``m`` as the record its holder stores (queue 0 of its system topic): its routing
-    and the holder's ``marks`` added to its properties."""
+    and the holder's ``marks`` added to its properties, the producer's own unique key
+    kept when it brought one (a RocketMQ 5 client's message id: its copies keep it)."""
     props = {**m.properties, PROP_REAL_TOPIC: topic, **marks}
     if m.queue_id is not None:
         props[PROP_REAL_QID] = str(m.queue_id)
     if m.sharding_key is not None:
         props[PROP_SHARDING_KEY] = m.sharding_key
-    return NewMessage(m.body, m.tags, m.keys, props, queue_id=0, born_timestamp=born_timestamp)
+    return NewMessage(
+        m.body,
+        m.tags,
+        m.keys,
+        props,
+        queue_id=0,
+        born_timestamp=born_timestamp,
+        uniq_key=m.uniq_key,
+    )
 
 
 def copy_of(

@@ -78,6 +78,9 @@ class BrokerSettings:
     data_dir: Path = Path("ledgermq-data")
     flush: Literal["async", "sync"] = "sync"
     peer_urls: dict[str, str] = field(default_factory=dict)  # node id → HTTP URL
+    # node id → "host:port" of its RocketMQ 5 gRPC front (docs/rocketmq.md): where a slave
+    # forwards what needs the master; shown in GET /v1/cluster.
+    peer_grpc: dict[str, str] = field(default_factory=dict)
     advertised_url: str | None = None
     auto_create_topics: bool = True
     default_queues: int = 8

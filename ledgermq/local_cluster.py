@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 
+from api.rocketmq.settings import GRPC_PORT_OFFSET
 from ledgermq.processes import ChildNodes, free_ports, peer_secret_env
 
 
@@ -29,6 +30,7 @@ class LocalBrokerCluster(ChildNodes):
         *,
         http_ports: Sequence[int] | None = None,
         raft_ports: Sequence[int] | None = None,
+        grpc_ports: Sequence[int] | None = None,
         group: str = "g0",
         extra_args: Sequence[str] = (),
         log_dir: Path | None = None,
@@ -46,6 +48,19 @@ class LocalBrokerCluster(ChildNodes):
         ports = free_ports(2 * n) if http_ports is None or raft_ports is None else []
         self.http_ports = list(http_ports) if http_ports is not None else ports[:n]
         self.raft_ports = list(raft_ports) if raft_ports is not None else ports[n:]
+        # gRPC (RocketMQ 5): given, or next to HTTP as a node's default when HTTP ports
+        # were given (``cluster up``), else free ports like the others.
+        if grpc_ports is None:
+            grpc_ports = (
+                free_ports(n)
+                if http_ports is None
+                else [p + GRPC_PORT_OFFSET for p in self.http_ports]
+            )
+        self.grpc_ports = list(grpc_ports)
+        self.grpc_addrs = {
+            i: f"127.0.0.1:{p}" for i, p in zip(self.ids, self.grpc_ports, strict=True)
+        }
+        self.peer_grpc = ",".join(f"{i}={a}" for i, a in self.grpc_addrs.items())
         self.urls = {
             i: f"http://127.0.0.1:{p}" for i, p in zip(self.ids, self.http_ports, strict=True)
         }
@@ -56,6 +71,11 @@ class LocalBrokerCluster(ChildNodes):
         self.data_dir = data_dir
         self.group = group
         self.extra_args = list(extra_args)
+
+    @property
+    def grpc_endpoints(self) -> str:
+        """The RocketMQ 5 clients' access point for every node: ``"h:p;h:p;h:p"``."""
+        return ";".join(self.grpc_addrs.values())
 
     @property
     def brokers(self) -> str:
@@ -77,6 +97,10 @@ class LocalBrokerCluster(ChildNodes):
             self.urls[node].removeprefix("http://"),
             "--peer-urls",
             self.peer_urls,
+            "--grpc",
+            self.grpc_addrs[node],
+            "--peer-grpc",
+            self.peer_grpc,
             "--data-dir",
             str(self.data_dir / node),
             "--exit-with-parent",

@@ -31,6 +31,7 @@ from api.app import create_app
 from api.auth import TokenTable
 from api.http_protocol import ConnectionLimits, guarded_protocol
 from api.metrics import METRICS_CACHE_S
+from api.rocketmq.settings import GrpcSettings, default_grpc_address, parse_grpc_peers
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
 from dledger.core.settings import CoreSettings
@@ -126,6 +127,9 @@ class HttpSettings:
     # cannot pass for another one (per-client limits count the socket's address).
     forwarded_allow_ips: str = ""
 
+    # The RocketMQ 5 gRPC front (``--grpc``; None: off).
+    grpc: GrpcSettings | None = None
+
     @property
     def has_tokens(self) -> bool:
         return self.auth_token is not None or self.auth_tokens is not None
@@ -208,6 +212,11 @@ def exposure_warnings(http: HttpSettings) -> list[str]:
             f"HTTP on {http.host}:{http.port} without --auth-token or --auth-tokens-file: "
             "anyone who reaches it may produce, consume and delete topics"
         )
+    if http.grpc is not None and not http.has_tokens and not is_loopback(http.grpc.host):
+        out.append(
+            f"gRPC (RocketMQ 5) on {http.grpc.host}:{http.grpc.port} checks no credentials"
+            " yet: anyone who reaches it may produce (--grpc off turns it off)"
+        )
     return out
 
 
@@ -257,6 +266,7 @@ async def serve(
     metrics.http_connections.set_function(lambda: connections.open)
     config = http_config(app, http, protocol)
     server = _Server(config)
+    front = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _request_exit, server)
@@ -284,6 +294,16 @@ async def serve(
     if exit_with_parent:
         watchdog = asyncio.create_task(_watch_parent(server, os.getppid()))
     try:
+        grpc = http.grpc
+        if grpc is not None and http.has_tokens:
+            # The gRPC front checks no credentials yet (AK/SK is a later step): open, it
+            # would let anyone past the tokens the HTTP API asks for.
+            log.warning(
+                "no gRPC front (RocketMQ 5 clients): this node requires tokens, and the"
+                " gRPC front cannot check credentials yet"
+            )
+            grpc = None
+        front = await start_rocketmq_front(settings, grpc, broker)
         await server.serve()
         if not server.started:
             raise OSError(f"could not serve HTTP on {http.host}:{http.port}")
@@ -291,10 +311,43 @@ async def serve(
         if watchdog is not None:
             watchdog.cancel()
         log.info("node %s: stopping", settings.node_id)
+        if front is not None:
+            await front.stop()
         await broker.stop()
         log.info("node %s: stopped", settings.node_id)
     if broker.failed is not None:
         raise NodeFailedError(repr(broker.failed))
+
+
+async def start_rocketmq_front(
+    settings: BrokerSettings, grpc: GrpcSettings | None, broker: Broker
+) -> Any:
+    """The node's RocketMQ 5 gRPC front, serving (``api.rocketmq.server.RocketMQFront``);
+    None when it is off, or when its generated protocol modules are missing or do not
+    load (the node serves HTTP all the same and says why)."""
+    if grpc is None:
+        return None
+    try:
+        from api.rocketmq.server import RocketMQFront  # noqa: PLC0415  # needs tools/protos.py
+    except Exception as e:  # missing modules, or grpcio/protobuf older than the generated code
+        log.warning(
+            "no gRPC front (RocketMQ 5 clients): its protocol modules do not load (%s: %s);"
+            " run `python tools/protos.py` (make setup does) and restart",
+            type(e).__name__,
+            e,
+        )
+        return None
+    front = RocketMQFront(settings, grpc, broker)
+    try:
+        port = await front.start()
+    except OSError as e:
+        if grpc.required:
+            raise
+        log.warning("no gRPC front (RocketMQ 5 clients) on its default address: %s", e)
+        await front.stop()
+        return None
+    log.info("node %s: gRPC (RocketMQ 5) on %s:%d", settings.node_id, grpc.host, port)
+    return front
 
 
 class _Server(uvicorn.Server):
@@ -417,6 +470,20 @@ def _add_membership_options(p: argparse.ArgumentParser) -> None:
     add_option(p, "--http", default="127.0.0.1:8080", help="HTTP listen address host:port")
     add_option(p, "--advertised-url", default=None, help="this node's URL for redirects")
     add_option(p, "--peer-urls", default="", help='"n0=http://h0:8080,n1=..." for redirects')
+    add_option(
+        p,
+        "--grpc",
+        default=None,
+        help="RocketMQ 5 gRPC listen address host:port, or off (default: the --http host,"
+        " its port + 2000)",
+    )
+    add_option(
+        p,
+        "--peer-grpc",
+        default="",
+        help='"n0=h0:10080,n1=..." every node\'s gRPC address, where a slave forwards what'
+        " needs the master (default: each --peer-urls host, its port + 2000)",
+    )
 
 
 def _add_data_options(p: argparse.ArgumentParser) -> None:
@@ -626,6 +693,15 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
     peers = args.peers or f"{args.node_id}-127.0.0.1:{port + 1000}"
     peer_urls = _peer_urls(args.peer_urls)
     peer_urls.setdefault(args.node_id, advertised.rstrip("/"))
+    grpc = _grpc_settings(args.grpc, host, port)
+    peer_grpc = _peer_grpc(args.peer_grpc, peer_urls)
+    if grpc is not None:  # this node's own address: where it listens, unless a wildcard
+        own_host = (
+            grpc.host
+            if not _wildcard(grpc.host)
+            else parse_address(advertised.split("://", 1)[-1].rstrip("/"))[0]
+        )
+        peer_grpc[args.node_id] = f"{own_host}:{grpc.port}"
     core = CoreSettings.dledger() if args.profile == "dledger" else CoreSettings()
     if args.heartbeat_ms is not None:
         core = replace(core, heartbeat_interval_ms=args.heartbeat_ms)
@@ -645,6 +721,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         data_dir=args.data_dir,
         flush=args.flush,
         peer_urls=peer_urls,
+        peer_grpc=peer_grpc,
         advertised_url=advertised.rstrip("/"),
         auto_create_topics=args.auto_create_topics,
         default_queues=args.default_queues,
@@ -673,10 +750,40 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         metrics_cache_s=args.metrics_cache_s,
         forwarded_allow_ips=args.forwarded_allow_ips,
         gc_thresholds=args.gc_thresholds,
+        grpc=grpc,
         auth_token_in_argv=bool(args.auth_token)
         and args.auth_token != os.environ.get(env_name("--auth-token")),
     )
     return settings, http
+
+
+def _wildcard(host: str) -> bool:
+    return host.strip("[]") in ("0.0.0.0", "::", "")
+
+
+def _grpc_settings(spec: str | None, http_host: str, http_port: int) -> GrpcSettings | None:
+    """``--grpc``: off, an address, or (None) the default next to the HTTP port."""
+    if spec is not None and spec.strip().lower() == "off":
+        return None
+    if spec is None:
+        host, port = default_grpc_address(http_host, http_port)
+        return GrpcSettings(host=host, port=port) if port <= 65_535 else None
+    host, port = parse_address(spec)
+    return GrpcSettings(host=host, port=port, required=True)
+
+
+def _peer_grpc(spec: str, peer_urls: dict[str, str]) -> dict[str, str]:
+    """``--peer-grpc``, and for every node it leaves out whose HTTP URL is known, that URL's
+    host with its port + 2000 (the default of ``--grpc``)."""
+    out = parse_grpc_peers(spec)
+    for node, url in peer_urls.items():
+        if node not in out:
+            hostport = url.split("://", 1)[-1].rstrip("/")
+            host, _, port = hostport.rpartition(":")
+            if host and port.isdigit():
+                grpc_host, grpc_port = default_grpc_address(host, int(port))
+                out[node] = f"{grpc_host}:{grpc_port}"
+    return out
 
 
 def _dest(option: str) -> str:

@@ -56,6 +56,9 @@ BY_PATH: dict[str, str] = {
     "tests/docs": "docs",
     "tests/fuzz": "fuzz",
     "tests/process": "process",
+    "tests/rocketmq": "unit",
+    # The official RocketMQ 5 clients against a cluster of node processes.
+    "tests/rocketmq/test_official_client.py": "process",
     "tests/runtime": "unit",
     "tests/sim": "simulation",
     "tests/spark": "spark",

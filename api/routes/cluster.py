@@ -22,7 +22,15 @@ async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
         match = peer.match_index if peer else None
         if node_id == settings.node_id and st.raft_role == "LEADER":
             match = st.ledger_end_index
-        nodes.append({"node_id": node_id, "raft_addr": addr, "http_url": url, "match_index": match})
+        nodes.append(
+            {
+                "node_id": node_id,
+                "raft_addr": addr,
+                "http_url": url,
+                "grpc_addr": settings.peer_grpc.get(node_id),
+                "match_index": match,
+            }
+        )
     leader_url = st.leader_url
     if st.leader_id == settings.node_id and settings.advertised_url:
         leader_url = settings.advertised_url

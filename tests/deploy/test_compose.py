@@ -4,12 +4,12 @@
   check-jsonschema ships it; a broken copy is refused, so the check bites).
 - Its topology is consistent as a compose implementation resolves it (podman-compose):
   node ids are the service names, peers, peer URLs and advertised URLs name the services,
-  ports 8080-8082 are published, each broker has its own volume on the image's data
-  directory, the restart policy leaves a killed broker down, the demo waits for healthy
-  brokers and names them all, and the healthcheck is the image's.
+  ports 8080-8082 (and gRPC's 10080-10082) are published, each broker has its own volume
+  on the image's data directory, the restart policy leaves a killed broker down, the
+  demo waits for healthy brokers and names them all, and the healthcheck is the image's.
 - The Dockerfile: python:3.11-slim, a numeric non-root user made by useradd, the
   project pip-installed from a wheel (not editable), ``ledgermq broker`` as the entry
-  point, ports 8080/9080, the data volume; hadolint finds nothing.
+  point, ports 8080/9080/10080, the data volume; hadolint finds nothing.
 - The services run: each broker service's command and environment as a process in its
   own network namespace (``tests.netns``; the service names resolve through each
   namespace's hosts file) as the image's user, healthy by the image's HEALTHCHECK
@@ -90,7 +90,8 @@ def test_compose_topology_is_wired_by_service_names(compose: dict[str, Any], ima
     envs = {b: services[b]["environment"] for b in brokers}
     peers = {f"{b}-{b}:9080" for b in brokers}
     http_port = int(image.env["LEDGERMQ_HTTP"].rpartition(":")[2])
-    assert set(image.expose) == {http_port, 9080}
+    grpc_port = http_port + 2000  # the default of --grpc
+    assert set(image.expose) == {http_port, 9080, grpc_port}
     host_ports = []
     for b in brokers:
         env = envs[b]
@@ -99,8 +100,9 @@ def test_compose_topology_is_wired_by_service_names(compose: dict[str, Any], ima
         assert env["LEDGERMQ_PEER_URLS"] == ",".join(f"{x}=http://{x}:{http_port}" for x in brokers)
         assert env["LEDGERMQ_ADVERTISED_URL"] == f"http://{b}:{http_port}"
         ports = published_ports(services[b])
-        assert list(ports) == [http_port], "only HTTP is published; Raft stays inside"
+        assert list(ports) == [http_port, grpc_port], "HTTP and gRPC published; Raft stays inside"
         host_ports.append(ports[http_port])
+        assert ports[grpc_port] == ports[http_port] + 2000
         volumes = services[b]["volumes"]
         assert len(volumes) == 1 and volumes[0].split(":")[1] == env["LEDGERMQ_DATA_DIR"]
         assert env["LEDGERMQ_DATA_DIR"] in image.volumes

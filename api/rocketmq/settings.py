@@ -1,0 +1,50 @@
+"""The settings of a node's RocketMQ 5 gRPC front (``--grpc``), apart from the service so
+that a node whose generated protocol modules are missing can still read its options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GRPC_PORT_OFFSET = 2000
+"""``--grpc``'s default port: the HTTP port + 2000 (Raft's is + 1000), so ``ledgermq
+cluster up``'s nodes on 8080, 8081, 8082 serve gRPC on 10080, 10081, 10082."""
+
+
+@dataclass(frozen=True, slots=True)
+class GrpcSettings:
+    host: str = "127.0.0.1"
+    port: int = 8080 + GRPC_PORT_OFFSET
+    # A call that needs the master waits this long at most for one (an election) when
+    # the client set no deadline; with a deadline, until shortly before it.
+    hold_max_s: float = 10.0
+    # Seconds of the client's deadline kept back to answer in time after a hold.
+    deadline_margin_s: float = 0.2
+    # Clients (Telemetry settings, heartbeats) this node remembers; the oldest seen goes.
+    max_clients: int = 10_000
+    # HTTP/2 keepalive pings to notice dead clients, and the pings clients may send.
+    keepalive_time_s: float = 60.0
+    keepalive_timeout_s: float = 20.0
+    min_client_ping_interval_s: float = 10.0
+    # Seconds a stopping node lets calls in flight finish.
+    graceful_shutdown_s: float = 3.0
+    # Given explicitly (--grpc): a port that cannot be bound stops the node. The default
+    # address (HTTP port + 2000) may be taken by something else on a busy machine: the
+    # node then serves without gRPC and says so.
+    required: bool = False
+
+
+def default_grpc_address(http_host: str, http_port: int) -> tuple[str, int]:
+    """Where a node serves gRPC unless told: the HTTP host, the HTTP port + 2000."""
+    return http_host, http_port + GRPC_PORT_OFFSET
+
+
+def parse_grpc_peers(spec: str) -> dict[str, str]:
+    """``"n0=h0:10080,n1=h1:10080"`` → {node id: "host:port"}."""
+    out = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        node, sep, addr = part.partition("=")
+        host, colon, port = addr.rpartition(":")
+        if not sep or not node or not colon or not host or not port.isdigit():
+            raise ValueError(f"{part!r}: want node=host:port")
+        out[node] = addr
+    return out
