@@ -10,6 +10,9 @@ failover, say) and checks what stays pending: it appends ``tx.check`` (the count
 the next time are replicated) and hands the check to the producers of its group that
 poll ``checks``; past ``tx_max_checks`` it rolls the transaction back.
 
+Retention and snapshots keep the first live transaction's record (``pinned_entry_pos``):
+a commit, a check and a new master always read its messages.
+
 A copy is appended only once this node's log is applied and the message is still
 uncopied, one transaction at a time on this master (``_delivering``); a new master has
 applied every entry of the terms before its own: no message is copied twice, none is
@@ -31,6 +34,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from dledger.store import BODY_OFFSET
 
 from .. import errors
 from ..copies import ROUTING, copy_of, held
@@ -147,6 +152,16 @@ class Transactions:
         records = [held(m, topic.name, marks) for m in messages]
         results = await self.producer.produce_to(half, records, producer_id, sequence)
         return Begun(transaction_id(results[0].queue_offset), results)
+
+    def pinned_entry_pos(self) -> int | None:
+        """The log position of the first live transaction's record (None: none live):
+        retention keeps it and every entry after it, and a snapshot is handed to Raft
+        only if a follower that installs it still receives this entry (a pending
+        transaction's messages are read when it is checked and when it is committed)."""
+        first = next(iter(self.state.live), None)  # (live is in half-offset order)
+        q = None if first is None else self.reads.cq.find(HALF_TOPIC, 0)
+        unit = None if q is None or first is None else q.get(first)
+        return None if unit is None else unit[0] - BODY_OFFSET
 
     def topic_of(self, tx_id: str) -> str:
         """The topic of a transaction known here; ``TransactionNotFoundError`` else."""

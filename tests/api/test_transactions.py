@@ -244,3 +244,26 @@ async def test_a_resolution_not_applied_in_time_is_an_unknown_outcome(
         await until(lambda: txs.state_of(int(tx.removeprefix("tx1:"))) == "committed")
         assert await _end(node, tx, "commit") == (200, {"transaction_id": tx, "state": "committed"})
         assert await _bodies(node, "t") == ["a"]
+
+
+async def test_a_live_transaction_holds_retention_and_snapshots_back(node: Node) -> None:
+    """The first live transaction's record is the pin: retention keeps it, and a snapshot
+    taken after it is not handed to Raft (a follower that installed it could not read the
+    half messages a check hands out and a commit copies; found by the broker simulation,
+    whose checks handed out no messages once a master's retention passed them). Once it
+    is resolved, the newest snapshot goes to Raft again."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    begun = await _begin(node, "t", ["held"])
+    pinned = b.transactions.pinned_entry_pos()
+    assert pinned is not None and pinned == begun["results"][0]["commitlog_offset"] - 48
+    await node.http.post("/v1/topics/t/messages", json={"messages": [{"body": "more"}]})
+    await b.dispatcher.snapshot()  # a snapshot past the pin: kept on disk, not served
+    snaps = b.dispatcher.snapshot_manager
+    assert snaps.snapshot_index > snaps.served_index and snaps.unserved
+    assert b.store._retention_floor is not None and b.store._retention_floor <= pinned
+    assert (await _end(node, begun["transaction_id"], "commit"))[0] == 200
+    assert b.transactions.pinned_entry_pos() is None
+    await b.dispatcher.snapshot()
+    assert snaps.served_index == snaps.snapshot_index == b.meta.applied_index
+
