@@ -39,7 +39,7 @@ async def end(
     transactions: TransactionsDep,
     access: AccessDep,
 ) -> Response:
-    topic = transactions.topic_of(transaction_id)
+    topic = await transactions.topic_of(transaction_id)
     access.need("produce", topic) if topic else access.need("admin")
     state = await transactions.end(transaction_id, body.action)
     return JSONBytes({"transaction_id": transaction_id, "state": state})

@@ -163,15 +163,27 @@ class Transactions:
         unit = None if q is None or first is None else q.get(first)
         return None if unit is None else unit[0] - BODY_OFFSET
 
-    def topic_of(self, tx_id: str) -> str:
-        """The topic of a transaction known here; ``TransactionNotFoundError`` else."""
+    async def topic_of(self, tx_id: str) -> str:
+        """The topic of a transaction known here (``_known``); "" for one resolved (its
+        topic is not kept: the route asks for admin then)."""
+        t = self.state.live.get(await self._known(tx_id))
+        return "" if t is None else t.topic
+
+    async def _known(self, tx_id: str) -> int:
+        """The transaction an id names; ``TransactionNotFoundError`` for none. A begin is
+        answered once its record is committed, perhaps before it is applied here: an id
+        not known yet is looked for again once what is committed is applied
+        (``append_timeout_ms`` at most), and a slave, which may not have it yet, sends the
+        request to the master (``require_master``'s refusal), not a 404."""
         base = parse_transaction_id(tx_id)
-        t = None if base is None else self.state.live.get(base)
-        if t is not None:
-            return t.topic
+        if base is not None and base >= self.state.end:
+            committed = self.gate.server.committed_index
+            await self.dispatch.wait_dispatched(committed, self.settings.append_timeout_ms / 1000)
+            if base >= self.state.end:
+                self.gate.require_master()
         if base is None or self.state.state_of(base) is None:
             raise errors.TransactionNotFoundError(f"no transaction {tx_id!r}")
-        return ""  # resolved: its topic is not kept (the route asks for admin then)
+        return base
 
     async def end(self, tx_id: str, action: str) -> str:
         """Commit or roll back (``action``); the transaction's state after. A repeat
@@ -181,13 +193,11 @@ class Transactions:
         wanted = ACTIONS.get(action)
         if wanted is None:
             raise errors.InvalidArgumentError("action: commit or rollback")
-        base = parse_transaction_id(tx_id)
-        if base is None:
+        if parse_transaction_id(tx_id) is None:
             raise errors.TransactionNotFoundError(f"no transaction {tx_id!r}")
         await self.gate.require_master_soon()
+        base = await self._known(tx_id)
         now = self.state.state_of(base)
-        if now is None:
-            raise errors.TransactionNotFoundError(f"no transaction {tx_id!r}")
         if now == "pending":
             op = "tx.commit" if wanted == COMMITTED else "tx.rollback"
             index = await self.metalog.append({"op": op, "base": base})

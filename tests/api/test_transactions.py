@@ -13,6 +13,7 @@ import httpx
 import orjson
 import pytest
 
+from broker.gate import BrokerRole
 from broker.metadata import HALF_TOPIC
 from ledgermq.client import AsyncTransactionProducer, TransactionCheck, TransactionResolvedError
 from ledgermq.client.transacting import Resolution
@@ -267,3 +268,19 @@ async def test_a_live_transaction_holds_retention_and_snapshots_back(node: Node)
     await b.dispatcher.snapshot()
     assert snaps.served_index == snaps.snapshot_index == b.meta.applied_index
 
+
+async def test_a_slave_sends_an_end_it_does_not_know_yet_to_the_master(node: Node) -> None:
+    """A slave that has not applied a transaction's record yet answers a commit of it
+    with its refusal (the client goes to the master), not 404 TRANSACTION_NOT_FOUND: the
+    route asked for the transaction's topic before anything else (found by the broker
+    simulation: an acknowledged transaction's rollback, sent to a lagging slave, was
+    "not found")."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    begun = await _begin(node, "t", ["a"])
+    b.gate.set_role(BrokerRole.SLAVE, b.gate.role_term, "a test: deposed")
+    status, body = await _end(node, "tx1:7", "commit")  # (not applied here: not yet)
+    assert status != 404 and body["error"]["code"] != "TRANSACTION_NOT_FOUND", body
+    b.gate.set_role(BrokerRole.MASTER, b.gate.role_term, "a test: master again")
+    assert (await _end(node, "tx1:7", "commit"))[0] == 404  # the master does not know it
+    assert (await _end(node, begun["transaction_id"], "commit"))[0] == 200
