@@ -23,6 +23,10 @@ Invariants:
   back, is the replicated state's (the check queues are this master's, for its
   pollers, and start empty on a new master: the next check goes out when it is due);
 - every write passes the ``WriteGate``: a SLAVE redirects, as for produce.
+
+The appends of one turn run together (one group commit) through ``gather``
+(``asyncio.gather``; the simulation, which drives this code without an event loop,
+hands one of its own: ``tests/sim/tx_sim.py``).
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dledger.store import BODY_OFFSET
 
@@ -61,6 +65,12 @@ TX_MARKS = (PROP_TX_GROUP, PROP_TX_CHECK_AT)  # a half message's, beside its rou
 # What a half message carries for the broker, not for its consumers.
 ROUTING_PROPERTIES = (*ROUTING, *TX_MARKS)
 ACTIONS = {"commit": COMMITTED, "rollback": ROLLED_BACK}
+# Runs appends together and answers their results in order (the first error raised).
+Gather = Callable[..., Awaitable[list[Any]]]
+
+
+def _gather(*coros: Coroutine[Any, Any, Any]) -> Awaitable[list[Any]]:
+    return asyncio.gather(*coros)
 
 
 def transaction_id(base: int) -> str:
@@ -104,6 +114,7 @@ class Transactions:
         dispatch: Dispatch,
         applier: TransactionApplier,
         clock: Callable[[], int],
+        gather: Gather = _gather,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -115,6 +126,7 @@ class Transactions:
         self.dispatch = dispatch
         self.applier = applier
         self.clock = clock
+        self.gather = gather
         self._delivering: set[int] = set()
         self._queued: dict[str, deque[int]] = {}  # producer group → checks to hand out
         self._arrived: dict[str, asyncio.Event] = {}
@@ -312,7 +324,7 @@ class Transactions:
                 ops.append(
                     {"op": "tx.check", "base": t.base, "interval_ms": s.tx_check_interval_ms}
                 )
-        await asyncio.gather(*(self.metalog.append(op) for op in ops))
+        await self.gather(*(self.metalog.append(op) for op in ops))
         for t, op in zip(due, ops, strict=True):
             if op["op"] == "tx.check":
                 self._queued.setdefault(t.group, deque(maxlen=CHECKS_QUEUED)).append(t.base)
