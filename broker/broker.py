@@ -34,6 +34,7 @@ from dledger.runtime.server import DLedgerServer
 from dledger.store import FileStore
 
 from .commitlog import DLedgerCommitLog
+from .copies import first_pinned
 from .dispatch import Dispatch
 from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
@@ -202,7 +203,6 @@ class Broker:
             applier=next(a for a in dispatch.state if isinstance(a, TimerApplier)),
             clock=now_ms,
         )
-        dispatch.pinned = self.timers.pinned_entry_pos
         self.transactions = Transactions(
             settings=s,
             gate=gate,
@@ -214,6 +214,11 @@ class Broker:
             dispatch=dispatch,
             applier=next(a for a in dispatch.state if isinstance(a, TransactionApplier)),
             clock=now_ms,
+        )
+        # Retention and snapshots keep the records of what is held: delay messages
+        # pending, transactions live.
+        dispatch.pinned = first_pinned(
+            self.timers.pinned_entry_pos, self.transactions.pinned_entry_pos
         )
 
     async def start(self) -> None:

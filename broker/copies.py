@@ -6,7 +6,7 @@ instead, which tells the holder's applier what the copy ends."""
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Protocol
 
 from .encode import NewMessage
@@ -33,6 +33,16 @@ class Held(Protocol):
     def properties(self) -> dict[str, str]: ...
     @property
     def born_timestamp(self) -> int: ...
+
+
+def first_pinned(*pins: Callable[[], int | None]) -> Callable[[], int | None]:
+    """The dispatcher's ``pinned``: the first log position a holder still needs (the
+    first pending delay message's record, the first live transaction's), None if none."""
+
+    def pinned() -> int | None:
+        return min((p for pin in pins if (p := pin()) is not None), default=None)
+
+    return pinned
 
 
 def held(

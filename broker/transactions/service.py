@@ -10,6 +10,9 @@ failover, say) and checks what stays pending: it appends ``tx.check`` (the count
 the next time are replicated) and hands the check to the producers of its group that
 poll ``checks``; past ``tx_max_checks`` it rolls the transaction back.
 
+Retention and snapshots keep the first live transaction's record (``pinned_entry_pos``):
+a commit, a check and a new master always read its messages.
+
 A copy is appended only once this node's log is applied and the message is still
 uncopied, one transaction at a time on this master (``_delivering``); a new master has
 applied every entry of the terms before its own: no message is copied twice, none is
@@ -20,6 +23,10 @@ Invariants:
   back, is the replicated state's (the check queues are this master's, for its
   pollers, and start empty on a new master: the next check goes out when it is due);
 - every write passes the ``WriteGate``: a SLAVE redirects, as for produce.
+
+The appends of one turn run together (one group commit) through ``gather``
+(``asyncio.gather``; the simulation, which drives this code without an event loop,
+hands one of its own: ``tests/sim/tx_sim.py``).
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from dledger.store import BODY_OFFSET
 
 from .. import errors
 from ..copies import ROUTING, copy_of, held
@@ -57,6 +66,12 @@ TX_MARKS = (PROP_TX_GROUP, PROP_TX_CHECK_AT)  # a half message's, beside its rou
 # What a half message carries for the broker, not for its consumers.
 ROUTING_PROPERTIES = (*ROUTING, *TX_MARKS)
 ACTIONS = {"commit": COMMITTED, "rollback": ROLLED_BACK}
+# Runs appends together and answers their results in order (the first error raised).
+Gather = Callable[..., Awaitable[list[Any]]]
+
+
+def _gather(*coros: Coroutine[Any, Any, Any]) -> Awaitable[list[Any]]:
+    return asyncio.gather(*coros)
 
 
 def transaction_id(base: int) -> str:
@@ -100,6 +115,7 @@ class Transactions:
         dispatch: Dispatch,
         applier: TransactionApplier,
         clock: Callable[[], int],
+        gather: Gather = _gather,
     ) -> None:
         self.settings = settings
         self.gate = gate
@@ -111,6 +127,7 @@ class Transactions:
         self.dispatch = dispatch
         self.applier = applier
         self.clock = clock
+        self.gather = gather
         self._delivering: set[int] = set()
         self._queued: dict[str, deque[int]] = {}  # producer group → checks to hand out
         self._arrived: dict[str, asyncio.Event] = {}
@@ -149,13 +166,28 @@ class Transactions:
         results = await self.producer.produce_to(half, records, producer_id, sequence)
         return Begun(transaction_id(results[0].queue_offset), results)
 
+    def pinned_entry_pos(self) -> int | None:
+        """The log position of the first live transaction's record (None: none live):
+        retention keeps it and every entry after it, and a snapshot is handed to Raft
+        only if a follower that installs it still receives this entry (a pending
+        transaction's messages are read when it is checked and when it is committed)."""
+        first = next(iter(self.state.live), None)  # (live is in half-offset order)
+        q = None if first is None else self.reads.cq.find(HALF_TOPIC, 0)
+        unit = None if q is None or first is None else q.get(first)
+        return None if unit is None else unit[0] - BODY_OFFSET
+
+    async def topic_of(self, tx_id: str) -> str:
+        """The topic of a transaction known here (``_known``); "" for one resolved (its
+        topic is not kept: the route asks for admin then)."""
+        t = self.state.live.get(await self._known(tx_id))
+        return "" if t is None else t.topic
+
     async def _known(self, tx_id: str) -> int:
-        """The transaction ``tx_id`` names, known here; ``TransactionNotFoundError`` for
-        none. A transactional produce is answered once its record is committed, perhaps
-        before it is applied here (a new master still applying the terms before its
-        own, a dispatcher behind): one not known yet is looked for again once what is
-        committed is applied (``append_timeout_ms`` at most), and a slave, which may not
-        have it yet, sends the request to the master (``require_master``'s refusal)."""
+        """The transaction an id names; ``TransactionNotFoundError`` for none. A begin is
+        answered once its record is committed, perhaps before it is applied here: an id
+        not known yet is looked for again once what is committed is applied
+        (``append_timeout_ms`` at most), and a slave, which may not have it yet, sends the
+        request to the master (``require_master``'s refusal), not a 404."""
         base = parse_transaction_id(tx_id)
         if base is not None and base >= self.state.end:
             committed = self.gate.server.committed_index
@@ -165,11 +197,6 @@ class Transactions:
         if base is None or self.state.state_of(base) is None:
             raise errors.TransactionNotFoundError(f"no transaction {tx_id!r}")
         return base
-
-    async def topic_of(self, tx_id: str) -> str:
-        """The topic of a transaction known here; ``TransactionNotFoundError`` else."""
-        t = self.state.live.get(await self._known(tx_id))
-        return t.topic if t is not None else ""  # resolved: not kept (the route asks admin)
 
     async def end(self, tx_id: str, action: str) -> str:
         """Commit or roll back (``action``); the transaction's state after. A repeat
@@ -298,7 +325,7 @@ class Transactions:
                 ops.append(
                     {"op": "tx.check", "base": t.base, "interval_ms": s.tx_check_interval_ms}
                 )
-        await asyncio.gather(*(self.metalog.append(op) for op in ops))
+        await self.gather(*(self.metalog.append(op) for op in ops))
         for t, op in zip(due, ops, strict=True):
             if op["op"] == "tx.check":
                 self._queued.setdefault(t.group, deque(maxlen=CHECKS_QUEUED)).append(t.base)

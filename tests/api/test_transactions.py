@@ -14,6 +14,7 @@ import httpx
 import orjson
 import pytest
 
+from broker.gate import BrokerRole
 from broker.metadata import HALF_TOPIC
 from ledgermq.client import AsyncTransactionProducer, TransactionCheck, TransactionResolvedError
 from ledgermq.client.transacting import Resolution
@@ -275,3 +276,42 @@ async def test_a_commit_right_after_its_begin_finds_it_while_the_dispatcher_lags
         assert b.meta.transactions.end == 1, "committed, answered, not applied yet"
         assert await _end(node, tx, "commit") == (200, {"transaction_id": tx, "state": "committed"})
         assert await _bodies(node, "t") == ["lagged"]
+
+
+async def test_a_live_transaction_holds_retention_and_snapshots_back(node: Node) -> None:
+    """The first live transaction's record is the pin: retention keeps it, and a snapshot
+    taken after it is not handed to Raft (a follower that installed it could not read the
+    half messages a check hands out and a commit copies; found by the broker simulation,
+    whose checks handed out no messages once a master's retention passed them). Once it
+    is resolved, the newest snapshot goes to Raft again."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    begun = await _begin(node, "t", ["held"])
+    pinned = b.transactions.pinned_entry_pos()
+    assert pinned is not None and pinned == begun["results"][0]["commitlog_offset"] - 48
+    await node.http.post("/v1/topics/t/messages", json={"messages": [{"body": "more"}]})
+    await b.dispatcher.snapshot()  # a snapshot past the pin: kept on disk, not served
+    snaps = b.dispatcher.snapshot_manager
+    assert snaps.snapshot_index > snaps.served_index and snaps.unserved
+    assert b.store._retention_floor is not None and b.store._retention_floor <= pinned
+    assert (await _end(node, begun["transaction_id"], "commit"))[0] == 200
+    assert b.transactions.pinned_entry_pos() is None
+    await b.dispatcher.snapshot()
+    assert snaps.served_index == snaps.snapshot_index == b.meta.applied_index
+
+
+async def test_a_slave_sends_an_end_it_does_not_know_yet_to_the_master(node: Node) -> None:
+    """A slave that has not applied a transaction's record yet answers a commit of it
+    with its refusal (the client goes to the master), not 404 TRANSACTION_NOT_FOUND: the
+    route asked for the transaction's topic before anything else (found by the broker
+    simulation: an acknowledged transaction's rollback, sent to a lagging slave, was
+    "not found")."""
+    b = node.broker
+    await node.http.post("/v1/topics", json={"name": "t", "queues": 1})
+    begun = await _begin(node, "t", ["a"])
+    b.gate.set_role(BrokerRole.SLAVE, b.gate.role_term, "a test: deposed")
+    status, body = await _end(node, "tx1:7", "commit")  # (not applied here: not yet)
+    assert status != 404 and body["error"]["code"] != "TRANSACTION_NOT_FOUND", body
+    b.gate.set_role(BrokerRole.MASTER, b.gate.role_term, "a test: master again")
+    assert (await _end(node, "tx1:7", "commit"))[0] == 404  # the master does not know it
+    assert (await _end(node, begun["transaction_id"], "commit"))[0] == 200

@@ -49,6 +49,12 @@ def main() -> int:
         default=True,
         help="with --broker: delay messages (default: as the seed draws)",
     )
+    ap.add_argument(
+        "--tx",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --broker: transactions (default: as the seed draws)",
+    )
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
@@ -61,6 +67,7 @@ def main() -> int:
             transfers=a.transfers,
             pop=a.pop,
             delay=a.delay,
+            tx=a.tx,
         )
         if a.broker
         else functools.partial(run_seed, transfers=a.transfers)

@@ -84,7 +84,13 @@ invisible time; a FIFO consumer retries a receive whose answer it lost with the 
 master's real ``Timers`` and a client recalls some; every node runs the release loop
 (the real ``Timers.step``, turned by ``TimerLoop`` as ``Timers.run`` turns it, its wake
 a ``drive.Wake``, its lock a ``drive.Lock``) on the simulated clock
-(``tests/sim/delay_sim.py``, whose docstring lists the delay checks).
+(``tests/sim/delay_sim.py``, whose docstring lists the delay checks). In another
+quarter (``TxKnobs``, streams of their own) producers begin transactions through the
+master's real ``Transactions`` and commit them, roll them back, answer their checks
+(polled from the master) or leave them to run out of checks; every node runs the
+master's loop (the real ``Transactions.step``, turned by ``TxLoop`` every ``TICK_S`` as
+``Transactions.run`` turns it, its appends gathered by ``gather_on``) on the simulated
+clock (``tests/sim/tx_sim.py``, whose docstring lists the transaction checks).
 
 What is checked, against :class:`LogModel` (an independent model of the committed log)
 and in Jepsen's words:
@@ -127,6 +133,17 @@ and in Jepsen's words:
   same at the same applied index and counts the log, the release loop never spins;
   after healing every timer ends within ``DELAY_DONE_WITHIN_MS`` ("liveness: delay"),
   delivered exactly once, cancelled or dropped;
+- transactions (``TxChecker``, on every committed entry, answer and dispatch step): no
+  half message is a record of a user topic; a copy delivers a message of a committed
+  transaction, into its topic and pinned queue, once; a transaction is resolved once,
+  as its producer asked or, after exactly ``tx_max_checks`` checks, rolled back; checks
+  come at their time and never more than ``tx_max_checks`` (a count a failover reset
+  would pass it); commit, rollback and check answers agree with the log (a repeat
+  answers the same, the other resolution is refused, a check's count never goes down);
+  every node's ``TransactionState`` is the same at the same applied index and is the
+  log's; after healing every transaction ends within ``TX_DONE_WITHIN_MS`` ("liveness:
+  transactions"), a committed one's messages delivered exactly once (or dropped with
+  their topic), a rolled-back one's never;
 - after convergence: every node dispatched everything; metadata (topics, offsets,
   producer sessions; and, in the snapshot comparison, POP state) is identical on every
   node and equals the model; every queue starts
@@ -160,7 +177,8 @@ client tries again), topics created by a produce (``auto_create_topics`` is off)
 disk reserve, transfers to a node that is not running or by the preferred-leader
 rule, pulls by consumers (they read the master's queue bounds), lost replies (a client
 sees a reply or times out), POP long polls (``wait_ms`` > 0: their waits need an event
-loop), clocks that differ between nodes.
+loop), transaction check long polls (``wait_ms`` > 0, likewise), clocks that differ
+between nodes.
 
 A failure names its seed and the replay command,
 ``.venv/bin/python -m tests.sim --broker --seed N --verbose``.
@@ -187,6 +205,7 @@ import orjson
 
 from broker.batch import batch_inners
 from broker.commitlog import DLedgerCommitLog
+from broker.copies import first_pinned
 from broker.dispatch import Dispatch
 from broker.dispatch.snapshots import snapshot_bytes
 from broker.errors import (
@@ -211,12 +230,14 @@ from broker.message import (
     decode_properties,
 )
 from broker.metadata import (
+    HALF_TOPIC,
     POP_OP_PREFIX,
     SYS_TOPIC,
     SYSTEM_TOPICS,
     TIMER_OP_PREFIX,
     TIMER_TOPIC,
     TOPIC_NAME,
+    TX_OP_PREFIX,
     MetadataState,
     SnapshotFiles,
     op_commit_offsets,
@@ -233,6 +254,8 @@ from broker.settings import BrokerSettings
 from broker.timers.applier import PROP_TIMER_ORIGIN, TimerApplier
 from broker.timers.service import Timers
 from broker.topics import MetadataLog, Topics
+from broker.transactions.applier import PROP_TX_ORIGIN, TransactionApplier
+from broker.transactions.service import Transactions
 from consumequeue import (
     UNIT_SIZE,
     ConsumeQueue,
@@ -274,6 +297,7 @@ from .sim import (
     Simulation,
     sim_root,
 )
+from .tx_sim import TX_DONE_WITHIN_MS, TxChecker, TxKnobs, TxLoop, TxWorkload, gather_on
 
 GROUP = "g0"
 EPOCH_MS = 1_700_000_000_000  # store and born timestamps: simulated time after this
@@ -315,6 +339,7 @@ def broker_replay_command(
     transfers: bool = True,
     pop: bool = True,
     delay: bool = True,
+    tx: bool = True,
 ) -> str:
     more = f" --explore {','.join(sorted(explore))}" if explore else ""
     more += f" --fault-ms {fault_ms}" if fault_ms != FAULT_MS else ""
@@ -323,6 +348,7 @@ def broker_replay_command(
     more += "" if transfers else " --no-transfers"
     more += "" if pop else " --no-pop"
     more += "" if delay else " --no-delay"
+    more += "" if tx else " --no-tx"
     return f".venv/bin/python -m tests.sim --broker --seed {seed}{more} --verbose"
 
 
@@ -450,6 +476,11 @@ class LoggedMessage(NamedTuple):
     keys: tuple[str, ...]  # what the key index holds for it
 
 
+def _key_of(body: bytes) -> str:
+    """A client's message's key, from its body: "producer|seq|index in batch"."""
+    return b"|".join(body.split(b"|", 3)[:3]).decode()
+
+
 def _messages_of(m: StoredMessage, raw: bytes, clo: int) -> list[LoggedMessage]:
     """The messages of the committed record ``m`` (decoded from ``raw``, at ``clo``); a
     batch record (``broker.batch``) holds several."""
@@ -512,6 +543,7 @@ class LogModel:
         self.fail = fail
         self.pop: PopChecker  # what the log says of POP groups (set by the simulation)
         self.delay: DelayChecker  # ... and of delay messages
+        self.tx: TxChecker  # ... and of transactions
         self.end = -1
         self.term = 0
         self.pos: dict[int, int] = {}
@@ -571,9 +603,13 @@ class LogModel:
             self._apply_op(e.index, m)
             return
         dead_letter = m.topic.startswith(DLQ_PREFIX)  # a copy of a POP group's message
-        copy = PROP_TIMER_ORIGIN in m.properties  # a delay message's delivery
-        for logged in _messages_of(m, e.body, clo):
-            self._feed_message(e.index, m, logged, dead_letter=dead_letter, copy=copy)
+        # a delay message's delivery, or a committed transaction's message
+        copy = PROP_TIMER_ORIGIN in m.properties or PROP_TX_ORIGIN in m.properties
+        logged = _messages_of(m, e.body, clo)
+        for one in logged:
+            self._feed_message(e.index, m, one, dead_letter=dead_letter, copy=copy)
+        if m.topic == HALF_TOPIC:  # a transaction begun
+            self.tx.log_half(e.index, m, e.body, [_key_of(one.body) for one in logged])
 
     def _feed_message(
         self,
@@ -586,15 +622,19 @@ class LogModel:
     ) -> None:
         """One message of the committed record ``m`` (a batch record holds several); a
         dead letter holds the body of the message it copies (``PopChecker`` checks it),
-        and so does a delay message's copy (``DelayChecker``). The records of the timer
-        topic are the delay messages as sent; their units' tag code is their time."""
+        and so does a delay message's copy (``DelayChecker``) and a transaction's
+        (``TxChecker``). The records of the timer topic are the delay messages as sent;
+        their units' tag code is their time; the half topic's are transactions' messages."""
         body, session, queue_offset, address, tags, keys = logged
-        key = b"|".join(body.split(b"|", 3)[:3]).decode()  # "producer|seq|index in batch"
+        key = _key_of(body)
         if dead_letter:
             self.pop.log_dead_letter(index, m, key)
+        elif copy and PROP_TX_ORIGIN in m.properties:
+            self.tx.log_copy(index, m, key)
         elif copy:
             self.delay.log_copy(index, m, key)
         else:
+            self.tx.log_plain(index, m.topic, key)
             if key not in self.sent:
                 self.fail(f"unexpected: entry {index} holds message {key!r}, never sent")
             if key in self.by_id:
@@ -651,6 +691,9 @@ class LogModel:
             return
         if kind.startswith(TIMER_OP_PREFIX):
             self.delay.log_op(index, op)
+            return
+        if kind.startswith(TX_OP_PREFIX):
+            self.tx.log_op(index, m.store_timestamp, op)
             return
         cur = self.current(name)
         if kind == "create_topic":
@@ -787,7 +830,14 @@ class BrokerNode:
         self.wake = Wake()  # the release loop's (``TimerLoop`` turns it)
         timers = next(a for a in appliers if isinstance(a, TimerApplier))
         self.timers = Timers(**common, cq=self.cq, applier=timers, wake=lambda: self.wake)
-        self.dispatcher.pinned = self.timers.pinned_entry_pos
+        del common["lock"]  # (the transactions' appends of a turn: a gather of driven tasks)
+        transactions = next(a for a in appliers if isinstance(a, TransactionApplier))
+        self.transactions = Transactions(
+            **common, applier=transactions, gather=gather_on(sim, n, self)
+        )
+        self.dispatcher.pinned = first_pinned(
+            self.timers.pinned_entry_pos, self.transactions.pinned_entry_pos
+        )
         self.promotion: Promotion | None = None  # LEADER, not yet MASTER: the real rule
         self.tasks: list[tuple[Task, Reply]] = []  # requests being served, oldest first
         self.held: list[tuple[Callable[[], None], Reply]] = []  # requests while paused
@@ -886,6 +936,7 @@ class BrokerChecker(Checker):
             sim.transfers_on,
             sim.pop_asked,
             sim.delay_asked,
+            sim.tx_asked,
         )
         raise InvariantViolationError(f"seed {sim.seed} t={sim.now_ms}: {what}\nreplay: {replay}")
 
@@ -948,6 +999,7 @@ class BrokerChecker(Checker):
         self._check_offsets(n, bn)
         self.sim.pop_checker.check_replica(n.node_id, applied, bn.meta.pop)
         self.sim.delay_checker.check_replica(n.node_id, applied, bn.meta.timers)
+        self.sim.tx_checker.check_replica(n.node_id, applied, bn.meta.transactions)
 
     def _check_queue(
         self, n: SimNode, bn: BrokerNode, name: str, created: int, qid: int, dispatched: int
@@ -1233,6 +1285,7 @@ class BrokerSimulation(Simulation):
         transfers: bool = True,
         pop: bool = True,
         delay: bool = True,
+        tx: bool = True,
     ) -> None:
         super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose, transfers=transfers)
         unknown = explore - KNOWN_BUGS.keys()
@@ -1242,6 +1295,7 @@ class BrokerSimulation(Simulation):
         self.transfers_on = transfers
         self.pop_asked = pop  # (False: no POP groups, whatever the seed draws)
         self.delay_asked = delay  # (False: no delay messages, whatever the seed draws)
+        self.tx_asked = tx  # (False: no transactions, whatever the seed draws)
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
         self.wipe_rng = self.bknobs.side_draws(seed)
         self.retain_rng = self.bknobs.retention_draws(seed)
@@ -1285,6 +1339,13 @@ class BrokerSimulation(Simulation):
             if self.delay_knobs is None
             else DelayWorkload(self, self.delay_knobs, self.delay_checker)
         )
+        # Transactions (issue 29), from streams of their own: None in most seeds
+        self.tx_knobs = TxKnobs.from_seed(seed) if tx else None
+        self.tx_checker = TxChecker(self, self.model, self.tx_knobs)
+        self.model.tx = self.tx_checker
+        self.tx = (
+            None if self.tx_knobs is None else TxWorkload(self, self.tx_knobs, self.tx_checker)
+        )
         self._uniq = itertools.count()
         self._attempts = itertools.count(1)
         self.acked: dict[tuple[str, int], list[Result]] = {}
@@ -1315,6 +1376,7 @@ class BrokerSimulation(Simulation):
             consume_queue=CQ_SETTINGS,
             key_index=KEY_SETTINGS,
             **({} if self.delay_knobs is None else {"timer_window_ms": self.delay_knobs.window_ms}),
+            **({} if self.tx_knobs is None else self.tx_knobs.settings()),
         )
 
     def clock(self) -> int:
@@ -1354,6 +1416,8 @@ class BrokerSimulation(Simulation):
         _housekeep(d)  # the Broker offers the snapshot it recovered, then its loop runs
         if self.delay is not None:
             TimerLoop(self, n, bn).start()  # (and the release loop)
+        if self.tx is not None:
+            TxLoop(self, n, bn).start()  # (and the transactions' loop)
         gen = n.restarts
         self.at(
             self.now_ms + self.rng.randint(*self.bknobs.persist_every_ms),
@@ -1762,6 +1826,9 @@ class BrokerSimulation(Simulation):
         if self.delay is not None:
             self.delay.start()
             self.at(self.knobs.fault_ms + DELAY_DONE_WITHIN_MS, "liveness", self._delay_liveness)
+        if self.tx is not None:
+            self.tx.start()
+            self.at(self.knobs.fault_ms + TX_DONE_WITHIN_MS, "liveness", self._tx_liveness)
 
     def _serve(
         self,
@@ -1850,8 +1917,12 @@ class BrokerSimulation(Simulation):
 
     def messages_coming(self) -> bool:
         """Messages may still be added to the topics: the workload goes on, or delay
-        messages are not all delivered."""
-        return self.workload_on or (self.delay is not None and self.delay.busy())
+        messages are not all delivered, or transactions not all resolved."""
+        return (
+            self.workload_on
+            or (self.delay is not None and self.delay.busy())
+            or (self.tx is not None and self.tx.busy())
+        )
 
     def _master_view(self) -> BrokerNode | None:
         for n in self.nodes:
@@ -2082,6 +2153,21 @@ class BrokerSimulation(Simulation):
                 f"ms) {first}; the master's heap {heap}"
             )
 
+    def _tx_liveness(self) -> None:
+        assert self.tx is not None
+        view = self._master_view()
+        pending = self.tx_checker.pending(view)
+        begins = [f"{p.pid} seq={p.batch.seq}" for p in self.tx.producers if p.batch]
+        ends = [f"{e.action} {e.plan.tx_id} x{e.tries}" for e in self.tx.ends]
+        if pending or begins or ends:
+            live = None if view is None else [
+                view.meta.transactions.live[b] for b in pending[:3] if b >= 0
+            ]  # fmt: skip
+            self.checker.fail(
+                f"{LIVENESS} transactions: {len(pending)} not done, begins {begins} and ends "
+                f"{ends} not answered {TX_DONE_WITHIN_MS} ms after healing; first {live}"
+            )
+
     def _liveness_status(self) -> str:
         waiting = [
             f"{p.pid} seq={p.batch.seq} x{p.batch.attempts}" for p in self.producers if p.batch
@@ -2104,6 +2190,7 @@ class BrokerSimulation(Simulation):
         busy |= any(c.attempt for c in self.consumers)
         busy |= self.pop is not None and self.pop.busy()
         busy |= self.delay is not None and self.delay.busy()
+        busy |= self.tx is not None and self.tx.busy()
         return not (busy or self.admin.goals or self.admin.attempt)
 
     def final_checks(self) -> None:
@@ -2113,6 +2200,7 @@ class BrokerSimulation(Simulation):
         assert first is not None
         self.pop_checker.final(first)
         self.delay_checker.final()
+        self.tx_checker.final()
         acked = sum(1 for _ in self.acked)
         self.trace(
             f"broker final: {acked} batches acknowledged, {dict(sorted(self.stats.items()))}"
@@ -2130,11 +2218,13 @@ def run_broker_seed(
     transfers: bool = True,
     pop: bool = True,
     delay: bool = True,
+    tx: bool = True,
 ) -> BrokerSimulation:
     """Run one seed; ``batch_records`` None: drawn from the seed (``batch_draws``);
     ``transfers=False``: no leadership transfers (``TransferKnobs``; pinned seeds);
     ``pop=False``: no POP groups (``PopKnobs``; the seeds pinned before issue 28);
-    ``delay=False``: no delay messages (``DelayKnobs``; the seeds pinned before issue 29)."""
+    ``delay=False``: no delay messages (``DelayKnobs``; the seeds pinned before issue 29);
+    ``tx=False``: no transactions (``TxKnobs``; the seeds pinned before them)."""
     root = sim_root()
     sim = BrokerSimulation(
         seed,
@@ -2146,12 +2236,13 @@ def run_broker_seed(
         transfers=transfers,
         pop=pop,
         delay=delay,
+        tx=tx,
     )
     try:
         sim.execute()
     except BaseException as e:
         replay = broker_replay_command(
-            seed, explore, fault_ms, batch_records, transfers, pop, delay
+            seed, explore, fault_ms, batch_records, transfers, pop, delay, tx
         )
         e.add_note(f"seed {seed}, replay: {replay}")
         raise
