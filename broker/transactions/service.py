@@ -43,6 +43,7 @@ from dledger.store import BODY_OFFSET
 
 from .. import errors
 from ..copies import ROUTING, copy_of, held
+from ..encode import check_pinned_queue
 from ..gate import WriteGate
 from ..metadata import HALF_TOPIC, MetadataState
 from ..names import check_group_name, check_topic_name
@@ -159,6 +160,8 @@ class Transactions:
             raise errors.LimitReachedError(f"{most} transactions are pending", limit=most)
         await self.gate.require_master_soon()
         topic = await self.topics.get_or_create(topic_name)
+        for i, m in enumerate(messages):  # (a plain produce checks it when it encodes)
+            check_pinned_queue(m, i, topic.queues)
         half = await self.topics.system(HALF_TOPIC)
         check_at = str(self.clock() + self.settings.tx_first_check_ms)
         marks = {PROP_TX_GROUP: producer_group, PROP_TX_CHECK_AT: check_at}
@@ -250,8 +253,13 @@ class Transactions:
             if (i := m.queue_offset - base) not in t.copied
         ]
         topic = self.meta.topics.get(t.topic)
-        if topic is None:
-            log.warning("transaction %d: topic %s is gone; its messages are dropped", base, t.topic)
+        unfit = topic is not None and any((c.queue_id or 0) >= topic.queues for c in copies)
+        if topic is None or unfit:
+            # Deleted since, or made again without a queue a message is pinned to (its
+            # append would be refused on every try, and the transaction, never finished,
+            # would hold retention back): what is left of it is dropped, counted.
+            why = "is gone" if topic is None else "lacks a queue its messages are pinned to"
+            log.warning("transaction %d: topic %s %s; its messages are dropped", base, t.topic, why)
             await self.metalog.append({"op": "tx.drop", "base": base})
             return 0
         if copies:
