@@ -8,12 +8,15 @@ with one token per line and its scopes::
     9a7e...orders-writer     produce:orders
     51b0...analytics         consume:orders consume:clicks
 
-- ``admin``: everything, including topic create/delete, offset resets by anyone's
-  token and leadership transfer;
+- ``admin``: everything, including topic create/delete, any group's offset resets and
+  leadership transfer;
 - ``produce`` / ``produce:<topic>``: produce to every topic / to that topic (a produce
   may auto-create its topic when the node allows it);
 - ``consume`` / ``consume:<topic>``: pull, query messages, read and commit group
-  offsets, group pulls, for every topic / that topic.
+  offsets, group pulls, for every topic / that topic;
+- ``group:<group>``: with ``consume`` of the topic, reset that group's offsets (a
+  commit only moves a group forward; a reset may move it anywhere, so a token that may
+  read a topic may not rewind or skip every group's place in it).
 
 Any valid token may read the cluster status and the topic list. Tokens are kept only as
 SHA-256 digests, looked up by digest: no comparison that leaks how much of a guess
@@ -42,6 +45,10 @@ class Grant:
     def admin(self) -> bool:
         return "admin" in self.scopes
 
+    def owns_group(self, group: str) -> bool:
+        """May this token reset ``group``'s offsets (with ``consume`` of the topic)?"""
+        return "admin" in self.scopes or f"group:{group}" in self.scopes
+
     def allows(self, action: str, topic: str | None = None) -> bool:
         """May this token ``action`` (produce/consume) ``topic`` (None: every topic)?"""
         s = self.scopes
@@ -53,10 +60,11 @@ def parse_scope(scope: str) -> str:
     if scope == "admin" or scope in ACTIONS:
         return scope
     action, sep, topic = scope.partition(":")
-    if sep and action in ACTIONS and _TOPIC.fullmatch(topic):
+    if sep and action in (*ACTIONS, "group") and _TOPIC.fullmatch(topic):
         return scope
     raise ValueError(
-        f"unknown scope {scope!r}: want admin, produce, consume, produce:<topic> or consume:<topic>"
+        f"unknown scope {scope!r}: want admin, produce, consume, produce:<topic>,"
+        " consume:<topic> or group:<group>"
     )
 
 

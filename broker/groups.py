@@ -96,7 +96,11 @@ class ConsumerGroups:
                 )
         return out
 
-    async def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+    async def commit_offsets(
+        self, group: str, topic: str, offsets: Mapping[int, int], *, forward: bool = True
+    ) -> dict[int, int]:
+        """Commit ``offsets``; where each of those queues stands after (with ``forward``,
+        a commit behind the committed offset leaves it; a reset moves it anywhere)."""
         self.gate.require_master()  # a write: a slave may not know a topic the master made
         self._check_offsets_mode(group)
         t = self.topics.get(topic)
@@ -113,7 +117,9 @@ class ConsumerGroups:
             raise errors.InvalidArgumentError("no offsets")
         await self._check_within(t, clean)
         self._check_room_for(group)
-        await self.metalog.append(op_commit_offsets(group, topic, clean))
+        await self.metalog.append(op_commit_offsets(group, topic, clean, forward=forward))
+        now = self.meta.offsets.get(group, {}).get(topic, {})
+        return {q: now.get(q, o) for q, o in clean.items()}
 
     async def _check_within(self, t: TopicMeta, offsets: Mapping[int, int]) -> None:
         """An offset past a queue's max offset is refused (RocketMQ's OFFSET_OVERFLOW):
@@ -155,8 +161,7 @@ class ConsumerGroups:
                 raise errors.InvalidArgumentError(
                     f"reset to {to!r}: want earliest, latest or a time"
                 )
-        await self.commit_offsets(group, topic, offsets)
-        return offsets
+        return await self.commit_offsets(group, topic, offsets, forward=False)
 
     async def group_pull(
         self,

@@ -94,13 +94,21 @@ def op_delete_topic(name: str) -> dict[str, Any]:
     return {"op": "delete_topic", "name": name}
 
 
-def op_commit_offsets(group: str, topic: str, offsets: dict[int, int]) -> dict[str, Any]:
-    return {
+def op_commit_offsets(
+    group: str, topic: str, offsets: dict[int, int], *, forward: bool = True
+) -> dict[str, Any]:
+    """A commit (``forward``: an offset behind the committed one leaves it, so two
+    consumers, one committing from a stale pull, never move the group back), or a reset
+    (anywhere). Entries written before ``forward`` existed have none: the last wins."""
+    op: dict[str, Any] = {
         "op": "commit_offsets",
         "group": group,
         "topic": topic,
         "offsets": {str(q): o for q, o in sorted(offsets.items())},
     }
+    if forward:
+        op["forward"] = True
+    return op
 
 
 class MetadataState:
@@ -149,7 +157,8 @@ class MetadataState:
                         del self.offsets[group]
                     return name
             elif kind == "commit_offsets":
-                self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"])
+                forward = op.get("forward") is True
+                self._commit_offsets(str(op["group"]), str(op["topic"]), op["offsets"], forward)
             elif isinstance(kind, str) and kind.startswith(
                 (POP_OP_PREFIX, TIMER_OP_PREFIX, TX_OP_PREFIX)
             ):
@@ -168,7 +177,9 @@ class MetadataState:
             return
         self.topics[name] = TopicMeta(name, queues, index)
 
-    def _commit_offsets(self, group: str, topic: str, offsets: dict[str, Any]) -> None:
+    def _commit_offsets(
+        self, group: str, topic: str, offsets: dict[str, Any], forward: bool
+    ) -> None:
         meta = self.topics.get(topic)
         if meta is None:
             return  # deleted in between: nothing to commit to
@@ -176,6 +187,8 @@ class MetadataState:
         for q, o in offsets.items():
             qid, queue_offset = json_int(q, "queue id"), json_int(o, "offset")
             if 0 <= qid < meta.queues and queue_offset >= 0:
+                if forward and table.get(qid, -1) > queue_offset:
+                    continue  # a stale commit: the group is past it already
                 table[qid] = queue_offset
 
     def record_session(

@@ -301,6 +301,17 @@ class Access:
         what = f"{action} {topic}" if topic else action
         raise errors.ForbiddenError(f"this token may not {what}", needs=action)
 
+    def need_group(self, group: str) -> None:
+        """403 unless the token may reset ``group``'s offsets (``admin`` or
+        ``group:<group>``)."""
+        grant = self.grant
+        if grant is None or grant.owns_group(group):
+            return
+        raise errors.ForbiddenError(
+            f"this token may not reset group {group}'s offsets (admin or group:{group})",
+            needs=f"group:{group}",
+        )
+
     def need_any(self, actions: tuple[str, ...], topic: str) -> None:
         """403 unless the token may do one of ``actions`` on ``topic``."""
         grant = self.grant

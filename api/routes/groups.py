@@ -70,7 +70,8 @@ async def group_offsets(
 
 @router.put(
     "/v1/groups/{group}/offsets",
-    summary="commit a group's offsets (replicated)",
+    summary="commit a group's offsets (replicated; an offset behind the committed one"
+    " leaves it: the answer says where each queue stands)",
     response_model=models.OffsetsAnswer,
     responses=error_docs(307, 404, 413, 503),
 )
@@ -78,8 +79,7 @@ async def commit_offsets(
     group: GroupPath, body: models.CommitOffsets, groups: GroupsDep, access: AccessDep
 ) -> Response:
     access.need("consume", body.topic)
-    offsets = queue_ids(body.offsets)
-    await groups.commit_offsets(group, body.topic, offsets)
+    offsets = await groups.commit_offsets(group, body.topic, queue_ids(body.offsets))
     return JSONBytes({"offsets": offsets_out(offsets)})
 
 
@@ -93,6 +93,7 @@ async def reset_offsets(
     group: GroupPath, body: models.ResetOffsets, groups: GroupsDep, access: AccessDep
 ) -> Response:
     access.need("consume", body.topic)
+    access.need_group(group)
     offsets = await groups.reset_offsets(group, body.topic, body.to)
     return JSONBytes({"offsets": offsets_out(offsets)})
 

@@ -432,6 +432,27 @@ async def test_group_offsets_commit_reset_and_pull(node: Node) -> None:
     assert r.json() == {"offsets": {"0": 3, "1": 3}}
 
 
+async def test_a_stale_commit_never_moves_a_group_back(node: Node) -> None:
+    """Issue 32: commits were last-writer-wins, so a second consumer committing from a
+    stale pull moved the group back, while docs/guarantees.md says offsets never move
+    backwards. A commit behind leaves the offset (the answer says where it stands); a
+    reset still moves it anywhere."""
+    await node.http.post("/v1/topics", json={"name": "st", "queues": 2})
+    await produce(node, "st", *[{"body": f"m{i}", "queue_id": i % 2} for i in range(8)])
+
+    async def commit(offsets: dict[str, int]) -> Any:
+        r = await node.http.put("/v1/groups/sg/offsets", json={"topic": "st", "offsets": offsets})
+        assert r.status_code == 200, r.text
+        return r.json()["offsets"]
+
+    assert await commit({"0": 3, "1": 2}) == {"0": 3, "1": 2}
+    assert await commit({"0": 1, "1": 4}) == {"0": 3, "1": 4}  # queue 0: stale, kept at 3
+    assert node.broker.meta.offsets["sg"]["st"] == {0: 3, 1: 4}
+    r = await node.http.post("/v1/groups/sg/offsets/reset", json={"topic": "st", "to": "earliest"})
+    assert r.json() == {"offsets": {"0": 0, "1": 0}}
+    assert await commit({"0": 2}) == {"0": 2}
+
+
 @pytest.mark.parametrize(
     "body",
     [
@@ -554,6 +575,7 @@ async def test_token_scopes_allow_what_they_name_and_answer_403_otherwise(
         "writer-token  produce:orders   # one topic\n"
         "reader-token  consume:orders\n"
         "all-readers   consume\n"
+        "g-owner       consume:orders group:g\n"
     )
     app = create_app(
         node.broker.settings, node.broker, auth_tokens=TokenTable.from_file(tokens_file)
@@ -583,6 +605,9 @@ async def test_token_scopes_allow_what_they_name_and_answer_403_otherwise(
             (reader, "post", "/v1/groups/g/pull", {"topic": "clicks"}),
             (reader, "get", "/v1/groups", None),
             (readers, "post", "/v1/cluster/leadership", {"to": node.broker.settings.node_id}),
+            # a reset may rewind or skip a group: admin, or the group's own scope
+            (readers, "post", "/v1/groups/g/offsets/reset", {"topic": "orders", "to": "latest"}),
+            (bearer("g-owner"), "post", "/v1/groups/h/offsets/reset", {"topic": "orders", "to": 0}),
         ]
         for headers, method, path, body in forbidden:
             r = await http.request(method, path, json=body, headers=headers)
@@ -604,6 +629,13 @@ async def test_token_scopes_allow_what_they_name_and_answer_403_otherwise(
         )
         assert r.status_code == 200, r.text
         assert (await http.get("/v1/groups", headers=readers)).json()["groups"] == ["g"]
+        for headers in (bearer("g-owner"), boss):
+            r = await http.post(
+                "/v1/groups/g/offsets/reset",
+                json={"topic": "orders", "to": "earliest"},
+                headers=headers,
+            )
+            assert r.status_code == 200 and r.json() == {"offsets": {"0": 0}}, r.text
         for headers in (writer, reader):  # any valid token reads the cluster and topics
             assert (await http.get("/v1/cluster", headers=headers)).status_code == 200
             assert (await http.get("/v1/topics", headers=headers)).status_code == 200

@@ -37,6 +37,9 @@ def test_scopes_cover_what_they_name() -> None:
     assert not p.allows("produce") and p.allows("consume") and p.allows("consume", "other")
     assert not p.admin and not c.allows("consume") and c.allows("consume", "x")
     assert t.lookup("A") is None and t.lookup("") is None
+    g = TokenTable([("g", ["consume:x", "group:billing"])]).lookup("g")
+    assert g is not None and g.owns_group("billing") and not g.owns_group("other")
+    assert admin.owns_group("any") and not p.owns_group("billing")
 
 
 def test_ledgermq_broker_reads_its_tokens_file(tmp_path: Path) -> None:

@@ -710,8 +710,10 @@ class LogModel:
         elif kind == "commit_offsets":
             if cur is not None:
                 table = self.offsets.setdefault(str(op["group"]), {}).setdefault(name, {})
+                forward = op.get("forward") is True  # a commit; a reset moves anywhere
                 for q, o in op["offsets"].items():
-                    if 0 <= int(q) < cur.queues and int(o) >= 0:
+                    stale = forward and table.get(int(q), -1) > int(o)
+                    if 0 <= int(q) < cur.queues and int(o) >= 0 and not stale:
                         table[int(q)] = int(o)
         else:
             self.fail(f"entry {index}: unknown metadata operation {kind!r}")
