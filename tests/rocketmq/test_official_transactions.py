@@ -1,0 +1,178 @@
+"""RocketMQ 5's official Python client against a 3-process LedgerMQ cluster: transactions
+(commit, rollback, and a transaction resolved by the server's check on the producer's
+Telemetry stream), a message id resent (to the master, then to a follower) stored once,
+and the recall of a delay message. The checks are due after 1 s here (RocketMQ's 6 s by
+default) so that the test does not wait long."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import httpx
+import pytest
+
+from api.rocketmq.protocol import definition_pb2 as pb
+from api.rocketmq.protocol import service_pb2 as spb
+from api.rocketmq.protocol import service_pb2_grpc
+from ledgermq.local_cluster import LocalBrokerCluster
+from tests.api.conftest import CLUSTER_ARGS
+from tests.process.conftest import start_cluster
+
+from .client_env import official_python, run_script
+from .test_official_client import CLIENT, by_key, one, read_back, send
+
+pytestmark = pytest.mark.slow
+
+TOPICS = {"tx": 2, "again": 2, "recall": 2}
+TX_ARGS = ("--tx-first-check-ms", "1000", "--tx-check-interval-ms", "2000")
+
+
+@pytest.fixture(scope="module")
+def official() -> Path:
+    return official_python()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
+    data_dir = tmp_path_factory.mktemp("rocketmq-tx")
+    c = start_cluster(data_dir, (*CLUSTER_ARGS, "--no-auto-create-topics", *TX_ARGS))
+    try:
+        master = c.urls[c.wait_ready()]
+        for name, queues in TOPICS.items():
+            r = httpx.post(f"{master}/v1/topics", json={"name": name, "queues": queues})
+            assert r.status_code == 201, r.text
+        yield c
+    finally:
+        c.stop_all()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def master_url(c: LocalBrokerCluster) -> str:
+    return c.urls[c.wait_ready()]
+
+
+def test_transactions_commit_roll_back_and_are_resolved_by_the_servers_check(
+    official: Path, cluster: LocalBrokerCluster
+) -> None:
+    transactions = [
+        {"body": "committed", "end": "commit"},
+        {"body": "rolled back", "end": "rollback"},
+        {"body": "checked: commit", "end": "open"},
+        {"body": "checked: roll back", "end": "open"},
+    ]
+    out = run_script(
+        official,
+        "transactional.py",
+        {
+            "endpoints": cluster.grpc_endpoints,
+            "http": master_url(cluster),
+            "topic": "tx",
+            "transactions": transactions,
+            "checker": {"checked: commit": "commit", "checked: roll back": "rollback"},
+            "wait_checks_s": 60,
+        },
+    )
+    sent = out["sent"]
+    assert all("error" not in s for s in sent), sent
+    assert all(s["transaction_id"] for s in sent) and len({s["message_id"] for s in sent}) == 4
+    ids = {spec["body"]: s["message_id"] for spec, s in zip(transactions, sent, strict=True)}
+    # the checks reached the producer with the half message: its topic, id and body
+    checked = {c["body"]: c for c in out["checked"]}
+    assert set(checked) == {"checked: commit", "checked: roll back"}, out["checked"]
+    for body, c in checked.items():
+        assert c["message_id"] == ids[body] and c["topic"] == "tx", c
+    # committed (by the client, by a check): in the topic once, under the client's id
+    for body in ("committed", "checked: commit"):
+        assert read_back(cluster, "tx", ids[body])["body"] == body
+    r = httpx.get(f"{master_url(cluster)}/v1/transactions", params={"producer_group": "tx"})
+    assert r.status_code == 200 and r.json()["transactions"] == [], r.text
+    # rolled back (by the client, by a check): never in the topic
+    stored = [m["body"] for m in messages_of(cluster, "tx")]
+    assert sorted(stored) == ["checked: commit", "committed"], stored
+
+
+def messages_of(c: LocalBrokerCluster, topic: str) -> list[dict[str, Any]]:
+    out = []
+    for q in range(TOPICS[topic]):
+        r = httpx.get(
+            f"{c.urls[c.ids[0]]}/v1/topics/{topic}/queues/{q}/messages",
+            params={"offset": 0, "max_messages": 100},
+            timeout=5,
+        )
+        assert r.status_code == 200, r.text
+        out.extend(r.json()["messages"])
+    return out
+
+
+def test_a_message_id_resent_to_another_node_is_stored_once(
+    official: Path, cluster: LocalBrokerCluster
+) -> None:
+    master = cluster.wait_ready()
+    follower = next(n for n in cluster.ids if n != master)
+    message_id = "01AABBCCDDEEFF000100000000DEDUPE1"
+    spec = {"topic": "again", "body": "only once", "message_id": message_id}
+    first = send(official, cluster.grpc_addrs[master], [spec])["receipts"]
+    # the same id again, through a follower (the client's retry after a timeout, say)
+    again = send(official, cluster.grpc_addrs[follower], [spec, spec])["receipts"]
+    assert all("error" not in r for r in [*first, *again]), (first, again)
+    assert {r["message_id"] for r in [*first, *again]} == {message_id}
+    assert {r["offset"] for r in [*first, *again]} == {first[0]["offset"]}
+    m = read_back(cluster, "again", message_id)  # one message on every node
+    assert m["body"] == "only once" and m["queue_offset"] == first[0]["offset"]
+    assert len(messages_of(cluster, "again")) == 1
+    # a raw resend with the same id and another body: the first send's answer
+    with grpc.insecure_channel(cluster.grpc_addrs[follower]) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        r = stub.SendMessage(
+            one("again", b"other", message_id=message_id), metadata=CLIENT, timeout=10
+        )
+    assert r.status.code == pb.OK and r.entries[0].offset == first[0]["offset"], r
+    assert len(messages_of(cluster, "again")) == 1
+
+
+def test_a_delay_message_is_recalled_before_its_time(
+    official: Path, cluster: LocalBrokerCluster
+) -> None:
+    deliver_s = int(time.time()) + 600
+    first = send(
+        official,
+        cluster.grpc_endpoints,
+        [{"topic": "recall", "body": "never", "delivery_s": deliver_s}],
+    )["receipts"]
+    (r,) = first
+    assert "error" not in r and r["recall_handle"], r
+    master = cluster.wait_ready()
+    follower = next(n for n in cluster.ids if n != master)
+    # recalled through a follower (forwarded to the master), then again: refused
+    out = run_script(
+        official,
+        "producer.py",
+        {
+            "endpoints": cluster.grpc_addrs[follower],
+            "topics": ["recall"],
+            "messages": [],
+            "recall": [r["recall_handle"], r["recall_handle"], "t1:999999"],
+        },
+    )
+    recalled = out["recalled"]
+    # the message's id; a repeat answers the same; a handle that names nothing: an error
+    assert recalled[:2] == [r["message_id"], r["message_id"]], recalled
+    assert isinstance(recalled[2], dict) and "error" in recalled[2], recalled
+    assert by_key(cluster, master, "recall", r["message_id"]) == []
+    # a raw RecallMessage: a handle that names nothing, none at all
+    with grpc.insecure_channel(cluster.grpc_addrs[follower]) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        bad = stub.RecallMessage(
+            spb.RecallMessageRequest(topic=pb.Resource(name="recall"), recall_handle="nope"),
+            metadata=CLIENT,
+            timeout=10,
+        )
+        none = stub.RecallMessage(
+            spb.RecallMessageRequest(topic=pb.Resource(name="recall")), metadata=CLIENT, timeout=5
+        )
+    assert bad.status.code == pb.NOT_FOUND and none.status.code == pb.BAD_REQUEST
