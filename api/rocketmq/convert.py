@@ -24,6 +24,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.encode import NewMessage
 from broker.properties import BROKER_PROPERTIES, SYSTEM_PROPERTIES
+from broker.sendwindow import is_send_id, send_session
 from broker.settings import Limits
 from broker.transactions.service import PROP_TRAN_MSG
 
@@ -114,6 +115,7 @@ def to_new_message(i: int, m: pb.Message, limits: Limits, now_ms: int) -> NewMes
         not sp.message_id
         or len(sp.message_id) > MAX_MESSAGE_ID_CHARS
         or _CONTROL.search(sp.message_id)
+        or not is_send_id(send_session(sp.message_id)[0])  # the send window's key
     ):
         raise SendRefusedError(
             Code.ILLEGAL_MESSAGE_ID, f"messages[{i}]: blank or invalid message_id"

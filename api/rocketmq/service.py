@@ -54,7 +54,7 @@ from .protocol import definition_pb2 as pb
 from .protocol import service_pb2 as spb
 from .protocol import service_pb2_grpc
 from .settings import GrpcSettings
-from .transactions import ProducerStreams, TransactionChecks, end_transaction
+from .transactions import ProducerStreams, Stream, TransactionChecks, end_transaction
 
 log = logging.getLogger(__name__)
 
@@ -308,7 +308,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                 await reader
 
     def _settings_command(
-        self, client_id: str, stream: Any, command: spb.TelemetryCommand
+        self, client_id: str, stream: Stream, command: spb.TelemetryCommand
     ) -> spb.TelemetryCommand:
         cs = command.settings
         group = None

@@ -127,6 +127,8 @@ class TransactionChecks:
                     await self.offer(base)
                 except errors.BrokerError as e:  # its record unreadable here, say
                     log.info("transaction check %s not offered: %s", transaction_id(base), e)
+                except Exception:  # a bug: this check is lost, the next ones are not
+                    log.exception("transaction check %s not offered", transaction_id(base))
 
     async def offer(self, base: int) -> int:
         """Offer the check of ``base`` on every stream of its producer group here; how
