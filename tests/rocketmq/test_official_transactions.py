@@ -6,7 +6,9 @@ default) so that the test does not wait long."""
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +24,7 @@ from api.rocketmq.protocol import service_pb2_grpc
 from ledgermq.local_cluster import LocalBrokerCluster
 from tests.api.conftest import CLUSTER_ARGS
 from tests.process.conftest import start_cluster
+from tests.waiting import wait_until
 
 from .client_env import official_python, run_script
 from .test_official_client import CLIENT, by_key, one, read_back, send
@@ -176,3 +179,102 @@ def test_a_delay_message_is_recalled_before_its_time(
             spb.RecallMessageRequest(topic=pb.Resource(name="recall")), metadata=CLIENT, timeout=5
         )
     assert bad.status.code == pb.NOT_FOUND and none.status.code == pb.BAD_REQUEST
+
+
+class TelemetryStream:
+    """A producer's Telemetry stream to one node, held open (as the clients hold theirs),
+    its server commands collected by a thread."""
+
+    def __init__(self, addr: str, client_id: str, topic: str) -> None:
+        self.channel = grpc.insecure_channel(addr)
+        stub = service_pb2_grpc.MessagingServiceStub(self.channel)
+        self.done = threading.Event()
+        self.received: list[spb.TelemetryCommand] = []
+        settings = pb.Settings(
+            client_type=pb.PRODUCER, publishing=pb.Publishing(topics=[pb.Resource(name=topic)])
+        )
+
+        def commands() -> Iterator[spb.TelemetryCommand]:
+            yield spb.TelemetryCommand(settings=settings)
+            self.done.wait(120)  # bounded: the test ends it
+
+        self.call = stub.Telemetry(
+            commands(), metadata=[("x-mq-client-id", client_id)], timeout=120
+        )
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        with contextlib.suppress(grpc.RpcError):
+            for command in self.call:
+                self.received.append(command)
+
+    def checks(self) -> list[spb.RecoverOrphanedTransactionCommand]:
+        return [
+            c.recover_orphaned_transaction_command
+            for c in list(self.received)
+            if c.HasField("recover_orphaned_transaction_command")
+        ]
+
+    def close(self) -> None:
+        self.done.set()
+        self.call.cancel()
+        self.channel.close()
+
+
+def test_checks_reach_the_producers_streams_on_every_node_across_the_masters_death(
+    tmp_path: Path,
+) -> None:
+    """A transaction stored through a follower, then kill -9 of the master: the new
+    master's check schedule goes on, and each surviving node offers the check on the
+    producer streams connected to it; the answer to a check, through either follower,
+    commits it once."""
+    c = start_cluster(tmp_path / "c", (*CLUSTER_ARGS, "--no-auto-create-topics", *TX_ARGS))
+    streams: list[TelemetryStream] = []
+    try:
+        master = c.wait_ready()
+        r = httpx.post(f"{c.urls[master]}/v1/topics", json={"name": "txf", "queues": 2})
+        assert r.status_code == 201, r.text
+        f1, f2 = (n for n in c.ids if n != master)
+        streams = [
+            TelemetryStream(c.grpc_addrs[n], f"producer@{n}", "txf") for n in (f1, f2, master)
+        ]
+        for s in streams:  # each stream's Settings were answered
+            wait_until(lambda s=s: s.received, 10, "the settings reply")
+        half = one("txf", b"half of it", message_id="01TXFAILOVER", message_type=pb.TRANSACTION)
+        with grpc.insecure_channel(c.grpc_addrs[f1]) as ch:
+            stub = service_pb2_grpc.MessagingServiceStub(ch)
+            sent = stub.SendMessage(half, metadata=CLIENT, timeout=10)
+        assert sent.status.code == pb.OK and sent.entries[0].transaction_id, sent
+        tx_id = sent.entries[0].transaction_id
+        c.kill(master)
+        for s in streams[:2]:  # both followers offer it, whatever the election does
+            (check, *_) = wait_until(s.checks, 60, "a check on a follower's stream")
+            assert check.transaction_id == tx_id
+            assert check.message.topic.name == "txf" and check.message.body == b"half of it"
+            assert check.message.system_properties.message_id == "01TXFAILOVER"
+            assert check.message.system_properties.message_type == pb.TRANSACTION
+        end = spb.EndTransactionRequest(
+            topic=pb.Resource(name="txf"),
+            message_id="01TXFAILOVER",
+            transaction_id=tx_id,
+            resolution=pb.COMMIT,
+            source=pb.SOURCE_SERVER_CHECK,
+        )
+        for n in (f2, f1):  # two answers to one check: one commit
+            with grpc.insecure_channel(c.grpc_addrs[n]) as ch:
+                stub = service_pb2_grpc.MessagingServiceStub(ch)
+                ended = stub.EndTransaction(end, metadata=CLIENT, timeout=15)
+            assert ended.status.code == pb.OK, ended
+        new_master = c.wait_ready()
+        (m,) = wait_until(lambda: by_key(c, new_master, "txf", "01TXFAILOVER"), 10, "the copy")
+        assert m["body"] == "half of it"
+        # the resend of the half message's id: the first answer, no second transaction
+        with grpc.insecure_channel(c.grpc_addrs[f1]) as ch:
+            stub = service_pb2_grpc.MessagingServiceStub(ch)
+            again = stub.SendMessage(half, metadata=CLIENT, timeout=10)
+        assert again.entries[0].transaction_id == tx_id, again
+    finally:
+        for s in streams:
+            s.close()
+        c.stop_all()
