@@ -36,7 +36,7 @@ from .gate import WriteGate
 from .metadata import HALF_TOPIC, PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
 from .names import check_topic_name
-from .sendwindow import is_send_id
+from .sendwindow import SEND_ID_PREFIX, is_send_id
 from .settings import BrokerSettings
 from .topics import Topics
 
@@ -270,7 +270,7 @@ class Producer:
     def _table(self, pid: str) -> Mapping[str, sessions.BatchRecord]:
         """The replicated table of producer ``pid``'s batches: the send window for a
         client's message id (``broker/sendwindow.py``), else the session table."""
-        return self.meta.send_window if is_send_id(pid) else self.meta.sessions
+        return self.meta.send_window if pid.startswith(SEND_ID_PREFIX) else self.meta.sessions
 
     def _settled(self, index: int) -> bool:
         return self.server.committed_index >= index and self.dispatch.dispatched_index >= index
