@@ -362,3 +362,43 @@ def test_kill_9_of_the_master_during_official_sends_stores_each_message_id_once(
         )
     finally:
         c.stop_all()
+
+
+def test_end_transaction_answers_clear_codes(cluster: LocalBrokerCluster) -> None:
+    master = cluster.wait_ready()
+    follower = next(n for n in cluster.ids if n != master)
+    with grpc.insecure_channel(cluster.grpc_addrs[follower]) as ch:
+        stub = service_pb2_grpc.MessagingServiceStub(ch)
+        half = one("tx", b"end me", message_id="01ENDCODES", message_type=pb.TRANSACTION)
+        sent = stub.SendMessage(half, metadata=CLIENT, timeout=10)
+        assert sent.status.code == pb.OK, sent
+        tx_id = sent.entries[0].transaction_id
+
+        def end(resolution: int, transaction_id: str = tx_id, **kw: Any) -> int:
+            r = stub.EndTransaction(
+                spb.EndTransactionRequest(
+                    topic=pb.Resource(name="tx"),
+                    message_id="01ENDCODES",
+                    transaction_id=transaction_id,
+                    resolution=resolution,  # type: ignore[arg-type]
+                    source=pb.SOURCE_CLIENT,
+                ),
+                timeout=10,
+                **kw,
+            )
+            return int(r.status.code)
+
+        assert end(pb.COMMIT) == pb.CLIENT_ID_REQUIRED  # no x-mq-client-id
+        assert end(pb.COMMIT, "", metadata=CLIENT) == pb.INVALID_TRANSACTION_ID
+        assert end(pb.COMMIT, "tx1:999999", metadata=CLIENT) == pb.INVALID_TRANSACTION_ID
+        assert end(pb.COMMIT, "nonsense", metadata=CLIENT) == pb.INVALID_TRANSACTION_ID
+        # no resolution (a checker that could not tell): OK, and it stays pending
+        assert end(pb.TRANSACTION_RESOLUTION_UNSPECIFIED, metadata=CLIENT) == pb.OK
+        pending = httpx.get(
+            f"{master_url(cluster)}/v1/transactions", params={"producer_group": "tx"}
+        )
+        assert tx_id in {t["transaction_id"] for t in pending.json()["transactions"]}
+        assert end(pb.ROLLBACK, metadata=CLIENT) == pb.OK
+        assert end(pb.ROLLBACK, metadata=CLIENT) == pb.OK  # a repeat answers the same
+        assert end(pb.COMMIT, metadata=CLIENT) == pb.PRECONDITION_FAILED
+    assert by_key(cluster, master, "tx", "01ENDCODES") == []
