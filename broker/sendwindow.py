@@ -14,9 +14,10 @@ settle an unknown outcome before appending again, complete a batch cut short by 
 failover) applies unchanged. Only the table differs: not the producers' LRU table
 (``MetadataState.sessions``, which a stream of one-message sessions would wash out),
 but this window, bounded by ``max_ids`` and by ``max_age_ms`` of log time: an id is
-forgotten once an entry stored ``max_age_ms`` after its own is applied. Log time is the
-entries' store timestamps (the master's clock when it appended them), never the
-applying node's clock, so every replica forgets the same ids at the same entry.
+forgotten once a later send stored more than ``max_age_ms`` after it is applied (with
+no sends, nothing ages out; the count still bounds it). Log time is the entries' store
+timestamps (the master's clock when it appended them), never the applying node's clock,
+so every replica forgets the same ids at the same entry.
 
 ``%`` is in no producer id of ours (``PRODUCER_ID``), so the two tables never share a key.
 
