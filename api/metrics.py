@@ -321,6 +321,12 @@ def _node_metrics(s: StateSnapshot) -> Iterator[Metric]:
         " (CORRUPT_ENTRY: the client reads another replica)",
         value=st.stats.get("corrupt_reads", 0),
     )
+    yield CounterMetricFamily(
+        "ledgermq_produce_deduplicated",
+        "messages of a resend answered with what the first send stored, not stored again"
+        " (a producer session's retry, a RocketMQ message id in the send window)",
+        value=st.stats.get("deduplicated", 0),
+    )
     yield _gauge(
         "ledgermq_dispatch_stalled",
         "1 while dispatch is stalled on a disk error (writes are refused meanwhile)",

@@ -96,7 +96,9 @@ class Broker:
         root = settings.data_dir
         self.cq = ConsumeQueueStore(root / "consumequeue" / settings.group, settings.consume_queue)
         self.keys = KeyIndex(root / "index" / settings.group, settings.key_index)
-        self.meta = MetadataState(settings.max_producer_sessions)
+        self.meta = MetadataState(
+            settings.max_producer_sessions, settings.send_window_ids, settings.send_window_ms
+        )
         self.snapshots = SnapshotFiles(root / "metadata" / settings.group, settings.snapshots_kept)
         self.gate = WriteGate(settings, self.server, self.commitlog)
         self.server.set_snapshot_installer(self._install_snapshot)

@@ -36,6 +36,7 @@ from dledger.store import write_atomic
 
 from .jsonint import json_int
 from .pop.state import PopState
+from .sendwindow import DEFAULT_MAX_AGE_MS, DEFAULT_MAX_IDS, SendWindow
 from .timers.state import TimerState
 from .transactions.state import TransactionState
 
@@ -112,13 +113,20 @@ def op_commit_offsets(
 
 
 class MetadataState:
-    def __init__(self, max_sessions: int = 100_000) -> None:
+    def __init__(
+        self,
+        max_sessions: int = 100_000,
+        send_window_ids: int = DEFAULT_MAX_IDS,
+        send_window_ms: int = DEFAULT_MAX_AGE_MS,
+    ) -> None:
         self.applied_index = -1
         self.max_sessions = max_sessions
         self.topics: dict[str, TopicMeta] = {}
         # group → topic → queue id → committed offset (the next message to consume)
         self.offsets: dict[str, dict[str, dict[int, int]]] = {}
         self.sessions: OrderedDict[str, ProducerSession] = OrderedDict()
+        # recent client message ids → what their send stored (``broker/sendwindow.py``)
+        self.send_window = SendWindow(send_window_ids, send_window_ms)
         # POP groups: configuration, handed-out messages (``broker/pop/state.py``)
         self.pop = PopState()
         # delay messages: which are done (``broker/timers/state.py``)

@@ -9,8 +9,9 @@ reached the log (a failover mid-batch) is completed with its missing tail, and a
 of a batch this master appended waits for the original instead of appending again: for
 its answer while it runs, and after it gave up (an unknown outcome) for its entries to
 settle, as long as this master's term lasts (``_attempt``; the rule is
-``broker/sessions.py``). The broker simulation runs this module as it is (``Producer``'s
-docstring says how).
+``broker/sessions.py``). A producer id ``%id%<message id>`` is a RocketMQ client's send
+(``broker/sendwindow.py``): the same rule over the send window instead of the table.
+The broker simulation runs this module as it is (``Producer``'s docstring says how).
 
 Bounds: a request holds at most ``max_messages_per_request`` messages and
 ``max_request_bytes`` of bodies; a session request takes at most three rounds of the
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -35,6 +36,7 @@ from .gate import WriteGate
 from .metadata import HALF_TOPIC, PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
 from .names import check_topic_name
+from .sendwindow import SEND_ID_PREFIX, is_send_id
 from .settings import BrokerSettings
 from .topics import Topics
 
@@ -143,7 +145,11 @@ class Producer:
         validate_messages(messages, self.settings.limits)
         if (producer_id is None) != (sequence is None):
             raise errors.InvalidArgumentError("producer_id and sequence go together")
-        if producer_id is not None and not PRODUCER_ID.fullmatch(producer_id):
+        if (
+            producer_id is not None
+            and not PRODUCER_ID.fullmatch(producer_id)
+            and not is_send_id(producer_id)
+        ):
             raise errors.InvalidArgumentError(f"invalid producer_id {producer_id!r}")
         if sequence is not None and sequence < 0:
             raise errors.InvalidArgumentError("sequence must be >= 0")
@@ -182,12 +188,13 @@ class Producer:
         """Drive ``ProducerSessions`` (``broker/sessions.py``: the rule, shared with the
         simulation) for one request: answer, join, settle first, or append."""
         key = (pid, seq)
+        table = self._table(pid)
         for _ in range(3):  # each round ends an attempt or answers; more is a busy batch
             d = self.sessions.begin(
                 key,
                 len(messages),
                 term=self.gate.role_term,
-                table=self.meta.sessions,
+                table=table,
                 settled=self._settled,
             )
             if isinstance(d, sessions.Answer):
@@ -230,7 +237,7 @@ class Producer:
                 # vanish with our leadership. Wait for all appended so far; if the batch
                 # made it, the session table has the answer, else the client retries.
                 if await self._settle(a.term):
-                    answer = self.sessions.answer_from_table(a, len(messages), self.meta.sessions)
+                    answer = self.sessions.answer_from_table(a, len(messages), self._table(pid))
                 if answer is None:
                     raise
             else:
@@ -259,6 +266,11 @@ class Producer:
                 settled=self._settled,
             )
             self._attempt_answers.pop(a, None)
+
+    def _table(self, pid: str) -> Mapping[str, sessions.BatchRecord]:
+        """The replicated table of producer ``pid``'s batches: the send window for a
+        client's message id (``broker/sendwindow.py``), else the session table."""
+        return self.meta.send_window if pid.startswith(SEND_ID_PREFIX) else self.meta.sessions
 
     def _settled(self, index: int) -> bool:
         return self.server.committed_index >= index and self.dispatch.dispatched_index >= index

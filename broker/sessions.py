@@ -39,14 +39,28 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Protocol
 
 from . import errors
-from .metadata import ProducerSession
 
 Result = tuple[int, int, int]
 """(queue id, queue offset, commitlog offset) of one message, as the table records it."""
 Key = tuple[str, int]
 """(producer id, sequence): one batch."""
+
+
+class BatchRecord(Protocol):
+    """What a replicated table holds of a producer's last batch: the producers' session
+    table (``metadata.ProducerSession``) or the send window (``sendwindow.Sent``)."""
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def results(self) -> list[Result]: ...
+
+    @property
+    def complete(self) -> bool: ...
 
 
 class AttemptState(Enum):
@@ -112,7 +126,7 @@ class ProducerSessions:
         size: int,
         *,
         term: int,
-        table: Mapping[str, ProducerSession],
+        table: Mapping[str, BatchRecord],
         settled: Settled,
     ) -> Decision:
         """What to do with a request for batch ``key`` of ``size`` messages, on a master
@@ -165,7 +179,7 @@ class ProducerSessions:
 
     @staticmethod
     def answer_from_table(
-        attempt: Attempt, size: int, table: Mapping[str, ProducerSession]
+        attempt: Attempt, size: int, table: Mapping[str, BatchRecord]
     ) -> list[Result] | None:
         """After an unknown outcome, once everything appended is settled: the batch's
         results if the log holds all of it, else None (the client may retry)."""

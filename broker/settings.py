@@ -93,6 +93,11 @@ class BrokerSettings:
     # The producer-session table is bounded: the least recently used session is evicted
     # (the same one on every replica, since eviction follows the log order).
     max_producer_sessions: int = 100_000
+    # The send window (broker/sendwindow.py): a RocketMQ client's message id resent
+    # within this many ids and this much log time of its first send is answered with
+    # that send's result, not stored again. Replicated state: give every node the same.
+    send_window_ids: int = 100_000
+    send_window_ms: int = 600_000
     dispatch_batch_entries: int = 2048  # entries per dispatch step before yielding the loop
     dispatch_checkpoint_interval_ms: int = 1000
     # Metadata snapshots (docs/formats.md): written after this many applied entries or this
@@ -139,6 +144,8 @@ class BrokerSettings:
             raise ValueError("default_queues must be between 1 and max_queues_per_topic")
         if self.flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+        if self.send_window_ids < 1 or self.send_window_ms < 1:
+            raise ValueError("send_window_ids, send_window_ms: >= 1")
         if min(self.tx_first_check_ms, self.tx_check_interval_ms, self.tx_max_checks) < 0:
             raise ValueError("tx_first_check_ms, tx_check_interval_ms, tx_max_checks: >= 0")
 

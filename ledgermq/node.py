@@ -621,10 +621,28 @@ TRANSACTION_OPTIONS = (
 
 
 def _add_transaction_options(p: argparse.ArgumentParser) -> None:
-    """When unresolved transactions are checked, and how often before a rollback."""
+    """When unresolved transactions are checked, and how often before a rollback; what
+    the send window of RocketMQ message ids holds."""
     defaults = BrokerSettings()
-    for name, option, help_text in TRANSACTION_OPTIONS:
+    for name, option, help_text in (*TRANSACTION_OPTIONS, *SEND_WINDOW_OPTIONS):
         add_option(p, option, type=int, default=getattr(defaults, name), help=help_text)
+
+
+# BrokerSettings' send window (broker/sendwindow.py, docs/rocketmq.md) as options: a
+# RocketMQ client's message id resent within it is stored once.
+SEND_WINDOW_OPTIONS = (
+    (
+        "send_window_ids",
+        "--send-window-ids",
+        "RocketMQ message ids remembered so that a resent one is stored once (the same on"
+        " every node)",
+    ),
+    (
+        "send_window_ms",
+        "--send-window-ms",
+        "ms of log time a RocketMQ message id is remembered for (the same on every node)",
+    ),
+)
 
 
 def _add_limit_options(p: argparse.ArgumentParser) -> None:
@@ -733,7 +751,10 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
             check_peer_address=args.peer_address_check,
         ),
         disk_reserve_bytes=None if args.disk_reserve_mb is None else args.disk_reserve_mb * MiB,
-        **{name: getattr(args, _dest(option)) for name, option, _ in TRANSACTION_OPTIONS},
+        **{
+            name: getattr(args, _dest(option))
+            for name, option, _ in (*TRANSACTION_OPTIONS, *SEND_WINDOW_OPTIONS)
+        },
     )
     http = HttpSettings(
         host=host,

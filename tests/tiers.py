@@ -59,6 +59,7 @@ BY_PATH: dict[str, str] = {
     "tests/rocketmq": "unit",
     # The official RocketMQ 5 clients against a cluster of node processes.
     "tests/rocketmq/test_official_client.py": "process",
+    "tests/rocketmq/test_official_transactions.py": "process",
     "tests/runtime": "unit",
     "tests/sim": "simulation",
     "tests/spark": "spark",

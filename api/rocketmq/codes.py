@@ -30,6 +30,10 @@ BROKER_ERROR_CODES: tuple[tuple[type[errors.BrokerError], int], ...] = (
     (errors.NoMasterError, Code.HA_NOT_AVAILABLE),
     (errors.NotMasterError, Code.HA_NOT_AVAILABLE),
     (errors.UnknownOutcomeError, Code.MASTER_PERSISTENCE_TIMEOUT),
+    (errors.TransactionNotFoundError, Code.INVALID_TRANSACTION_ID),
+    (errors.TransactionResolvedError, Code.PRECONDITION_FAILED),
+    (errors.RecallHandleNotFoundError, Code.NOT_FOUND),
+    (errors.AlreadyDeliveredError, Code.PRECONDITION_FAILED),
 )
 
 

@@ -33,7 +33,7 @@ from broker.pop.service import PopGroups, Received
 from broker.properties import decode_properties, split_keys
 
 from .codes import broker_error_code
-from .convert import RESERVED_PROPERTIES, SHARDING_KEY_PROPERTY
+from .convert import RESERVED_PROPERTIES, SHARDING_KEY_PROPERTY, TRANSACTION_PROPERTY
 from .protocol import definition_pb2 as pb
 from .protocol import service_pb2 as spb
 
@@ -89,6 +89,8 @@ class ProtoMessages:
         elif deliver_at is not None and deliver_at.isdigit():
             sp.message_type = pb.DELAY
             sp.delivery_timestamp.CopyFrom(_ts(int(deliver_at)))
+        elif p.get(TRANSACTION_PROPERTY) == "true":
+            sp.message_type = pb.TRANSACTION
         else:
             sp.message_type = pb.NORMAL
         origin = p.get("DLQ_ORIGIN_TOPIC")

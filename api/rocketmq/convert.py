@@ -5,7 +5,10 @@ the client's ``message_id`` is the stored UNIQ_KEY (so ``GET /v1/topics/T/messag
 finds it, and every later copy keeps it), ``message_group`` is the sharding key (the
 queue is the server's pick, ``broker.commitlog.sharding_queue``; the clients never choose
 one) and is stored as RocketMQ's ``__SHARDINGKEY`` property,
-``delivery_timestamp`` is ``deliver_at_ms`` (a delay message, ``broker/timers``).
+``delivery_timestamp`` is ``deliver_at_ms`` (a delay message, ``broker/timers``), the
+type TRANSACTION makes the request a transaction's half messages (``broker/transactions``),
+marked ``TRAN_MSG=true`` as RocketMQ marks them (their copies keep it: delivered with
+that type).
 
 Every refusal is a ``SendRefusedError`` carrying the protocol's status code (the proxy's
 rules, ``SendMessageActivity``): the whole request is refused before anything is written.
@@ -21,13 +24,16 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 from broker.encode import NewMessage
 from broker.properties import BROKER_PROPERTIES, SYSTEM_PROPERTIES
+from broker.sendwindow import is_send_id, send_session
 from broker.settings import Limits
+from broker.transactions.service import PROP_TRAN_MSG
 
 from .protocol import definition_pb2 as pb
 
 Code = pb.Code
 
 SHARDING_KEY_PROPERTY = "__SHARDINGKEY"
+TRANSACTION_PROPERTY = PROP_TRAN_MSG
 # RocketMQ's own property names (MessageConst) that a producer may not set as user
 # properties (the proxy answers ILLEGAL_MESSAGE_PROPERTY_KEY), and ours.
 RESERVED_PROPERTIES = frozenset(
@@ -79,12 +85,19 @@ class SendRefusedError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class SendBatch:
-    """A checked request: one topic, its messages, and whether they are delay messages
-    (all or none, as a produce of ours takes them)."""
+    """A checked request: one topic, its messages, whether they are delay messages and
+    whether a transaction's (each all or none, as a produce of ours takes them), and the
+    client's id of the first message: the send's key in the send window
+    (``broker/sendwindow.py``), so that a resend of the request is stored once."""
 
     topic: str
     messages: list[NewMessage]
     delayed: bool
+    transactional: bool = False
+
+    @property
+    def message_id(self) -> str:
+        return self.messages[0].uniq_key or ""
 
 
 def _name_ok(text: str) -> bool:
@@ -102,6 +115,7 @@ def to_new_message(i: int, m: pb.Message, limits: Limits, now_ms: int) -> NewMes
         not sp.message_id
         or len(sp.message_id) > MAX_MESSAGE_ID_CHARS
         or _CONTROL.search(sp.message_id)
+        or not is_send_id(send_session(sp.message_id)[0])  # the send window's key
     ):
         raise SendRefusedError(
             Code.ILLEGAL_MESSAGE_ID, f"messages[{i}]: blank or invalid message_id"
@@ -147,14 +161,12 @@ def to_new_message(i: int, m: pb.Message, limits: Limits, now_ms: int) -> NewMes
             f"messages[{i}]: a message group goes with the type FIFO, and only with it",
         )
     deliver_at = _delivery_ms(i, m, limits, now_ms)
-    if mtype == pb.TRANSACTION:
-        raise SendRefusedError(
-            Code.UNSUPPORTED, "transactional messages over gRPC are not supported yet"
-        )
-    if mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY):
+    if mtype not in (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION):
         raise SendRefusedError(Code.UNSUPPORTED, f"messages[{i}]: message type {mtype} unsupported")
     if group is not None:
         props[SHARDING_KEY_PROPERTY] = group
+    if mtype == pb.TRANSACTION:
+        props[TRANSACTION_PROPERTY] = "true"
     born = _timestamp_ms(sp.born_timestamp) if sp.HasField("born_timestamp") else None
     return NewMessage(
         body=m.body,
@@ -218,4 +230,9 @@ def to_send_batch(messages: Sequence[pb.Message], limits: Limits, now_ms: int) -
     delayed = {m.deliver_at_ms is not None for m in out}
     if len(delayed) > 1:
         raise SendRefusedError(Code.BAD_REQUEST, "delay messages and others in one request")
-    return SendBatch(topic, out, delayed.pop())
+    tx = {m.system_properties.message_type == pb.TRANSACTION for m in messages}
+    if len(tx) > 1:
+        raise SendRefusedError(
+            Code.BAD_REQUEST, "a transaction's messages and others in one request"
+        )
+    return SendBatch(topic, out, delayed.pop(), tx.pop())

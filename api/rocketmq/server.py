@@ -11,6 +11,8 @@ shared with another process.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -49,6 +51,7 @@ class RocketMQFront:
 
     def __init__(self, settings: BrokerSettings, grpc_settings: GrpcSettings, broker: Broker):
         self.grpc_settings = grpc_settings
+        self.broker = broker
         peers = {n: a for n, a in settings.peer_grpc.items() if n != settings.node_id}
         self.master = MasterCalls(grpc_settings, broker.gate, peers)
         self.service = MessagingService(
@@ -60,7 +63,10 @@ class RocketMQFront:
             timers=broker.timers,
             pop=broker.pop,
             master=self.master,
+            transactions=broker.transactions,
+            reads=broker.reads,
         )
+        self._checks: asyncio.Task[None] | None = None
         self.server: Any = grpc.aio.server(options=server_options(settings, grpc_settings))
         service_pb2_grpc.add_MessagingServiceServicer_to_server(self.service, self.server)  # type: ignore[no-untyped-call]
 
@@ -75,8 +81,17 @@ class RocketMQFront:
         if port == 0:
             raise OSError(f"could not serve gRPC on {address}")
         await self.server.start()
+        # every check applied here is offered to the producers connected here
+        self.broker.transactions.applier.on_checked = self.service.checks.on_checked
+        self._checks = asyncio.create_task(self.service.checks.run(), name="grpc-tx-checks")
         return port
 
     async def stop(self) -> None:
+        if self.broker.transactions.applier.on_checked == self.service.checks.on_checked:
+            self.broker.transactions.applier.on_checked = None
+        if self._checks is not None:
+            self._checks.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checks
         await self.server.stop(self.grpc_settings.graceful_shutdown_s)
         await self.master.close()

@@ -1,8 +1,11 @@
 """``apache.rocketmq.v2.MessagingService`` over one node's broker (docs/rocketmq.md).
 
 What is served (docs/rocketmq.md has the table): QueryRoute, Heartbeat,
-NotifyClientTermination, Telemetry (the Settings handshake) and SendMessage (normal,
-FIFO, delay). Every other RPC is the generated base class's: gRPC UNIMPLEMENTED.
+NotifyClientTermination, Telemetry (the Settings handshake, and transaction checks to
+producers), SendMessage (normal, FIFO, delay, transactional; a resent message id is
+stored once: the send window, ``broker/sendwindow.py``), EndTransaction, RecallMessage,
+and the consumers' RPCs. Every other RPC is the generated base class's: gRPC
+UNIMPLEMENTED.
 
 The rules the official clients need (docs/rocketmq.md): every response carries a
 status with a non-zero code, errors travel as gRPC OK plus that code (the clients read
@@ -19,6 +22,8 @@ reach the broker through the same services as the HTTP routes (``Producer``, ``T
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -29,13 +34,17 @@ from typing import Any
 from google.protobuf.duration_pb2 import Duration
 
 from broker import errors
+from broker.copies import PROP_REAL_TOPIC
 from broker.gate import BrokerRole, WriteGate
 from broker.pop.service import PopGroups
 from broker.pop.state import PopConfig
 from broker.produce import Producer
+from broker.reads import Reads
+from broker.sendwindow import send_session
 from broker.settings import BrokerSettings
 from broker.timers.service import Timers
 from broker.topics import Topics
+from broker.transactions.service import Transactions
 
 from . import consume
 from .codes import OK, broker_error_code, status
@@ -45,11 +54,12 @@ from .protocol import definition_pb2 as pb
 from .protocol import service_pb2 as spb
 from .protocol import service_pb2_grpc
 from .settings import GrpcSettings
+from .transactions import ProducerStreams, Stream, TransactionChecks, end_transaction
 
 log = logging.getLogger(__name__)
 
 Code = pb.Code
-ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY)
+ACCEPTED_TYPES = (pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION)
 
 # What Settings replies carry (the proxy's defaults, ProxyConfig and SubscriptionGroupConfig).
 PRODUCER_MAX_ATTEMPTS = 3
@@ -166,6 +176,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         timers: Timers,
         pop: PopGroups,
         master: MasterCalls,
+        transactions: Transactions,
+        reads: Reads,
         clock: Any = None,
     ) -> None:
         self.settings = settings
@@ -176,7 +188,11 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.timers = timers
         self.pop = pop
         self.master = master
+        self.transactions = transactions
         self.clients = Clients(grpc_settings.max_clients)
+        # the producers' Telemetry streams here, and the transaction checks offered on them
+        self.streams = ProducerStreams()
+        self.checks = TransactionChecks(transactions, reads, self.streams, self._maker)
         self.clock = clock or (lambda: int(time.time() * 1000))
         self.own_endpoints = pb.Endpoints(
             scheme=pb.IPv4,
@@ -264,30 +280,51 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     async def Telemetry(
         self, request_iterator: AsyncIterator[spb.TelemetryCommand], context: Any
     ) -> AsyncIterator[spb.TelemetryCommand]:
-        """Answer every Settings command with the merged Settings; the
-        other client commands (answers to diagnostics) are read and dropped."""
+        """Answer every Settings command with the merged Settings, and write the server's
+        commands (transaction checks, ``api/rocketmq/transactions.py``) to a producer's
+        stream; the other client commands (answers to diagnostics) are read and dropped."""
         client_id = client_id_of(context)
         if not client_id:
             yield spb.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED))
             return
-        async for command in request_iterator:
-            if not command.HasField("settings"):
-                continue
-            cs = command.settings
-            group = None
-            if cs.WhichOneof("pub_sub") == "subscription" and cs.subscription.HasField("group"):
-                group = self.pop.state.groups.get(cs.subscription.group.name)
-            reply = settings_reply(cs, self.settings.limits.max_body_bytes, group)
-            if reply is None:
-                yield spb.TelemetryCommand(
-                    status=status(
-                        Code.UNRECOGNIZED_CLIENT_TYPE,
-                        f"client type {command.settings.client_type} is not served",
-                    )
+        stream = self.streams.open(client_id)
+
+        async def read() -> None:
+            try:
+                async for command in request_iterator:
+                    if command.HasField("settings"):
+                        stream.out.put_nowait(self._settings_command(client_id, stream, command))
+            finally:
+                stream.out.put_nowait(None)  # the client's side ended: so does ours
+
+        reader = asyncio.create_task(read())
+        try:
+            while (item := await stream.out.get()) is not None:
+                yield item
+        finally:
+            self.streams.close(stream)
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+
+    def _settings_command(
+        self, client_id: str, stream: Stream, command: spb.TelemetryCommand
+    ) -> spb.TelemetryCommand:
+        cs = command.settings
+        group = None
+        if cs.WhichOneof("pub_sub") == "subscription" and cs.subscription.HasField("group"):
+            group = self.pop.state.groups.get(cs.subscription.group.name)
+        reply = settings_reply(cs, self.settings.limits.max_body_bytes, group)
+        if reply is None:
+            return spb.TelemetryCommand(
+                status=status(
+                    Code.UNRECOGNIZED_CLIENT_TYPE,
+                    f"client type {command.settings.client_type} is not served",
                 )
-                continue
-            self.clients.seen(client_id, reply.client_type, reply)
-            yield spb.TelemetryCommand(status=OK, settings=reply)
+            )
+        self.clients.seen(client_id, reply.client_type, reply)
+        self.streams.publishing(stream, reply)
+        return spb.TelemetryCommand(status=OK, settings=reply)
 
     # ---- produce --------------------------------------------------------------------
 
@@ -317,9 +354,23 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             batch = to_send_batch(request.messages, self.settings.limits, self.clock())
         except SendRefusedError as e:
             return _send_refused(e.code, e.message, n)
+        pid, seq = send_session(batch.message_id)  # a resend is answered, not stored again
         try:
-            if batch.delayed:
-                scheduled = await self.timers.produce(batch.topic, batch.messages)
+            if batch.transactional:  # the topic is the producer group, as in RocketMQ
+                begun = await self.transactions.produce(
+                    batch.topic, batch.messages, batch.topic, pid, seq
+                )
+                entries = [
+                    spb.SendResultEntry(
+                        status=OK,
+                        message_id=m.uniq_key or "",
+                        transaction_id=begun.transaction_id,
+                        offset=r.queue_offset,
+                    )
+                    for m, r in zip(batch.messages, begun.results, strict=True)
+                ]
+            elif batch.delayed:
+                scheduled = await self.timers.produce(batch.topic, batch.messages, pid, seq)
                 entries = [
                     spb.SendResultEntry(
                         status=OK,
@@ -330,7 +381,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                     for m, s in zip(batch.messages, scheduled, strict=True)
                 ]
             else:
-                results = await self.producer.produce(batch.topic, batch.messages)
+                results = await self.producer.produce(batch.topic, batch.messages, pid, seq)
                 entries = [
                     spb.SendResultEntry(
                         status=OK, message_id=m.uniq_key or "", offset=r.queue_offset
@@ -342,6 +393,57 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         except errors.BrokerError as e:
             return _send_refused(broker_error_code(e), e.message, n)
         return spb.SendMessageResponse(status=OK, entries=entries)
+
+    async def EndTransaction(
+        self, request: spb.EndTransactionRequest, context: Any
+    ) -> spb.EndTransactionResponse:
+        """Commit or roll back (the client's own, or its answer to a check), on the master."""
+        if not client_id_of(context):
+            return spb.EndTransactionResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        return await self.master.call(
+            "EndTransaction",
+            request,
+            context,
+            lambda r: end_transaction(self.transactions, r),
+            lambda code, text: spb.EndTransactionResponse(status=status(code, text)),
+        )
+
+    async def RecallMessage(
+        self, request: spb.RecallMessageRequest, context: Any
+    ) -> spb.RecallMessageResponse:
+        """Cancel a delay message before its time, by the recall handle its send answered
+        (``Timers.cancel``), on the master; the answer names the message's id."""
+        if not client_id_of(context):
+            return spb.RecallMessageResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        if not request.recall_handle:
+            return spb.RecallMessageResponse(status=status(Code.BAD_REQUEST, "no recall_handle"))
+        return await self.master.call(
+            "RecallMessage",
+            request,
+            context,
+            self._recall_on_master,
+            lambda code, text: spb.RecallMessageResponse(status=status(code, text)),
+        )
+
+    async def _recall_on_master(
+        self, request: spb.RecallMessageRequest
+    ) -> spb.RecallMessageResponse:
+        self.gate.require_master()
+        handle = request.recall_handle
+        try:
+            held = await self.timers.held_message(handle)
+            topic = None if held is None else held.properties.get(PROP_REAL_TOPIC)
+            if topic is not None and request.topic.name and topic != request.topic.name:
+                raise errors.RecallHandleNotFoundError(
+                    f"no delay message {handle!r} in topic {request.topic.name}"
+                )
+            await self.timers.cancel(handle)
+        except (errors.NotMasterError, errors.NoMasterError):
+            raise
+        except errors.BrokerError as e:
+            return spb.RecallMessageResponse(status=status(broker_error_code(e), e.message))
+        message_id = (held.uniq_key if held is not None else None) or ""
+        return spb.RecallMessageResponse(status=OK, message_id=message_id)
 
     @property
     def is_master(self) -> bool:

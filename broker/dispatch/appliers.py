@@ -33,6 +33,7 @@ from ..metadata import (
     topic_name_ok,
 )
 from ..pop.applier import PopApplier
+from ..sendwindow import SEND_ID_PREFIX, Sent
 from ..timers.applier import TimerApplier
 from ..transactions.applier import TransactionApplier
 from .entry import Committed, StateApplier
@@ -114,6 +115,18 @@ class SessionApplier:
             log.warning("malformed producer session properties ignored: %s", err)
             return
         info = e.info
+        if pid.startswith(SEND_ID_PREFIX):  # a client's message id: the send window's
+            record = self.meta.send_window.record
+            for i in range(e.count):
+                record(
+                    pid,
+                    seq,
+                    first + i,
+                    batch_size,
+                    info.store_timestamp,
+                    (info.queue_id, info.queue_offset + i, info.physical_offset + i),
+                )
+            return
         for i in range(e.count):
             self.meta.record_session(
                 pid,
@@ -144,6 +157,28 @@ class SessionApplier:
         self.meta.sessions = part
 
 
+class SendWindowApplier:
+    """The send window's part of the snapshot (``broker/sendwindow.py``); its entries are
+    recorded by ``SessionApplier``, from the same session properties. A snapshot of a
+    version before the window has none: an empty window."""
+
+    def __init__(self, meta: MetadataState) -> None:
+        self.meta = meta
+
+    def apply(self, e: Committed) -> None:
+        pass  # (``SessionApplier`` records the sends)
+
+    def snapshot_part(self) -> dict[str, Any]:
+        return {"send_window": self.meta.send_window.to_json()}
+
+    def parse_part(self, doc: Mapping[str, Any]) -> OrderedDict[str, Sent]:
+        rows = doc.get("send_window")
+        return OrderedDict() if rows is None else self.meta.send_window.adopt_json(rows)
+
+    def adopt_part(self, part: OrderedDict[str, Sent]) -> None:
+        self.meta.send_window.sent = part
+
+
 def state_appliers(
     meta: MetadataState, on_topic_deleted: Callable[[str, int], None] | None = None
 ) -> list[StateApplier[Any]]:
@@ -155,6 +190,7 @@ def state_appliers(
         PopApplier(meta),
         TimerApplier(meta),
         TransactionApplier(meta),
+        SendWindowApplier(meta),
     ]
 
 

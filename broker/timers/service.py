@@ -237,12 +237,17 @@ class Timers:
             raise errors.RecallHandleNotFoundError(f"no delay message {handle!r}")
         return timer
 
+    async def held_message(self, handle: str) -> PulledMessage | None:
+        """The record of the delay message a recall handle names (None when it is not
+        readable here: done long ago); ``NotFoundError`` for no timer."""
+        timer = await self._timer_of(handle)
+        unit = self._unit(timer)
+        return None if unit is None else self.reads.message_at(unit[0])
+
     async def topic_of(self, handle: str) -> str | None:
         """The topic of the delay message a recall handle names (None when its record is
         not readable here: done long ago); ``NotFoundError`` for no timer."""
-        timer = await self._timer_of(handle)
-        unit = self._unit(timer)
-        m = None if unit is None else self.reads.message_at(unit[0])
+        m = await self.held_message(handle)
         return None if m is None else m.properties.get(PROP_REAL_TOPIC)
 
     async def cancel(self, handle: str) -> None:

@@ -12,14 +12,16 @@ node.
   whose topic is gone.
 
 The outcome of each operation is kept by entry index for the master that appended it
-(``outcome``), a bounded table outside the replicated state.
+(``outcome``), a bounded table outside the replicated state; ``on_checked``, when set,
+hears of each check applied here (the node's gRPC front offers it to the producers
+connected to this node: ``api/rocketmq/transactions.py``), outside it too.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -52,6 +54,7 @@ class TransactionApplier:
     def __init__(self, meta: MetadataState) -> None:
         self.meta = meta
         self._outcomes: OrderedDict[int, str | bool | None] = OrderedDict()
+        self.on_checked: Callable[[int], None] | None = None  # node-local (module doc)
 
     @property
     def state(self) -> TransactionState:
@@ -103,7 +106,13 @@ class TransactionApplier:
         if kind == "tx.rollback":
             return self.state.resolve(base, ROLLED_BACK, expired=bool(op.get("expired")))
         if kind == "tx.check":
-            return self.state.checked(base, ts, json_int(op["interval_ms"], "interval_ms"))
+            checked = self.state.checked(base, ts, json_int(op["interval_ms"], "interval_ms"))
+            if checked and self.on_checked is not None:
+                try:
+                    self.on_checked(base)
+                except Exception:  # a listener's fault never stops the apply
+                    log.exception("transaction %d: the check listener failed", base)
+            return checked
         if kind == "tx.drop":
             return self.state.drop(base)
         log.warning("unknown transaction operation %r skipped", kind)

@@ -67,6 +67,9 @@ TX_MARKS = (PROP_TX_GROUP, PROP_TX_CHECK_AT)  # a half message's, beside its rou
 # What a half message carries for the broker, not for its consumers.
 ROUTING_PROPERTIES = (*ROUTING, *TX_MARKS)
 ACTIONS = {"commit": COMMITTED, "rollback": ROLLED_BACK}
+# RocketMQ's mark of a transaction's message (a RocketMQ 5 client's, api/rocketmq): its
+# copy keeps the unique key, the id the client gave it, as RocketMQ's commit does.
+PROP_TRAN_MSG = "TRAN_MSG"
 # Runs appends together and answers their results in order (the first error raised).
 Gather = Callable[..., Awaitable[list[Any]]]
 
@@ -248,7 +251,12 @@ class Transactions:
             return 0
         halves = await self._messages(t)
         copies = [
-            copy_of(m, (PROP_TX_ORIGIN, f"{base}:{i}"), TX_MARKS, keep_key=False)[1]
+            copy_of(
+                m,
+                (PROP_TX_ORIGIN, f"{base}:{i}"),
+                TX_MARKS,
+                keep_key=m.properties.get(PROP_TRAN_MSG) == "true",
+            )[1]
             for m in halves
             if (i := m.queue_offset - base) not in t.copied
         ]

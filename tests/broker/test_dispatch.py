@@ -162,7 +162,7 @@ def test_a_new_state_applier_has_its_part_and_reads_older_snapshots_as_empty() -
     assert toy.applied == [0, 1, 2, 5] and toy.last == {"t": 3}  # the last one's stamp
     data = snapshot_bytes(meta, parts)
     fields = ["version", "applied_index", "topics", "offsets", "sessions", "pop", "timers"]
-    fields.append("transactions")
+    fields += ["transactions", "send_window"]
     fields += ["last_seen", "extra"]
     assert list(orjson.loads(data)) == fields
     again, new_toy = MetadataState(), _LastSeen()

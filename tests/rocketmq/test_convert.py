@@ -83,6 +83,14 @@ def test_delay_maps_the_delivery_timestamp_to_deliver_at_ms() -> None:
     assert batch.delayed and batch.messages[0].deliver_at_ms == NOW_MS + 10_005
 
 
+def test_a_transactional_message_is_marked_as_rocketmq_marks_it() -> None:
+    batch = to_send_batch([message(message_type=pb.TRANSACTION)], LIMITS, NOW_MS)
+    assert batch.transactional and not batch.delayed and batch.message_id == "01ABC"
+    (nm,) = batch.messages
+    assert dict(nm.properties) == {"TRAN_MSG": "true"} and nm.uniq_key == "01ABC"
+    assert not to_send_batch([message()], LIMITS, NOW_MS).transactional
+
+
 def test_bad_input_gets_the_protocols_codes() -> None:
     assert refused(message(message_id="")) == pb.ILLEGAL_MESSAGE_ID
     assert refused(message(body=b"")) == pb.MESSAGE_BODY_EMPTY
@@ -95,7 +103,15 @@ def test_bad_input_gets_the_protocols_codes() -> None:
     assert refused(message(message_type=pb.FIFO)) == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
     assert refused(message(message_group="g")) == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
     assert refused(message(message_type=pb.DELAY)) == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
-    assert refused(message(message_type=pb.TRANSACTION)) == pb.UNSUPPORTED
+    assert refused(message(message_type=pb.LITE)) == pb.UNSUPPORTED
+    assert (
+        refused(message(message_type=pb.TRANSACTION, message_group="g"))
+        == pb.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE
+    )
+    assert refused(message(), message(message_type=pb.TRANSACTION)) == pb.BAD_REQUEST
+    # an id that could not key the send window (broker/sendwindow.py)
+    assert refused(message(message_id=" 01ABC")) == pb.ILLEGAL_MESSAGE_ID
+    assert refused(message(message_id="01\u2028ABC")) == pb.ILLEGAL_MESSAGE_ID
     assert refused(message(topic="")) == pb.ILLEGAL_TOPIC
     assert refused(message(), message(topic="U")) == pb.BAD_REQUEST
     assert refused() == pb.BAD_REQUEST

@@ -364,7 +364,7 @@ def test_route_echoes_the_access_point_with_queue_zero_on_broker_zero(
     for q in r.message_queues:
         assert q.broker.id == 0 and q.broker.name == cluster.group and q.broker.endpoints == access
         assert q.permission == pb.READ_WRITE and q.topic.resource_namespace == "ns"
-        assert set(q.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY}
+        assert set(q.accept_message_types) == {pb.NORMAL, pb.FIFO, pb.DELAY, pb.TRANSACTION}
     hb = stub.Heartbeat(spb.HeartbeatRequest(client_type=pb.PRODUCER), metadata=CLIENT, timeout=5)
     assert hb.status.code == pb.OK
     bye = stub.NotifyClientTermination(

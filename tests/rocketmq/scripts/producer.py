@@ -3,9 +3,14 @@ never imported by the suite: a Producer sends what stdin's JSON says, prints one
 
 stdin: {"endpoints": "h:p;h:p", "topics": [...], "mode": "sync"|"async",
         "messages": [{"topic", "body", "tag"?, "keys"?, "properties"?, "group"?,
-                      "delivery_s"?}]}
+                      "delivery_s"?, "message_id"?}],
+        "recall": [recall handles]?}
+
+A "message_id" is the id the client gives the message instead of a new one (its id
+generator patched for that send, sync only): what a resend after a timeout looks like.
+"recall": RecallMessage of each handle after the sends (in the first of "topics").
 stdout (last line): {"receipts": [{"message_id", "offset", "recall_handle"} | {"error"}],
-                     "seconds": elapsed sending}
+                     "seconds": elapsed sending, "recalled": [message id | {"error"}]}
 """
 
 import json
@@ -13,6 +18,17 @@ import sys
 import time
 
 from rocketmq import ClientConfiguration, Credentials, Message, Producer
+from rocketmq.v5.util import MessageIdCodec
+
+NEW_ID = MessageIdCodec.next_message_id
+
+
+def given_id(message_id):
+    """The client's id generator, answering ``message_id`` (None: its own ids)."""
+    if message_id is None:
+        MessageIdCodec.next_message_id = NEW_ID
+    else:
+        MessageIdCodec.next_message_id = lambda self: message_id
 
 
 def build(spec):
@@ -46,6 +62,7 @@ def main():
     producer = Producer(config, tuple(args["topics"]))
     producer.startup()
     out = []
+    recalled = []
     started = time.monotonic()
     try:
         if args.get("mode") == "async":
@@ -57,14 +74,22 @@ def main():
                     out.append({"error": f"{type(e).__name__}: {e}"})
         else:
             for s in args["messages"]:
+                given_id(s.get("message_id"))
                 try:
                     out.append(receipt(producer.send(build(s))))
                 except Exception as e:
                     out.append({"error": f"{type(e).__name__}: {e}"})
+                finally:
+                    given_id(None)
         seconds = time.monotonic() - started
+        for handle in args.get("recall") or ():
+            try:
+                recalled.append(producer.recall_message(args["topics"][0], handle))
+            except Exception as e:
+                recalled.append({"error": f"{type(e).__name__}: {e}"})
     finally:
         producer.shutdown()
-    print(json.dumps({"receipts": out, "seconds": seconds}), flush=True)
+    print(json.dumps({"receipts": out, "seconds": seconds, "recalled": recalled}), flush=True)
 
 
 if __name__ == "__main__":
