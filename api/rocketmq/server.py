@@ -75,8 +75,10 @@ class RocketMQFront:
         if port == 0:
             raise OSError(f"could not serve gRPC on {address}")
         await self.server.start()
+        self.service.renewer.start()
         return port
 
     async def stop(self) -> None:
+        await self.service.renewer.stop()
         await self.server.stop(self.grpc_settings.graceful_shutdown_s)
         await self.master.close()
