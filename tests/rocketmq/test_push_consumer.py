@@ -10,6 +10,7 @@ listener that sleeps 8 s needs a renewal.
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,8 @@ def push(python: Path, endpoints: str, group: str, topic: str, **args: Any) -> d
 
 def group_counts(c: LocalBrokerCluster, group: str, topic: str) -> dict[str, int]:
     doc = httpx.get(f"{master_url(c)}/v1/groups/{group}", timeout=5).json()
-    (t,) = [t for t in doc["topics"] if t["topic"] == topic]
-    return t  # type: ignore[no-any-return]
+    found = [t for t in doc["topics"] if t["topic"] == topic]
+    return found[0] if found else {"in_flight": 0}  # type: ignore[no-any-return]
 
 
 def lag(c: LocalBrokerCluster, group: str, topic: str) -> int:
@@ -225,3 +226,50 @@ def test_fifo_push_consumer_keeps_each_message_groups_order_through_a_failure(
     seen = [d["body"] for d in report["deliveries"] if d["message_group"] == "g2"]
     assert seen[:3] == ["g2 step 0", "g2 step 1", "g2 step 1"], seen  # retried in place
     wait_until(lambda: lag(cluster, "fifo-pushers", "ordered") == 0, 20, "every message acked")
+
+
+def test_renewal_goes_on_after_the_master_dies(official: Path, tmp_path: Path) -> None:
+    """kill -9 of the master just after it handed a message to a push consumer whose
+    listener runs past two invisible times: the new master knows the flight is renewed
+    for that client (the replicated POP state) and goes on renewing it; the listener's
+    ack, with the handle first given, lands on the new master; no second delivery."""
+    renew_ms = 12_000
+    c = LocalBrokerCluster(3, tmp_path / "c", extra_args=(*CLUSTER_ARGS, "--no-auto-create-topics"))
+    c.env[AUTO_RENEW_ENV] = str(renew_ms)
+    c.start_all()
+    try:
+        master = c.wait_ready(timeout_s=90)
+        url = c.urls[master]
+        assert httpx.post(f"{url}/v1/topics", json={"name": "kept", "queues": 2}).status_code == 201
+        make_group(c, "survivors")
+        (receipt,) = send(official, c.grpc_endpoints, [{"topic": "kept", "body": "long job"}])
+        out: dict[str, Any] = {}
+
+        def consume() -> None:
+            out["report"] = push(
+                official,
+                c.grpc_endpoints,
+                "survivors",
+                "kept",
+                until=1,
+                sleep_s=2 * renew_ms / 1000 + 2,
+            )
+
+        worker = threading.Thread(target=consume)
+        worker.start()
+        try:
+            wait_until(
+                lambda: group_counts(c, "survivors", "kept")["in_flight"] == 1, 30, "the receive"
+            )
+            c.kill(master)
+            new_master = c.wait_ready([n for n in c.ids if n != master], timeout_s=60)
+            assert new_master != master
+        finally:
+            worker.join(timeout=150)
+        (d,) = out["report"]["deliveries"]
+        assert d["message_id"] == receipt["message_id"] and d["attempt"] == 1
+        wait_until(lambda: lag(c, "survivors", "kept") == 0, 30, "the ack on the new master")
+        counts = group_counts(c, "survivors", "kept")
+        assert counts["acked"] == 1 and counts["redelivered"] == 0, counts
+    finally:
+        c.stop_all()
