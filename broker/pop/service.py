@@ -571,7 +571,9 @@ class PopGroups:
                     PROP_POP_EPOCH: str(f.epoch),
                 }
             )
-            copy = NewMessage(m.body, m.tags, m.keys, props, queue_id=0)
+            # (it keeps the message's UNIQ_KEY, as RocketMQ's dead letters do: a RocketMQ
+            # client reading them sees the message id it sent)
+            copy = NewMessage(m.body, m.tags, m.keys, props, queue_id=0, uniq_key=m.uniq_key)
             await self.producer.produce_to(self.topics.get(dlq), [copy], None, None)
             # Nothing else of this master writes the flight meanwhile, and every earlier
             # write was applied before: if it ended, this copy ended it.

@@ -273,3 +273,41 @@ def test_renewal_goes_on_after_the_master_dies(official: Path, tmp_path: Path) -
         assert counts["acked"] == 1 and counts["redelivered"] == 0, counts
     finally:
         c.stop_all()
+
+
+def test_a_fifo_push_consumer_forwards_what_it_gives_up_on_to_the_dead_letters(
+    official: Path, cluster: LocalBrokerCluster
+) -> None:
+    """A FIFO push consumer retries a failing message locally (the group's attempts,
+    from Settings), then ForwardMessageToDeadLetterQueue: the copy lands in
+    ``%DLQ%<group>`` and the message group goes on with the next message."""
+    make_group(
+        cluster,
+        "fifo-quitters",
+        fifo=True,
+        max_delivery_attempts=2,
+        retry={"policy": "list", "delays_ms": [100]},
+    )
+    messages = [{"topic": "ordered", "body": f"q step {i}", "group": "q"} for i in range(3)]
+    receipts = send(official, cluster.grpc_endpoints, messages)
+    report = push(
+        official,
+        cluster.grpc_endpoints,
+        "fifo-quitters",
+        "ordered",
+        until=4,  # step 0, step 1 twice, step 2
+        fail_always=["q step 1"],
+    )
+    bodies = [d["body"] for d in report["deliveries"]]
+    assert bodies == ["q step 0", "q step 1", "q step 1", "q step 2"], report["deliveries"]
+    wait_until(lambda: lag(cluster, "fifo-quitters", "ordered") == 0, 20, "all done")
+    assert group_counts(cluster, "fifo-quitters", "ordered")["dead_lettered"] == 1
+    dlq = quote("%DLQ%fifo-quitters", safe="")
+    r = httpx.get(f"{master_url(cluster)}/v1/topics/{dlq}/queues/0/messages", params={"offset": 0})
+    (dead,) = r.json()["messages"]
+    assert dead["body"] == "q step 1" and dead["properties"]["DLQ_ORIGIN_TOPIC"] == "ordered"
+    # the copy keeps the client's message id (its UNIQ_KEY): found by it
+    r = httpx.get(
+        f"{master_url(cluster)}/v1/topics/{dlq}/messages", params={"key": receipts[1]["message_id"]}
+    )
+    assert [m["body"] for m in r.json()["messages"]] == ["q step 1"], (r.text, dead)

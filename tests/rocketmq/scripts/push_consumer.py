@@ -2,15 +2,16 @@
 never imported by the suite: a PushConsumer scenario, one JSON line of what it saw.
 
 stdin: {"endpoints", "group", "topic", "until": n, "fail": [bodies], "fail_all": bool,
+"fail_always": [bodies],
 "sleep_s": s, "max_s": s, "linger_s": s, "dead_url": url, "dead": n}
 
 The listener records every delivery (message id, body, attempt, message group, time);
 it answers FAILURE for a body in ``fail`` on its first delivery, for every delivery
-with ``fail_all``, after sleeping ``sleep_s``; SUCCESS otherwise. The consumer runs
-until ``until`` deliveries were seen (or ``max_s``), then ``linger_s`` more (late
-duplicates would show), and with ``dead_url`` (a group's ``GET /v1/groups/{group}``)
-until the group counts ``dead`` dead letters (they are written by a receive), then
-shuts down.
+with ``fail_all`` or of a body in ``fail_always``, after sleeping ``sleep_s``; SUCCESS
+otherwise. The consumer runs until ``until`` deliveries were seen (or ``max_s``), then
+``linger_s`` more (late duplicates would show), and with ``dead_url`` (a group's
+``GET /v1/groups/{group}``) until the group counts ``dead`` dead letters (they are
+written by a receive), then shuts down.
 """
 
 import json
@@ -40,8 +41,10 @@ class Listener(MessageListener):
         body = message.body.decode()
         if self.a.get("sleep_s"):
             time.sleep(self.a["sleep_s"])
-        fail = self.a.get("fail_all") or (
-            body in self.a.get("fail", []) and body not in self.failed
+        fail = (
+            self.a.get("fail_all")
+            or body in self.a.get("fail_always", [])
+            or (body in self.a.get("fail", []) and body not in self.failed)
         )
         with self.lock:
             if fail:
