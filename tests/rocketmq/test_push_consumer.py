@@ -33,7 +33,7 @@ from .client_env import official_python, run_script
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 AUTO_RENEW_MS = 6000
-TOPICS = {"push": 4, "slow": 2, "failing": 2, "ordered": 4}
+TOPICS = {"push": 4, "slow": 2, "failing": 2, "ordered": 4, "quitting": 2}
 CLIENT = [("x-mq-client-id", "test@2@0@push")]
 
 
@@ -288,24 +288,24 @@ def test_a_fifo_push_consumer_forwards_what_it_gives_up_on_to_the_dead_letters(
         max_delivery_attempts=2,
         retry={"policy": "list", "delays_ms": [100]},
     )
-    messages = [{"topic": "ordered", "body": f"q step {i}", "group": "q"} for i in range(3)]
+    messages = [{"topic": "quitting", "body": f"q step {i}", "group": "q"} for i in range(3)]
     receipts = send(official, cluster.grpc_endpoints, messages)
     report = push(
         official,
         cluster.grpc_endpoints,
         "fifo-quitters",
-        "ordered",
+        "quitting",
         until=4,  # step 0, step 1 twice, step 2
         fail_always=["q step 1"],
     )
     bodies = [d["body"] for d in report["deliveries"]]
     assert bodies == ["q step 0", "q step 1", "q step 1", "q step 2"], report["deliveries"]
-    wait_until(lambda: lag(cluster, "fifo-quitters", "ordered") == 0, 20, "all done")
-    assert group_counts(cluster, "fifo-quitters", "ordered")["dead_lettered"] == 1
+    wait_until(lambda: lag(cluster, "fifo-quitters", "quitting") == 0, 20, "all done")
+    assert group_counts(cluster, "fifo-quitters", "quitting")["dead_lettered"] == 1
     dlq = quote("%DLQ%fifo-quitters", safe="")
     r = httpx.get(f"{master_url(cluster)}/v1/topics/{dlq}/queues/0/messages", params={"offset": 0})
     (dead,) = r.json()["messages"]
-    assert dead["body"] == "q step 1" and dead["properties"]["DLQ_ORIGIN_TOPIC"] == "ordered"
+    assert dead["body"] == "q step 1" and dead["properties"]["DLQ_ORIGIN_TOPIC"] == "quitting"
     # the copy keeps the client's message id (its UNIQ_KEY): found by it
     r = httpx.get(
         f"{master_url(cluster)}/v1/topics/{dlq}/messages", params={"key": receipts[1]["message_id"]}
