@@ -94,7 +94,9 @@ def test_node_producer_sends_normal_fifo_and_delay_messages(
     # through a follower: every send forwarded to the master
     receipts = send(node_modules, one_node(cluster, master=False), normal + fifo)
     for spec, r in zip(normal + fifo, receipts, strict=True):
-        (m,) = wait_until(lambda r=r, s=spec: by_key(cluster, s["topic"], r["message_id"]), 10)
+        got = wait_until(lambda r=r, s=spec: by_key(cluster, s["topic"], r["message_id"]), 30)
+        assert len(got) == 1, (got, r)  # (twice: a send retried after a client timeout)
+        m = got[0]
         assert m["body"] == spec["body"] and m["queue_offset"] == r["offset"]
         if "tag" in spec:
             assert m["tags"] == "TagN" and m["keys"] == spec["keys"]

@@ -9,7 +9,9 @@ main(async a => {
   const producer = new rocketmq.Producer({
     endpoints: a.endpoints,
     topics: a.topics,
-    requestTimeout: 5000,
+    // (on a slow machine a send that timed out is sent again: stored twice, as long as
+    // the server does not deduplicate sends by message id)
+    requestTimeout: 10000,
     logger,
   });
   await producer.startup();

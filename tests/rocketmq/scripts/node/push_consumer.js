@@ -16,7 +16,7 @@ main(async a => {
     endpoints: a.endpoints,
     consumerGroup: a.group,
     subscriptions: new Map([[a.topic, '*']]),
-    requestTimeout: 5000,
+    requestTimeout: 10000,
     logger,
     messageListener: {
       async consume(m) {

@@ -16,7 +16,7 @@ main(async a => {
     consumerGroup: a.group,
     subscriptions: new Map([[a.topic, '*']]),
     awaitDuration: a.await_ms,
-    requestTimeout: 5000,
+    requestTimeout: 10000,
     logger,
   });
   await c.startup();
