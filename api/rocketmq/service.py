@@ -490,10 +490,28 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return spb.QueryAssignmentResponse(
                 status=status(Code.ILLEGAL_CONSUMER_GROUP, "no consumer group")
             )
-        if self._queues_of(name) is None:
-            return spb.QueryAssignmentResponse(
-                status=status(Code.TOPIC_NOT_FOUND, f"topic {name} does not exist")
+        if self._queues_of(name) is None:  # unknown here; a slave may lag: ask the master
+            return await self.master.call(
+                "QueryAssignment",
+                request,
+                context,
+                self._assignment_on_master,
+                lambda code, text: spb.QueryAssignmentResponse(status=status(code, text)),
             )
+        return self._assignment(request)
+
+    async def _assignment_on_master(
+        self, request: spb.QueryAssignmentRequest
+    ) -> spb.QueryAssignmentResponse:
+        self.gate.require_master_role()
+        if self._queues_of(request.topic.name) is None:
+            return spb.QueryAssignmentResponse(
+                status=status(Code.TOPIC_NOT_FOUND, f"topic {request.topic.name} does not exist")
+            )
+        return self._assignment(request)
+
+    def _assignment(self, request: spb.QueryAssignmentRequest) -> spb.QueryAssignmentResponse:
+        name = request.topic.name
         endpoints = request.endpoints if request.endpoints.addresses else self.own_endpoints
         queue = pb.MessageQueue(
             topic=pb.Resource(name=name, resource_namespace=request.topic.resource_namespace),
