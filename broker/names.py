@@ -50,7 +50,10 @@ def _check_reserved(what: str, name: str, allowed: str | None) -> None:
             raise errors.InvalidArgumentError(
                 f"invalid {what} name {name!r}: the prefix {prefix} is the broker's"
             )
-    if _ESCAPE.search(name):
+    # (of a dead-letter topic, the group part: the prefix's last '%' and a group name
+    # that starts with two hex digits, "%DLQ%failed", is no percent-encoding)
+    rest = name[len(allowed) :] if allowed is not None and name.startswith(allowed) else name
+    if _ESCAPE.search(rest):
         raise errors.InvalidArgumentError(
             f"invalid {what} name {name!r}: '%' and two hex digits read as a percent-encoding"
         )

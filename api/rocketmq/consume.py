@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.protobuf.duration_pb2 import Duration
@@ -29,7 +30,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from broker import errors
 from broker.message import PROP_KEYS, PROP_TAGS, PROP_UNIQ_KEY, RecordHead
 from broker.msgid import msg_id_maker
-from broker.pop.service import PopGroups, Received
+from broker.pop.service import PopGroups, Received, parse_handle
 from broker.properties import decode_properties, split_keys
 
 from .codes import broker_error_code
@@ -105,6 +106,16 @@ class ProtoMessages:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class AutoRenew:
+    """A push consumer's receive: its client, the server's invisible time, and how long
+    it is renewed at most (ms)."""
+
+    owner: str
+    invisible_ms: int
+    max_ms: int
+
+
 class ConsumeRefusedError(Exception):
     """A consumer request the protocol refuses: ``code`` is the status the client gets."""
 
@@ -165,9 +176,13 @@ async def receive(
     time_remaining_s: float | None,
     max_wait_ms: int,
     make: Callable[[str], ProtoMessages],
+    renew: AutoRenew | None = None,
 ) -> list[spb.ReceiveMessageResponse]:
     """A receive on the master: the stream's items (status, messages, delivery time).
-    ``NotMasterError``/``NoMasterError`` propagate (to ``MasterCalls``)."""
+    With ``auto_renew`` (push consumers) and ``renew``, the invisible time is the
+    server's (unless the request names one) and renewed for the client
+    (``api/rocketmq/renew.py``). ``NotMasterError``/``NoMasterError`` propagate (to
+    ``MasterCalls``)."""
     try:
         check_receive(r, max_wait_ms)
         lpt = _ms(r.long_polling_timeout) if r.HasField("long_polling_timeout") else None
@@ -175,9 +190,9 @@ async def receive(
         if time_remaining_s is not None:
             wait_ms = min(wait_ms, int(time_remaining_s * 1000) - LONG_POLL_RESERVE_MS)
         wait_ms = max(0, min(wait_ms, max_wait_ms))
-        invisible = (
-            _ms(r.invisible_duration) if r.HasField("invisible_duration") else DEFAULT_INVISIBLE_MS
-        )
+        renewed = renew if r.auto_renew and renew is not None else None
+        default_ms = DEFAULT_INVISIBLE_MS if renewed is None else renewed.invisible_ms
+        invisible = _ms(r.invisible_duration) if r.HasField("invisible_duration") else default_ms
         lim = pop.settings.limits
         if not lim.min_invisible_ms <= invisible <= lim.max_invisible_ms:
             raise ConsumeRefusedError(
@@ -195,6 +210,8 @@ async def receive(
             wait_ms=wait_ms,
             tags=tags_of(r.filter_expression),
             attempt_id=r.attempt_id if r.HasField("attempt_id") and r.attempt_id else None,
+            owner=None if renewed is None else renewed.owner,
+            renew_ms=0 if renewed is None else renewed.max_ms,
         )
     except (errors.NotMasterError, errors.NoMasterError):
         raise
@@ -299,6 +316,37 @@ async def change_invisible(
     return spb.ChangeInvisibleDurationResponse(
         status=pb.Status(code=Code.OK, message="OK"), receipt_handle=got.receipt_handle
     )
+
+
+async def forward_to_dead_letters(
+    pop: PopGroups, r: spb.ForwardMessageToDeadLetterQueueRequest
+) -> spb.ForwardMessageToDeadLetterQueueResponse:
+    """A FIFO push consumer gave up on a message (its local retries are spent): a copy
+    goes to ``%DLQ%<group>`` at once and its flight ends (``PopGroups.dead_letter_now``).
+    A handle that is well formed but no longer current (the message was acked, or its
+    invisible time passed and it went out again) is answered OK with nothing done: the
+    Python client retries any other answer every second for ever, holding its message
+    group; a malformed one is INVALID_RECEIPT_HANDLE."""
+
+    def answer(code: int, text: str) -> spb.ForwardMessageToDeadLetterQueueResponse:
+        st = pb.Status(code=code, message=text)  # type: ignore[arg-type]
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=st)
+
+    if not r.group.name:
+        return answer(Code.ILLEGAL_CONSUMER_GROUP, "no consumer group")
+    if not r.topic.name:
+        return answer(Code.ILLEGAL_TOPIC, "no topic")
+    if parse_handle(r.receipt_handle) is None:
+        return answer(Code.INVALID_RECEIPT_HANDLE, "malformed receipt handle")
+    try:
+        (held,) = await pop.dead_letter_now(r.group.name, r.topic.name, [r.receipt_handle])
+    except (errors.NotMasterError, errors.NoMasterError):
+        raise
+    except errors.BrokerError as e:
+        return answer(_refusal(e, handles=True).code, e.message)
+    if held:
+        return answer(Code.OK, "OK")
+    return answer(Code.OK, "the receipt handle is not current: nothing forwarded")
 
 
 def group_config_of(pop: PopGroups, group: str) -> Any:

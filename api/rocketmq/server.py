@@ -84,9 +84,11 @@ class RocketMQFront:
         # every check applied here is offered to the producers connected here
         self.broker.transactions.applier.on_checked = self.service.checks.on_checked
         self._checks = asyncio.create_task(self.service.checks.run(), name="grpc-tx-checks")
+        self.service.renewer.start()
         return port
 
     async def stop(self) -> None:
+        await self.service.renewer.stop()
         if self.broker.transactions.applier.on_checked == self.service.checks.on_checked:
             self.broker.transactions.applier.on_checked = None
         if self._checks is not None:

@@ -53,6 +53,7 @@ from .forward import MasterCalls, client_id_of
 from .protocol import definition_pb2 as pb
 from .protocol import service_pb2 as spb
 from .protocol import service_pb2_grpc
+from .renew import Renewer
 from .settings import GrpcSettings
 from .transactions import ProducerStreams, Stream, TransactionChecks, end_transaction
 
@@ -193,6 +194,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         # the producers' Telemetry streams here, and the transaction checks offered on them
         self.streams = ProducerStreams()
         self.checks = TransactionChecks(transactions, reads, self.streams, self._maker)
+        self.renewer = Renewer(grpc_settings, gate, pop)
         self.clock = clock or (lambda: int(time.time() * 1000))
         self.own_endpoints = pb.Endpoints(
             scheme=pb.IPv4,
@@ -266,7 +268,26 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not client_id:
             return spb.HeartbeatResponse(status=status(Code.CLIENT_ID_REQUIRED))
         self.clients.seen(client_id, request.client_type)
-        return spb.HeartbeatResponse(status=OK)
+        self.renewer.liveness.seen(client_id)
+        if self.is_master or not request.HasField("group"):
+            return spb.HeartbeatResponse(status=OK)
+        # A consumer's: the master renews its messages while it hears from it.
+        return await self.master.call(
+            "Heartbeat",
+            request,
+            context,
+            self._on_master(spb.HeartbeatResponse(status=OK)),
+            lambda code, text: spb.HeartbeatResponse(status=status(code, text)),
+        )
+
+    def _on_master(self, answer: Any) -> Any:
+        """A call whose whole work on the master is the liveness the handler noted."""
+
+        async def local(_request: Any) -> Any:
+            self.gate.require_master_role()
+            return answer
+
+        return local
 
     async def NotifyClientTermination(
         self, request: spb.NotifyClientTerminationRequest, context: Any
@@ -275,7 +296,17 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not client_id:
             return spb.NotifyClientTerminationResponse(status=status(Code.CLIENT_ID_REQUIRED))
         self.clients.forget(client_id)
-        return spb.NotifyClientTerminationResponse(status=OK)
+        self.renewer.liveness.ended(client_id)
+        if self.is_master or not request.HasField("group"):
+            return spb.NotifyClientTerminationResponse(status=OK)
+        # A consumer's: the master lets its auto-renewed messages go.
+        return await self.master.call(
+            "NotifyClientTermination",
+            request,
+            context,
+            self._on_master(spb.NotifyClientTerminationResponse(status=OK)),
+            lambda code, text: spb.NotifyClientTerminationResponse(status=status(code, text)),
+        )
 
     async def Telemetry(
         self, request_iterator: AsyncIterator[spb.TelemetryCommand], context: Any
@@ -456,9 +487,13 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     ) -> AsyncIterator[spb.ReceiveMessageResponse]:
         """A long-polling receive from every queue of the topic, on the master; the
         stream: a status, the messages, the delivery time (what the proxy writes)."""
-        if not client_id_of(context):
+        client_id = client_id_of(context)
+        if not client_id:
             items = consume.receive_refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is required")
         else:
+            self.renewer.liveness.seen(client_id)
+            g = self.grpc_settings
+            renew = consume.AutoRenew(client_id, g.auto_renew_ms, int(g.renew_max_s * 1000))
             try:
                 consume.check_receive(request, self.settings.limits.max_wait_ms)
             except consume.ConsumeRefusedError as e:
@@ -473,6 +508,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
                         time_remaining_s=remaining,
                         max_wait_ms=self.settings.limits.max_wait_ms,
                         make=self._maker,
+                        renew=renew,
                     )
 
                 items = await self.master.call(
@@ -491,6 +527,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     ) -> spb.AckMessageResponse:
         if not client_id_of(context):
             return spb.AckMessageResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        self.renewer.liveness.seen(client_id_of(context))
         return await self.master.call(
             "AckMessage",
             request,
@@ -506,6 +543,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return spb.ChangeInvisibleDurationResponse(
                 status=status(Code.CLIENT_ID_REQUIRED), receipt_handle=request.receipt_handle
             )
+        self.renewer.liveness.seen(client_id_of(context))
         return await self.master.call(
             "ChangeInvisibleDuration",
             request,
@@ -514,6 +552,78 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             lambda code, text: spb.ChangeInvisibleDurationResponse(
                 status=status(code, text), receipt_handle=request.receipt_handle
             ),
+        )
+
+    async def ForwardMessageToDeadLetterQueue(
+        self, request: spb.ForwardMessageToDeadLetterQueueRequest, context: Any
+    ) -> spb.ForwardMessageToDeadLetterQueueResponse:
+        client_id = client_id_of(context)
+        if not client_id:
+            return spb.ForwardMessageToDeadLetterQueueResponse(
+                status=status(Code.CLIENT_ID_REQUIRED)
+            )
+        self.renewer.liveness.seen(client_id)
+        return await self.master.call(
+            "ForwardMessageToDeadLetterQueue",
+            request,
+            context,
+            lambda r: consume.forward_to_dead_letters(self.pop, r),
+            lambda code, text: spb.ForwardMessageToDeadLetterQueueResponse(
+                status=status(code, text)
+            ),
+        )
+
+    async def QueryAssignment(
+        self, request: spb.QueryAssignmentRequest, context: Any
+    ) -> spb.QueryAssignmentResponse:
+        """Where a push consumer receives: one assignment, queue id -1 ("any queue", the
+        proxy's for a non-FIFO group), at the endpoints the client names, on any node
+        (nothing to forward: a receive draws from every queue, and a FIFO group's order
+        is kept by its queues' blocking, not by the assignment). The same bytes every
+        time: the clients rebuild their receive loops when it changes."""
+        client_id = client_id_of(context)
+        if not client_id:
+            return spb.QueryAssignmentResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        self.renewer.liveness.seen(client_id)
+        name = request.topic.name
+        if not name:
+            return spb.QueryAssignmentResponse(status=status(Code.ILLEGAL_TOPIC, "no topic"))
+        if not request.group.name:
+            return spb.QueryAssignmentResponse(
+                status=status(Code.ILLEGAL_CONSUMER_GROUP, "no consumer group")
+            )
+        if self._queues_of(name) is None:  # unknown here; a slave may lag: ask the master
+            return await self.master.call(
+                "QueryAssignment",
+                request,
+                context,
+                self._assignment_on_master,
+                lambda code, text: spb.QueryAssignmentResponse(status=status(code, text)),
+            )
+        return self._assignment(request)
+
+    async def _assignment_on_master(
+        self, request: spb.QueryAssignmentRequest
+    ) -> spb.QueryAssignmentResponse:
+        self.gate.require_master_role()
+        if self._queues_of(request.topic.name) is None:
+            return spb.QueryAssignmentResponse(
+                status=status(Code.TOPIC_NOT_FOUND, f"topic {request.topic.name} does not exist")
+            )
+        return self._assignment(request)
+
+    def _assignment(self, request: spb.QueryAssignmentRequest) -> spb.QueryAssignmentResponse:
+        name = request.topic.name
+        endpoints = request.endpoints if request.endpoints.addresses else self.own_endpoints
+        queue = pb.MessageQueue(
+            topic=pb.Resource(name=name, resource_namespace=request.topic.resource_namespace),
+            id=-1,
+            permission=pb.READ_WRITE,
+            broker=pb.Broker(name=self.settings.group, id=0, endpoints=endpoints),
+            accept_message_types=ACCEPTED_TYPES,
+        )
+        return spb.QueryAssignmentResponse(
+            status=OK, assignments=[pb.Assignment(message_queue=queue)]
         )
 
 

@@ -92,7 +92,9 @@ class PopApplier:
         self.state.tick(ts)
         self._keep(index, self._apply_pop(index, kind, op))
 
-    def _apply_pop(self, index: int, kind: str, op: Mapping[str, Any]) -> Outcome:
+    def _apply_pop(  # noqa: PLR0911 - one return per operation
+        self, index: int, kind: str, op: Mapping[str, Any]
+    ) -> Outcome:
         s = self.state
         if kind == "pop.config":
             s.configure(str(op["group"]), PopConfig.from_json(op["config"]))
@@ -115,6 +117,7 @@ class PopApplier:
                 for q, start, end, offsets, *since in op["picks"]
             ]
             aid = op.get("attempt_id")
+            owner = op.get("owner")
             return s.receive(
                 index,
                 group,
@@ -122,6 +125,8 @@ class PopApplier:
                 invisible_ms=json_int(op["invisible_ms"], "invisible_ms"),
                 attempt_id=None if aid is None else str(aid),
                 picks=picks,
+                owner=None if owner is None else str(owner),
+                renew_ms=json_int(op.get("renew_ms", 0), "renew_ms"),
             )
         if kind == "pop.ack":
             return s.ack(group, topic, _handles(op["handles"]))
@@ -133,6 +138,14 @@ class PopApplier:
                 topic,
                 _handles(op["handles"]),
                 None if delay is None else json_int(delay, "delay_ms"),
+            )
+        if kind == "pop.renew":
+            return s.renew(
+                group,
+                topic,
+                _handles(op["handles"]),
+                json_int(op["invisible_ms"], "invisible_ms"),
+                bool(op.get("stop", False)),
             )
         if kind == "pop.invisible":
             (handle,) = _handles([op["handle"]])

@@ -264,11 +264,14 @@ class PopGroups:
         wait_ms: int = 0,
         tags: str | None = None,
         attempt_id: str | None = None,
+        owner: str | None = None,
+        renew_ms: int = 0,
     ) -> list[Received[_M]]:
         """Hand out up to ``max_messages`` of ``topic`` to one consumer of ``group``,
         each invisible to the group for ``invisible_ms``; waits up to ``wait_ms`` for
         one. A FIFO receive retried with the same ``attempt_id`` gets the same messages
-        while they are in flight."""
+        while they are in flight. With ``owner`` (a client id) the flights are
+        auto-renewed for that client (``renew``), for ``renew_ms`` at most."""
         check_group_name(group)
         lim = self.settings.limits
         if not 1 <= max_messages <= lim.max_pull_messages:
@@ -301,13 +304,14 @@ class PopGroups:
                     await self._dead_letter(group, t, sel.spent)
                 if sel.gone:
                     await self._end_gone(group, t, sel.gone)
+                renewed = (owner, renew_ms)
                 if any(offsets for _, _, _, offsets, _ in sel.picks):
-                    return await self._hand_out(group, t, sel, invisible_ms, attempt_id)
+                    return await self._hand_out(group, t, sel, invisible_ms, attempt_id, renewed)
                 if any(end > since for _, _, end, _, since in sel.picks):
                     # It passed over messages that are done for the group (no match for
                     # its tags; deleted by retention): next moves past them, or every
                     # receive would look at them again, and never past a scan's bound.
-                    await self._hand_out(group, t, sel, invisible_ms, attempt_id)
+                    await self._hand_out(group, t, sel, invisible_ms, attempt_id, renewed)
             finally:
                 self._release(group, t.name, sel)
             if (sel.spent or sel.gone) and rounds < ENDING_ROUNDS:
@@ -472,26 +476,28 @@ class PopGroups:
                         out.append(Received(m, handle_text(q, o, f.epoch), f.attempt, f.visible_at))
         return out
 
-    async def _hand_out(
+    async def _hand_out(  # noqa: PLR0917 - the receive's parts
         self,
         group: str,
         t: TopicMeta,
         sel: _Selection[_M],
         invisible_ms: int,
         attempt_id: str | None,
+        renewed: tuple[str | None, int] = (None, 0),
     ) -> list[Received[_M]]:
         """Append the receive, and answer with what applying it handed out."""
-        index = await self.metalog.append(
-            {
-                "op": "pop.receive",
-                "group": group,
-                "topic": t.name,
-                "created": t.created_index,
-                "invisible_ms": invisible_ms,
-                "attempt_id": attempt_id,
-                "picks": sel.picks,
-            }
-        )
+        op: dict[str, Any] = {
+            "op": "pop.receive",
+            "group": group,
+            "topic": t.name,
+            "created": t.created_index,
+            "invisible_ms": invisible_ms,
+            "attempt_id": attempt_id,
+            "picks": sel.picks,
+        }
+        if renewed[0] is not None:  # (older entries have neither)
+            op["owner"], op["renew_ms"] = renewed
+        index = await self.metalog.append(op)
         delivered = self.applier.outcome(index)
         if not isinstance(delivered, list):
             raise errors.UnknownOutcomeError("the receive was not applied in time; retry")
@@ -565,7 +571,9 @@ class PopGroups:
                     PROP_POP_EPOCH: str(f.epoch),
                 }
             )
-            copy = NewMessage(m.body, m.tags, m.keys, props, queue_id=0)
+            # (it keeps the message's UNIQ_KEY, as RocketMQ's dead letters do: a RocketMQ
+            # client reading them sees the message id it sent)
+            copy = NewMessage(m.body, m.tags, m.keys, props, queue_id=0, uniq_key=m.uniq_key)
             await self.producer.produce_to(self.topics.get(dlq), [copy], None, None)
             # Nothing else of this master writes the flight meanwhile, and every earlier
             # write was applied before: if it ended, this copy ended it.
@@ -701,6 +709,39 @@ class PopGroups:
             raise errors.InvalidReceiptHandleError("the receipt handle is not current")
         self._moved()
         return Received(None, handle_text(d.queue_id, d.offset, d.epoch), d.attempt, d.visible_at)
+
+    async def renew(
+        self,
+        group: str,
+        topic: str,
+        handles: Sequence[Handle],
+        invisible_ms: int,
+        *,
+        stop: bool = False,
+    ) -> list[bool]:
+        """Auto-renewed flights (a push consumer's) stay invisible ``invisible_ms`` from
+        now, their handles unchanged; with ``stop`` they are renewed no more. One entry
+        (``pop.renew``), replicated as every change of an invisible time is, so a new
+        master goes on from the renewed deadlines. Handles no longer current are left."""
+        self.gate.require_master()
+        live = [h for h in handles if self._may_settle(group, topic, h)]
+        if not live:
+            return []
+        with self._settling_of(group, topic, live):
+            index = await self.metalog.append(
+                {
+                    "op": "pop.renew",
+                    "group": group,
+                    "topic": topic,
+                    "handles": [list(h) for h in live],
+                    "invisible_ms": invisible_ms,
+                    "stop": stop,
+                }
+            )
+        outcome = self.applier.outcome(index)
+        if stop:
+            self._moved()
+        return [bool(x) for x in outcome] if isinstance(outcome, list) else []
 
     async def dead_letter_now(self, group: str, topic: str, handles: Sequence[str]) -> list[bool]:
         """Copy each handle's message into ``%DLQ%<group>`` at once, ending its flight

@@ -142,6 +142,12 @@ class Flight:
     due: int  # log ms: it may be handed out again from here
     attempt_id: str | None = None  # the receive's (FIFO retries of a receive)
     nacked: bool = False  # due by a nack, not by its invisible time passing
+    # Auto-renewed (a RocketMQ push consumer's receive): the client whose liveness keeps
+    # its invisible time going, and the log ms past which it is renewed no more. A
+    # renewal keeps the epoch (the handle first given stays current); an ack, nack,
+    # change or redelivery ends it.
+    owner: str | None = None
+    renew_until: int = 0
 
 
 @dataclass(slots=True)
@@ -226,10 +232,13 @@ class PopState:
         invisible_ms: int,
         attempt_id: str | None,
         picks: Iterable[tuple[int, int, int, Sequence[int], int]],
+        owner: str | None = None,
+        renew_ms: int = 0,
     ) -> list[Delivered]:
         """Hand out what ``picks`` name, where the state still allows: per queue
         ``(queue_id, start, end, offsets, since)``, the receive having looked for fresh
-        messages in ``[since, end)``: a queue not known yet starts at ``start``;
+        messages in ``[since, end)`` (``owner``: auto-renewed for that client, for
+        ``renew_ms`` at most); a queue not known yet starts at ``start``;
         ``offsets`` below ``next`` are due redeliveries, the others fresh offsets in
         ``[next, end)``; ``next`` moves to ``end`` (what lies between and was not handed
         out did not match the receive's tags: done for the group). A receive that looked
@@ -264,7 +273,13 @@ class PopState:
                     continue  # done already, or handed out by another receive
                 visible = ts + invisible_ms
                 qs.flights[o] = Flight(
-                    attempt, index, visible, visible + cfg.retry.delay(attempt), attempt_id
+                    attempt,
+                    index,
+                    visible,
+                    visible + cfg.retry.delay(attempt),
+                    attempt_id,
+                    owner=owner,
+                    renew_until=ts + renew_ms if owner is not None else 0,
                 )
                 out.append(Delivered(queue_id, o, attempt, index, visible))
             qs.next = max(qs.next, fresh_end)
@@ -302,6 +317,7 @@ class PopState:
             )
             f.epoch = index
             f.nacked = True
+            f.owner = None
             out.append(True)
         self._count(group, topic, "nacked", sum(out))
         return out
@@ -310,16 +326,43 @@ class PopState:
         self, index: int, group: str, topic: str, handle: Handle, invisible_ms: int
     ) -> Delivered | None:
         """The current handle's invisible time ends ``invisible_ms`` from now; the new
-        handle (epoch ``index``), or None when the handle is not current."""
+        handle (epoch ``index``), or None when the handle is not current. Of an
+        auto-renewed flight it is a nack: due when that time ends, renewed no more."""
         cfg = self.groups.get(group)
         f = self._current(group, topic, handle)
         if f is None or cfg is None:
             return None
         f.visible_at = self.ts + invisible_ms
-        f.due = f.visible_at + cfg.retry.delay(f.attempt)
+        # An auto-renewed message's change is its push consumer's nack: the client chose
+        # the delay from the group's retry policy (its Settings), no retry delay is added.
+        nack = f.owner is not None
+        f.due = f.visible_at + (0 if nack else cfg.retry.delay(f.attempt))
         f.epoch = index
-        f.nacked = False
+        f.nacked = nack
+        f.owner = None
+        if nack:
+            self._count(group, topic, "nacked")
         return Delivered(handle[0], handle[1], f.attempt, index, f.visible_at)
+
+    def renew(
+        self, group: str, topic: str, handles: Iterable[Handle], invisible_ms: int, stop: bool
+    ) -> list[bool]:
+        """Each current, auto-renewed handle's invisible time ends ``invisible_ms`` from
+        now, its handle unchanged; with ``stop`` it is renewed no more (its client went:
+        it goes out again once that time passes)."""
+        cfg = self.groups.get(group)
+        out = []
+        for h in handles:
+            f = self._current(group, topic, h)
+            if f is None or cfg is None or f.owner is None:
+                out.append(False)
+                continue
+            f.visible_at = self.ts + invisible_ms
+            f.due = f.visible_at + cfg.retry.delay(f.attempt)
+            if stop:
+                f.owner = None
+            out.append(True)
+        return out
 
     def dead_letter(self, group: str, topic: str, handle: Handle) -> bool:
         """A dead letter of the handle's message was written: it is done, if the handle
@@ -365,6 +408,7 @@ class PopState:
                     qs.next,
                     [
                         [o, f.attempt, f.epoch, f.visible_at, f.due, f.attempt_id, f.nacked]
+                        + ([f.owner, f.renew_until] if f.owner is not None else [])
                         for o, f in qs.flights.items()
                     ],
                 ]
@@ -382,14 +426,17 @@ class PopState:
         s.groups = {str(g): PopConfig.from_json(c) for g, c in d["groups"].items()}
         for g, t, q, nxt, flights in d["queues"]:
             qs = QueueState(json_int(nxt, "next"))
-            for o, attempt, epoch, visible, due, aid, *nacked in flights:
+            for o, attempt, epoch, visible, due, aid, *more in flights:
+                owner = str(more[1]) if len(more) >= 3 and more[1] is not None else None
                 qs.flights[json_int(o, "offset")] = Flight(
                     json_int(attempt, "attempt"),
                     json_int(epoch, "epoch"),
                     json_int(visible, "visible_at"),
                     json_int(due, "due"),
                     None if aid is None else str(aid),
-                    bool(nacked and nacked[0]),
+                    bool(more and more[0]),
+                    owner,
+                    json_int(more[2], "renew_until") if owner is not None else 0,
                 )
             s.queues[(str(g), str(t), json_int(q, "queue id"))] = qs
         s.stats = {

@@ -49,6 +49,12 @@ async def test_only_the_broker_makes_dead_letter_topics(tmp_path: Path) -> None:
         assert b.store.ledger_end_index == end  # nothing written
         t, created = await b.topics.create("%DLQ%g", 1, dead_letters=True)
         assert created and t.name == "%DLQ%g"
+        # a group whose name starts with two hex digits has its dead letters too: the
+        # prefix's last '%' and "fa" are no percent-encoding
+        t, created = await b.topics.create("%DLQ%failers", 1, dead_letters=True)
+        assert created and t.name == "%DLQ%failers"
+        with pytest.raises(errors.InvalidArgumentError, match="percent-encoding"):
+            await b.topics.create("%DLQ%a%2Fb", 1, dead_letters=True)
         with pytest.raises(errors.InvalidArgumentError, match="%SYS%"):
             await b.topics.create("%SYS%x", 1, dead_letters=True)
     finally:

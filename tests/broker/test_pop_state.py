@@ -242,3 +242,31 @@ def test_a_snapshot_part_from_before_the_counters_still_loads() -> None:
     assert s.counts(G, T)["dead_lettered"] == 2 and s.redriven == {}
     q = s.queue(G, T, 0)
     assert q is not None and q.flights[3].attempt == 1 and not q.flights[3].nacked
+
+
+def test_an_auto_renewed_flight_keeps_its_handle_and_a_change_of_it_is_a_nack() -> None:
+    """A push consumer's receive (``owner``): a renewal moves the invisible time and keeps
+    the epoch (the first handle still acks); ``stop`` lets it go; a change of its
+    invisible time is the client's nack (due when that time ends, no retry delay on top)
+    and ends the renewal; the owner survives the snapshot."""
+    s = _state(retry={"policy": "list", "delays_ms": [1000]})
+    s.tick(0)
+    full = [(0, 0, 2, [0, 1], 0)]
+    got = s.receive(
+        1, G, T, invisible_ms=600, attempt_id=None, picks=full, owner="c1", renew_ms=5000
+    )
+    assert [d.visible_at for d in got] == [600, 600]
+    q = s.queue(G, T, 0)
+    assert q is not None and q.flights[0].owner == "c1" and q.flights[0].renew_until == 5000
+    s.tick(500)
+    assert s.renew(G, T, [(0, 0, 1), (0, 1, 9)], 600, stop=False) == [True, False]
+    assert (q.flights[0].visible_at, q.flights[0].due, q.flights[0].epoch) == (1100, 2100, 1)
+    again = PopState.from_json(orjson.loads(orjson.dumps(s.to_json())))
+    assert again.to_json() == s.to_json() and again.queues[(G, T, 0)].flights[0].owner == "c1"
+    assert s.change_invisible(2, G, T, (0, 1, 1), 200) == Delivered(0, 1, 1, 2, 700)
+    assert (q.flights[1].due, q.flights[1].owner, q.flights[1].nacked) == (700, None, True)
+    assert s.renew(G, T, [(0, 1, 2)], 600, stop=False) == [False]  # no longer renewed
+    assert s.renew(G, T, [(0, 0, 1)], 100, stop=True) == [True]
+    assert q.flights[0].owner is None and q.flights[0].visible_at == 600
+    assert s.ack(G, T, [(0, 0, 1)]) == [True]  # the handle first given
+    assert s.counts(G, T)["nacked"] == 1

@@ -1,4 +1,5 @@
-"""The official RocketMQ 5 Python client, in a virtualenv of its own, for tests.
+"""The official RocketMQ 5 clients, Python and Node.js, each in a cache of its own, for
+tests.
 
 ``official_python()`` makes (once, then reuses) a virtualenv with
 ``rocketmq-python-client==5.1.2`` from PyPI and returns its interpreter. Not the
@@ -9,12 +10,20 @@ spawns threads and an event loop of its own; the tests run it in subprocesses
 The venv lives under ``$LEDGERMQ_TEST_CACHE`` (default ``~/.cache/ledgermq-tests``),
 named by the client's version and this interpreter's; a stamp file marks a finished
 install, so an interrupted one is redone. Every step is bounded and says what it does.
+
+``official_node()`` does the same for ``rocketmq-client-nodejs@1.0.8`` from npm: ``npm
+install`` into ``<cache>/rocketmq-client-nodejs-1.0.8-node<major>`` (no install scripts:
+the client needs none), and returns that ``node_modules``; ``run_node_script`` runs
+``scripts/node/<script>`` with it on ``NODE_PATH``. Node.js (18.17 or later) and npm
+must be on ``PATH`` (CI has them): a missing one fails the test, naming what to install,
+never skips it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -22,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 CLIENT = "rocketmq-python-client==5.1.2"
+NODE_CLIENT = "rocketmq-client-nodejs@1.0.8"
+NODE_MIN = (18, 17)
 INSTALL_TIMEOUT_S = 600
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -68,6 +79,82 @@ def run_script(
         text=True,
         timeout=timeout_s,
         check=False,
+    )
+    lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
+    assert p.returncode == 0 and lines, (
+        f"{script} exited {p.returncode}\nstdout:\n{p.stdout[-4000:]}\nstderr:\n{p.stderr[-8000:]}"
+    )
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def _node_tool(name: str) -> str:
+    path = shutil.which(name)
+    assert path, (
+        f"{name} is not on PATH: the tests of the official Node.js client need Node.js"
+        f" >= {NODE_MIN[0]}.{NODE_MIN[1]} and npm (Debian/Ubuntu: apt-get install nodejs npm)"
+    )
+    return path
+
+
+def node_version(node: str) -> tuple[int, int]:
+    out = subprocess.run(
+        [node, "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout.strip()
+    major, minor, *_ = out.lstrip("v").split(".")
+    return int(major), int(minor)
+
+
+def official_node() -> Path:
+    """The ``node_modules`` holding the official Node.js client (installed on first use)."""
+    node = _node_tool("node")
+    version = node_version(node)
+    assert version >= NODE_MIN, f"Node.js {version} is too old for {NODE_CLIENT}: want {NODE_MIN}"
+    npm = _node_tool("npm")
+    prefix = cache_dir() / f"{NODE_CLIENT.replace('@', '-')}-node{version[0]}"
+    modules = prefix / "node_modules"
+    stamp = prefix / ".installed"
+    if stamp.is_file() and (modules / "rocketmq-client-nodejs" / "package.json").is_file():
+        return modules
+    started = time.monotonic()
+    _say(f"installing {NODE_CLIENT} into {prefix} with npm (once; later runs reuse it)")
+    shutil.rmtree(prefix, ignore_errors=True)
+    prefix.mkdir(parents=True)
+    subprocess.run(
+        [
+            npm,
+            "install",
+            "--prefix",
+            str(prefix),
+            "--no-audit",
+            "--no-fund",
+            "--omit=dev",
+            "--ignore-scripts",
+            "--loglevel=http",  # one line per download: the progress
+            NODE_CLIENT,
+        ],
+        check=True,
+        timeout=INSTALL_TIMEOUT_S,
+        cwd=prefix,
+    )
+    stamp.write_text(NODE_CLIENT + "\n")
+    _say(f"installed in {time.monotonic() - started:.1f} s")
+    return modules
+
+
+def run_node_script(
+    modules: Path, script: str, args: dict[str, Any], timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """``run_script`` for ``scripts/node/<script>``, run by ``node`` with the client's
+    ``node_modules`` on ``NODE_PATH``."""
+    p = subprocess.run(
+        [_node_tool("node"), str(SCRIPTS / "node" / script)],
+        input=json.dumps(args),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env={**os.environ, "NODE_PATH": str(modules)},
     )
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     assert p.returncode == 0 and lines, (

@@ -1,0 +1,198 @@
+"""RocketMQ 5's official Node.js client (``rocketmq-client-nodejs`` 1.0.8 from npm, in a
+cache of its own: ``client_env.official_node``) against a 3-process LedgerMQ cluster.
+
+What Node needs beyond Python (docs/rocketmq.md): one address per endpoints (it cannot
+use "a;b;c"), a route with queue id 0, a Settings reply before ``startup()`` returns
+(with an exponential backoff for producers), an MD5 body digest on every message, a
+status per send entry. Producer (normal, FIFO, delay), SimpleConsumer (receive, ack,
+change of the invisible time, through a follower) and PushConsumer scenarios run as
+``scripts/node/*.js``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ledgermq.local_cluster import LocalBrokerCluster
+from tests.api.conftest import CLUSTER_ARGS
+from tests.process.conftest import start_cluster
+from tests.waiting import wait_until
+
+from .client_env import official_node, run_node_script
+
+pytestmark = [pytest.mark.slow, pytest.mark.process]
+
+TOPICS = {"n-orders": 4, "n-fifo": 4, "n-later": 2, "n-work": 3, "n-push": 4}
+
+
+@pytest.fixture(scope="module")
+def node_modules() -> Path:
+    return official_node()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
+    data_dir = tmp_path_factory.mktemp("rocketmq-node")
+    c = start_cluster(data_dir, (*CLUSTER_ARGS, "--no-auto-create-topics"))
+    try:
+        master = c.urls[c.wait_ready()]
+        for name, queues in TOPICS.items():
+            r = httpx.post(f"{master}/v1/topics", json={"name": name, "queues": queues})
+            assert r.status_code == 201, r.text
+        yield c
+    finally:
+        c.stop_all()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def one_node(c: LocalBrokerCluster, *, master: bool) -> str:
+    """One node's gRPC address (Node.js takes a single address)."""
+    m = c.wait_ready()
+    return c.grpc_addrs[m if master else next(n for n in c.ids if n != m)]
+
+
+def by_key(c: LocalBrokerCluster, topic: str, key: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{c.urls[c.ids[0]]}/v1/topics/{topic}/messages", params={"key": key}, timeout=5)
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
+
+
+def send(modules: Path, endpoints: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    topics = sorted({m["topic"] for m in messages})
+    out = run_node_script(
+        modules, "producer.js", {"endpoints": endpoints, "topics": topics, "messages": messages}
+    )
+    receipts: list[dict[str, Any]] = out["receipts"]
+    assert all("error" not in r for r in receipts), receipts
+    return receipts
+
+
+def test_node_producer_sends_normal_fifo_and_delay_messages(
+    node_modules: Path, cluster: LocalBrokerCluster
+) -> None:
+    normal = [
+        {
+            "topic": "n-orders",
+            "body": f"node order {i} ✓",
+            "tag": "TagN",
+            "keys": [f"node-k{i}"],
+            "properties": {"lang": "js"},
+        }
+        for i in range(5)
+    ]
+    fifo = [
+        {"topic": "n-fifo", "body": f"{g} step {i}", "group": g} for i in range(4) for g in "ab"
+    ]
+    # through a follower: every send forwarded to the master
+    receipts = send(node_modules, one_node(cluster, master=False), normal + fifo)
+    for spec, r in zip(normal + fifo, receipts, strict=True):
+        got = wait_until(lambda r=r, s=spec: by_key(cluster, s["topic"], r["message_id"]), 30)
+        assert len(got) == 1, (got, r)  # (twice: a send retried after a client timeout)
+        m = got[0]
+        assert m["body"] == spec["body"] and m["queue_offset"] == r["offset"]
+        if "tag" in spec:
+            assert m["tags"] == "TagN" and m["keys"] == spec["keys"]
+            assert m["properties"] == {"lang": "js"}
+        else:
+            assert m["properties"] == {"__SHARDINGKEY": spec["group"]}
+    for g in "ab":
+        rows = [
+            by_key(cluster, "n-fifo", r["message_id"])[0]
+            for s, r in zip(fifo, receipts[len(normal) :], strict=True)
+            if s["group"] == g
+        ]
+        assert len({m["queue_id"] for m in rows}) == 1
+        assert [m["body"] for m in sorted(rows, key=lambda m: m["queue_offset"])] == [
+            f"{g} step {i}" for i in range(4)
+        ]
+    sent_at = time.time()
+    (r,) = send(
+        node_modules,
+        one_node(cluster, master=True),
+        [{"topic": "n-later", "body": "wake", "delay_ms": 3000}],
+    )
+    assert r["recall_handle"], r
+    (m,) = wait_until(lambda: by_key(cluster, "n-later", r["message_id"]), 30, "the delivery")
+    assert m["body"] == "wake" and m["store_timestamp"] >= (sent_at + 3) * 1000 - 1000
+
+
+def test_node_simple_consumer_receives_acks_and_changes_invisible_time(
+    node_modules: Path, cluster: LocalBrokerCluster
+) -> None:
+    master = cluster.urls[cluster.wait_ready()]
+    r = httpx.put(f"{master}/v1/groups/n-workers", json={"start": "earliest"})
+    assert r.status_code == 200, r.text
+    messages = [
+        {"topic": "n-work", "body": "job 1", "tag": "TagA", "keys": ["job-1"]},
+        {"topic": "n-work", "body": "job 2"},
+        {"topic": "n-work", "body": "job 3", "group": "jobs"},
+    ]
+    receipts = send(node_modules, one_node(cluster, master=True), messages)
+    report = run_node_script(
+        node_modules,
+        "simple_consumer.js",
+        {
+            "endpoints": one_node(cluster, master=False),  # every call forwarded
+            "group": "n-workers",
+            "topic": "n-work",
+            "expect": len(messages),
+            "invisible_ms": 20000,
+            "await_ms": 2000,
+        },
+    )
+    got = {m["message_id"]: m for m in report["received"]}
+    assert set(got) == {r["message_id"] for r in receipts}
+    for spec, r in zip(messages, receipts, strict=True):
+        m = got[r["message_id"]]
+        assert m["body"] == spec["body"] and m["tag"] == spec.get("tag")
+        assert m["keys"] == spec.get("keys", []) and m["message_group"] == spec.get("group")
+        assert m["delivery_attempt"] == 1 and not m["corrupted"]  # the MD5 digest holds
+    assert report["handle_replaced"]
+    assert report["old_handle_ack"].startswith("refused"), report["old_handle_ack"]
+    (again,) = report["again"]
+    assert again["message_id"] == report["received"][0]["message_id"]
+    assert again["delivery_attempt"] == 2
+    assert report["left"] == []
+
+
+def test_node_push_consumer_consumes_every_message_once(
+    node_modules: Path, cluster: LocalBrokerCluster
+) -> None:
+    master = cluster.urls[cluster.wait_ready()]
+    r = httpx.put(f"{master}/v1/groups/n-pushers", json={"start": "earliest"})
+    assert r.status_code == 200, r.text
+    messages = [{"topic": "n-push", "body": f"push {i}"} for i in range(10)]
+    receipts = send(node_modules, one_node(cluster, master=True), messages)
+    report = run_node_script(
+        node_modules,
+        "push_consumer.js",
+        {
+            "endpoints": one_node(cluster, master=False),
+            "group": "n-pushers",
+            "topic": "n-push",
+            "until": len(messages),
+            "fail": ["push 3"],  # nacked once, delivered again with attempt 2
+            "max_ms": 60000,
+        },
+        timeout_s=150,
+    )
+    got = report["deliveries"]
+    ok = sorted(d["message_id"] for d in got if d["result"] == "success")
+    assert ok == sorted(r["message_id"] for r in receipts), got
+    attempts = sorted(d["delivery_attempt"] for d in got if d["body"] == "push 3")
+    assert attempts == [1, 2], got
+    assert all(not d["corrupted"] for d in got)
+
+    def lag() -> int:
+        q = httpx.get(f"{master}/v1/groups/n-pushers/offsets", params={"topic": "n-push"})
+        return sum(x["lag"] for x in q.json()["offsets"])
+
+    wait_until(lambda: lag() == 0, 20, "every message acked")
