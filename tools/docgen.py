@@ -1,5 +1,6 @@
-"""The generated parts of ``docs/``: the HTTP reference from the OpenAPI document and the
-CLI reference from ``--help``.
+"""The generated parts of ``docs/``: the HTTP reference from the OpenAPI document, the
+CLI reference from ``--help``, the configuration reference from ``ledgermq broker``'s
+parser and the metrics reference from a running node's registry.
 
 ``python -m tools.docgen`` rewrites them; ``python -m tools.docgen --check`` exits 1 when a
 file differs from what the code would write now (``tests/docs`` runs the check, so the
@@ -11,6 +12,7 @@ with a fixed terminal width so the output is the same on every machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -22,6 +24,7 @@ from api.app import create_app
 from broker.broker import Broker
 from broker.settings import BrokerSettings
 from ledgermq.cli.main import build_parser
+from ledgermq.cli.util import ENV_PREFIX, env_name
 
 from .format_examples import Example
 
@@ -141,10 +144,96 @@ def _parsers(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple[str
                 yield from _parsers(sub, f"{prefix} {name}")
 
 
+@contextlib.contextmanager
+def _clean_environment() -> Iterator[None]:
+    """No ``LEDGERMQ_*`` variable while parsers are built: each would become a default
+    (``add_option``), and the reference must show the code's, not this shell's."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+    for k in saved:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _sub_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse has no public walk over sub-parsers
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    raise KeyError(f"no sub-command {name!r}")
+
+
+def _option_type(action: argparse.Action) -> str:
+    """What an option takes: ``integer``, ``boolean``, ``one of `sync`, `async```."""
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return "boolean"
+    if action.nargs == 0:
+        return "flag"
+    if action.choices is not None:
+        return "one of " + ", ".join(f"`{c}`" for c in action.choices)
+    kind = action.type
+    names = {int: "integer", float: "number", Path: "path", str: "string", None: "string"}
+    if kind in names:
+        return names[kind]
+    return str(getattr(kind, "__name__", kind)).lstrip("_").replace("_", " ")
+
+
+def _option_default(action: argparse.Action) -> str:
+    value = action.default
+    if value is None or value == "":
+        return "(none)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return "`" + ",".join(map(str, value)) + "`"
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"`{value}` ({value >> 20} MiB)"
+    if isinstance(value, int) and value >= 10_000:
+        return f"`{value}` ({value:,})"
+    return f"`{value}`"
+
+
+def _option_help(action: argparse.Action) -> str:
+    text = re.sub(r"\s*\[env [A-Z0-9_]+\]$", "", action.help or "")
+    return _cell(text.replace("%%", "%"))
+
+
+def configuration_reference() -> str:
+    """Every option of ``ledgermq broker``, from its parser: the environment variable,
+    the type, the default and the help text."""
+    with _clean_environment():
+        broker = _sub_parser(build_parser(), "broker")
+    lines = [_GENERATED, "", "# Configuration reference: `ledgermq broker`", ""]
+    lines += [
+        "Every option of a node, in the order of `ledgermq broker --help`. Each is also an",
+        "environment variable (the command line wins over it); a boolean option takes",
+        "`1/true/yes/on` or `0/false/no/off` there, and `--no-<option>` on the command",
+        "line. [Running LedgerMQ in production](../operations.md) says how they fit",
+        "together; [the CLI reference](cli.md) has the same options as `--help` prints",
+        "them. (none) means unset: the help text says what the node does then.",
+        "",
+        "| option | environment variable | type | default | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for action in broker._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        option = action.option_strings[0]
+        env = f"`{env_name(option)}`"
+        lines.append(
+            f"| `{option}` | {env} | {_option_type(action)} | {_option_default(action)}"
+            f" | {_option_help(action)} |"
+        )
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def cli_reference() -> str:
     """Every ``ledgermq`` command's ``--help``, at a fixed width."""
     os.environ["COLUMNS"] = HELP_COLUMNS
-    parser = build_parser()
+    with _clean_environment():
+        parser = build_parser()
     parser.prog = "ledgermq"
     lines = [_GENERATED, "", "# `ledgermq` command reference", ""]
     lines += ["Every option is also an environment variable (`--peer-urls` ↔"]
@@ -184,6 +273,7 @@ def generated() -> dict[Path, str]:
     return {
         DOCS / "reference" / "http.md": http_reference(openapi_document()),
         DOCS / "reference" / "cli.md": cli_reference(),
+        DOCS / "reference" / "configuration.md": configuration_reference(),
         formats: fill_regions(formats.read_text(encoding="utf-8"), Example().regions()),
     }
 
