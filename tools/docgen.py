@@ -12,17 +12,26 @@ with a fixed terminal width so the output is the same on every machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import re
+import socket
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml  # type: ignore[import-untyped]  # a dev dependency, no stubs
+
 from api.app import create_app
+from api.metrics import NodeMetrics, StateSnapshot, _Exposition
 from broker.broker import Broker
 from broker.settings import BrokerSettings
+from consumequeue import ConsumeQueueSettings
+from dledger.store import StoreSettings
 from ledgermq.cli.main import build_parser
 from ledgermq.cli.util import ENV_PREFIX, env_name
 
@@ -243,6 +252,131 @@ def cli_reference() -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+ALERT_RULES = DOCS / "prometheus" / "ledgermq-alerts.yml"
+# The series a family of each type exposes (prometheus-client's text format).
+SERIES_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "gauge": ("",),
+}
+_SERIES = re.compile(r"\bledgermq_[A-Za-z0-9_:]*")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricFamily:
+    name: str  # the family's name: a counter's without _total
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        return tuple(self.name + suffix for suffix in SERIES_SUFFIXES[self.kind])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _node_families() -> list[MetricFamily]:
+    """Every metric family of a started single node's ``/metrics``: the registry's (its
+    labels from the collectors, since a labelled family with no child has no sample)
+    and the state gauges of a snapshot of the node."""
+    with tempfile.TemporaryDirectory(prefix="ledgermq-docgen-") as data:
+        settings = BrokerSettings(
+            peers=f"n0-127.0.0.1:{_free_port()}",
+            data_dir=Path(data),
+            store=StoreSettings(data_file_size=1 << 20, index_file_size=64 * 1024),
+            consume_queue=ConsumeQueueSettings(segment_units=64),
+        )
+        broker = Broker(settings)
+        await broker.start()
+        try:
+            metrics = NodeMetrics(broker)
+            state = await StateSnapshot.take(broker, metrics.lag_limit)
+            assert state is not None, "the node has started"
+            collectors = metrics.registry._collector_to_names  # no public walk either
+            declared = {
+                str(getattr(c, "_name", "")): tuple(getattr(c, "_labelnames", ()))
+                for c in collectors
+            }
+            out = []
+            for family in _Exposition(metrics.registry, state).collect():
+                named: tuple[str, ...] = tuple(
+                    declared.get(family.name) or getattr(family, "_labelnames", None) or ()
+                )
+                sampled = {k for sample in family.samples for k in sample.labels}
+                labels = named + tuple(sorted(sampled - {"le", *named}))
+                out.append(MetricFamily(family.name, family.type, labels, family.documentation))
+            return sorted(out, key=lambda f: f.name)
+        finally:
+            await broker.stop()
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(ALERT_RULES.read_text(encoding="utf-8"))
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def families_of(expr: str, families: list[MetricFamily]) -> list[str]:
+    """The families whose series a PromQL expression names, in order of name."""
+    by_series = {series: f.name for f in families for series in f.series}
+    return sorted({by_series.get(name, name) for name in _SERIES.findall(expr)})
+
+
+def metrics_reference(families: list[MetricFamily] | None = None) -> str:
+    """Every metric family a node exports, and which alert rules use it."""
+    if families is None:
+        families = asyncio.run(_node_families())
+    rules = alert_rules()
+    used: dict[str, list[str]] = {}
+    for rule in rules:
+        for name in families_of(rule["expr"], families):
+            used.setdefault(name, []).append(rule["alert"])
+    lines = [_GENERATED, "", "# Metrics reference", ""]
+    lines += [
+        "Every metric family a node exports on `/metrics` (Prometheus text format), read",
+        "from a running node's registry. A counter `x` is exposed as `x_total` (and",
+        "`x_created`), a histogram as `x_bucket`, `x_sum`, `x_count` (and `x_created`),",
+        "an info metric as `x_info`. State gauges (indexes, offsets, lag) are read from the",
+        "node when scraped; counters count since this node started unless the help text",
+        "says they are replicated (the same on every node). A labelled family has no sample",
+        "until its first label value is seen.",
+        "[What to alert on](../operations.md#what-to-alert-on) says how to use them.",
+        "",
+        "| metric | type | labels | help | alert rules |",
+        "|---|---|---|---|---|",
+    ]
+    for f in families:
+        labels = ", ".join(f"`{label}`" for label in f.labels)
+        alerts = ", ".join(f"[{a}](#{a.lower()})" for a in used.get(f.name, []))
+        series = " ".join(f"`{s}`" for s in f.series)
+        lines.append(
+            f'| <a id="{f.name}"></a>{series} | {f.kind} | {labels} | {_cell(f.help)} | {alerts} |'
+        )
+    lines += ["", "## Alert rules", ""]
+    lines += [
+        "The example rules of",
+        "[`prometheus/ledgermq-alerts.yml`](../prometheus/ledgermq-alerts.yml) and the",
+        "metrics each one uses (each rule's `metrics` annotation links here).",
+        "",
+        "| alert | severity | metrics | expression |",
+        "|---|---|---|---|",
+    ]
+    for rule in rules:
+        names = ", ".join(f"[`{n}`](#{n})" for n in families_of(rule["expr"], families))
+        expr = _cell(" ".join(str(rule["expr"]).split())).replace("`", "'")
+        alert = rule["alert"]
+        lines.append(
+            f'| <a id="{alert.lower()}"></a>`{alert}` | {rule["labels"]["severity"]} | {names}'
+            f" | `{expr}` |"
+        )
+    return "\n".join(lines).rstrip() + "\n"
+
+
 _REGION = re.compile(
     r"(?P<open><!-- generated: (?P<name>[a-z-]+) -->\n)"
     r"(?:(?!<!-- (?:end )?generated).)*"
@@ -274,6 +408,7 @@ def generated() -> dict[Path, str]:
         DOCS / "reference" / "http.md": http_reference(openapi_document()),
         DOCS / "reference" / "cli.md": cli_reference(),
         DOCS / "reference" / "configuration.md": configuration_reference(),
+        DOCS / "reference" / "metrics.md": metrics_reference(),
         formats: fill_regions(formats.read_text(encoding="utf-8"), Example().regions()),
     }
 
