@@ -613,7 +613,8 @@ def _add_raft_timing_options(p: argparse.ArgumentParser) -> None:
         "--profile",
         choices=("fast", "dledger"),
         default="fast",
-        help="Raft timing: fast failover (ours) or DLedger's 2 s / 6 s",
+        help="Raft timing: fast (ours: 200 ms heartbeats, pre-vote) or dledger (DLedger's 2 s"
+        " heartbeats, 6 s election timeout, no pre-vote nor early pre-vote)",
     )
     add_option(
         p,
