@@ -94,3 +94,9 @@ def test_every_rule_links_to_the_metrics_it_uses() -> None:
         assert rule["annotations"].get("metrics", "").split() == want, rule["alert"]
         for link in want:
             assert f'<a id="{link.split("#")[1]}"></a>' in reference, link
+
+
+def test_the_operators_table_lists_every_rule_and_only_those() -> None:
+    text = (RULES.parents[1] / "operations.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `(LedgerMQ\w+)` \| .* \| (page|ticket) \|$", text, re.MULTILINE)
+    assert sorted(listed) == sorted((r["alert"], r["labels"]["severity"]) for r in rules())
