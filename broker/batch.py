@@ -102,17 +102,29 @@ def encode_inner_records(messages: Sequence[tuple[Buffer, bytes]]) -> bytearray:
     return buf
 
 
-def queue_runs(queue_ids: Sequence[int], alone: Sequence[bool]) -> list[tuple[int, int]]:
+def queue_runs(
+    queue_ids: Sequence[int],
+    alone: Sequence[bool],
+    sizes: Sequence[int] | None = None,
+    max_bytes: int | None = None,
+) -> list[tuple[int, int]]:
     """How a request's messages become records: ``[start, end)`` runs of consecutive
     messages bound for one queue, each a batch record if it holds more than one. A
     message ``alone`` (one with its own born time, which an inner record cannot hold) is
-    a run of its own. The rule the broker and its simulation share."""
+    a run of its own; with ``sizes`` (each message's inner record), a run ends before
+    its inner records would pass ``max_bytes`` (a record the log could not hold). The
+    rule the broker and its simulation share."""
     runs: list[tuple[int, int]] = []
     i, n = 0, len(queue_ids)
     while i < n:
         j = i + 1
         if not alone[i]:
+            total = 0 if sizes is None else sizes[i]
             while j < n and queue_ids[j] == queue_ids[i] and not alone[j]:
+                if sizes is not None and max_bytes is not None:
+                    if total + sizes[j] > max_bytes:
+                        break
+                    total += sizes[j]
                 j += 1
         runs.append((i, j))
         i = j

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from . import errors
-from .batch import encode_batch_record, queue_runs
+from .batch import INNER_MIN_SIZE, encode_batch_record, queue_runs
 from .commitlog import OutgoingMessage
 from .message import (
     PROP_KEYS,
@@ -106,16 +106,18 @@ def encode_request(
     limits: Limits,
     batch_records: bool,
     select_queues: SelectQueues,
+    max_record_bytes: int | None = None,
 ) -> list[OutgoingMessage]:
     """The records of ``messages``, stored at ``now`` (ms) by ``store_host``. They are
     messages ``first_in_batch``... of ``session``'s batch (a retry appends the batch's
     missing tail). With ``batch_records`` (and more than one message) each run bound for
-    one queue is one batch record (``select_queues`` picks the queues); else every
+    one queue is one batch record (``select_queues`` picks the queues), several when its
+    inner records pass ``max_record_bytes`` (what one entry of the log holds); else every
     message is its own record, its queue picked when offsets are assigned. Each single
     record draws one ``uniq_key()``, in message order."""
     r = _Request(topic, session, now, store_host, uniq_key, limits)
     if batch_records and len(messages) > 1:
-        return _encode_batched(r, messages, first_in_batch, select_queues)
+        return _encode_batched(r, messages, first_in_batch, select_queues, max_record_bytes)
     return [_encode_single(r, m, first_in_batch + i) for i, m in enumerate(messages)]
 
 
@@ -191,7 +193,11 @@ def _encode_single(
 
 
 def _encode_batched(
-    r: _Request, messages: Sequence[NewMessage], first_in_batch: int, select_queues: SelectQueues
+    r: _Request,
+    messages: Sequence[NewMessage],
+    first_in_batch: int,
+    select_queues: SelectQueues,
+    max_record_bytes: int | None,
 ) -> list[OutgoingMessage]:
     """The request as batch records (``broker.batch``): each run of consecutive
     messages bound for one queue becomes one record, a run of one (or a message with
@@ -206,7 +212,8 @@ def _encode_batched(
     qids = select_queues([(m.queue_id, m.sharding_key) for m in messages])
     out: list[OutgoingMessage] = []
     alone = [m.born_timestamp is not None or m.uniq_key is not None for m in messages]
-    for i, j in queue_runs(qids, alone):
+    sizes = [INNER_MIN_SIZE + len(m.body) + len(p) for m, p in zip(messages, raw, strict=True)]
+    for i, j in queue_runs(qids, alone, sizes, max_record_bytes):
         if j - i == 1:
             out.append(_encode_single(r, messages[i], first_in_batch + i, queue_id=qids[i]))
             continue

@@ -40,6 +40,8 @@ from .sendwindow import SEND_ID_PREFIX, is_send_id
 from .settings import BrokerSettings
 from .topics import Topics
 
+RECORD_MARGIN = 64 * 1024  # a batch record's header and properties, with room to spare
+
 if TYPE_CHECKING:
     from .dispatch import Dispatch
 
@@ -287,6 +289,18 @@ class Producer:
             return False
         return await self.dispatch.wait_dispatched(target, timeout_s)
 
+    @property
+    def max_record_bytes(self) -> int:
+        """The inner records one batch record may hold: what one entry of the log holds
+        (``StoreSettings.max_body_bytes``, and half a data file, which must hold the
+        entry), less ``RECORD_MARGIN`` for the record's own header and properties. A
+        request's run for one queue past it is several records (a request within the
+        limits was refused 507 by the store before)."""
+        store = self.settings.store
+        return max(
+            RECORD_MARGIN, min(store.max_body_bytes, store.data_file_size // 2) - RECORD_MARGIN
+        )
+
     def _results(self, results: Sequence[sessions.Result]) -> list[ProduceResult]:
         return [self._result(q, o, c) for q, o, c in results]
 
@@ -318,7 +332,13 @@ class Producer:
             # (a transaction's half messages are always one record: one entry, all or none)
             batch_records=self.settings.batch_records or topic.name == HALF_TOPIC,
             select_queues=lambda qs: commitlog.select_queues(topic, qs, sticky=True),
+            max_record_bytes=self.max_record_bytes,
         )
+        if topic.name == HALF_TOPIC and len(batch) > 1:
+            raise errors.PayloadTooLargeError(
+                f"a transaction's messages are one record of at most {self.max_record_bytes}"
+                " bytes of messages; these are more"
+            )
         self.gate.require_master()  # encoding took no await, but be explicit before appending
         try:
             placed: list[PutResult] = await commitlog.put_messages(topic, batch)

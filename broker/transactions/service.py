@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 from dledger.store import BODY_OFFSET
 
 from .. import errors
+from ..batch import INNER_MIN_SIZE
 from ..copies import ROUTING, copy_of, held
 from ..encode import check_pinned_queue
 from ..gate import WriteGate
@@ -158,6 +159,12 @@ class Transactions:
         self.producer.check_request(messages, producer_id, sequence)
         if any(m.deliver_at_ms is not None for m in messages):
             raise errors.InvalidArgumentError("a transaction's messages have no delivery time")
+        cap = self.producer.max_record_bytes  # (one record: checked before anything is made)
+        if sum(INNER_MIN_SIZE + len(m.body) for m in messages) > cap:
+            raise errors.PayloadTooLargeError(
+                f"a transaction's messages are one record of at most {cap} bytes of messages;"
+                " these are more"
+            )
         most = self.settings.max_pending_transactions
         if len(self.state.live) >= most:
             raise errors.LimitReachedError(f"{most} transactions are pending", limit=most)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from broker import errors
 from broker.batch import INNER_MIN_SIZE, encode_inner_records, inner_records
 from broker.broker import Broker
 from broker.message import INNER_BATCH_FLAG, MessageFormatError, decode_message
@@ -158,5 +159,32 @@ async def test_replicas_serve_the_same_batched_messages(tmp_path: Path) -> None:
             r = await node.reads.pull(node.reads.pulled_message, "t", qid, 0, max_messages=100)
             assert [x.msg_id for x in r.messages] == [x.msg_id for x in results]
             assert [x.body for x in r.messages] == [b"%d" % i for i in range(50)]
+    finally:
+        await c.close()
+
+
+@pytest.mark.asyncio
+async def test_a_run_larger_than_an_entry_is_several_records(tmp_path: Path) -> None:
+    """A request within every request limit whose run for one queue would make a record
+    the log cannot hold (over ``StoreSettings.max_body_bytes``, or a data file) was
+    refused 507 by the store (the docs audit of issue 32): it is several batch records
+    now, every message in order. A transaction's half messages are one record, all or
+    none: past it, 413 and nothing written."""
+    c, b = await _single(tmp_path)  # 1 MiB data files: records of at most 448 KiB of messages
+    try:
+        await b.topics.create("t", 1)
+        cap = b.producer.max_record_bytes
+        assert cap == (1 << 20) // 2 - 64 * 1024
+        end = b.store.ledger_end_index
+        bodies = [bytes([65 + i]) * 100_000 for i in range(12)]  # 1.2 MB for queue 0
+        results = await b.producer.produce("t", [NewMessage(x) for x in bodies])
+        assert [r.queue_offset for r in results] == list(range(12))
+        assert b.store.ledger_end_index == end + 3  # 4 inner records of ~100 KB a record
+        r = await b.reads.pull(b.reads.pulled_message, "t", 0, 0, max_messages=12)
+        assert [m.body for m in r.messages] == bodies
+        end = b.store.ledger_end_index
+        with pytest.raises(errors.PayloadTooLargeError, match="one record"):
+            await b.transactions.produce("t", [NewMessage(x) for x in bodies], "pg")
+        assert b.store.ledger_end_index == end
     finally:
         await c.close()
