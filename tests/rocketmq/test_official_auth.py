@@ -1,5 +1,6 @@
 """AK/SK credentials over gRPC (docs/rocketmq.md "Credentials"): the official Python
-client against a 3-process cluster with tokens and ``--access-keys-file``.
+client (and Node's, whose signature is upper-case hex) against a 3-process cluster with
+tokens and ``--access-keys-file``.
 
 The right key produces and consumes, also through a follower (which forwards the call
 with its signature; the master checks it again); a wrong secret, no credentials, a stale
@@ -27,7 +28,7 @@ from api.rocketmq.protocol import service_pb2_grpc
 from ledgermq.local_cluster import LocalBrokerCluster
 from tests.api.conftest import CLUSTER_ARGS
 
-from .client_env import official_python, run_script
+from .client_env import official_node, official_python, run_node_script, run_script
 
 pytestmark = pytest.mark.slow
 
@@ -129,6 +130,23 @@ def test_a_produce_only_key_cannot_receive(official: Path, cluster: LocalBrokerC
     )  # fmt: skip
     assert "error" in out and not out.get("received"), out
     assert "40300" in out["error"] or "orbidden" in out["error"], out
+
+
+def test_the_node_client_signs_too(cluster: LocalBrokerCluster) -> None:
+    modules = official_node()
+    at_follower = cluster.grpc_addrs[follower(cluster)]  # Node takes one address
+
+    def send(credentials: dict[str, str] | None) -> Any:
+        message = {"topic": "orders", "body": "from node"}
+        args = {"endpoints": at_follower, "topics": ["orders"], "messages": [message]}
+        return run_node_script(modules, "producer.js", {**args, "credentials": credentials})
+
+    out = send({"accessKey": "writer", "accessSecret": "writer-secret"})
+    assert "startup_error" not in out and "error" not in out["receipts"][0], out
+    out = send({"accessKey": "writer", "accessSecret": "nope"})
+    assert "startup_error" in out or "error" in out["receipts"][0], out
+    # Node's startup fetches the routes: refused UNAUTHORIZED, it gives up after 3 tries
+    assert any(w in str(out) for w in ("nauthorized", "40100", "topic routes")), out
 
 
 def metadata(ak: str, sk: str, at: float, extra: tuple[tuple[str, str], ...] = ()) -> Any:
