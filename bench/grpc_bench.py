@@ -25,7 +25,8 @@ master's CPU (utime + stime from /proc) over the measured window, per message.
      push consumer asks).
 
 ``--profile`` (on by default when py-spy is found) records the master with
-``py-spy --gil`` during the gRPC runs and prints where its samples went.
+``py-spy --gil`` during the produce runs and the push consumer's, and prints where its
+samples went.
 
     .venv/bin/python bench/grpc_bench.py            # make bench-grpc, ~1.5 min
     .venv/bin/python bench/grpc_bench.py --quick    # smoke run, ~40 s
@@ -36,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -49,8 +49,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from delay_bench import DelayBench, Profiler, profile_top
-from http_bench import _CHILDREN, TOPIC, add_node_args, run_and_report
+from delay_bench import DelayBench, profile_top
+from http_bench import _CHILDREN, TOPIC, Profiler, add_node_args, run_and_report
 
 from tests.rocketmq.client_env import official_python
 
@@ -128,6 +128,7 @@ class GrpcBench(DelayBench):
                     if a.profile_dir is not None:
                         out = a.profile_dir / f"{name.replace(' ', '-')}.txt"
                         profiler = Profiler(pid, out, a.rate)
+                        profiler.start()
                 elif line == "END":
                     cpu1 = self.cpu_s(master)
                     if profiler is not None:
@@ -193,8 +194,18 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
         path = f"/v1/topics/{TOPIC}/messages"
         produce = []
         for c in (1, a.inflight):
-            r = b.scenario(f"http b=1 c={c}", "produce", master, path=path, batch=1, clients=c)
-            produce.append(http_row(r, master))
+            name = f"http b=1 c={c}"
+            profiler = None
+            if a.profile_dir is not None:
+                out = a.profile_dir / f"{name.replace(' ', '-')}.txt"
+                profiler = Profiler(b.cluster.procs[master].pid, out, a.rate)
+            r = b.scenario(
+                name, "produce", master, path=path, batch=1, clients=c, profiler=profiler
+            )
+            row = http_row(r, master)
+            if profiler is not None:
+                row["profile"] = profile_top(profiler.out, a.profile_top)
+            produce.append(row)
             mode = "sync" if c == 1 else "async"
             name = "grpc sync" if c == 1 else f"grpc async {a.inflight} in flight"
             produce.append(b.official(master, name, {"mode": mode}))
@@ -276,9 +287,8 @@ def main() -> int:
     ap.add_argument(
         "--profile",
         action=argparse.BooleanOptionalAction,
-        default=shutil.which("py-spy") is not None
-        or (Path(sys.executable).parent / "py-spy").exists(),
-        help="py-spy the master during the gRPC runs (default: when py-spy is found)",
+        default=Profiler.find() is not None,
+        help="py-spy the master during the produce and push runs (default: when py-spy is found)",
     )
     ap.add_argument("--profile-dir", type=Path, default=None, help="keep the profiles here")
     ap.add_argument("--profile-top", type=int, default=12, help="functions shown")
