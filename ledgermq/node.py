@@ -71,6 +71,24 @@ LIMIT_OPTIONS = (
     "max_topics",
     "max_total_queues",
 )
+# What each of them bounds (``--help`` and docs/reference/configuration.md).
+LIMIT_HELP = {
+    "max_body_bytes": "bytes of one message body (413 past it)",
+    "max_properties_bytes": "bytes of one message's properties (413 past it)",
+    "max_messages_per_request": "messages in one produce request (413 past it)",
+    "max_request_bytes": "bytes of one produce request body (413 past it)",
+    "max_pull_messages": "messages one pull or group pull answers at most",
+    "max_arrow_pull_messages": "messages one Arrow pull page answers at most",
+    "max_wait_ms": "longest wait_ms of a long poll",
+    "max_small_body_bytes": "bytes of a request body other than a produce (413 past it)",
+    "max_json_strings_per_message": "JSON strings and scalars per message of a produce body",
+    "max_response_bytes": "stored message bytes one pull answers (at least one message)",
+    "max_arrow_page_bytes": "record bytes of one Arrow pull page (at least one message)",
+    "max_long_polls": "parked long polls on this node (429 BUSY past it)",
+    "max_long_polls_per_client": "parked long polls of one client (429 BUSY past it)",
+    "max_topics": "topics (429 LIMIT_REACHED for a new one past it)",
+    "max_total_queues": "queues of all topics (429 LIMIT_REACHED past it)",
+}
 
 
 GC_THRESHOLDS = (20_000, 20, 100)
@@ -487,7 +505,13 @@ def _add_membership_options(p: argparse.ArgumentParser) -> None:
         "the HTTP port + 1000)",
     )
     add_option(p, "--http", default="127.0.0.1:8080", help="HTTP listen address host:port")
-    add_option(p, "--advertised-url", default=None, help="this node's URL for redirects")
+    add_option(
+        p,
+        "--advertised-url",
+        default=None,
+        help="this node's URL for clients and redirects (default: http(s)://HOST:PORT of --http,"
+        " 127.0.0.1 for a wildcard host: set it on every node other hosts reach)",
+    )
     add_option(p, "--peer-urls", default="", help='"n0=http://h0:8080,n1=..." for redirects')
     add_option(
         p,
@@ -507,8 +531,20 @@ def _add_membership_options(p: argparse.ArgumentParser) -> None:
 
 def _add_data_options(p: argparse.ArgumentParser) -> None:
     """Where the data lives, how appends are synced, and new topics."""
-    add_option(p, "--data-dir", type=Path, default=Path("ledgermq-data"))
-    add_option(p, "--flush", choices=("sync", "async"), default="sync")
+    add_option(
+        p,
+        "--data-dir",
+        type=Path,
+        default=Path("ledgermq-data"),
+        help="the node's commitlog, consume queues, key index and snapshots",
+    )
+    add_option(
+        p,
+        "--flush",
+        choices=("sync", "async"),
+        default="sync",
+        help="sync: an entry is fsynced before it counts towards a commit; async: every 10 ms",
+    )
     add_option(
         p,
         "--auto-create-topics",
@@ -596,15 +632,35 @@ def _add_raft_timing_options(p: argparse.ArgumentParser) -> None:
         "--profile",
         choices=("fast", "dledger"),
         default="fast",
-        help="Raft timing: fast failover (ours) or DLedger's 2 s / 6 s",
+        help="Raft timing: fast (ours: 200 ms heartbeats, pre-vote) or dledger (DLedger's 2 s"
+        " heartbeats, 6 s election timeout, no pre-vote nor early pre-vote)",
     )
-    add_option(p, "--heartbeat-ms", type=int, default=None, help="overrides the profile")
+    add_option(
+        p,
+        "--heartbeat-ms",
+        type=int,
+        default=None,
+        help="the profile's heartbeat interval, overridden (an election follows 3 missed"
+        " heartbeats)",
+    )
 
 
 def _add_disk_options(p: argparse.ArgumentParser) -> None:
     """Commitlog segments, retention by age, and the full-disk guard."""
-    add_option(p, "--data-file-mb", type=int, default=1024, help="commitlog segment size")
-    add_option(p, "--file-reserved-hours", type=float, default=72.0, help="retention by age")
+    add_option(
+        p,
+        "--data-file-mb",
+        type=int,
+        default=1024,
+        help="commitlog segment size, MiB (its index file: 1/32 of it)",
+    )
+    add_option(
+        p,
+        "--file-reserved-hours",
+        type=float,
+        default=72.0,
+        help="retention by age, hours: older commitlog segments are deleted",
+    )
     add_option(
         p,
         "--disk-full-ratio",
@@ -673,14 +729,20 @@ def _add_limit_options(p: argparse.ArgumentParser) -> None:
             "--" + name.replace("_", "-"),
             type=int,
             default=getattr(limits, name),
-            help="request limit",
+            help=LIMIT_HELP[name],
         )
 
 
 def _add_logging_options(p: argparse.ArgumentParser) -> None:
     """Log level and format."""
-    add_option(p, "--log-level", default="INFO")
-    add_option(p, "--log-format", choices=("text", "json"), default="text")
+    add_option(p, "--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    add_option(
+        p,
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="lines of text, or a JSON object per line; each names the node",
+    )
 
 
 def _add_security_options(p: argparse.ArgumentParser) -> None:

@@ -1,5 +1,6 @@
-"""The generated parts of ``docs/``: the HTTP reference from the OpenAPI document and the
-CLI reference from ``--help``.
+"""The generated parts of ``docs/``: the HTTP reference from the OpenAPI document, the
+CLI reference from ``--help``, the configuration reference from ``ledgermq broker``'s
+parser and the metrics reference from a running node's registry.
 
 ``python -m tools.docgen`` rewrites them; ``python -m tools.docgen --check`` exits 1 when a
 file differs from what the code would write now (``tests/docs`` runs the check, so the
@@ -11,17 +12,28 @@ with a fixed terminal width so the output is the same on every machine.
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import os
 import re
+import socket
 import sys
+import tempfile
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml  # type: ignore[import-untyped]  # a dev dependency, no stubs
+
 from api.app import create_app
+from api.metrics import NodeMetrics, StateSnapshot, _Exposition
 from broker.broker import Broker
 from broker.settings import BrokerSettings
+from consumequeue import ConsumeQueueSettings
+from dledger.store import StoreSettings
 from ledgermq.cli.main import build_parser
+from ledgermq.cli.util import ENV_PREFIX, env_name
 
 from .format_examples import Example
 
@@ -141,16 +153,227 @@ def _parsers(parser: argparse.ArgumentParser, prefix: str) -> Iterator[tuple[str
                 yield from _parsers(sub, f"{prefix} {name}")
 
 
+@contextlib.contextmanager
+def _clean_environment() -> Iterator[None]:
+    """No ``LEDGERMQ_*`` variable while parsers are built: each would become a default
+    (``add_option``), and the reference must show the code's, not this shell's."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith(ENV_PREFIX)}
+    for k in saved:
+        del os.environ[k]
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+def _sub_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:  # argparse has no public walk over sub-parsers
+        if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+            sub: argparse.ArgumentParser = action.choices[name]
+            return sub
+    raise KeyError(f"no sub-command {name!r}")
+
+
+def _option_type(action: argparse.Action) -> str:
+    """What an option takes: ``integer``, ``boolean``, ``one of `sync`, `async```."""
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return "boolean"
+    if action.nargs == 0:
+        return "flag"
+    if action.choices is not None:
+        return "one of " + ", ".join(f"`{c}`" for c in action.choices)
+    kind = action.type
+    names = {int: "integer", float: "number", Path: "path", str: "string", None: "string"}
+    if kind in names:
+        return names[kind]
+    return str(getattr(kind, "__name__", kind)).lstrip("_").replace("_", " ")
+
+
+def _option_default(action: argparse.Action) -> str:
+    value = action.default
+    if value is None or value == "":
+        return "(none)"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return "`" + ",".join(map(str, value)) + "`"
+    if isinstance(value, int) and value >= 1 << 20 and value % (1 << 20) == 0:
+        return f"`{value}` ({value >> 20} MiB)"
+    if isinstance(value, int) and value >= 10_000:
+        return f"`{value}` ({value:,})"
+    return f"`{value}`"
+
+
+def _option_help(action: argparse.Action) -> str:
+    text = re.sub(r"\s*\[env [A-Z0-9_]+\]$", "", action.help or "")
+    return _cell(text.replace("%%", "%"))
+
+
+def configuration_reference() -> str:
+    """Every option of ``ledgermq broker``, from its parser: the environment variable,
+    the type, the default and the help text."""
+    with _clean_environment():
+        broker = _sub_parser(build_parser(), "broker")
+    lines = [_GENERATED, "", "# Configuration reference: `ledgermq broker`", ""]
+    lines += [
+        "Every option of a node, in the order of `ledgermq broker --help`. Each is also an",
+        "environment variable (the command line wins over it); a boolean option takes",
+        "`1/true/yes/on` or `0/false/no/off` there, and `--no-<option>` on the command",
+        "line. [Running LedgerMQ in production](../operations.md) says how they fit",
+        "together; [the CLI reference](cli.md) has the same options as `--help` prints",
+        "them. (none) means unset: the help text says what the node does then.",
+        "",
+        "| option | environment variable | type | default | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for action in broker._actions:
+        if not action.option_strings or isinstance(action, argparse._HelpAction):
+            continue
+        option = action.option_strings[0]
+        env = f"`{env_name(option)}`"
+        lines.append(
+            f"| `{option}` | {env} | {_option_type(action)} | {_option_default(action)}"
+            f" | {_option_help(action)} |"
+        )
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def cli_reference() -> str:
     """Every ``ledgermq`` command's ``--help``, at a fixed width."""
     os.environ["COLUMNS"] = HELP_COLUMNS
-    parser = build_parser()
+    with _clean_environment():
+        parser = build_parser()
     parser.prog = "ledgermq"
     lines = [_GENERATED, "", "# `ledgermq` command reference", ""]
     lines += ["Every option is also an environment variable (`--peer-urls` ↔"]
     lines += ["`LEDGERMQ_PEER_URLS`).", ""]
     for command, text in _parsers(parser, "ledgermq"):
         lines += [f"## `{command}`", "", "```text", text.rstrip(), "```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+ALERT_RULES = DOCS / "prometheus" / "ledgermq-alerts.yml"
+# The series a family of each type exposes (prometheus-client's text format).
+SERIES_SUFFIXES = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "info": ("_info",),
+    "gauge": ("",),
+}
+_SERIES = re.compile(r"\bledgermq_[A-Za-z0-9_:]*")
+
+
+@dataclass(frozen=True, slots=True)
+class MetricFamily:
+    name: str  # the family's name: a counter's without _total
+    kind: str
+    labels: tuple[str, ...]
+    help: str
+
+    @property
+    def series(self) -> tuple[str, ...]:
+        return tuple(self.name + suffix for suffix in SERIES_SUFFIXES[self.kind])
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _node_families() -> list[MetricFamily]:
+    """Every metric family of a started single node's ``/metrics``: the registry's (its
+    labels from the collectors, since a labelled family with no child has no sample)
+    and the state gauges of a snapshot of the node."""
+    with tempfile.TemporaryDirectory(prefix="ledgermq-docgen-") as data:
+        settings = BrokerSettings(
+            peers=f"n0-127.0.0.1:{_free_port()}",
+            data_dir=Path(data),
+            store=StoreSettings(data_file_size=1 << 20, index_file_size=64 * 1024),
+            consume_queue=ConsumeQueueSettings(segment_units=64),
+        )
+        broker = Broker(settings)
+        await broker.start()
+        try:
+            metrics = NodeMetrics(broker)
+            state = await StateSnapshot.take(broker, metrics.lag_limit)
+            assert state is not None, "the node has started"
+            collectors = metrics.registry._collector_to_names  # no public walk either
+            declared = {
+                str(getattr(c, "_name", "")): tuple(getattr(c, "_labelnames", ()))
+                for c in collectors
+            }
+            out = []
+            for family in _Exposition(metrics.registry, state).collect():
+                named: tuple[str, ...] = tuple(
+                    declared.get(family.name) or getattr(family, "_labelnames", None) or ()
+                )
+                sampled = {k for sample in family.samples for k in sample.labels}
+                labels = named + tuple(sorted(sampled - {"le", *named}))
+                out.append(MetricFamily(family.name, family.type, labels, family.documentation))
+            return sorted(out, key=lambda f: f.name)
+        finally:
+            await broker.stop()
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    doc = yaml.safe_load(ALERT_RULES.read_text(encoding="utf-8"))
+    return [rule for group in doc["groups"] for rule in group["rules"]]
+
+
+def families_of(expr: str, families: list[MetricFamily]) -> list[str]:
+    """The families whose series a PromQL expression names, in order of name."""
+    by_series = {series: f.name for f in families for series in f.series}
+    return sorted({by_series.get(name, name) for name in _SERIES.findall(expr)})
+
+
+def metrics_reference(families: list[MetricFamily] | None = None) -> str:
+    """Every metric family a node exports, and which alert rules use it."""
+    if families is None:
+        families = asyncio.run(_node_families())
+    rules = alert_rules()
+    used: dict[str, list[str]] = {}
+    for rule in rules:
+        for name in families_of(rule["expr"], families):
+            used.setdefault(name, []).append(rule["alert"])
+    lines = [_GENERATED, "", "# Metrics reference", ""]
+    lines += [
+        "Every metric family a node exports on `/metrics` (Prometheus text format), read",
+        "from a running node's registry. A counter `x` is exposed as `x_total` (and",
+        "`x_created`), a histogram as `x_bucket`, `x_sum`, `x_count` (and `x_created`),",
+        "an info metric as `x_info`. State gauges (indexes, offsets, lag) are read from the",
+        "node when scraped; counters count since this node started unless the help text",
+        "says they are replicated (the same on every node). A labelled family has no sample",
+        "until its first label value is seen.",
+        "[What to alert on](../operations.md#what-to-alert-on) says how to use them.",
+        "",
+        "| metric | type | labels | help | alert rules |",
+        "|---|---|---|---|---|",
+    ]
+    for f in families:
+        labels = ", ".join(f"`{label}`" for label in f.labels)
+        alerts = ", ".join(f"[{a}](#{a.lower()})" for a in used.get(f.name, []))
+        series = " ".join(f"`{s}`" for s in f.series)
+        lines.append(
+            f'| <a id="{f.name}"></a>{series} | {f.kind} | {labels} | {_cell(f.help)} | {alerts} |'
+        )
+    lines += ["", "## Alert rules", ""]
+    lines += [
+        "The example rules of",
+        "[`prometheus/ledgermq-alerts.yml`](../prometheus/ledgermq-alerts.yml) and the",
+        "metrics each one uses (each rule's `metrics` annotation links here).",
+        "",
+        "| alert | severity | metrics | expression |",
+        "|---|---|---|---|",
+    ]
+    for rule in rules:
+        names = ", ".join(f"[`{n}`](#{n})" for n in families_of(rule["expr"], families))
+        expr = _cell(" ".join(str(rule["expr"]).split())).replace("`", "'")
+        alert = rule["alert"]
+        lines.append(
+            f'| <a id="{alert.lower()}"></a>`{alert}` | {rule["labels"]["severity"]} | {names}'
+            f" | `{expr}` |"
+        )
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -184,6 +407,8 @@ def generated() -> dict[Path, str]:
     return {
         DOCS / "reference" / "http.md": http_reference(openapi_document()),
         DOCS / "reference" / "cli.md": cli_reference(),
+        DOCS / "reference" / "configuration.md": configuration_reference(),
+        DOCS / "reference" / "metrics.md": metrics_reference(),
         formats: fill_regions(formats.read_text(encoding="utf-8"), Example().regions()),
     }
 

@@ -242,6 +242,38 @@ async def test_an_ack_appended_before_a_dead_letter_ends_the_message_without_a_c
         assert node.broker.reads.queue_bounds(dlq, 0) == (0, 0), "a dead letter of an acked one"
 
 
+async def test_a_dead_letter_waits_for_an_ack_the_master_wrote_and_has_not_applied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The master's own ack of a due message whose attempts are spent is in its log, not
+    applied (its dispatcher lags), and its request gave up waiting (503): a receive then
+    must not copy the message into the dead letters, as the state it reads still shows
+    the flight. The dead letter waits for the master's writes to apply first (the guard
+    the broker simulation found; its planted seed no longer catches it)."""
+    async with running_node(node_settings(tmp_path / "n0", append_timeout_ms=300)) as node:
+        [m] = await _group_with_flights(node, 1, attempts=1)
+        b, pop = node.broker, node.broker.pop
+
+        async def idle(force: bool = False) -> None:
+            await asyncio.sleep(0.01)
+
+        with monkeypatch.context() as mp:  # a dispatcher behind (its loop idles meanwhile)
+            mp.setattr(b.dispatcher, "dispatch_some", lambda _max: 0)
+            mp.setattr(b.dispatcher, "housekeep", idle)
+            r = await node.http.post(
+                "/v1/groups/g/ack", json={"topic": "t", "receipt_handles": [m.receipt_handle]}
+            )
+            assert r.status_code == 503, r.text  # appended, not applied in time
+            qs = b.meta.pop.queue("g", "t", 0)
+            assert qs is not None and 0 in qs.flights, "the ack is not applied yet"
+            assert await pop.receive(b.reads.pulled_message, "g", "t") == []
+        await until(lambda: not qs.flights, what="the ack applied")
+        assert b.meta.pop.counts("g", "t")["dead_lettered"] == 0
+        dlq = dlq_topic("g")
+        if dlq in b.meta.topics:
+            assert b.reads.queue_bounds(dlq, 0) == (0, 0), "a dead letter of an acked one"
+
+
 @pytest.mark.parametrize("fifo", [False, True])
 async def test_a_message_retention_deleted_in_flight_ends_and_frees_its_queue(
     node: Node, fifo: bool

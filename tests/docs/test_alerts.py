@@ -1,9 +1,12 @@
 """The example Prometheus alert rules of docs/operations.md load: the file is a valid rule
 file, every expression parses as PromQL (promql-parser, the Rust parser's Python
-binding), and every series it names is one a live node exports on /metrics."""
+binding), every series it names is one a live node exports on /metrics, and each rule's
+``metrics`` annotation links to exactly the metric families it uses, in the metrics
+reference (docs/reference/metrics.md)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +22,7 @@ from api.app import create_app
 from broker.broker import Broker
 from tests.api.conftest import node_settings
 from tests.waiting import until
+from tools import docgen
 
 RULES = Path(__file__).resolve().parents[2] / "docs" / "prometheus" / "ledgermq-alerts.yml"
 SERIES = re.compile(r"\bledgermq_[A-Za-z0-9_:]*")  # the metric-name alphabet
@@ -77,3 +81,22 @@ async def test_every_series_of_the_rules_is_exported(exposition: str) -> None:
     named = {name for rule in rules() for name in SERIES.findall(rule["expr"])}
     assert named, "the rules name no LedgerMQ series"
     assert named <= exported, f"not exported: {sorted(named - exported)}"
+
+
+def test_every_rule_links_to_the_metrics_it_uses() -> None:
+    families = asyncio.run(docgen._node_families())
+    reference = (docgen.DOCS / "reference" / "metrics.md").read_text(encoding="utf-8")
+    for rule in rules():
+        want = [
+            f"docs/reference/metrics.md#{n}" for n in docgen.families_of(rule["expr"], families)
+        ]
+        assert want, rule["alert"]
+        assert rule["annotations"].get("metrics", "").split() == want, rule["alert"]
+        for link in want:
+            assert f'<a id="{link.split("#")[1]}"></a>' in reference, link
+
+
+def test_the_operators_table_lists_every_rule_and_only_those() -> None:
+    text = (RULES.parents[1] / "operations.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `(LedgerMQ\w+)` \| .* \| (page|ticket) \|$", text, re.MULTILINE)
+    assert sorted(listed) == sorted((r["alert"], r["labels"]["severity"]) for r in rules())

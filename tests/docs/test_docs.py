@@ -1,12 +1,15 @@
-"""Rules of the documentation, checked by code: every link between pages resolves, and
-the operator's table of error codes lists exactly the codes the node can answer."""
+"""Rules of the documentation, checked by code: every link between pages resolves, the
+operator's table of error codes lists exactly the codes the node can answer, and every
+``ledgermq`` option the operator's pages name exists."""
 
 from __future__ import annotations
 
+import argparse
 import re
 import subprocess
 from pathlib import Path
 
+from ledgermq.cli.main import build_parser
 from tests.error_codes import HTTP_LAYER_CODES, node_codes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,3 +65,36 @@ def test_no_file_points_outside_the_repository() -> None:
             if OUTSIDE.search(line) and path.name != "test_docs.py":
                 found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
     assert not found, "\n".join(found)
+
+
+# The pages an operator or a user configures from; options of other programs they show.
+OPTION_PAGES = ["operations.md", "http.md", "concepts.md", "consuming.md", "client.md"]
+OTHER_PROGRAMS = {"--now", "--data-binary", "--max-"}  # systemctl, curl, "--max-..."
+
+
+def ledgermq_options() -> set[str]:
+    known: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:  # argparse has no public walk over sub-parsers
+            known.update(action.option_strings)
+            if isinstance(action, argparse.BooleanOptionalAction):
+                known.update("--no-" + o[2:] for o in action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    walk(sub)
+
+    walk(build_parser())
+    return known
+
+
+def test_every_option_the_pages_name_exists() -> None:
+    known = ledgermq_options() | OTHER_PROGRAMS
+    unknown = []
+    for name in OPTION_PAGES:
+        text = (ROOT / "docs" / name).read_text(encoding="utf-8")
+        for n, line in enumerate(text.splitlines(), 1):
+            for option in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", line):
+                if option not in known:
+                    unknown.append(f"docs/{name}:{n}: {option}")
+    assert not unknown, unknown

@@ -549,9 +549,9 @@ PLANTED_POP: list[Planted] = [
     # ``if spent:`` for ``if spent and await self._own_appends_applied():`` in
     # ``PopGroups._dead_letter``. Seed 21 caught it until offset commits grew by their
     # ``forward`` mark (issue 32); no seed of 1..2,000 without delay messages and
-    # transactions, nor of 1..700 with them, does since, and no other test does: the
-    # flight's reservation while its copy is written covers most of what the wait
-    # guards. Open: a test that makes the master's own ack wait unapplied.)
+    # transactions, nor of 1..700 with them, does since: the flight's reservation while
+    # its copy is written covers most of what the wait guards. Its test is now in
+    # tests/api/test_pop.py: a_dead_letter_waits_for_an_ack_the_master_wrote_and_...)
 ]  # fmt: skip
 
 
