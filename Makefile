@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-http bench-delay bench-tx bench-spark bench-failover bench-peers clean
+.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-http bench-delay bench-tx bench-grpc bench-spark bench-failover bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,9 @@ bench-delay: setup  # issue 29: delayed produce next to plain, release of 100,00
 
 bench-tx: setup  # issue 29: transactional produce + commit next to plain, b=1, 10, 100 (~1 min)
 	$(PY) bench/tx_bench.py
+
+bench-grpc: setup  # issue 30: the official Python producer (sync, async) and push consumer over gRPC next to HTTP (~1.5 min)
+	$(PY) bench/grpc_bench.py
 
 bench-failover: setup  # issue 18: kill -9 / SIGSTOP of the master, and no fault (~10 min)
 	$(PY) bench/failover_bench.py --mode kill --kills 20

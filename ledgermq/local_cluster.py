@@ -36,6 +36,7 @@ class LocalBrokerCluster(ChildNodes):
         log_dir: Path | None = None,
         inherit_output: bool = False,
         peer_secret: bytes | None = None,
+        probe_token: str | None = None,
     ) -> None:
         if not 1 <= n <= 9:
             raise ValueError("a local cluster has 1 to 9 nodes")
@@ -71,6 +72,8 @@ class LocalBrokerCluster(ChildNodes):
         self.data_dir = data_dir
         self.group = group
         self.extra_args = list(extra_args)
+        # the bearer token the probes (/v1/cluster) send to nodes that require tokens
+        self.probe_token = probe_token
 
     @property
     def grpc_endpoints(self) -> str:
@@ -111,7 +114,8 @@ class LocalBrokerCluster(ChildNodes):
 
     def cluster_info(self, node: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
         try:
-            r = httpx.get(self.urls[node] + "/v1/cluster", timeout=timeout_s)
+            headers = {"Authorization": f"Bearer {self.probe_token}"} if self.probe_token else {}
+            r = httpx.get(self.urls[node] + "/v1/cluster", headers=headers, timeout=timeout_s)
         except httpx.HTTPError:
             return None
         return r.json() if r.status_code == 200 else None

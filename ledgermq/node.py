@@ -31,6 +31,7 @@ from api.app import create_app
 from api.auth import TokenTable
 from api.http_protocol import ConnectionLimits, guarded_protocol
 from api.metrics import METRICS_CACHE_S
+from api.rocketmq.auth import AccessKeys, Authenticator
 from api.rocketmq.settings import GrpcSettings, default_grpc_address, parse_grpc_peers
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
@@ -147,10 +148,18 @@ class HttpSettings:
 
     # The RocketMQ 5 gRPC front (``--grpc``; None: off).
     grpc: GrpcSettings | None = None
+    # RocketMQ 5 clients' access keys, secrets and scopes (--access-keys-file).
+    access_keys: AccessKeys | None = None
 
     @property
     def has_tokens(self) -> bool:
         return self.auth_token is not None or self.auth_tokens is not None
+
+    @property
+    def grpc_auth(self) -> bool:
+        """gRPC calls must be signed: the node has tokens (HTTP needs them, so gRPC must
+        not be a way round them) or access keys."""
+        return self.has_tokens or self.access_keys is not None
 
 
 # ---- logging --------------------------------------------------------------------------------
@@ -230,10 +239,16 @@ def exposure_warnings(http: HttpSettings) -> list[str]:
             f"HTTP on {http.host}:{http.port} without --auth-token or --auth-tokens-file: "
             "anyone who reaches it may produce, consume and delete topics"
         )
-    if http.grpc is not None and not http.has_tokens and not is_loopback(http.grpc.host):
+    if http.grpc is not None and not http.grpc_auth and not is_loopback(http.grpc.host):
         out.append(
-            f"gRPC (RocketMQ 5) on {http.grpc.host}:{http.grpc.port} checks no credentials"
-            " yet: anyone who reaches it may produce (--grpc off turns it off)"
+            f"gRPC (RocketMQ 5) on {http.grpc.host}:{http.grpc.port} without tokens or"
+            " --access-keys-file: anyone who reaches it may produce and consume"
+            " (--grpc off turns it off)"
+        )
+    if http.grpc is not None and http.grpc_auth and http.access_keys is None:
+        out.append(
+            "gRPC (RocketMQ 5) refuses every call: this node has tokens but no"
+            " --access-keys-file for RocketMQ clients' AK/SK credentials"
         )
     return out
 
@@ -312,16 +327,10 @@ async def serve(
     if exit_with_parent:
         watchdog = asyncio.create_task(_watch_parent(server, os.getppid()))
     try:
-        grpc = http.grpc
-        if grpc is not None and http.has_tokens:
-            # The gRPC front checks no credentials yet (AK/SK is a later step): open, it
-            # would let anyone past the tokens the HTTP API asks for.
-            log.warning(
-                "no gRPC front (RocketMQ 5 clients): this node requires tokens, and the"
-                " gRPC front cannot check credentials yet"
-            )
-            grpc = None
-        front = await start_rocketmq_front(settings, grpc, broker)
+        auth = None
+        if http.grpc is not None and http.grpc_auth:
+            auth = Authenticator(http.access_keys, http.grpc.auth_max_skew_s)
+        front = await start_rocketmq_front(settings, http.grpc, broker, auth)
         await server.serve()
         if not server.started:
             raise OSError(f"could not serve HTTP on {http.host}:{http.port}")
@@ -338,9 +347,13 @@ async def serve(
 
 
 async def start_rocketmq_front(
-    settings: BrokerSettings, grpc: GrpcSettings | None, broker: Broker
+    settings: BrokerSettings,
+    grpc: GrpcSettings | None,
+    broker: Broker,
+    auth: Authenticator | None = None,
 ) -> Any:
-    """The node's RocketMQ 5 gRPC front, serving (``api.rocketmq.server.RocketMQFront``);
+    """The node's RocketMQ 5 gRPC front, serving (``api.rocketmq.server.RocketMQFront``),
+    checking every call's signature with ``auth`` (None: none checked);
     None when it is off, or when its generated protocol modules are missing or do not
     load (the node serves HTTP all the same and says why)."""
     if grpc is None:
@@ -355,7 +368,7 @@ async def start_rocketmq_front(
             e,
         )
         return None
-    front = RocketMQFront(settings, grpc, broker)
+    front = RocketMQFront(settings, grpc, broker, auth)
     try:
         port = await front.start()
     except OSError as e:
@@ -364,7 +377,13 @@ async def start_rocketmq_front(
         log.warning("no gRPC front (RocketMQ 5 clients) on its default address: %s", e)
         await front.stop()
         return None
-    log.info("node %s: gRPC (RocketMQ 5) on %s:%d", settings.node_id, grpc.host, port)
+    log.info(
+        "node %s: gRPC (RocketMQ 5) on %s:%d%s",
+        settings.node_id,
+        grpc.host,
+        port,
+        "" if auth is None else f", {len(auth.keys)} access keys",
+    )
     return front
 
 
@@ -746,6 +765,22 @@ def _add_security_options(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p,
+        "--access-keys-file",
+        type=Path,
+        default=None,
+        help="RocketMQ 5 clients' credentials, one per line: ACCESS_KEY SECRET_KEY scopes"
+        " (as --auth-tokens-file's); with it or with tokens every gRPC call must be signed",
+    )
+    add_option(
+        p,
+        "--grpc-auth-max-skew-s",
+        type=float,
+        default=900.0,
+        help="refuse a signed gRPC call whose x-mq-date-time is further than this from the"
+        " node's clock (how long a captured signature stays good)",
+    )
+    add_option(
+        p,
         "--peer-secret",
         default=None,
         help="Raft connections authenticate with this shared secret (docs/operations.md); "
@@ -774,6 +809,10 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
     peer_urls = _peer_urls(args.peer_urls)
     peer_urls.setdefault(args.node_id, advertised.rstrip("/"))
     grpc = _grpc_settings(args.grpc, host, port)
+    if grpc is not None:
+        if not args.grpc_auth_max_skew_s > 0:
+            raise ValueError("--grpc-auth-max-skew-s must be > 0")
+        grpc = replace(grpc, auth_max_skew_s=args.grpc_auth_max_skew_s)
     peer_grpc = _peer_grpc(args.peer_grpc, peer_urls)
     if grpc is not None:  # this node's own address: where it listens, unless a wildcard
         own_host = (
@@ -834,6 +873,9 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         forwarded_allow_ips=args.forwarded_allow_ips,
         gc_thresholds=args.gc_thresholds,
         grpc=grpc,
+        access_keys=None
+        if args.access_keys_file is None
+        else AccessKeys.from_file(args.access_keys_file),
         auth_token_in_argv=bool(args.auth_token)
         and args.auth_token != os.environ.get(env_name("--auth-token")),
     )

@@ -58,6 +58,7 @@ BY_PATH: dict[str, str] = {
     "tests/process": "process",
     "tests/rocketmq": "unit",
     # The official RocketMQ 5 clients against a cluster of node processes.
+    "tests/rocketmq/test_official_auth.py": "process",
     "tests/rocketmq/test_official_client.py": "process",
     "tests/rocketmq/test_official_transactions.py": "process",
     "tests/runtime": "unit",

@@ -21,6 +21,7 @@ import grpc
 from broker.broker import Broker
 from broker.settings import BrokerSettings
 
+from .auth import Authenticator
 from .forward import MasterCalls
 from .protocol import service_pb2_grpc
 from .service import MessagingService
@@ -49,7 +50,13 @@ def server_options(settings: BrokerSettings, grpc_settings: GrpcSettings) -> lis
 class RocketMQFront:
     """The gRPC server of one node and its service."""
 
-    def __init__(self, settings: BrokerSettings, grpc_settings: GrpcSettings, broker: Broker):
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        grpc_settings: GrpcSettings,
+        broker: Broker,
+        auth: Authenticator | None = None,
+    ):
         self.grpc_settings = grpc_settings
         self.broker = broker
         peers = {n: a for n, a in settings.peer_grpc.items() if n != settings.node_id}
@@ -65,6 +72,7 @@ class RocketMQFront:
             master=self.master,
             transactions=broker.transactions,
             reads=broker.reads,
+            auth=auth,
         )
         self._checks: asyncio.Task[None] | None = None
         self.server: Any = grpc.aio.server(options=server_options(settings, grpc_settings))

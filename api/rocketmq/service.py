@@ -47,9 +47,10 @@ from broker.topics import Topics
 from broker.transactions.service import Transactions
 
 from . import consume
+from .auth import Authenticator
 from .codes import OK, broker_error_code, status
 from .convert import SendRefusedError, to_send_batch
-from .forward import MasterCalls, client_id_of
+from .forward import MasterCalls, client_id_of, metadata_of
 from .protocol import definition_pb2 as pb
 from .protocol import service_pb2 as spb
 from .protocol import service_pb2_grpc
@@ -179,6 +180,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         master: MasterCalls,
         transactions: Transactions,
         reads: Reads,
+        auth: Authenticator | None = None,
         clock: Any = None,
     ) -> None:
         self.settings = settings
@@ -190,6 +192,7 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         self.pop = pop
         self.master = master
         self.transactions = transactions
+        self.auth = auth  # None: no credentials checked (a node without tokens)
         self.clients = Clients(grpc_settings.max_clients)
         # the producers' Telemetry streams here, and the transaction checks offered on them
         self.streams = ProducerStreams()
@@ -211,6 +214,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         name = request.topic.name
         if not name:
             return spb.QueryRouteResponse(status=status(Code.ILLEGAL_TOPIC, "no topic"))
+        if refused := self._refused(context, ("produce", "consume"), (name,)):
+            return spb.QueryRouteResponse(status=status(*refused))
         queues = self._queues_of(name)
         if queues is None:  # unknown here; a slave may lag the master: ask it
             return await self.master.call(
@@ -267,6 +272,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         client_id = client_id_of(context)
         if not client_id:
             return spb.HeartbeatResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        if refused := self._refused(context):
+            return spb.HeartbeatResponse(status=status(*refused))
         self.clients.seen(client_id, request.client_type)
         self.renewer.liveness.seen(client_id)
         if self.is_master or not request.HasField("group"):
@@ -295,6 +302,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         client_id = client_id_of(context)
         if not client_id:
             return spb.NotifyClientTerminationResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        if refused := self._refused(context):
+            return spb.NotifyClientTerminationResponse(status=status(*refused))
         self.clients.forget(client_id)
         self.renewer.liveness.ended(client_id)
         if self.is_master or not request.HasField("group"):
@@ -317,6 +326,9 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         client_id = client_id_of(context)
         if not client_id:
             yield spb.TelemetryCommand(status=status(Code.CLIENT_ID_REQUIRED))
+            return
+        if refused := self._refused(context):
+            yield spb.TelemetryCommand(status=status(*refused))
             return
         stream = self.streams.open(client_id)
 
@@ -365,10 +377,14 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         n = len(request.messages)
         if not client_id_of(context):
             return _send_refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is required", n)
-        try:  # checked here, on whichever node: nothing to forward for a refusal
-            to_send_batch(request.messages, self.settings.limits, self.clock())
-        except SendRefusedError as e:
-            return _send_refused(e.code, e.message, n)
+        topics = sorted({m.topic.name for m in request.messages})
+        if refused := self._refused(context, ("produce",), topics):
+            return _send_refused(*refused, n)
+        if not self.is_master:  # checked here: nothing to forward for a refusal (the
+            try:  # master checks as it converts: once, bench/README.md "grpc_bench.py")
+                to_send_batch(request.messages, self.settings.limits, self.clock())
+            except SendRefusedError as e:
+                return _send_refused(e.code, e.message, n)
         return await self.master.call(
             "SendMessage",
             request,
@@ -431,6 +447,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         """Commit or roll back (the client's own, or its answer to a check), on the master."""
         if not client_id_of(context):
             return spb.EndTransactionResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        if refused := self._refused(context, ("produce",), (request.topic.name,)):
+            return spb.EndTransactionResponse(status=status(*refused))
         return await self.master.call(
             "EndTransaction",
             request,
@@ -446,6 +464,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         (``Timers.cancel``), on the master; the answer names the message's id."""
         if not client_id_of(context):
             return spb.RecallMessageResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        if refused := self._refused(context, ("produce",), (request.topic.name,)):
+            return spb.RecallMessageResponse(status=status(*refused))
         if not request.recall_handle:
             return spb.RecallMessageResponse(status=status(Code.BAD_REQUEST, "no recall_handle"))
         return await self.master.call(
@@ -480,6 +500,24 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     def is_master(self) -> bool:
         return self.gate.role is BrokerRole.MASTER
 
+    def _refused(
+        self, context: Any, actions: tuple[str, ...] = (), topics: Any = ()
+    ) -> tuple[int, str] | None:
+        """Why this call may not go on (its code and message), or None: on a node with
+        credentials (``api/rocketmq/auth.py``) every call must be signed by a known key
+        whose scopes allow one of ``actions`` on each of ``topics``. Checked on every node
+        the call reaches: a call a slave forwards keeps its signature and the master
+        checks it again."""
+        if self.auth is None:
+            return None
+        try:
+            grant = self.auth.grant_of(metadata_of(context))
+            for topic in topics:
+                self.auth.need(grant, actions, topic)
+        except errors.BrokerError as e:
+            return broker_error_code(e), e.message
+        return None
+
     # ---- consume (POP groups) ---------------------------------------------------------
 
     async def ReceiveMessage(
@@ -490,6 +528,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         client_id = client_id_of(context)
         if not client_id:
             items = consume.receive_refused(Code.CLIENT_ID_REQUIRED, "x-mq-client-id is required")
+        elif refused := self._refused(context, ("consume",), (request.message_queue.topic.name,)):
+            items = consume.receive_refused(*refused)
         else:
             self.renewer.liveness.seen(client_id)
             g = self.grpc_settings
@@ -527,6 +567,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
     ) -> spb.AckMessageResponse:
         if not client_id_of(context):
             return spb.AckMessageResponse(status=status(Code.CLIENT_ID_REQUIRED))
+        if refused := self._refused(context, ("consume",), (request.topic.name,)):
+            return spb.AckMessageResponse(status=status(*refused))
         self.renewer.liveness.seen(client_id_of(context))
         return await self.master.call(
             "AckMessage",
@@ -542,6 +584,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         if not client_id_of(context):
             return spb.ChangeInvisibleDurationResponse(
                 status=status(Code.CLIENT_ID_REQUIRED), receipt_handle=request.receipt_handle
+            )
+        if refused := self._refused(context, ("consume",), (request.topic.name,)):
+            return spb.ChangeInvisibleDurationResponse(
+                status=status(*refused), receipt_handle=request.receipt_handle
             )
         self.renewer.liveness.seen(client_id_of(context))
         return await self.master.call(
@@ -562,6 +608,8 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
             return spb.ForwardMessageToDeadLetterQueueResponse(
                 status=status(Code.CLIENT_ID_REQUIRED)
             )
+        if refused := self._refused(context, ("consume",), (request.topic.name,)):
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=status(*refused))
         self.renewer.liveness.seen(client_id)
         return await self.master.call(
             "ForwardMessageToDeadLetterQueue",
@@ -584,8 +632,10 @@ class MessagingService(service_pb2_grpc.MessagingServiceServicer):
         client_id = client_id_of(context)
         if not client_id:
             return spb.QueryAssignmentResponse(status=status(Code.CLIENT_ID_REQUIRED))
-        self.renewer.liveness.seen(client_id)
         name = request.topic.name
+        if refused := self._refused(context, ("consume",), (name,)):
+            return spb.QueryAssignmentResponse(status=status(*refused))
+        self.renewer.liveness.seen(client_id)
         if not name:
             return spb.QueryAssignmentResponse(status=status(Code.ILLEGAL_TOPIC, "no topic"))
         if not request.group.name:

@@ -52,6 +52,10 @@ class GrpcSettings:
     # address (HTTP port + 2000) may be taken by something else on a busy machine: the
     # node then serves without gRPC and says so.
     required: bool = False
+    # A signed call (a node with tokens or --access-keys-file: api/rocketmq/auth.py) whose
+    # x-mq-date-time is further than this from the node's clock is refused: how long a
+    # captured signature stays good.
+    auth_max_skew_s: float = 900.0
 
 
 def renew_ahead_ms(g: GrpcSettings) -> int:

@@ -9,11 +9,13 @@ import asyncio
 import hashlib
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from api.rocketmq.auth import AccessKeys
 from api.rocketmq.codes import broker_error_code
 from api.rocketmq.consume import ConsumeRefusedError, ProtoMessages, tags_of
 from api.rocketmq.convert import (
@@ -244,6 +246,21 @@ def test_a_public_grpc_port_without_tokens_is_warned_about() -> None:
     (warning,) = exposure_warnings(HttpSettings(grpc=GrpcSettings(host="0.0.0.0")))
     assert "gRPC" in warning
     assert exposure_warnings(HttpSettings(grpc=GrpcSettings())) == []
+    # with tokens every call must be signed; without access keys every one is refused
+    (warning,) = exposure_warnings(HttpSettings(auth_token="t", grpc=GrpcSettings()))
+    assert "--access-keys-file" in warning
+    keys = AccessKeys([("ak", "sk", ["admin"])])
+    assert exposure_warnings(HttpSettings(access_keys=keys, grpc=GrpcSettings("0.0.0.0"))) == []
+
+
+def test_access_keys_and_the_date_window_are_options(tmp_path: Path) -> None:
+    f = tmp_path / "keys"
+    f.write_text("app sk produce:orders\n")
+    _, http = _node("--access-keys-file", str(f), "--grpc-auth-max-skew-s", "60")
+    assert http.grpc_auth and http.access_keys is not None and len(http.access_keys) == 1
+    assert http.grpc is not None and http.grpc.auth_max_skew_s == 60
+    _, http = _node()
+    assert not http.grpc_auth and http.grpc is not None and http.grpc.auth_max_skew_s == 900
 
 
 def test_a_node_without_the_generated_modules_starts_without_grpc_and_says_why(

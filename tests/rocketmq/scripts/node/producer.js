@@ -1,6 +1,7 @@
 // A Node.js producer scenario: stdin {"endpoints", "topics", "messages": [{"topic",
-// "body", "tag", "keys", "properties", "group", "delay_ms"}]}; each sent in turn, its
-// receipt (message id, offset, recall handle) or its error, one JSON line.
+// "body", "tag", "keys", "properties", "group", "delay_ms"}], "credentials"?:
+// {"accessKey", "accessSecret"}}; each sent in turn, its receipt (message id, offset,
+// recall handle) or its error, one JSON line ({"startup_error"} when startup failed).
 'use strict';
 
 const { rocketmq, logger, main } = require('./common');
@@ -12,9 +13,14 @@ main(async a => {
     // (on a slow machine a send that timed out is sent again: stored twice, as long as
     // the server does not deduplicate sends by message id)
     requestTimeout: 10000,
+    sessionCredentials: a.credentials,
     logger,
   });
-  await producer.startup();
+  try {
+    await producer.startup();
+  } catch (err) {
+    return { startup_error: `${err.name}: ${err.message}`, receipts: [] };
+  }
   const receipts = [];
   const started = Date.now();
   try {
