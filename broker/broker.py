@@ -97,7 +97,10 @@ class Broker:
         self.cq = ConsumeQueueStore(root / "consumequeue" / settings.group, settings.consume_queue)
         self.keys = KeyIndex(root / "index" / settings.group, settings.key_index)
         self.meta = MetadataState(
-            settings.max_producer_sessions, settings.send_window_ids, settings.send_window_ms
+            settings.max_producer_sessions,
+            settings.send_window_ids,
+            settings.send_window_ms,
+            settings.max_session_results,
         )
         self.snapshots = SnapshotFiles(root / "metadata" / settings.group, settings.snapshots_kept)
         self.gate = WriteGate(settings, self.server, self.commitlog)

@@ -118,9 +118,14 @@ class MetadataState:
         max_sessions: int = 100_000,
         send_window_ids: int = DEFAULT_MAX_IDS,
         send_window_ms: int = DEFAULT_MAX_AGE_MS,
+        max_session_results: int = 500_000,
     ) -> None:
         self.applied_index = -1
         self.max_sessions = max_sessions
+        # The results the sessions keep, in all (each session its last batch's): bounded
+        # so the snapshot holding them stays sendable (``max_snapshot_bytes``).
+        self.max_session_results = max_session_results
+        self.session_results = 0
         self.topics: dict[str, TopicMeta] = {}
         # group → topic → queue id → committed offset (the next message to consume)
         self.offsets: dict[str, dict[str, dict[int, int]]] = {}
@@ -210,6 +215,8 @@ class MetadataState:
         """Record one committed message of a producer session batch."""
         s = self.sessions.get(producer_id)
         if s is None or seq > s.seq:
+            if s is not None:
+                self.session_results -= len(s.results)
             s = ProducerSession(seq, batch_size)
             self.sessions[producer_id] = s
         elif seq < s.seq:
@@ -217,8 +224,19 @@ class MetadataState:
         self.sessions.move_to_end(producer_id)
         if batch_index == len(s.results):  # a re-sent tail continues where the log stopped
             s.results.append(result)
-        while len(self.sessions) > self.max_sessions:
-            self.sessions.popitem(last=False)
+            self.session_results += 1
+        # The least recently used go first, by count and by the results they keep (never
+        # the session just recorded: a batch is at most a request's messages).
+        while len(self.sessions) > self.max_sessions or (
+            self.session_results > self.max_session_results and len(self.sessions) > 1
+        ):
+            _, gone = self.sessions.popitem(last=False)
+            self.session_results -= len(gone.results)
+
+    def adopt_sessions(self, sessions: OrderedDict[str, ProducerSession]) -> None:
+        """The sessions of a snapshot part."""
+        self.sessions = sessions
+        self.session_results = sum(len(s.results) for s in sessions.values())
 
     # ---- reading ------------------------------------------------------------------------
 

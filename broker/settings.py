@@ -93,6 +93,9 @@ class BrokerSettings:
     # The producer-session table is bounded: the least recently used session is evicted
     # (the same one on every replica, since eviction follows the log order).
     max_producer_sessions: int = 100_000
+    # ... and by the results they keep (each its last batch's, ~25 bytes each in the
+    # metadata snapshot): 500,000 keep it ~12 MB, under what a snapshot may send.
+    max_session_results: int = 500_000
     # The send window (broker/sendwindow.py): a RocketMQ client's message id resent
     # within this many ids and this much log time of its first send is answered with
     # that send's result, not stored again. Replicated state: give every node the same.

@@ -154,7 +154,7 @@ class SessionApplier:
         return sessions
 
     def adopt_part(self, part: OrderedDict[str, ProducerSession]) -> None:
-        self.meta.sessions = part
+        self.meta.adopt_sessions(part)
 
 
 class SendWindowApplier:

@@ -46,6 +46,25 @@ def _state() -> MetadataState:
     return meta
 
 
+def test_sessions_are_bounded_by_the_results_they_keep_too() -> None:
+    """Issue 32: up to 100,000 sessions each keeping its last batch's results (~25 bytes
+    each in the snapshot, 1,000 a batch) could pass what a snapshot may send; the least
+    recently used go first once they keep more than ``max_session_results``, the same
+    on every replica, and a snapshot's sessions count what they keep."""
+    meta = MetadataState(max_sessions=100, max_session_results=10)
+    for n, pid in enumerate(("p1", "p2", "p3")):
+        for i in range(4):
+            meta.record_session(pid, 0, i, 4, (0, 4 * n + i, 100 * (4 * n + i)))
+    assert list(meta.sessions) == ["p2", "p3"] and meta.session_results == 8
+    meta.record_session("p2", 1, 0, 1, (0, 12, 1200))  # p2's next batch replaces its last
+    assert list(meta.sessions) == ["p3", "p2"] and meta.session_results == 5
+    parts = state_appliers(meta)
+    data = snapshot_bytes(meta, parts, {})
+    again = MetadataState(max_sessions=100, max_session_results=10)
+    parse_snapshot(data, state_appliers(again)).adopt(again)
+    assert again.session_results == 5 and list(again.sessions) == ["p3", "p2"]
+
+
 def test_the_snapshot_is_the_state_appliers_parts_in_the_documented_bytes() -> None:
     meta = _state()
     data = snapshot_bytes(meta, state_appliers(meta), {"queues": {"orders/0": 2, "orders/1": 0}})
