@@ -65,6 +65,7 @@ from http_bench import (
     _pct,
     _post_head,
     add_node_args,
+    print_profile_columns,
     run_and_report,
 )
 
@@ -440,9 +441,7 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
             f"\n  py-spy on the master, release of {r['count']:,}: {p['samples']} samples"
             f" with the GIL held ({a.rate}/s)"
         )
-        print("    % on the stack (total)                               % at the top (self)")
-        for (f1, v1), (f2, v2) in zip(p["total"], p["self"], strict=False):
-            print(f"    {v1:5.1f} {f1[:48]:<48} {v2:5.1f} {f2[:60]}")
+        print_profile_columns(p)
 
 
 def main() -> int:

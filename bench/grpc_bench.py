@@ -50,7 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from delay_bench import DelayBench, profile_top
-from http_bench import _CHILDREN, TOPIC, Profiler, add_node_args, run_and_report
+from http_bench import (
+    _CHILDREN,
+    TOPIC,
+    Profiler,
+    add_node_args,
+    print_profile_columns,
+    run_and_report,
+)
 
 from tests.rocketmq.client_env import official_python
 
@@ -271,9 +278,7 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
         if not p or not p["samples"]:
             continue
         print(f"\n  py-spy on the master, {r['scenario']}: {p['samples']} samples with the GIL")
-        print("    % on the stack (total)                               % at the top (self)")
-        for (f1, v1), (f2, v2) in zip(p["total"], p["self"], strict=False):
-            print(f"    {v1:5.1f} {f1[:48]:<48} {v2:5.1f} {f2[:60]}")
+        print_profile_columns(p)
 
 
 def main() -> int:

@@ -730,6 +730,14 @@ def _frame_package(frame: str) -> str:
 OWN_PACKAGES = ("api", "broker", "consumequeue", "dledger")  # (ledgermq: the node's main)
 
 
+def print_profile_columns(p: dict[str, Any]) -> None:
+    """A summarised profile's ``total`` and ``self`` columns (% of samples, function)
+    side by side, as the benchmarks print them under their tables."""
+    print("    % on the stack (total)                               % at the top (self)")
+    for (f1, v1), (f2, v2) in zip(p["total"], p["self"], strict=False):
+        print(f"    {v1:5.1f} {f1[:48]:<48} {v2:5.1f} {f2[:60]}")
+
+
 def profile_top(path: Path, n: int) -> dict[str, Any]:
     """The ``n`` functions with the most samples of a raw py-spy profile: ``self`` (the
     function was running), ``total`` (one of the project's functions was on the stack:

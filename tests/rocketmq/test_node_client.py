@@ -11,7 +11,6 @@ change of the invisible time, through a follower) and PushConsumer scenarios run
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +20,10 @@ import httpx
 import pytest
 
 from ledgermq.local_cluster import LocalBrokerCluster
-from tests.api.conftest import CLUSTER_ARGS
-from tests.process.conftest import start_cluster
 from tests.waiting import wait_until
 
 from .client_env import official_node, run_node_script
+from .clusters import cluster_with_topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -39,17 +37,8 @@ def node_modules() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
-    data_dir = tmp_path_factory.mktemp("rocketmq-node")
-    c = start_cluster(data_dir, (*CLUSTER_ARGS, "--no-auto-create-topics"))
-    try:
-        master = c.urls[c.wait_ready()]
-        for name, queues in TOPICS.items():
-            r = httpx.post(f"{master}/v1/topics", json={"name": name, "queues": queues})
-            assert r.status_code == 201, r.text
+    with cluster_with_topics(tmp_path_factory.mktemp("rocketmq-node"), TOPICS) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def one_node(c: LocalBrokerCluster, *, master: bool) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,9 +25,9 @@ from api.rocketmq.protocol import definition_pb2 as pb
 from api.rocketmq.protocol import service_pb2 as spb
 from api.rocketmq.protocol import service_pb2_grpc
 from ledgermq.local_cluster import LocalBrokerCluster
-from tests.api.conftest import CLUSTER_ARGS
 
 from .client_env import official_node, official_python, run_node_script, run_script
+from .clusters import cluster_with_topics
 
 pytestmark = pytest.mark.slow
 
@@ -50,28 +49,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerClu
     tokens, keys = data_dir / "tokens", data_dir / "access-keys"
     tokens.write_text(f"{ADMIN} admin\n")
     keys.write_text("".join(f"{ak} {sk} {scopes}\n" for ak, (sk, scopes) in KEYS.items()))
-    args = (
-        *CLUSTER_ARGS,
-        "--no-auto-create-topics",
-        "--auth-tokens-file",
-        str(tokens),
-        "--access-keys-file",
-        str(keys),
-    )
-    c = LocalBrokerCluster(3, data_dir / "nodes", extra_args=args, probe_token=ADMIN)
-    c.start_all()
-    try:
-        master = c.urls[c.wait_ready(timeout_s=90)]
-        r = httpx.post(
-            f"{master}/v1/topics",
-            json={"name": "orders", "queues": 2},
-            headers={"Authorization": f"Bearer {ADMIN}"},
-        )
-        assert r.status_code == 201, r.text
+    args = ("--auth-tokens-file", str(tokens), "--access-keys-file", str(keys))
+    with cluster_with_topics(data_dir, {"orders": 2}, *args, token=ADMIN) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def client(python: Path, c: LocalBrokerCluster, endpoints: str = "", **args: Any) -> Any:

@@ -10,7 +10,6 @@ status codes and nothing written.
 
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from tests.process.conftest import start_cluster
 from tests.waiting import wait_until
 
 from .client_env import official_python, run_script
+from .clusters import cluster_with_topics
 
 pytestmark = pytest.mark.slow
 
@@ -43,17 +43,8 @@ def official() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
-    data_dir = tmp_path_factory.mktemp("rocketmq")
-    c = start_cluster(data_dir, (*CLUSTER_ARGS, "--no-auto-create-topics"))
-    try:
-        master = c.urls[c.wait_ready()]
-        for name, queues in TOPICS.items():
-            r = httpx.post(f"{master}/v1/topics", json={"name": name, "queues": queues})
-            assert r.status_code == 201, r.text
+    with cluster_with_topics(tmp_path_factory.mktemp("rocketmq"), TOPICS) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def by_key(c: LocalBrokerCluster, node: str, topic: str, key: str) -> list[dict[str, Any]]:

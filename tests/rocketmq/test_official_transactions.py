@@ -7,7 +7,6 @@ default) so that the test does not wait long."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +26,7 @@ from tests.process.conftest import start_cluster
 from tests.waiting import wait_until
 
 from .client_env import official_python, run_script
+from .clusters import cluster_with_topics
 from .test_official_client import CLIENT, by_key, one, read_back, send
 
 pytestmark = pytest.mark.slow
@@ -42,17 +42,8 @@ def official() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
-    data_dir = tmp_path_factory.mktemp("rocketmq-tx")
-    c = start_cluster(data_dir, (*CLUSTER_ARGS, "--no-auto-create-topics", *TX_ARGS))
-    try:
-        master = c.urls[c.wait_ready()]
-        for name, queues in TOPICS.items():
-            r = httpx.post(f"{master}/v1/topics", json={"name": name, "queues": queues})
-            assert r.status_code == 201, r.text
+    with cluster_with_topics(tmp_path_factory.mktemp("rocketmq-tx"), TOPICS, *TX_ARGS) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def master_url(c: LocalBrokerCluster) -> str:

@@ -9,7 +9,6 @@ listener that sleeps 8 s needs a renewal.
 
 from __future__ import annotations
 
-import shutil
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from tests.api.conftest import CLUSTER_ARGS
 from tests.waiting import wait_until
 
 from .client_env import official_python, run_script
+from .clusters import cluster_with_topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -44,19 +44,10 @@ def official() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
-    data_dir = tmp_path_factory.mktemp("rocketmq-push")
-    c = LocalBrokerCluster(3, data_dir, extra_args=(*CLUSTER_ARGS, "--no-auto-create-topics"))
-    c.env[AUTO_RENEW_ENV] = str(AUTO_RENEW_MS)
-    c.start_all()
-    try:
-        master = c.urls[c.wait_ready(timeout_s=90)]
-        for name, queues in TOPICS.items():
-            r = httpx.post(f"{master}/v1/topics", json={"name": name, "queues": queues})
-            assert r.status_code == 201, r.text
+    with cluster_with_topics(
+        tmp_path_factory.mktemp("rocketmq-push"), TOPICS, env={AUTO_RENEW_ENV: str(AUTO_RENEW_MS)}
+    ) as c:
         yield c
-    finally:
-        c.stop_all()
-        shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def master_url(c: LocalBrokerCluster) -> str:
