@@ -12,6 +12,7 @@ FIFO order per message group) scenarios run as ``scripts/node/*.js``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,8 @@ import httpx
 import pytest
 
 from ledgermq.local_cluster import LocalBrokerCluster
+from tests.api.conftest import CLUSTER_ARGS
+from tests.process.conftest import start_cluster
 from tests.waiting import wait_until
 
 from .client_env import official_node, run_node_script
@@ -316,3 +319,72 @@ def test_node_fifo_push_consumer_keeps_each_message_groups_order_through_a_failu
         assert done[g] == [f"{g} step {i}" for i in range(5)], done
     seen = [d["body"] for d in report["deliveries"] if d["message_group"] == "g2"]
     assert seen[:3] == ["g2 step 0", "g2 step 1", "g2 step 1"], seen  # retried in place
+
+
+def test_kill_9_of_the_master_during_node_sends_through_a_follower_stores_each_once(
+    node_modules: Path, tmp_path: Path
+) -> None:
+    """Node's producer, connected to a follower (it takes one address), sends while the
+    master is killed: the follower holds the sends in flight through the election and
+    forwards them to the new master; a send the client retries carries the same message
+    id. Every id the client was told is stored is stored once, and no body twice."""
+    c = start_cluster(tmp_path / "c", (*CLUSTER_ARGS, "--no-auto-create-topics"))
+    try:
+        master = c.wait_ready()
+        r = httpx.post(f"{c.urls[master]}/v1/topics", json={"name": "busy", "queues": 2})
+        assert r.status_code == 201, r.text
+        follower = next(n for n in c.ids if n != master)
+        wait_until(lambda: stored(c, follower, "busy") == 0, 10, "the topic on the follower")
+        n = 300
+        messages = [{"topic": "busy", "body": f"m{i}"} for i in range(n)]
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            args = {"endpoints": c.grpc_addrs[follower], "topics": ["busy"], "messages": messages}
+            out.update(run_node_script(node_modules, "producer.js", args, timeout_s=300))
+
+        sender = threading.Thread(target=run)
+        sender.start()
+        wait_until(lambda: stored(c, follower, "busy") >= n // 4, 60, "a quarter sent")
+        c.kill(master)
+        sender.join(300)
+        assert not sender.is_alive() and out, "the producer did not finish"
+        assert "startup_error" not in out, out
+        receipts = out["receipts"]
+        ok = [r for r in receipts if "error" not in r]
+        assert len(ok) >= n // 2, receipts  # most go through (the rest: errors, told so)
+        new_master = c.wait_ready()
+        for spec, r in zip(messages, receipts, strict=True):
+            if "error" not in r:
+                found = by_key_on(c, new_master, "busy", r["message_id"])
+                assert len(found) == 1 and found[0]["body"] == spec["body"], (r, found)
+        bodies: dict[str, int] = {}
+        for q in range(2):
+            page = httpx.get(
+                f"{c.urls[new_master]}/v1/topics/busy/queues/{q}/messages",
+                params={"offset": 0, "max_messages": 1000},
+                timeout=10,
+            ).json()["messages"]
+            for m in page:
+                bodies[m["body"]] = bodies.get(m["body"], 0) + 1
+        assert sum(bodies.values()) == stored(c, new_master, "busy")
+        twice = {b: k for b, k in bodies.items() if k > 1}
+        assert not twice, f"stored more than once: {twice}"
+        print(
+            f"kill -9 during Node sends: {len(ok)}/{n} acknowledged, {sum(bodies.values())}"
+            " stored, none twice"
+        )
+    finally:
+        c.stop_all()
+
+
+def stored(c: LocalBrokerCluster, node: str, topic: str) -> int:
+    r = httpx.get(f"{c.urls[node]}/v1/topics/{topic}", timeout=5)
+    return sum(q["max_offset"] for q in r.json()["queues"]) if r.status_code == 200 else -1
+
+
+def by_key_on(c: LocalBrokerCluster, node: str, topic: str, key: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{c.urls[node]}/v1/topics/{topic}/messages", params={"key": key}, timeout=5)
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages
