@@ -55,6 +55,12 @@ def main() -> int:
         default=True,
         help="with --broker: transactions (default: as the seed draws)",
     )
+    ap.add_argument(
+        "--send-window",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --broker: a producer under send-window ids (default: as the seed draws)",
+    )
     ap.add_argument("--verbose", action="store_true", help="print the trace")
     a = ap.parse_args()
     seeds = [a.seed] if a.seed is not None else range(*map(int, a.seeds.split(":")))
@@ -68,6 +74,7 @@ def main() -> int:
             pop=a.pop,
             delay=a.delay,
             tx=a.tx,
+            send_window=a.send_window,
         )
         if a.broker
         else functools.partial(run_seed, transfers=a.transfers)

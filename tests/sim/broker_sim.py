@@ -250,6 +250,7 @@ from broker.produce import NewMessage, Producer, ProduceResult
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
 from broker.properties import split_keys
 from broker.reads import Reads
+from broker.sendwindow import DEFAULT_MAX_AGE_MS, DEFAULT_MAX_IDS, SEND_ID_PREFIX
 from broker.settings import BrokerSettings
 from broker.timers.applier import PROP_TIMER_ORIGIN, TimerApplier
 from broker.timers.service import Timers
@@ -340,6 +341,7 @@ def broker_replay_command(
     pop: bool = True,
     delay: bool = True,
     tx: bool = True,
+    send_window: bool = True,
 ) -> str:
     more = f" --explore {','.join(sorted(explore))}" if explore else ""
     more += f" --fault-ms {fault_ms}" if fault_ms != FAULT_MS else ""
@@ -349,7 +351,18 @@ def broker_replay_command(
     more += "" if pop else " --no-pop"
     more += "" if delay else " --no-delay"
     more += "" if tx else " --no-tx"
+    more += "" if send_window else " --no-send-window"
     return f".venv/bin/python -m tests.sim --broker --seed {seed}{more} --verbose"
+
+
+def send_window_of(seed: int) -> tuple[int, int] | None:
+    """The send window's bounds (max ids, max age in ms) if ``seed`` runs a producer
+    under send-window ids, from a stream of its own (a seed drawn without it runs as it
+    did before it existed)."""
+    side = random.Random(f"{seed}/sendwindow")
+    if side.random() >= 0.35:
+        return None
+    return side.choice((2, 3, 8, 100_000)), side.choice((50, 300, 600_000))
 
 
 @dataclass
@@ -394,6 +407,12 @@ class BrokerKnobs:
     # Batch records (``broker.batch``, ``batch_draws``, a stream of its own): a session
     # batch's messages for one queue go into the log as one record.
     batch_records: bool = False
+    # The send window (``broker/sendwindow.py``, ``window_draws``, a stream of its own):
+    # (max ids, max age in ms of log time), and producer p0 then sends each batch under
+    # an id of its own (``%id%p0.<n>``, sequence 0), as a RocketMQ client's message id.
+    # Small bounds make ids age out and be evicted while the run goes on; p0's batch in
+    # flight is always the window's newest id, so no bound forgets it.
+    send_window: tuple[int, int] | None = None
 
     @classmethod
     def from_rng(cls, rng: random.Random, base: Knobs, explore: frozenset[str]) -> BrokerKnobs:
@@ -432,6 +451,10 @@ class BrokerKnobs:
         bug seeds keep the schedules they were found with."""
         drawn = random.Random(f"{seed}/batch").random() < 0.5
         self.batch_records = drawn if forced is None else forced
+
+    def window_draws(self, seed: int) -> None:
+        """Whether producer p0 sends under send-window ids, and the window's bounds."""
+        self.send_window = send_window_of(seed)
 
     def retention_draws(self, seed: int) -> random.Random:
         """Draw retention's knobs from a stream of their own; returns it (it also decides
@@ -553,6 +576,10 @@ class LogModel:
         self.by_id: dict[str, int] = {}  # message id -> commitlog offset
         self.sent: set[str] = set()
         self.sessions: dict[str, tuple[int, int, list[Result]]] = {}
+        # the send window's ids (``%id%...``), oldest first, each with its first entry's
+        # log time: the window's rule (bounded by ids and by age), derived here
+        self.window: dict[str, tuple[int, int, int, list[Result]]] = {}
+        self.window_bounds = (DEFAULT_MAX_IDS, DEFAULT_MAX_AGE_MS)
         self.offsets: dict[str, dict[str, dict[int, int]]] = {}
 
     # ---- topics ------------------------------------------------------------------------
@@ -646,6 +673,10 @@ class LogModel:
             self._record_session(
                 pid, int(seq), int(k), session[3], m.queue_id, queue_offset, address
             )
+            if pid.startswith(SEND_ID_PREFIX):
+                self._record_send(
+                    pid, int(k), session[3], m.store_timestamp, (m.queue_id, queue_offset, address)
+                )
         inc = self.topic_before(m.topic, index)
         placed = None
         if inc is not None and m.queue_id < inc.queues:
@@ -682,6 +713,20 @@ class LogModel:
             return
         if k == len(s[2]):
             s[2].append((queue_id, queue_offset, clo))
+
+    def _record_send(self, pid: str, k: int, size: int, ts: int, result: Result) -> None:
+        """A message of the send ``pid`` (sequence 0) committed at log time ``ts``: its
+        first entry opens the id, the newest; past the bounds the oldest ids go."""
+        w = self.window
+        if pid not in w:
+            w[pid] = (ts, 0, size, [])
+        if k == len(w[pid][3]):
+            w[pid][3].append(result)
+        max_ids, max_age_ms = self.window_bounds
+        while len(w) > max_ids:
+            del w[next(iter(w))]
+        while w and next(iter(w.values()))[0] < ts - max_age_ms:
+            del w[next(iter(w))]
 
     def _apply_op(self, index: int, m: StoredMessage) -> None:
         op = orjson.loads(m.body)
@@ -754,7 +799,10 @@ class BrokerNode:
         self.keys_dir = directory / "index" / GROUP
         self.cq = ConsumeQueueStore(self.cq_root, CQ_SETTINGS)
         self.keys = KeyIndex(self.keys_dir, KEY_SETTINGS)
-        self.meta = MetadataState()
+        self.meta = MetadataState(
+            send_window_ids=self.settings.send_window_ids,
+            send_window_ms=self.settings.send_window_ms,
+        )
         self.snapshots = SnapshotFiles(directory / "metadata" / GROUP)
         self.dispatcher = SimReput(
             store,
@@ -1105,9 +1153,11 @@ class BrokerChecker(Checker):
             self._final_meta(n, bn)
             self._final_keys(n, bn)
         for p in sim.producers:
+            windowed = sim.bknobs.send_window is not None and p is sim.producers[0]
             for seq in range(p.next_seq):
-                if (p.pid, seq) not in sim.acked:
-                    self.fail(f"producer {p.pid} seq {seq} never acknowledged after healing")
+                key = (f"{SEND_ID_PREFIX}{p.pid}.{seq}", 0) if windowed else (p.pid, seq)
+                if key not in sim.acked:
+                    self.fail(f"producer {key[0]} seq {key[1]} never acknowledged after healing")
         for _, bn in live:
             assert bn is not None
             bn.cq.flush()
@@ -1206,8 +1256,12 @@ class BrokerChecker(Checker):
     def _final_meta(self, n: SimNode, bn: BrokerNode) -> None:
         model, meta = self.sim.model, bn.meta
         sessions = {p: (s.seq, s.size, s.results) for p, s in meta.sessions.items()}
-        if sessions != model.sessions:
-            self.fail(f"{n.node_id}'s producer sessions {sessions} != the log's {model.sessions}")
+        theirs = {p: s for p, s in model.sessions.items() if not p.startswith(SEND_ID_PREFIX)}
+        if sessions != theirs:
+            self.fail(f"{n.node_id}'s producer sessions {sessions} != the log's {theirs}")
+        window = {p: (s.ts, s.seq, s.size, s.results) for p, s in meta.send_window.sent.items()}
+        if list(window.items()) != list(model.window.items()):
+            self.fail(f"{n.node_id}'s send window {window} != the log's {model.window}")
         if meta.offsets != model.offsets:
             self.fail(f"{n.node_id}'s consumer offsets {meta.offsets} != the log's {model.offsets}")
         first = self.sim.brokers[self.sim.nodes[0].node_id]
@@ -1288,6 +1342,7 @@ class BrokerSimulation(Simulation):
         pop: bool = True,
         delay: bool = True,
         tx: bool = True,
+        send_window: bool = True,
     ) -> None:
         super().__init__(seed, root, fault_ms=fault_ms, verbose=verbose, transfers=transfers)
         unknown = explore - KNOWN_BUGS.keys()
@@ -1302,6 +1357,8 @@ class BrokerSimulation(Simulation):
         self.wipe_rng = self.bknobs.side_draws(seed)
         self.retain_rng = self.bknobs.retention_draws(seed)
         self.bknobs.batch_draws(seed, batch_records)
+        if send_window:
+            self.bknobs.window_draws(seed)
         k = self.bknobs
         # INSTALL_SNAPSHOT goes through the base simulation's application hooks: with
         # ``app`` on, its Ready loop hands a snapshot to ``_install`` inside
@@ -1320,6 +1377,8 @@ class BrokerSimulation(Simulation):
         self.settings = replace(self.settings, max_wait_ack_ms=self.bknobs.max_wait_ack_ms)
         self.checker = BrokerChecker(self)
         self.model = LogModel(self.checker.fail)
+        if k.send_window is not None:
+            self.model.window_bounds = k.send_window
         self.brokers: dict[str, BrokerNode | None] = {n.node_id: None for n in self.nodes}
         self.producers = [ProducerClient(f"p{i}") for i in range(k.producers)]
         self.consumers = [Consumer(f"cg{i}") for i in range(k.groups)]
@@ -1371,6 +1430,11 @@ class BrokerSimulation(Simulation):
             data_dir=directory,
             auto_create_topics=False,
             batch_records=k.batch_records,
+            **(
+                {}
+                if k.send_window is None
+                else {"send_window_ids": k.send_window[0], "send_window_ms": k.send_window[1]}
+            ),
             append_timeout_ms=k.append_timeout_ms,
             transfer_hold_ms=0,
             disk_reserve_bytes=0,
@@ -1947,13 +2011,17 @@ class BrokerSimulation(Simulation):
                 self._later(20, 100, "producer", lambda: self._produce(p))
                 return
             topic = self.rng.choice(user_topics(view))
+            # p0 under the send window: an id of its own per batch, sequence 0
+            windowed = self.bknobs.send_window is not None and p is self.producers[0]
+            pid, seq = (
+                (f"{SEND_ID_PREFIX}{p.pid}.{p.next_seq}", 0) if windowed else (p.pid, p.next_seq)
+            )
             msgs = []
             for k in range(self.rng.randint(1, self.bknobs.batch_max)):
                 r = self.rng.random()
                 msgs.append(
                     NewMessage(
-                        body=f"{p.pid}|{p.next_seq}|{k}|".encode()
-                        + b"x" * self.rng.randint(0, 300),
+                        body=f"{pid}|{seq}|{k}|".encode() + b"x" * self.rng.randint(0, 300),
                         tags=self.rng.choice((None, "a", "b")),
                         keys=tuple(
                             f"k{self.rng.randint(0, 30)}" for _ in range(self.rng.randint(0, 2))
@@ -1962,9 +2030,9 @@ class BrokerSimulation(Simulation):
                         sharding_key=f"s{self.rng.randint(0, 5)}" if 0.15 <= r < 0.35 else None,
                     )
                 )
-            p.batch = Batch(p.pid, p.next_seq, topic, msgs)
+            p.batch = Batch(pid, seq, topic, msgs)
             for k in range(len(msgs)):
-                self.model.sent.add(f"{p.pid}|{p.next_seq}|{k}")
+                self.model.sent.add(f"{pid}|{seq}|{k}")
             p.next_seq += 1
         b = p.batch
         n = self._target()
@@ -2221,12 +2289,14 @@ def run_broker_seed(
     pop: bool = True,
     delay: bool = True,
     tx: bool = True,
+    send_window: bool = True,
 ) -> BrokerSimulation:
     """Run one seed; ``batch_records`` None: drawn from the seed (``batch_draws``);
     ``transfers=False``: no leadership transfers (``TransferKnobs``; pinned seeds);
     ``pop=False``: no POP groups (``PopKnobs``; the seeds pinned before issue 28);
     ``delay=False``: no delay messages (``DelayKnobs``; the seeds pinned before issue 29);
-    ``tx=False``: no transactions (``TxKnobs``; the seeds pinned before them)."""
+    ``tx=False``: no transactions (``TxKnobs``; the seeds pinned before them);
+    ``send_window=False``: no producer under send-window ids (the seeds pinned before)."""
     root = sim_root()
     sim = BrokerSimulation(
         seed,
@@ -2239,12 +2309,13 @@ def run_broker_seed(
         pop=pop,
         delay=delay,
         tx=tx,
+        send_window=send_window,
     )
     try:
         sim.execute()
     except BaseException as e:
         replay = broker_replay_command(
-            seed, explore, fault_ms, batch_records, transfers, pop, delay, tx
+            seed, explore, fault_ms, batch_records, transfers, pop, delay, tx, send_window
         )
         e.add_note(f"seed {seed}, replay: {replay}")
         raise

@@ -46,7 +46,7 @@ from broker.sessions import Attempt, ProducerSessions
 from dledger.codes import DLedgerError
 from dledger.runtime.server import NotLeaderError
 
-from .broker_sim import KNOWN_BUGS, BrokerKnobs, run_broker_seed
+from .broker_sim import KNOWN_BUGS, BrokerKnobs, run_broker_seed, send_window_of
 from .delay_sim import DelayKnobs
 from .pop_sim import PopKnobs
 from .sim import (
@@ -146,6 +146,9 @@ _INSTALLS: dict[int, tuple[int, int]] = {}
 # ... and of leadership transfers (with the produces refused while one ran), for
 # ``test_the_seeds_transfer_leadership``.
 _TRANSFERS: dict[int, Counter[str]] = {}
+# ... and of the send window (ids evicted, resends answered), for
+# ``test_the_seeds_drive_the_send_window``.
+_WINDOW: dict[int, Counter[str]] = {}
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -166,6 +169,15 @@ def test_seed_keeps_the_broker_invariants_and_converges(seed: int) -> None:
         for k in ("retentions", "installs", "crashes after install"):
             delay[k] = sim.stats[k]
         _DELAY[seed] = delay
+    if sim.bknobs.send_window is not None:
+        brokers = [b for b in sim.brokers.values() if b is not None]
+        _WINDOW[seed] = Counter(
+            {
+                "evicted": max(b.meta.send_window.evicted for b in brokers),
+                "deduplicated": sim.stats["deduplicated"],
+                "produce unknown": sim.stats["produce unknown"],
+            }
+        )
     if sim.tx_knobs is not None:
         tx = Counter({k: v for k, v in sim.stats.items() if k.startswith("tx ")})
         for k in ("retentions", "installs"):
@@ -284,6 +296,20 @@ def test_the_seeds_drive_transactions() -> None:
     ):
         seeds = [s for s, c in _TX.items() if c[what] > 0]
         assert len(seeds) >= least, (what, seeds)
+
+
+def test_the_seeds_drive_the_send_window() -> None:
+    """The CI seeds with the send window (a third of them: producer p0 sends each batch
+    under an id of its own, as a RocketMQ client) evict ids by count and by age while
+    they run, and answer resends from it; every replica's window equals the log's at the
+    end (the seeds pass)."""
+    seeds = [s for s in SEEDS if send_window_of(s)]
+    if _WINDOW.keys() != set(seeds):
+        pytest.skip("needs every CI seed run in this session")
+    assert len(seeds) >= len(SEEDS) // 5, seeds
+    for what, least in (("evicted", len(seeds) // 2), ("produce unknown", 5)):
+        hit = [s for s, c in _WINDOW.items() if c[what] > 0]
+        assert len(hit) >= least, (what, hit)
 
 
 @pytest.mark.parametrize("seed", [7, 1, 15])  # (1 runs POP groups, 15 delay messages and tx)
@@ -587,7 +613,10 @@ def _planted_bug_fails(
     fails saying ``said``."""
     module = importlib.import_module(module_name)
     owner_name, name = where.split(".")
-    if seed not in SEEDS or (run.get("tx", True) is False and TxKnobs.from_seed(seed)):
+    drawn_off = (run.get("tx", True) is False and TxKnobs.from_seed(seed)) or (
+        run.get("send_window", True) is False and send_window_of(seed)
+    )
+    if seed not in SEEDS or drawn_off:
         assert run_broker_seed(seed, **run).stats[ran] > 0
     _plant(monkeypatch.setattr, module, getattr(module, owner_name), name, good, bad)
     with pytest.raises(InvariantViolationError, match=re.escape(said)):
@@ -671,7 +700,7 @@ def test_a_bug_in_the_real_timer_code_fails_a_seed(
     assert DelayKnobs.from_seed(seed) is not None, f"seed {seed} runs no delay messages"
     _planted_bug_fails(
         monkeypatch, f"broker.timers.{module_name}", where, good, bad, seed, said,
-        ran="delay delivered", tx=False,
+        ran="delay delivered", tx=False, send_window=False,
     )  # fmt: skip
 
 
@@ -735,3 +764,30 @@ def test_a_bug_in_the_real_transaction_code_fails_a_seed(
         monkeypatch, f"broker.transactions.{module_name}", where, good, bad, seed, said,
         ran="tx begun",
     )  # fmt: skip
+
+
+# ---- issue 30: the send window of RocketMQ clients' message ids ---------------------------
+
+
+PLANTED_WINDOW: list[Planted] = [  # (as PLANTED_POP)
+    # An id is forgotten once a send stored more than max_age_ms of log time after it.
+    ("sendwindow", "SendWindow._evict", "ids aged out too soon",
+     "horizon = now - self.max_age_ms", "horizon = now - self.max_age_ms // 2",
+     5, "n0's send window {'%id%p0.26': (1700000004796, 0, 1,"),
+    # A node restored from a snapshot ages the ids by their log times, as the log did.
+    ("sendwindow", "SendWindow.adopt_json", "log times not carried in the snapshot",
+     'json_int(ts, "ts"),', "0,",
+     10, "n2's send window {'%id%p0.7': (0, 0, 1, [(0, 2, 21043)]),"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("row", PLANTED_WINDOW, ids=[r[2] for r in PLANTED_WINDOW])
+def test_a_bug_in_the_real_send_window_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch, row: Planted
+) -> None:
+    """The simulation's producer p0 sends under send-window ids (in a third of the
+    seeds): a one-line bug in the window fails a seed with the broken invariant."""
+    module_name, where, _what, good, bad, seed, said = row
+    _planted_bug_fails(
+        monkeypatch, f"broker.{module_name}", where, good, bad, seed, said, ran="produce ok"
+    )
