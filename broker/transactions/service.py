@@ -48,7 +48,7 @@ from ..encode import check_pinned_queue
 from ..gate import WriteGate
 from ..metadata import HALF_TOPIC, MetadataState
 from ..names import check_group_name, check_topic_name
-from ..produce import NewMessage, Producer, ProduceResult
+from ..produce import AnswerSlot, NewMessage, Producer, ProduceResult
 from ..reads import PulledMessage, Reads
 from ..settings import BrokerSettings
 from ..topics import MetadataLog, Topics
@@ -133,7 +133,7 @@ class Transactions:
         self.applier = applier
         self.clock = clock
         self.gather = gather
-        self._delivering: set[int] = set()
+        self._delivering: dict[int, AnswerSlot] = {}  # base → the delivery under way
         self._queued: dict[str, deque[int]] = {}  # producer group → checks to hand out
         self._arrived: dict[str, asyncio.Event] = {}
         self._wake = asyncio.Event()
@@ -240,13 +240,23 @@ class Transactions:
     async def deliver(self, base: int) -> int:
         """Copy what the committed transaction ``base`` has not copied yet into its topic;
         how many copies were appended."""
-        if base in self._delivering:
+        running = self._delivering.get(base)
+        if running is not None:  # one under way (the loop's, a commit's): its outcome
+            await running.wait()
             return 0
-        self._delivering.add(base)
+        slot = self._delivering[base] = self.producer.answer_slot()
         try:
-            return await self._deliver(base)
+            copied = await self._deliver(base)
+        except errors.BrokerError as e:
+            slot.set_exception(e)
+            raise
+        except BaseException:  # cancelled (a crash, a shutdown): not known to be done
+            slot.set_exception(errors.UnknownOutcomeError("the delivery was interrupted; retry"))
+            raise
         finally:
-            self._delivering.discard(base)
+            del self._delivering[base]
+        slot.set_result([])
+        return copied
 
     async def _deliver(self, base: int) -> int:
         end = self.gate.server.ledger_end_index
@@ -329,6 +339,12 @@ class Transactions:
                     await self._wake.wait()
 
     async def step(self, now: int) -> None:
+        # What this master appended before (a check's count, a copy) is applied first:
+        # a turn deciding on a state that lacks its own last turn's checks would check a
+        # transaction past tx_max_checks.
+        end = self.gate.server.ledger_end_index
+        if not await self.dispatch.wait_dispatched(end, self.settings.append_timeout_ms / 1000):
+            return
         for t in list(self.state.uncopied()):
             await self.deliver(t.base)
         due = [t for t in self.state.pending() if t.next_check <= now][:CHECKS_PER_TICK]

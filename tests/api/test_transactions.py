@@ -16,6 +16,7 @@ import pytest
 
 from broker.gate import BrokerRole
 from broker.metadata import HALF_TOPIC
+from broker.produce import LoopAnswerSlot
 from ledgermq.client import AsyncTransactionProducer, TransactionCheck, TransactionResolvedError
 from ledgermq.client.transacting import Resolution
 from tests.api.conftest import Node, node_settings, running_node
@@ -165,7 +166,7 @@ async def test_a_commit_whose_copies_a_master_did_not_write_is_completed(
         await node.http.post("/v1/topics", json={"name": "t", "queues": 4})
         tx = (await _begin(node, "t", ["a", "b", "c"], queue_id=2))["transaction_id"]
         base = int(tx.removeprefix("tx1:"))
-        node.broker.transactions._delivering.add(base)  # (this master copies nothing)
+        node.broker.transactions._delivering[base] = LoopAnswerSlot()  # (never ends: no copy)
         await node.broker.metalog.append({"op": "tx.commit", "base": base})
         assert await _bodies(node, "t", 4) == []
     async with running_node(settings) as node:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -168,28 +169,43 @@ def test_silent_connections_past_the_caps_do_not_shut_healthz_out(node: NodeProc
 
 def test_a_client_whose_connections_are_all_busy_is_answered_503(node: NodeProcess) -> None:
     """Only when none of the client's connections is idle is a new one refused, 503
-    with Retry-After, which the client library retries."""
-    r = httpx.post(node.url + "/v1/topics", json={"name": "lp", "queues": 1}, timeout=10)
-    assert r.status_code in (200, 201), r.text
-    url = node.url + "/v1/topics/lp/queues/0/messages?offset=0&wait_ms=3000"
-    polls = [threading.Thread(target=lambda: httpx.get(url, timeout=20)) for _ in range(PER_CLIENT)]
-    for t in polls:
-        t.start()
+    with Retry-After, which the client library retries. Another client (127.0.0.2, a
+    peer address of its own) watches the polls park, then ends them with a message:
+    a probe sent while a poll's connection had not sent its request yet found that one
+    idle and took its place."""
+    other = httpx.Client(
+        base_url=node.url, transport=httpx.HTTPTransport(local_address="127.0.0.2"), timeout=10
+    )
+    with other:
+        r = other.post("/v1/topics", json={"name": "lp", "queues": 1})
+        assert r.status_code in (200, 201), r.text
+        url = node.url + "/v1/topics/lp/queues/0/messages?offset=0&wait_ms=5000"
+        answers: list[int] = []
 
-    def refused() -> httpx.Response | None:
-        try:
-            r = httpx.get(node.url + "/healthz", timeout=5)
-        except httpx.HTTPError:
-            return None
-        return r if r.status_code == 503 else None
+        def poll() -> None:
+            with contextlib.suppress(httpx.HTTPError):  # (counted: all eight must answer)
+                answers.append(httpx.get(url, timeout=20).status_code)
 
-    r = wait_until(refused, timeout_s=10, what="a 503 while every connection is busy")
-    assert r.json()["error"]["code"] == "TOO_MANY_CONNECTIONS"
-    assert r.headers["retry-after"] == "1"
-    with Admin(node.url, deadline_s=20) as admin:  # retries it until a long poll ends
-        assert "lp" in [t.name for t in admin.list_topics()]
-    for t in polls:
-        t.join(20)
+        polls = [threading.Thread(target=poll) for _ in range(PER_CLIENT)]
+        for t in polls:
+            t.start()
+
+        def parked() -> bool:
+            text = other.get("/metrics").text
+            return f"ledgermq_long_polls_waiting {float(PER_CLIENT)}" in text
+
+        wait_until(parked, timeout_s=10, what=f"{PER_CLIENT} long polls parked")
+        r = httpx.get(node.url + "/healthz", timeout=5)
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "TOO_MANY_CONNECTIONS"
+        assert r.headers["retry-after"] == "1"
+        r = other.post("/v1/topics/lp/messages", json={"messages": [{"body": "go"}]})
+        assert r.status_code == 200, r.text
+        with Admin(node.url, deadline_s=20) as admin:  # retries it until the polls end
+            assert "lp" in [t.name for t in admin.list_topics()]
+        for t in polls:
+            t.join(20)
+        assert answers == [200] * PER_CLIENT
     assert httpx.get(node.url + "/healthz", timeout=5).status_code == 200
 
 
