@@ -316,3 +316,39 @@ def test_a_properties_limit_over_32767_is_refused() -> None:
     assert Limits().max_properties_bytes == 32_767
     with pytest.raises(ValueError, match="signed short"):
         Limits(max_properties_bytes=32_768)
+
+
+@pytest.mark.asyncio
+async def test_records_written_before_issue_31_are_still_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/formats.md "Records written before issue 31": the full CRC-32 in BODYCRC and
+    batch records of SYSFLAG 0x80 (as written then) are read, recovered and dispatched
+    again; only ``decode_message``'s check (RocketMQ's) refuses the old CRC."""
+    import broker.batch  # noqa: PLC0415
+    import broker.message  # noqa: PLC0415
+
+    bodies = [b for i in range(200) if zlib.crc32(b := b"old %d" % i) & 0x80000000][:3]
+    c, b = await _single(tmp_path)
+    try:
+        await b.topics.create("t", 1)
+        with monkeypatch.context() as old:
+            old.setattr(broker.message, "body_crc", zlib.crc32)
+            old.setattr(broker.batch, "BATCH_SYS_FLAG", INNER_BATCH_FLAG)
+            end = b.store.ledger_end_index
+            await b.producer.produce("t", [NewMessage(bodies[0])])
+            await b.producer.produce("t", [NewMessage(x) for x in bodies[1:]])
+        single = b.store.get(end + 1).body
+        with pytest.raises(MessageFormatError, match="BODYCRC"):
+            decode_message(single)
+        batch = decode_message(b.store.get(end + 2).body, verify_crc=False)
+        assert batch.sys_flag == INNER_BATCH_FLAG
+        await c.stop("n0")
+        c.wipe_consume_queues("n0")
+        b = await c.start("n0")
+        await c.master()
+        await until(lambda: b.reads.queue_bounds("t", 0) == (0, 3), 20, "the queue rebuilt")
+        r = await b.reads.pull(b.reads.pulled_message, "t", 0, 0)
+        assert [m.body for m in r.messages] == bodies
+    finally:
+        await c.close()
