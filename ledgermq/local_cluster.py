@@ -10,6 +10,7 @@ bounded. A peer secret (docs/operations.md) reaches the children in their enviro
 
 from __future__ import annotations
 
+import ssl
 import sys
 import time
 from collections.abc import Sequence
@@ -37,7 +38,11 @@ class LocalBrokerCluster(ChildNodes):
         inherit_output: bool = False,
         peer_secret: bytes | None = None,
         probe_token: str | None = None,
+        tls: tuple[Path, Path, Path] | None = None,
     ) -> None:
+        """``tls``: (CA bundle, certificate chain, key) PEM files: the nodes serve HTTPS
+        and gRPC over TLS with that certificate, trust that CA for their peers, and the
+        probes here verify with it."""
         if not 1 <= n <= 9:
             raise ValueError("a local cluster has 1 to 9 nodes")
         super().__init__(
@@ -62,8 +67,9 @@ class LocalBrokerCluster(ChildNodes):
             i: f"127.0.0.1:{p}" for i, p in zip(self.ids, self.grpc_ports, strict=True)
         }
         self.peer_grpc = ",".join(f"{i}={a}" for i, a in self.grpc_addrs.items())
+        scheme = "http" if tls is None else "https"
         self.urls = {
-            i: f"http://127.0.0.1:{p}" for i, p in zip(self.ids, self.http_ports, strict=True)
+            i: f"{scheme}://127.0.0.1:{p}" for i, p in zip(self.ids, self.http_ports, strict=True)
         }
         self.peer_spec = ";".join(
             f"{i}-127.0.0.1:{p}" for i, p in zip(self.ids, self.raft_ports, strict=True)
@@ -72,6 +78,13 @@ class LocalBrokerCluster(ChildNodes):
         self.data_dir = data_dir
         self.group = group
         self.extra_args = list(extra_args)
+        # what the probes trust: the cluster's CA, else the system's
+        self.verify: ssl.SSLContext | bool = (
+            True if tls is None else ssl.create_default_context(cafile=str(tls[0]))
+        )
+        if tls is not None:
+            ca, cert, key = (str(f) for f in tls)
+            self.extra_args += ["--ssl-certfile", cert, "--ssl-keyfile", key, "--peer-ca-file", ca]
         # the bearer token the probes (/v1/cluster) send to nodes that require tokens
         self.probe_token = probe_token
 
@@ -97,7 +110,7 @@ class LocalBrokerCluster(ChildNodes):
             "--peers",
             self.peer_spec,
             "--http",
-            self.urls[node].removeprefix("http://"),
+            self.urls[node].split("://", 1)[1],
             "--peer-urls",
             self.peer_urls,
             "--grpc",
@@ -115,14 +128,20 @@ class LocalBrokerCluster(ChildNodes):
     def cluster_info(self, node: str, timeout_s: float = 2.0) -> dict[str, Any] | None:
         try:
             headers = {"Authorization": f"Bearer {self.probe_token}"} if self.probe_token else {}
-            r = httpx.get(self.urls[node] + "/v1/cluster", headers=headers, timeout=timeout_s)
+            r = httpx.get(
+                self.urls[node] + "/v1/cluster",
+                headers=headers,
+                timeout=timeout_s,
+                verify=self.verify,
+            )
         except httpx.HTTPError:
             return None
         return r.json() if r.status_code == 200 else None
 
     def ready(self, node: str, timeout_s: float = 2.0) -> bool:
         try:
-            return httpx.get(self.urls[node] + "/readyz", timeout=timeout_s).status_code == 200
+            r = httpx.get(self.urls[node] + "/readyz", timeout=timeout_s, verify=self.verify)
+            return r.status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -755,6 +755,13 @@ def _add_security_options(p: argparse.ArgumentParser) -> None:
         " URL is then https",
     )
     add_option(p, "--ssl-keyfile", default=None, help="its private key (PEM)")
+    add_option(
+        p,
+        "--peer-ca-file",
+        default=None,
+        help="with TLS: the CAs (PEM) this node trusts when it calls its peers (gRPC calls"
+        " forwarded to the master); default: $SSL_CERT_FILE, else the system's",
+    )
     add_option(p, "--auth-token", default=None, help="require this bearer token on /v1")
     add_option(
         p,
@@ -813,6 +820,13 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         if not args.grpc_auth_max_skew_s > 0:
             raise ValueError("--grpc-auth-max-skew-s must be > 0")
         grpc = replace(grpc, auth_max_skew_s=args.grpc_auth_max_skew_s)
+        if args.ssl_certfile:  # one certificate for HTTPS and gRPC
+            grpc = replace(
+                grpc,
+                certfile=args.ssl_certfile,
+                keyfile=args.ssl_keyfile or args.ssl_certfile,
+                peer_ca_file=args.peer_ca_file,
+            )
     peer_grpc = _peer_grpc(args.peer_grpc, peer_urls)
     if grpc is not None:  # this node's own address: where it listens, unless a wildcard
         own_host = (

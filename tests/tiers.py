@@ -60,6 +60,7 @@ BY_PATH: dict[str, str] = {
     # The official RocketMQ 5 clients against a cluster of node processes.
     "tests/rocketmq/test_official_auth.py": "process",
     "tests/rocketmq/test_official_client.py": "process",
+    "tests/rocketmq/test_official_tls.py": "process",
     "tests/rocketmq/test_official_transactions.py": "process",
     "tests/runtime": "unit",
     "tests/sim": "simulation",

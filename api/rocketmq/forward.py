@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -54,6 +55,16 @@ def metadata_of(context: Any) -> dict[str, str]:
 def client_id_of(context: Any) -> str:
     """The ``x-mq-client-id`` of the call, stripped ('' when missing)."""
     return metadata_of(context).get("x-mq-client-id", "").strip()
+
+
+def peer_credentials(g: GrpcSettings) -> Any:
+    """What this node trusts when it calls a peer's gRPC front over TLS: ``peer_ca_file``,
+    else ``$SSL_CERT_FILE``, else gRPC's own roots."""
+    path = g.peer_ca_file or os.environ.get("SSL_CERT_FILE") or None
+    if path is None:
+        return grpc.ssl_channel_credentials()
+    with open(path, "rb") as f:
+        return grpc.ssl_channel_credentials(root_certificates=f.read())
 
 
 class MasterCalls:
@@ -130,9 +141,12 @@ class MasterCalls:
     def _channel(self, target: str) -> Any:
         ch = self._channels.get(target)
         if ch is None:
-            ch = self._channels[target] = grpc.aio.insecure_channel(
-                target, options=[("grpc.enable_retries", 0)]
-            )
+            options = [("grpc.enable_retries", 0)]
+            if self.settings.tls:
+                ch = grpc.aio.secure_channel(target, peer_credentials(self.settings), options)
+            else:
+                ch = grpc.aio.insecure_channel(target, options=options)
+            self._channels[target] = ch
         return ch
 
     async def close(self) -> None:

@@ -6,7 +6,8 @@ Server options: a received message may be as large as a whole
 produce request plus 1 MiB of headers (grpc's default of 4 MiB would refuse a 4 MiB body
 before the service could answer MESSAGE_BODY_TOO_LARGE); HTTP/2 keepalive pings notice
 dead clients; ``SO_REUSEPORT`` is off, so a port in use fails the start instead of being
-shared with another process.
+shared with another process. With the node's certificate (``--ssl-certfile``) the
+port serves TLS only, as HTTPS does.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def server_options(settings: BrokerSettings, grpc_settings: GrpcSettings) -> lis
     ]
 
 
+def server_credentials(g: GrpcSettings) -> Any:
+    """The node's certificate chain and key (PEM files) as gRPC's server credentials;
+    ``OSError`` naming the file that cannot be read."""
+    assert g.certfile is not None and g.keyfile is not None
+    with open(g.keyfile, "rb") as key, open(g.certfile, "rb") as chain:
+        return grpc.ssl_server_credentials([(key.read(), chain.read())])
+
+
 class RocketMQFront:
     """The gRPC server of one node and its service."""
 
@@ -83,7 +92,10 @@ class RocketMQFront:
         g = self.grpc_settings
         address = f"[{g.host}]:{g.port}" if ":" in g.host else f"{g.host}:{g.port}"
         try:
-            port = int(self.server.add_insecure_port(address))
+            if g.tls:
+                port = int(self.server.add_secure_port(address, server_credentials(g)))
+            else:
+                port = int(self.server.add_insecure_port(address))
         except RuntimeError as e:
             raise OSError(f"could not serve gRPC on {address}: {e}") from None
         if port == 0:

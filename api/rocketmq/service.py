@@ -137,27 +137,43 @@ def settings_reply(
         sub.receive_batch_size = RECEIVE_BATCH_SIZE
         if client.client_type == pb.PUSH_CONSUMER or not sub.HasField("long_polling_timeout"):
             sub.long_polling_timeout.CopyFrom(Duration(seconds=LONG_POLLING_TIMEOUT_S))
-        _retry_policy(out.backoff_policy, group)
+        _retry_policy(out.backoff_policy, group, client.user_agent.language)
         return out
     return None
 
 
-def _retry_policy(out: pb.RetryPolicy, group: PopConfig | None) -> None:
+def _retry_policy(out: pb.RetryPolicy, group: PopConfig | None, language: int = 0) -> None:
     """A consumer group's retry policy as the protocol's: a list of delays as a
-    customized backoff, an exponential one as such."""
+    customized backoff, an exponential one as such. Node's client (1.0.8) reads no
+    customized backoff ("not yet implemented"): without a policy it gives a FIFO
+    message up after one failure and nacks others for no time, so a Node client gets
+    the list as the exponential backoff through its first and last delays."""
+    delays_ms: list[int]
     if group is None:
         out.max_attempts = CONSUMER_MAX_ATTEMPTS
-        out.customized_backoff.next.extend(Duration(seconds=s) for s in CUSTOMIZED_BACKOFF_S)
+        delays_ms = [s * 1000 for s in CUSTOMIZED_BACKOFF_S]
+    elif group.retry.policy == "list":
+        out.max_attempts = group.max_delivery_attempts
+        delays_ms = list(group.retry.delays_ms)
+    else:
+        out.max_attempts = group.max_delivery_attempts
+        r = group.retry
+        _exponential(out, r.initial_ms, r.max_ms, r.multiplier)
         return
-    out.max_attempts = group.max_delivery_attempts
-    r = group.retry
-    if r.policy == "list":
-        out.customized_backoff.next.extend(_duration(ms) for ms in r.delays_ms)
+    if language != pb.NODE_JS:
+        out.customized_backoff.next.extend(_duration(ms) for ms in delays_ms)
         return
+    first, last = delays_ms[0], max(delays_ms)
+    steps = max(1, len(delays_ms) - 1)
+    growth = (last / first) ** (1 / steps) if first > 0 and last > first else 1.0
+    _exponential(out, first, last, growth)
+
+
+def _exponential(out: pb.RetryPolicy, initial_ms: int, max_ms: int, multiplier: float) -> None:
     exp = out.exponential_backoff
-    exp.initial.CopyFrom(_duration(r.initial_ms))
-    exp.max.CopyFrom(_duration(r.max_ms))
-    exp.multiplier = r.multiplier
+    exp.initial.CopyFrom(_duration(initial_ms))
+    exp.max.CopyFrom(_duration(max_ms))
+    exp.multiplier = multiplier
 
 
 def _duration(ms: int) -> Duration:

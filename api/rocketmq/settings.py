@@ -56,6 +56,16 @@ class GrpcSettings:
     # x-mq-date-time is further than this from the node's clock is refused: how long a
     # captured signature stays good.
     auth_max_skew_s: float = 900.0
+    # TLS (the node's --ssl-certfile and --ssl-keyfile: one certificate for HTTPS and
+    # gRPC); None: plaintext. The calls forwarded to the master then go over TLS too,
+    # trusting ``peer_ca_file`` (PEM; None: $SSL_CERT_FILE, else gRPC's own roots).
+    certfile: str | None = None
+    keyfile: str | None = None
+    peer_ca_file: str | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.certfile is not None
 
 
 def renew_ahead_ms(g: GrpcSettings) -> int:

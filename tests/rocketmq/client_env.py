@@ -143,10 +143,14 @@ def official_node() -> Path:
 
 
 def run_node_script(
-    modules: Path, script: str, args: dict[str, Any], timeout_s: float = 120.0
+    modules: Path,
+    script: str,
+    args: dict[str, Any],
+    timeout_s: float = 120.0,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """``run_script`` for ``scripts/node/<script>``, run by ``node`` with the client's
-    ``node_modules`` on ``NODE_PATH``."""
+    ``node_modules`` on ``NODE_PATH`` (and ``env`` besides)."""
     p = subprocess.run(
         [_node_tool("node"), str(SCRIPTS / "node" / script)],
         input=json.dumps(args),
@@ -154,7 +158,7 @@ def run_node_script(
         text=True,
         timeout=timeout_s,
         check=False,
-        env={**os.environ, "NODE_PATH": str(modules)},
+        env={**os.environ, "NODE_PATH": str(modules), **(env or {})},
     )
     lines = [ln for ln in p.stdout.splitlines() if ln.strip()]
     assert p.returncode == 0 and lines, (

@@ -22,14 +22,17 @@ def cluster_with_topics(
     *args: str,
     env: Mapping[str, str] | None = None,
     token: str | None = None,
+    tls: tuple[Path, Path, Path] | None = None,
 ) -> Iterator[LocalBrokerCluster]:
     """Three nodes with ``args`` (and ``env``), ``topics`` (name → queues) made, the
-    HTTP calls with bearer ``token`` when the nodes have tokens."""
+    HTTP calls with bearer ``token`` when the nodes have tokens; ``tls``: (CA, chain,
+    key), the nodes serving HTTPS and gRPC over TLS."""
     c = LocalBrokerCluster(
         3,
         data_dir / "nodes",
         extra_args=(*CLUSTER_ARGS, "--no-auto-create-topics", *args),
         probe_token=token,
+        tls=tls,
     )
     c.env.update(env or {})
     c.start_all()
@@ -38,7 +41,10 @@ def cluster_with_topics(
         headers = {} if token is None else {"Authorization": f"Bearer {token}"}
         for name, queues in topics.items():
             r = httpx.post(
-                f"{master}/v1/topics", json={"name": name, "queues": queues}, headers=headers
+                f"{master}/v1/topics",
+                json={"name": name, "queues": queues},
+                headers=headers,
+                verify=c.verify,
             )
             assert r.status_code == 201, r.text
         yield c

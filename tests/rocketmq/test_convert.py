@@ -199,6 +199,31 @@ def test_consumer_settings_follow_the_groups_replicated_config() -> None:
     assert reply.backoff_policy.exponential_backoff.initial.nanos == 500_000_000
 
 
+def test_a_node_client_gets_a_list_of_delays_as_an_exponential_backoff() -> None:
+    """Node's client (1.0.8) reads no customized backoff: without one it dead-letters a
+    FIFO message after its first failure. Python's gets the list as it is."""
+    cfg = PopConfig(fifo=True, max_delivery_attempts=5, retry=RetryPolicy(delays_ms=(1000, 8000)))
+
+    def policy(language: int, group: PopConfig | None = cfg) -> pb.RetryPolicy:
+        client = pb.Settings(
+            client_type=pb.PUSH_CONSUMER,
+            subscription=pb.Subscription(),
+            user_agent=pb.UA(language=language),
+        )
+        reply = settings_reply(client, 1, group)
+        assert reply is not None
+        return reply.backoff_policy
+
+    python, node = policy(pb.PYTHON), policy(pb.NODE_JS)
+    assert [d.seconds for d in python.customized_backoff.next] == [1, 8]
+    assert node.max_attempts == python.max_attempts == 5
+    exp = node.exponential_backoff
+    assert (exp.initial.seconds, exp.max.seconds, exp.multiplier) == (1, 8, 8.0)
+    default = policy(pb.NODE_JS, None).exponential_backoff  # RocketMQ's 1 s ... 2 h
+    assert (default.initial.seconds, default.max.seconds) == (1, 7200)
+    assert 1 < default.multiplier < 2
+
+
 def test_a_stored_message_renders_as_both_clients_decode_it() -> None:
     raw = encode_message(
         topic="T",

@@ -5,21 +5,26 @@ What Node needs beyond Python (docs/rocketmq.md): one address per endpoints (it 
 use "a;b;c"), a route with queue id 0, a Settings reply before ``startup()`` returns
 (with an exponential backoff for producers), an MD5 body digest on every message, a
 status per send entry. Producer (normal, FIFO, delay), SimpleConsumer (receive, ack,
-change of the invisible time, through a follower) and PushConsumer scenarios run as
-``scripts/node/*.js``.
+change of the invisible time, through a follower), transactions (commit, rollback, and
+the server's check answered), PushConsumer (success, a retry, failures dead-lettered,
+FIFO order per message group) scenarios run as ``scripts/node/*.js``.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import pytest
 
 from ledgermq.local_cluster import LocalBrokerCluster
+from tests.api.conftest import CLUSTER_ARGS
+from tests.process.conftest import start_cluster
 from tests.waiting import wait_until
 
 from .client_env import official_node, run_node_script
@@ -27,7 +32,12 @@ from .clusters import cluster_with_topics
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
-TOPICS = {"n-orders": 4, "n-fifo": 4, "n-later": 2, "n-work": 3, "n-push": 4}
+TOPICS = {
+    **{"n-orders": 4, "n-fifo": 4, "n-later": 2, "n-work": 3, "n-push": 4},
+    **{"n-tx": 2, "n-failing": 2, "n-ordered": 4},
+}
+# the first check after 1 s (RocketMQ's default: 6 s), so that the test does not wait long
+TX_ARGS = ("--tx-first-check-ms", "1000", "--tx-check-interval-ms", "2000")
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +47,7 @@ def node_modules() -> Path:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrokerCluster]:
-    with cluster_with_topics(tmp_path_factory.mktemp("rocketmq-node"), TOPICS) as c:
+    with cluster_with_topics(tmp_path_factory.mktemp("rocketmq-node"), TOPICS, *TX_ARGS) as c:
         yield c
 
 
@@ -185,3 +195,196 @@ def test_node_push_consumer_consumes_every_message_once(
         return sum(x["lag"] for x in q.json()["offsets"])
 
     wait_until(lambda: lag() == 0, 20, "every message acked")
+
+
+def bodies_of(c: LocalBrokerCluster, topic: str, queues: int) -> list[str]:
+    out = []
+    for q in range(queues):
+        r = httpx.get(
+            f"{c.urls[c.wait_ready()]}/v1/topics/{quote(topic, safe='')}/queues/{q}/messages",
+            params={"offset": 0, "max_messages": 100},
+            timeout=5,
+        )
+        assert r.status_code == 200, r.text
+        out += [m["body"] for m in r.json()["messages"]]
+    return sorted(out)
+
+
+def test_node_transactions_commit_roll_back_and_answer_the_servers_check(
+    node_modules: Path, cluster: LocalBrokerCluster
+) -> None:
+    transactions = [
+        {"body": "committed", "end": "commit"},
+        {"body": "rolled back", "end": "rollback"},
+        {"body": "checked: commit", "end": "open"},
+        {"body": "checked: roll back", "end": "open"},
+    ]
+    master = cluster.urls[cluster.wait_ready()]
+    out = run_node_script(
+        node_modules,
+        "transactional.js",
+        {
+            "endpoints": one_node(cluster, master=False),  # begins and ends forwarded
+            "http": master,
+            "topic": "n-tx",
+            "transactions": transactions,
+            "checker": {"checked: commit": "commit", "checked: roll back": "rollback"},
+            "wait_checks_s": 60,
+        },
+        timeout_s=150,
+    )
+    sent = out["sent"]
+    assert all("error" not in s for s in sent), sent
+    assert len({s["transaction_id"] for s in sent}) == 4
+    ids = {spec["body"]: s["message_id"] for spec, s in zip(transactions, sent, strict=True)}
+    checked = {c["body"]: c for c in out["checked"]}
+    assert set(checked) == {"checked: commit", "checked: roll back"}, out["checked"]
+    for body, c in checked.items():
+        assert c["message_id"] == ids[body] and c["topic"] == "n-tx", c
+    r = httpx.get(f"{master}/v1/transactions", params={"producer_group": "n-tx"}, timeout=5)
+    assert r.status_code == 200 and r.json()["transactions"] == [], r.text
+    for body in ("committed", "checked: commit"):
+        (m,) = wait_until(lambda b=body: by_key(cluster, "n-tx", ids[b]), 30, body)
+        assert m["body"] == body
+    assert bodies_of(cluster, "n-tx", 2) == ["checked: commit", "committed"]
+
+
+def test_node_push_consumer_failures_are_retried_then_dead_lettered(
+    node_modules: Path, cluster: LocalBrokerCluster
+) -> None:
+    master = cluster.urls[cluster.wait_ready()]
+    config = {"start": "earliest", "max_delivery_attempts": 3}
+    r = httpx.put(
+        f"{master}/v1/groups/n-failers",
+        json={**config, "retry": {"policy": "list", "delays_ms": [200]}},
+    )
+    assert r.status_code == 200, r.text
+    messages = [{"topic": "n-failing", "body": f"bad {i}"} for i in range(2)]
+    receipts = send(node_modules, one_node(cluster, master=True), messages)
+    report = run_node_script(
+        node_modules,
+        "push_consumer.js",
+        {
+            "endpoints": one_node(cluster, master=False),
+            "group": "n-failers",
+            "topic": "n-failing",
+            "until": len(messages) * 3,
+            "fail_all": True,
+            "dead_url": f"{master}/v1/groups/n-failers",
+            "dead": len(messages),
+            "max_ms": 60000,
+        },
+        timeout_s=150,
+    )
+    attempts: dict[str, list[int]] = {}
+    for d in report["deliveries"]:
+        attempts.setdefault(d["message_id"], []).append(d["delivery_attempt"])
+    assert attempts == {r["message_id"]: [1, 2, 3] for r in receipts}, attempts
+    assert report["dead_lettered"] == len(messages), report
+    assert bodies_of(cluster, "%DLQ%n-failers", 1) == sorted(m["body"] for m in messages)
+
+
+def test_node_fifo_push_consumer_keeps_each_message_groups_order_through_a_failure(
+    node_modules: Path, cluster: LocalBrokerCluster
+) -> None:
+    master = cluster.urls[cluster.wait_ready()]
+    r = httpx.put(f"{master}/v1/groups/n-fifo-pushers", json={"start": "earliest", "fifo": True})
+    assert r.status_code == 200, r.text
+    groups = ["g1", "g2", "g3"]
+    messages = [
+        {"topic": "n-ordered", "body": f"{g} step {i}", "group": g}
+        for i in range(5)
+        for g in groups
+    ]
+    send(node_modules, one_node(cluster, master=True), messages)
+    report = run_node_script(
+        node_modules,
+        "push_consumer.js",
+        {
+            "endpoints": one_node(cluster, master=False),
+            "group": "n-fifo-pushers",
+            "topic": "n-ordered",
+            "until": len(messages) + 1,
+            "fail": ["g2 step 1"],
+            "max_ms": 60000,
+        },
+        timeout_s=150,
+    )
+    done: dict[str, list[str]] = {g: [] for g in groups}
+    for d in report["deliveries"]:
+        assert d["message_group"] in done, d
+        if d["result"] == "success":
+            done[d["message_group"]].append(d["body"])
+    for g in groups:
+        assert done[g] == [f"{g} step {i}" for i in range(5)], done
+    seen = [d["body"] for d in report["deliveries"] if d["message_group"] == "g2"]
+    assert seen[:3] == ["g2 step 0", "g2 step 1", "g2 step 1"], seen  # retried in place
+
+
+def test_kill_9_of_the_master_during_node_sends_through_a_follower_stores_each_once(
+    node_modules: Path, tmp_path: Path
+) -> None:
+    """Node's producer, connected to a follower (it takes one address), sends while the
+    master is killed: the follower holds the sends in flight through the election and
+    forwards them to the new master; a send the client retries carries the same message
+    id. Every id the client was told is stored is stored once, and no body twice."""
+    c = start_cluster(tmp_path / "c", (*CLUSTER_ARGS, "--no-auto-create-topics"))
+    try:
+        master = c.wait_ready()
+        r = httpx.post(f"{c.urls[master]}/v1/topics", json={"name": "busy", "queues": 2})
+        assert r.status_code == 201, r.text
+        follower = next(n for n in c.ids if n != master)
+        wait_until(lambda: stored(c, follower, "busy") == 0, 10, "the topic on the follower")
+        n = 300
+        messages = [{"topic": "busy", "body": f"m{i}"} for i in range(n)]
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            args = {"endpoints": c.grpc_addrs[follower], "topics": ["busy"], "messages": messages}
+            out.update(run_node_script(node_modules, "producer.js", args, timeout_s=300))
+
+        sender = threading.Thread(target=run)
+        sender.start()
+        wait_until(lambda: stored(c, follower, "busy") >= n // 4, 60, "a quarter sent")
+        c.kill(master)
+        sender.join(300)
+        assert not sender.is_alive() and out, "the producer did not finish"
+        assert "startup_error" not in out, out
+        receipts = out["receipts"]
+        ok = [r for r in receipts if "error" not in r]
+        assert len(ok) >= n // 2, receipts  # most go through (the rest: errors, told so)
+        new_master = c.wait_ready()
+        for spec, r in zip(messages, receipts, strict=True):
+            if "error" not in r:
+                found = by_key_on(c, new_master, "busy", r["message_id"])
+                assert len(found) == 1 and found[0]["body"] == spec["body"], (r, found)
+        bodies: dict[str, int] = {}
+        for q in range(2):
+            page = httpx.get(
+                f"{c.urls[new_master]}/v1/topics/busy/queues/{q}/messages",
+                params={"offset": 0, "max_messages": 1000},
+                timeout=10,
+            ).json()["messages"]
+            for m in page:
+                bodies[m["body"]] = bodies.get(m["body"], 0) + 1
+        assert sum(bodies.values()) == stored(c, new_master, "busy")
+        twice = {b: k for b, k in bodies.items() if k > 1}
+        assert not twice, f"stored more than once: {twice}"
+        print(
+            f"kill -9 during Node sends: {len(ok)}/{n} acknowledged, {sum(bodies.values())}"
+            " stored, none twice"
+        )
+    finally:
+        c.stop_all()
+
+
+def stored(c: LocalBrokerCluster, node: str, topic: str) -> int:
+    r = httpx.get(f"{c.urls[node]}/v1/topics/{topic}", timeout=5)
+    return sum(q["max_offset"] for q in r.json()["queues"]) if r.status_code == 200 else -1
+
+
+def by_key_on(c: LocalBrokerCluster, node: str, topic: str, key: str) -> list[dict[str, Any]]:
+    r = httpx.get(f"{c.urls[node]}/v1/topics/{topic}/messages", params={"key": key}, timeout=5)
+    assert r.status_code == 200, r.text
+    messages: list[dict[str, Any]] = r.json()["messages"]
+    return messages

@@ -2,13 +2,14 @@
 never imported by the suite: a Producer or a SimpleConsumer with the given credentials,
 one JSON line of what happened.
 
-stdin: {"endpoints", "ak"?, "sk"?, "op": "send"|"receive", "topic",
+stdin: {"endpoints", "ak"?, "sk"?, "tls"?, "ca_file"?, "op": "send"|"receive", "topic",
         "bodies": [...] (send), "group", "expect", "await_s" (receive)}
 stdout (last line): {"sent": [message ids]} | {"received": [bodies]} (acked) |
                     {"error": "Type: text", "stage": "startup"|"send"|"receive"}
 """
 
 import json
+import os
 import sys
 import time
 
@@ -27,7 +28,7 @@ def failed(stage, e):
 
 
 def send(a, config):
-    producer = Producer(config, (a["topic"],))
+    producer = Producer(config, (a["topic"],), tls_enable=a.get("tls", False))
     try:
         producer.startup()
     except Exception as e:
@@ -49,7 +50,11 @@ def send(a, config):
 
 def receive(a, config):
     c = SimpleConsumer(
-        config, a["group"], {a["topic"]: FilterExpression()}, await_duration=a["await_s"]
+        config,
+        a["group"],
+        {a["topic"]: FilterExpression()},
+        await_duration=a["await_s"],
+        tls_enable=a.get("tls", False),
     )
     try:
         c.startup()
@@ -72,6 +77,8 @@ def receive(a, config):
 
 def main():
     a = json.loads(sys.stdin.read())
+    if a.get("ca_file"):  # the roots gRPC trusts (its client takes the system's)
+        os.environ["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = a["ca_file"]
     credentials = Credentials(a["ak"], a["sk"]) if a.get("ak") else Credentials()
     config = ClientConfiguration(a["endpoints"], credentials, request_timeout=5)
     out = send(a, config) if a["op"] == "send" else receive(a, config)

@@ -1,6 +1,6 @@
 // A Node.js producer scenario: stdin {"endpoints", "topics", "messages": [{"topic",
 // "body", "tag", "keys", "properties", "group", "delay_ms"}], "credentials"?:
-// {"accessKey", "accessSecret"}}; each sent in turn, its receipt (message id, offset,
+// {"accessKey", "accessSecret"}, "ssl"?}; each sent in turn, its receipt (message id, offset,
 // recall handle) or its error, one JSON line ({"startup_error"} when startup failed).
 'use strict';
 
@@ -14,6 +14,7 @@ main(async a => {
     // the server does not deduplicate sends by message id)
     requestTimeout: 10000,
     sessionCredentials: a.credentials,
+    sslEnabled: a.ssl === true,
     logger,
   });
   try {
