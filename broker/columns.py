@@ -45,6 +45,7 @@ from .message import (
     INNER_BATCH_FLAG,
     MAGIC_CODE,
     MAGIC_CODE_POS,
+    MAX_PROPERTIES_SIZE,
     MIN_MESSAGE_SIZE,
     PHYSICAL_OFFSET_POS,
     PROP_KEYS,
@@ -203,10 +204,12 @@ def read_chunk(chunk: RecordChunk, *, topic: str, group: str) -> ChunkColumns:
         f"TOPIC: a record's is not {topic!r}, the page's",
     )
     props_starts = props_len_at + 2
+    props_lens = _gather(buf, props_len_at, ">u2")
     _refuse(
-        props_starts + _gather(buf, props_len_at, ">u2") != ends,
-        "PROPERTIES length disagrees with TOTALSIZE",
+        props_lens > MAX_PROPERTIES_SIZE,
+        f"PROPERTIES length over {MAX_PROPERTIES_SIZE} (RocketMQ reads it as a signed short)",
     )
+    _refuse(props_starts + props_lens != ends, "PROPERTIES length disagrees with TOTALSIZE")
     queue_offsets = _gather(buf, starts + QUEUE_OFFSET_POS, ">i8")
     addresses, props_ends = commitlog_offsets, ends
     batched = np.flatnonzero(sys_flags & INNER_BATCH_FLAG)

@@ -7,7 +7,9 @@ master, at the last moment:
 
 - QUEUEOFFSET (byte 20) — assigned from the next-queue-offset table just before the
   batch is proposed, in the same event-loop step, so batches get contiguous offsets in
-  the order they enter the log. A batch the log refuses gives its offsets back.
+  the order they enter the log. A batch the log refuses gives its offsets back. A batch
+  record's ``INNER_BASE`` property is the same number, written with it
+  (``broker.batch.set_queue_base``).
 - PHYSICALOFFSET (byte 28) — written by the append hook, which the store runs after it
   has fixed the entry's ``pos`` and before the bytes are written: ``pos + 48``, the
   message's real position inside the DLedger data files. Followers write the leader's
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from dledger.runtime.server import DLedgerServer
 from dledger.store import BODY_OFFSET, MAGIC_NORMAL, EntryMeta
 
+from .batch import is_batch_record, set_queue_base
 from .message import PHYSICAL_OFFSET_POS, set_physical_offset, set_queue_id_and_offset
 from .metadata import TopicMeta
 
@@ -109,14 +112,6 @@ class DLedgerCommitLog:
         table = self.queue_table
         saved: dict[tuple[str, int], int | None] = {}
         placed = []
-        for m, qid in zip(batch, qids, strict=True):
-            key = (topic.name, qid)
-            if key not in saved:
-                saved[key] = table.get(key)
-            queue_offset = table.get(key, 0)
-            set_queue_id_and_offset(m.record, qid, queue_offset)
-            table[key] = queue_offset + m.count
-            placed.append((qid, queue_offset))
 
         def undo() -> None:
             for key, old in saved.items():
@@ -124,6 +119,21 @@ class DLedgerCommitLog:
                     table.pop(key, None)
                 else:
                     table[key] = old
+
+        try:
+            for m, qid in zip(batch, qids, strict=True):
+                key = (topic.name, qid)
+                if key not in saved:
+                    saved[key] = table.get(key)
+                queue_offset = table.get(key, 0)
+                if is_batch_record(m.record):
+                    set_queue_base(m.record, queue_offset)
+                set_queue_id_and_offset(m.record, qid, queue_offset)
+                table[key] = queue_offset + m.count
+                placed.append((qid, queue_offset))
+        except BaseException:
+            undo()
+            raise
 
         return placed, undo
 

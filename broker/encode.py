@@ -150,8 +150,9 @@ def _checked_properties(
         raise errors.InvalidArgumentError(f"message {index_in_batch}: {e}") from None
     if len(raw_props) > lim.max_properties_bytes:
         raise errors.PayloadTooLargeError(
-            f"message {index_in_batch}: properties of {len(raw_props)} bytes, "
-            f"over {lim.max_properties_bytes}"
+            f"message {index_in_batch}: properties of {len(raw_props)} bytes as stored"
+            f" (TAGS, KEYS and the broker's own included), over the limit of"
+            f" {lim.max_properties_bytes}"
         )
     check_pinned_queue(m, index_in_batch, r.topic.queues)
     return raw_props

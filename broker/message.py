@@ -5,7 +5,7 @@ A message is the body of one DLedger entry (it starts at entry byte 48). Big-end
     @0  TOTALSIZE i32          @40 BORNTIMESTAMP i64      @76 PREPAREDTXOFFSET i64
     @4  MAGICCODE i32          @48 BORNHOST 4+4           @84 BODY len i32, bytes
     @8  BODYCRC u32            @56 STORETIMESTAMP i64         TOPIC len u8, utf-8
-    @12 QUEUEID i32            @64 STOREHOST 4+4              PROPERTIES len u16, bytes
+    @12 QUEUEID i32            @64 STOREHOST 4+4              PROPERTIES len i16, bytes
     @16 FLAG i32               @72 RECONSUMETIMES i32
     @20 QUEUEOFFSET i64
     @28 PHYSICALOFFSET i64
@@ -16,10 +16,14 @@ Invariants:
   never carries slack, so the entry body size and TOTALSIZE agree;
 - MAGICCODE is RocketMQ's ``MESSAGE_MAGIC_CODE`` V1 (-626843481), whose one-byte topic
   length Java reads as a signed ``byte``: topics are 1..127 UTF-8 bytes;
-- BODYCRC is CRC-32 (Java ``CRC32`` = ``zlib.crc32``) of the body only, stored and
-  decoded *unsigned* (the same four bytes Java writes from its signed ``int``). It does
-  not cover the header, so the in-place rewrites below (queue offset, physical offset,
-  store timestamp/host) never invalidate it; the DLedger entry's body CRC covers those;
+- BODYCRC is RocketMQ's ``UtilAll.crc32``: CRC-32 (Java ``CRC32`` = ``zlib.crc32``) of
+  the body only, top bit cleared (``& 0x7FFFFFFF``, ``body_crc``), so it is the same
+  number read signed or unsigned; RocketMQ's decoder, with its CRC check, refuses any
+  other value. It does not cover the header, so the in-place rewrites below (queue
+  offset, physical offset, store timestamp/host) never invalidate it; the DLedger
+  entry's body CRC covers those;
+- the PROPERTIES length is read by RocketMQ as a signed ``short``: a block holds at most
+  ``MAX_PROPERTIES_SIZE`` = 32,767 bytes, on write and on read;
 - hosts are IPv4 (4 address bytes + i32 port). SYSFLAG's IPv6 bits (``BORNHOST_V6_FLAG``,
   ``STOREHOSTADDRESS_V6_FLAG``) would make the host fields 20 bytes, so they are refused;
   a host string that is not a dotted-quad IPv4 address is stored as 0.0.0.0 (no DNS on
@@ -83,6 +87,7 @@ __all__ = [
     "MAX_TOPIC_SIZE",
     "MIN_MESSAGE_SIZE",
     "NAME_VALUE_SEPARATOR",
+    "NEED_UNWRAP_FLAG",
     "PHYSICAL_OFFSET_POS",
     "PREPARED_TX_OFFSET_POS",
     "PROPERTY_SEPARATOR",
@@ -107,6 +112,7 @@ __all__ = [
     "MessageFormatError",
     "RecordHead",
     "StoredMessage",
+    "body_crc",
     "bytes_to_host",
     "check_ipv4",
     "decode_head",
@@ -151,15 +157,17 @@ BODY_POS: Final = 88
 FIXED_HEADER_SIZE: Final = BODY_POS
 """Bytes before the body, the body length included."""
 
-# Topic length byte + topic length >= 1 + properties length u16.
+# Topic length byte + topic length >= 1 + properties length (2 bytes).
 MIN_MESSAGE_SIZE: Final = FIXED_HEADER_SIZE + 1 + 1 + 2
 MAX_TOPIC_SIZE: Final = 127  # Java reads the V1 topic length as a signed byte
-MAX_PROPERTIES_SIZE: Final = 0xFFFF
+MAX_PROPERTIES_SIZE: Final = 0x7FFF
+"""RocketMQ reads the PROPERTIES length as a signed ``short``: 32,767 bytes at most."""
 _MAX_TOTAL_SIZE: Final = 0x7FFF_FFFF
 MAX_BODY_SIZE: Final = _MAX_TOTAL_SIZE - MIN_MESSAGE_SIZE + 1
 """The largest body that still lets TOTALSIZE fit an i32 (topic and properties shrink it)."""
 
 SYS_FLAG_V6_MASK: Final = 0x10 | 0x20  # BORNHOST_V6_FLAG | STOREHOSTADDRESS_V6_FLAG
+NEED_UNWRAP_FLAG: Final = 0x1 << 6  # RocketMQ's: its client unwraps the inner records
 INNER_BATCH_FLAG: Final = 0x1 << 7  # RocketMQ's: a batch record (``broker.batch``)
 
 # The fixed header, declared once: each field's position and struct code, in order (a
@@ -224,6 +232,11 @@ _HOST = struct.Struct(">4si")
 _QUEUE_ID = struct.Struct(">i")
 _I64 = struct.Struct(">q")
 _U16 = struct.Struct(">H")
+
+
+def body_crc(body: Buffer) -> int:
+    """BODYCRC of ``body``: RocketMQ's ``UtilAll.crc32``, CRC-32 with the top bit cleared."""
+    return zlib.crc32(body) & 0x7FFF_FFFF
 
 
 def message_size(body_len: int, topic_len: int, properties_len: int) -> int:
@@ -307,7 +320,7 @@ def _checked_parts(
     store_port: int,
 ) -> tuple[bytes, bytes | bytearray | memoryview]:
     """``encode_message``'s checks before the header: the topic and properties as stored
-    (1..127 UTF-8 bytes; at most 65535 bytes), IPv4 only, ports in 0..65535."""
+    (1..127 UTF-8 bytes; at most 32,767 bytes), IPv4 only, ports in 0..65535."""
     try:
         topic_b = topic.encode()
     except UnicodeEncodeError as e:
@@ -321,7 +334,8 @@ def _checked_parts(
     )
     if len(props_b) > MAX_PROPERTIES_SIZE:
         raise MessageFormatError(
-            f"PROPERTIES: {len(props_b)} bytes, at most {MAX_PROPERTIES_SIZE} fit the u16 length"
+            f"PROPERTIES: {len(props_b)} bytes, at most {MAX_PROPERTIES_SIZE} (RocketMQ reads"
+            " the length as a signed short)"
         )
     check_ipv4(sys_flag)
     if not (0 <= born_port <= 0xFFFF and 0 <= store_port <= 0xFFFF):
@@ -351,7 +365,7 @@ def encode_message(
 
     ``properties`` may be pre-encoded bytes (from ``encode_properties``); those are
     trusted apart from their length. Raises ``MessageFormatError`` for a topic outside
-    1..127 UTF-8 bytes, properties over 65535 bytes, a record over the i32 size, IPv6
+    1..127 UTF-8 bytes, properties over 32,767 bytes, a record over the i32 size, IPv6
     SYSFLAG bits, a port outside 0..65535 or an integer field that does not fit.
     """
     born_port, store_port = born_host[1], store_host[1]
@@ -369,7 +383,7 @@ def encode_message(
             0,
             total,
             MAGIC_CODE,
-            zlib.crc32(body),
+            body_crc(body),
             queue_id,
             flag,
             queue_offset,
@@ -482,6 +496,11 @@ def _check_lengths(
     if props_at + 2 > total:
         raise MessageFormatError(f"TOPIC: length {topic_len} does not fit TOTALSIZE {total}")
     (props_len,) = _U16.unpack_from(buf, offset + props_at)
+    if props_len > MAX_PROPERTIES_SIZE:
+        raise MessageFormatError(
+            f"PROPERTIES: length {props_len}, at most {MAX_PROPERTIES_SIZE} (RocketMQ reads it"
+            " as a signed short)"
+        )
     if props_at + 2 + props_len != total:
         raise MessageFormatError(
             f"PROPERTIES: length {props_len} disagrees with TOTALSIZE {total} "
@@ -623,17 +642,17 @@ def decode_message(buf: Buffer, offset: int = 0, *, verify_crc: bool = True) -> 
     PROPERTIES block; bytes after its TOTALSIZE are ignored."""
     h = decode_head(buf, offset)
     check_ipv4(h.sys_flag)
-    body_crc, flag, born_ip, born_port, store_ip, store_port, reconsume_times, prepared_tx = (
+    stored_crc, flag, born_ip, born_port, store_ip, store_port, reconsume_times, prepared_tx = (
         _REST.unpack_from(buf, offset)
     )
     body = bytes(buf[h.body_at : h.body_at + h.body_len])
-    if verify_crc and zlib.crc32(body) != body_crc:
+    if verify_crc and body_crc(body) != stored_crc:
         raise MessageFormatError(
-            f"BODYCRC: stored {body_crc:#010x}, body has {zlib.crc32(body):#010x}"
+            f"BODYCRC: stored {stored_crc:#010x}, body has {body_crc(body):#010x}"
         )
     return StoredMessage(
         size=h.size,
-        body_crc=body_crc,
+        body_crc=stored_crc,
         queue_id=h.queue_id,
         flag=flag,
         queue_offset=h.queue_offset,

@@ -5,8 +5,9 @@ Invariants:
 - PROPERTIES are ``name\\x01value\\x02`` pairs (UTF-8); names are non-empty and unique,
   and neither names nor values contain ``\\x01``/``\\x02``;
 - TAGS, KEYS (space-separated) and UNIQ_KEY are RocketMQ's; PRODUCER_ID/PRODUCER_SEQ/
-  BATCH_INDEX/BATCH_SIZE are the broker's producer-session properties and INNER_NUM a
-  batch record's message count (``broker.batch``). All of them are
+  BATCH_INDEX/BATCH_SIZE are the broker's producer-session properties, INNER_NUM a
+  batch record's message count and INNER_BASE its first message's queue offset
+  (RocketMQ's, ``broker.batch``). All of them are
   ``SYSTEM_PROPERTIES``: a producer may not set them itself.
 
 The lowest of the codec modules: ``broker.message`` (the record) and ``broker.msgid``
@@ -26,6 +27,7 @@ __all__ = [
     "PROPERTY_SEPARATOR",
     "PROP_BATCH_INDEX",
     "PROP_BATCH_SIZE",
+    "PROP_INNER_BASE",
     "PROP_INNER_NUM",
     "PROP_KEYS",
     "PROP_PRODUCER_ID",
@@ -63,6 +65,7 @@ PROP_PRODUCER_SEQ: Final = "PRODUCER_SEQ"
 PROP_BATCH_INDEX: Final = "BATCH_INDEX"
 PROP_BATCH_SIZE: Final = "BATCH_SIZE"
 PROP_INNER_NUM: Final = "INNER_NUM"  # a batch record's message count (``broker.batch``)
+PROP_INNER_BASE: Final = "INNER_BASE"  # a batch record's first queue offset (``broker.batch``)
 SYSTEM_PROPERTIES: Final = frozenset(
     {
         PROP_TAGS,
@@ -73,6 +76,7 @@ SYSTEM_PROPERTIES: Final = frozenset(
         PROP_BATCH_INDEX,
         PROP_BATCH_SIZE,
         PROP_INNER_NUM,
+        PROP_INNER_BASE,
     }
 )
 # Set by the broker on the copies it writes (dead letters: broker/pop/applier.py; delay

@@ -16,6 +16,8 @@ from dledger.runtime.server import ServerConfig, parse_peers
 from dledger.runtime.transport import TransportSettings
 from dledger.store import StoreSettings
 
+from .message import MAX_PROPERTIES_SIZE
+
 MiB = 1 << 20
 
 
@@ -24,7 +26,9 @@ class Limits:
     """Request limits (docs/http.md); over a limit → 413/422 before anything is written."""
 
     max_body_bytes: int = 4 * MiB
-    max_properties_bytes: int = 32 * 1024
+    # A message's PROPERTIES block as stored: RocketMQ reads its length as a signed
+    # short, so no more than MAX_PROPERTIES_SIZE (32,767) can be allowed.
+    max_properties_bytes: int = MAX_PROPERTIES_SIZE
     max_messages_per_request: int = 1000
     max_request_bytes: int = 16 * MiB
     max_pull_messages: int = 1000
@@ -68,6 +72,14 @@ class Limits:
     # Delay messages (docs/producing.md): how far ahead a message may be scheduled
     # (RocketMQ's timerMaxDelaySec: 3 days).
     max_delay_ms: int = 3 * 24 * 3_600_000
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_properties_bytes <= MAX_PROPERTIES_SIZE:
+            raise ValueError(
+                f"max_properties_bytes: {self.max_properties_bytes}, must be"
+                f" 0..{MAX_PROPERTIES_SIZE} (RocketMQ reads a record's PROPERTIES length as a"
+                " signed short)"
+            )
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,14 +3,31 @@ log entry, and every message still its own for every read."""
 
 from __future__ import annotations
 
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
 from broker import errors
-from broker.batch import INNER_MIN_SIZE, encode_inner_records, inner_records
+from broker.batch import (
+    BATCH_SYS_FLAG,
+    INNER_MIN_SIZE,
+    batch_inners,
+    encode_batch_record,
+    encode_inner_records,
+    inner_records,
+    set_queue_base,
+)
 from broker.broker import Broker
-from broker.message import INNER_BATCH_FLAG, MessageFormatError, decode_message
+from broker.message import (
+    BODY_CRC_POS,
+    INNER_BATCH_FLAG,
+    QUEUE_OFFSET_POS,
+    SYS_FLAG_POS,
+    MessageFormatError,
+    decode_message,
+)
 from broker.produce import NewMessage
 from broker.properties import encode_properties
 from tests.broker.harness import BrokerCluster, until
@@ -186,5 +203,152 @@ async def test_a_run_larger_than_an_entry_is_several_records(tmp_path: Path) -> 
         with pytest.raises(errors.PayloadTooLargeError, match="one record"):
             await b.transactions.produce("t", [NewMessage(x) for x in bodies], "pg")
         assert b.store.ledger_end_index == end
+    finally:
+        await c.close()
+
+
+def test_a_batch_record_is_what_rocketmq_5_writes() -> None:
+    """SYSFLAG INNER_BATCH | NEED_UNWRAP (0xC0: RocketMQ's client unwraps only with the
+    second), INNER_NUM and INNER_BASE (RocketMQ's dispatch reads both), inner BODYCRC 0
+    (``MessageDecoder.encodeMessage``), the outer BODYCRC ``UtilAll.crc32``'s."""
+    record = encode_batch_record(
+        "t",
+        [(b"a", encode_properties({"TAGS": "x"})), (b"bb", b"")],
+        session=("p", 1, 0, 2),
+        timestamp=1,
+        store_host=("127.0.0.1", 1),
+    )
+    m = decode_message(record)
+    assert BATCH_SYS_FLAG == 0xC0 == m.sys_flag
+    assert list(m.properties.items())[-1] == ("INNER_BASE", "0")
+    assert m.properties["INNER_NUM"] == "2" and m.queue_offset == 0
+    assert m.body_crc == zlib.crc32(m.body) & 0x7FFFFFFF
+    _, inners = batch_inners(record)
+    assert [struct.unpack_from(">iI", record, r.body_at - 16) for r in inners] == [(0, 0)] * 2
+    for base in (7, 123_456_789_012, 3, 0):
+        set_queue_base(record, base)
+        m = decode_message(record)
+        assert (m.queue_offset, m.properties["INNER_BASE"], m.size) == (
+            base,
+            str(base),
+            len(record),
+        )
+        assert m.properties["PRODUCER_ID"] == "p" and m.properties["INNER_NUM"] == "2"
+        assert [
+            bytes(record[r.body_at : r.body_at + r.body_len]) for r in batch_inners(record)[1]
+        ] == [
+            b"a",
+            b"bb",
+        ]
+    # Not a batch record's tail, or a base that cannot be one: refused, nothing changed.
+    before = bytes(record)
+    with pytest.raises(MessageFormatError, match="INNER_BASE"):
+        set_queue_base(record, -1)
+    single = bytearray(record[:-1])  # the last pair no longer ends in \x02
+    with pytest.raises(MessageFormatError, match="INNER_BASE"):
+        set_queue_base(single, 5)
+    assert bytes(record) == before and struct.unpack_from(">q", single, QUEUE_OFFSET_POS)[0] == 0
+
+
+@pytest.mark.asyncio
+async def test_stored_batches_carry_0xc0_their_inner_base_and_zero_inner_crcs(
+    tmp_path: Path,
+) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.topics.create("t", 1)
+        end = b.store.ledger_end_index
+        first = await b.producer.produce("t", [NewMessage(b"%d" % i) for i in range(3)])
+        second = await b.producer.produce("t", [NewMessage(b"x%d" % i) for i in range(4)])
+        assert [r.queue_offset for r in first + second] == list(range(7))
+        assert b.store.ledger_end_index == end + 2
+        for index, base, n in ((end + 1, 0, 3), (end + 2, 3, 4)):
+            raw = b.store.get(index).body
+            record = decode_message(raw)  # the BODYCRC checked, RocketMQ's way
+            assert struct.unpack_from(">i", raw, SYS_FLAG_POS)[0] == 0xC0
+            assert record.queue_offset == base
+            assert record.properties["INNER_BASE"] == str(base)
+            assert record.properties["INNER_NUM"] == str(n)
+            assert struct.unpack_from(">I", raw, BODY_CRC_POS)[0] == (
+                zlib.crc32(record.body) & 0x7FFFFFFF
+            )
+            _, inners = batch_inners(raw)
+            assert [struct.unpack_from(">I", raw, r.body_at - 12)[0] for r in inners] == [0] * n
+        r = await b.reads.pull(b.reads.pulled_message, "t", 0, 0, max_messages=10)
+        assert [m.body for m in r.messages] == [b"0", b"1", b"2", b"x0", b"x1", b"x2", b"x3"]
+        assert all("INNER_BASE" not in m.properties for m in r.messages)
+    finally:
+        await c.close()
+
+
+@pytest.mark.asyncio
+async def test_properties_of_32767_bytes_are_stored_and_32768_refused(tmp_path: Path) -> None:
+    c, b = await _single(tmp_path)
+    try:
+        await b.topics.create("t", 1)
+        most = {"k": "v" * (32_767 - 3)}  # k\x01vvv...\x02: 32,767 bytes encoded
+        assert len(encode_properties(most)) == 32_767
+        sent = [NewMessage(b"big", properties=most), NewMessage(b"small")]
+        results = await b.producer.produce("t", sent)
+        r = await b.reads.pull(b.reads.pulled_message, "t", 0, 0)
+        assert [m.properties for m in r.messages] == [most, {}]
+        end, bounds = b.store.ledger_end_index, b.reads.queue_bounds("t", 0)
+        too_long = {"k": "v" * (32_768 - 3)}
+        # Alone, a message's properties hold its UNIQ_KEY too; in a batch record, not.
+        for batch, why in (
+            ([NewMessage(b"big", properties=too_long)], "message 0: properties of 32810 bytes"),
+            (
+                [*sent[1:], sent[0], NewMessage(b"x", properties=too_long)],
+                "message 2: properties of 32768 bytes",
+            ),
+        ):
+            with pytest.raises(errors.PayloadTooLargeError, match=f"{why}.*limit of 32767"):
+                await b.producer.produce("t", batch)
+        assert (b.store.ledger_end_index, b.reads.queue_bounds("t", 0)) == (end, bounds)
+        assert results[1].queue_offset == 1 and bounds == (0, 2)
+    finally:
+        await c.close()
+
+
+def test_a_properties_limit_over_32767_is_refused() -> None:
+    from broker.settings import Limits  # noqa: PLC0415
+
+    assert Limits().max_properties_bytes == 32_767
+    with pytest.raises(ValueError, match="signed short"):
+        Limits(max_properties_bytes=32_768)
+
+
+@pytest.mark.asyncio
+async def test_records_written_before_issue_31_are_still_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/formats.md "Records written before issue 31": the full CRC-32 in BODYCRC and
+    batch records of SYSFLAG 0x80 (as written then) are read, recovered and dispatched
+    again; only ``decode_message``'s check (RocketMQ's) refuses the old CRC."""
+    import broker.batch  # noqa: PLC0415
+    import broker.message  # noqa: PLC0415
+
+    bodies = [b for i in range(200) if zlib.crc32(b := b"old %d" % i) & 0x80000000][:3]
+    c, b = await _single(tmp_path)
+    try:
+        await b.topics.create("t", 1)
+        with monkeypatch.context() as old:
+            old.setattr(broker.message, "body_crc", zlib.crc32)
+            old.setattr(broker.batch, "BATCH_SYS_FLAG", INNER_BATCH_FLAG)
+            end = b.store.ledger_end_index
+            await b.producer.produce("t", [NewMessage(bodies[0])])
+            await b.producer.produce("t", [NewMessage(x) for x in bodies[1:]])
+        single = b.store.get(end + 1).body
+        with pytest.raises(MessageFormatError, match="BODYCRC"):
+            decode_message(single)
+        batch = decode_message(b.store.get(end + 2).body, verify_crc=False)
+        assert batch.sys_flag == INNER_BATCH_FLAG
+        await c.stop("n0")
+        c.wipe_consume_queues("n0")
+        b = await c.start("n0")
+        await c.master()
+        await until(lambda: b.reads.queue_bounds("t", 0) == (0, 3), 20, "the queue rebuilt")
+        r = await b.reads.pull(b.reads.pulled_message, "t", 0, 0)
+        assert [m.body for m in r.messages] == bodies
     finally:
         await c.close()

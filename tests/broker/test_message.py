@@ -42,6 +42,7 @@ from broker.message import (
     MessageFormatError,
     RecordHead,
     StoredMessage,
+    body_crc,
     bytes_to_host,
     check_ipv4,
     decode_head,
@@ -98,7 +99,7 @@ def test_golden_bytes_spell_out_the_rocketmq_v1_layout() -> None:
     expected = (
         struct.pack(">i", 88 + 5 + 1 + 9 + 2 + len(props))
         + bytes.fromhex("DAA320A7")
-        + struct.pack(">I", zlib.crc32(b"hello"))
+        + struct.pack(">I", zlib.crc32(b"hello") & 0x7FFFFFFF)
         + struct.pack(">iiqqiq", 3, 7, 11, 4096 + 48, 0, 1_700_000_000_000)
         + bytes([10, 0, 0, 1])
         + struct.pack(">iq", 5555, 1_700_000_000_123)
@@ -135,7 +136,7 @@ def test_offset_constants_match_the_layout() -> None:
     raw = _sample()
     assert struct.unpack_from(">i", raw, TOTAL_SIZE_POS)[0] == len(raw)
     assert struct.unpack_from(">i", raw, MAGIC_CODE_POS)[0] == MAGIC_CODE
-    assert struct.unpack_from(">I", raw, BODY_CRC_POS)[0] == zlib.crc32(b"hello")
+    assert struct.unpack_from(">I", raw, BODY_CRC_POS)[0] == zlib.crc32(b"hello") & 0x7FFFFFFF
     assert struct.unpack_from(">i", raw, QUEUE_ID_POS)[0] == 3
     assert struct.unpack_from(">i", raw, FLAG_POS)[0] == 7
     assert struct.unpack_from(">i", raw, SYS_FLAG_POS)[0] == 0
@@ -153,9 +154,28 @@ def test_body_crc_agrees_with_crcmod_crc32() -> None:
     (stored,) = struct.unpack_from(">I", _sample(body=body), BODY_CRC_POS)
     assert (
         stored
-        == crcmod.predefined.mkCrcFun("crc-32")(body)
+        == crcmod.predefined.mkCrcFun("crc-32")(body) & 0x7FFFFFFF
         == decode_message(_sample(body=body)).body_crc
     )
+
+
+def _body_with_crc_top_bit_set() -> bytes:
+    return next(b for i in range(100) if zlib.crc32(b := b"body %d" % i) & 0x80000000)
+
+
+def test_body_crc_is_rocketmqs_masked_crc32() -> None:
+    # RocketMQ's UtilAll.crc32 clears the top bit, and its decoder's CRC check compares
+    # with that: a body whose CRC-32 has the top bit set shows the difference.
+    body = _body_with_crc_top_bit_set()
+    full = zlib.crc32(body)
+    raw = _sample(body=body)
+    (stored,) = struct.unpack_from(">I", raw, BODY_CRC_POS)
+    assert stored == full & 0x7FFFFFFF == body_crc(body) != full
+    assert struct.unpack_from(">i", raw, BODY_CRC_POS)[0] == stored  # the same read signed
+    assert decode_message(raw).body_crc == stored
+    struct.pack_into(">I", raw, BODY_CRC_POS, full)  # what this codec wrote before
+    with pytest.raises(MessageFormatError, match="BODYCRC"):
+        decode_message(raw)
 
 
 # --- Round trips ---------------------------------------------------------------------------
@@ -214,7 +234,7 @@ def test_encode_decode_round_trip(
     )
     assert decode_message(raw) == StoredMessage(
         size=len(raw),
-        body_crc=zlib.crc32(body),
+        body_crc=zlib.crc32(body) & 0x7FFFFFFF,
         queue_id=queue_id,
         flag=flag,
         queue_offset=queue_offset,
@@ -370,6 +390,7 @@ def test_body_crc_is_verified() -> None:
         ({"topic": "é" * 64}, "TOPIC"),  # 128 UTF-8 bytes
         ({"topic": "\ud800"}, "TOPIC"),
         ({"properties": {"k": "v" * MAX_PROPERTIES_SIZE}}, "PROPERTIES"),
+        ({"properties": b"k\x01" + b"v" * (32_768 - 3) + b"\x02"}, "at most 32767"),
         ({"properties": {"bad\x01name": "v"}}, "separator"),
         ({"properties": {"name": "bad\x02value"}}, "separator"),
         ({"properties": {"": "v"}}, "empty"),
@@ -385,6 +406,19 @@ def test_body_crc_is_verified() -> None:
 def test_encode_refuses(over: dict[str, Any], field: str) -> None:
     with pytest.raises(MessageFormatError, match=field):
         _sample(**over)
+
+
+def test_properties_hold_at_most_32767_bytes_as_rocketmq_reads_a_signed_short() -> None:
+    most = b"k\x01" + b"v" * (32_767 - 3) + b"\x02"
+    raw = _sample(properties=most)
+    assert MAX_PROPERTIES_SIZE == 32_767 and decode_message(raw).properties == {"k": "v" * 32_764}
+    # A stored length past it (written before this limit) is refused on read as well.
+    props_len_at = len(raw) - len(most) - 2
+    longer = raw[:-1] + b"v\x02"
+    struct.pack_into(">i", longer, TOTAL_SIZE_POS, len(longer))
+    struct.pack_into(">H", longer, props_len_at, 32_768)
+    with pytest.raises(MessageFormatError, match="at most 32767"):
+        decode_head(longer)
 
 
 @pytest.mark.parametrize(

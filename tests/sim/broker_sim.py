@@ -203,7 +203,7 @@ from unittest import mock
 
 import orjson
 
-from broker.batch import batch_inners
+from broker.batch import BATCH_SYS_FLAG, batch_inners
 from broker.commitlog import DLedgerCommitLog
 from broker.copies import first_pinned
 from broker.dispatch import Dispatch
@@ -248,7 +248,7 @@ from broker.pop.applier import DLQ_PREFIX, PopApplier
 from broker.pop.service import PopGroups
 from broker.produce import NewMessage, Producer, ProduceResult
 from broker.promotion import Promotion, Step, own_term_committed, queue_table_from
-from broker.properties import split_keys
+from broker.properties import PROP_INNER_BASE, split_keys
 from broker.reads import Reads
 from broker.sendwindow import DEFAULT_MAX_AGE_MS, DEFAULT_MAX_IDS, SEND_ID_PREFIX
 from broker.settings import BrokerSettings
@@ -626,6 +626,16 @@ class LogModel:
         clo = e.pos + BODY_OFFSET
         if m.physical_offset != clo:
             self.fail(f"entry {e.index}: PHYSICALOFFSET {m.physical_offset} != pos + 48 = {clo}")
+        # A batch record as RocketMQ 5 writes one (``broker.batch``; its BODYCRC, like
+        # every record's, was checked by ``decode_message`` above).
+        base = m.properties.get(PROP_INNER_BASE)
+        if m.sys_flag & INNER_BATCH_FLAG and (
+            m.sys_flag & BATCH_SYS_FLAG != BATCH_SYS_FLAG or base != str(m.queue_offset)
+        ):
+            self.fail(
+                f"entry {e.index}: a batch record of SYSFLAG {m.sys_flag:#x}, INNER_BASE"
+                f" {base!r}, QUEUEOFFSET {m.queue_offset}"
+            )
         if m.topic == SYS_TOPIC:
             self._apply_op(e.index, m)
             return
