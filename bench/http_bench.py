@@ -84,6 +84,8 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ledgermq.client.records import MEDIA_TYPE as RECORDS
+from ledgermq.client.records import record_request
 from ledgermq.local_cluster import LocalBrokerCluster
 from ledgermq.processes import free_ports
 
@@ -181,26 +183,32 @@ class HttpxConnection:
 
     async def request(self, req: Request) -> tuple[int, bytes]:
         if req[2]:
-            r = await self.client.post(
-                req[0], content=req[2], headers={"content-type": "application/json"}
-            )
+            ct = RECORDS if RECORDS.encode() in req[1] else "application/json"
+            r = await self.client.post(req[0], content=req[2], headers={"content-type": ct})
         else:
             r = await self.client.get(req[0])
         return r.status_code, r.content
 
 
-def _post_head(host: str, port: int, path: str, n: int) -> bytes:
+def _post_head(
+    host: str, port: int, path: str, n: int, content_type: str = "application/json"
+) -> bytes:
     return (
         f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {n}\r\n\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {n}\r\n\r\n"
     ).encode()
 
 
 def _bodies(
-    batch: int, body_size: int, pool: int, fields: dict[str, Any] | None = None
+    batch: int,
+    body_size: int,
+    pool: int,
+    fields: dict[str, Any] | None = None,
+    records: bool = False,
 ) -> list[bytes]:
     """``pool`` produce request bodies of ``batch`` random ASCII messages each, every
-    message with ``fields`` besides its body (``{"delay_ms": ...}``: bench/delay_bench.py)."""
+    message with ``fields`` besides its body (``{"delay_ms": ...}``: bench/delay_bench.py);
+    with ``records``, in the record format (docs/http.md) as the client sends it."""
     out = []
     rnd = os.urandom(pool * batch * body_size)  # base64 of random bytes: valid UTF-8/JSON
     text = base64.b64encode(rnd).decode("ascii")
@@ -210,7 +218,12 @@ def _bodies(
         for _ in range(batch):
             msgs.append({"body": text[k : k + body_size], **(fields or {})})
             k += body_size
-        out.append(orjson.dumps({"messages": msgs}))
+        if records:
+            encoded = record_request([m["body"] for m in msgs])
+            assert encoded is not None and not encoded[1]
+            out.append(encoded[0])
+        else:
+            out.append(orjson.dumps({"messages": msgs}))
     return out
 
 
@@ -513,9 +526,12 @@ class LoadGen:
             conns = [await self._connect() for _ in range(s["clients"])]
             tasks = [self.post_client(k, c, reqs) for k, c in enumerate(conns)]
         else:
+            ct = RECORDS if s.get("records") else "application/json"
             reqs = [
-                (s["path"], _post_head(s["host"], s["port"], s["path"], len(b)), b)
-                for b in _bodies(s["batch"], s["body_size"], s["pool"], s.get("fields"))
+                (s["path"], _post_head(s["host"], s["port"], s["path"], len(b), ct), b)
+                for b in _bodies(
+                    s["batch"], s["body_size"], s["pool"], s.get("fields"), s.get("records", False)
+                )
             ]
             conns = [await self._connect() for _ in range(s["clients"])]
             tasks = [self.post_client(k, c, reqs) for k, c in enumerate(conns)]
@@ -1100,6 +1116,17 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
                     clients=c,
                 )
                 add("produce", r, floor)
+                if batch > 1:  # the record format (issue 31): the same bodies, no JSON
+                    r = b.scenario(
+                        f"produce records b={batch} c={c}",
+                        "produce",
+                        b.master(),
+                        path=f"/v1/topics/{TOPIC}/messages",
+                        batch=batch,
+                        clients=c,
+                        extra={"records": True},
+                    )
+                    add("produce", r, floor)
         master = b.master()
         b.wait_dispatched(master, master)
         results["consume_available_messages"] = b.topic_messages(master)

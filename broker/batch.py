@@ -70,6 +70,7 @@ __all__ = [
     "INNER_MIN_SIZE",
     "InnerRecord",
     "batch_inners",
+    "encode_batch_body",
     "encode_batch_record",
     "encode_inner_records",
     "inner_records",
@@ -172,13 +173,34 @@ def encode_batch_record(
     ``inner_properties``): its born and store time ``timestamp``; ``session`` is the
     (producer id, sequence, index of the first message in the batch, batch size). Its
     base is 0 until ``set_queue_base`` writes the real one."""
-    outer: dict[str, str] = {PROP_INNER_NUM: str(len(messages))}
+    return encode_batch_body(
+        topic,
+        encode_inner_records(messages),
+        len(messages),
+        session=session,
+        timestamp=timestamp,
+        store_host=store_host,
+    )
+
+
+def encode_batch_body(
+    topic: str,
+    inner: bytes | bytearray | memoryview,
+    count: int,
+    *,
+    session: tuple[str, int, int, int] | None,
+    timestamp: int,
+    store_host: Host,
+) -> bytearray:
+    """``encode_batch_record`` of ``count`` inner records encoded already (``inner``,
+    checked: a record-format produce's, ``broker.records``)."""
+    outer: dict[str, str] = {PROP_INNER_NUM: str(count)}
     if session is not None:
         add_session(outer, session)
     outer[PROP_INNER_BASE] = "0"  # last: ``set_queue_base`` rewrites the record's tail
     return encode_message(
         topic=topic,
-        body=encode_inner_records(messages),
+        body=inner,
         properties=outer,
         sys_flag=BATCH_SYS_FLAG,
         born_timestamp=timestamp,

@@ -38,6 +38,15 @@ from .settings import Limits
 _PROPERTY_NAME_RESERVED = (
     SYSTEM_PROPERTIES | BROKER_PROPERTIES | {PROP_TAGS, PROP_KEYS, PROP_UNIQ_KEY}
 )
+_INNER_RESERVED = _PROPERTY_NAME_RESERVED - {PROP_TAGS, PROP_KEYS}
+
+
+def reserved_in_record(name: str) -> bool:
+    """May an inner record a client built (``broker.records``) not hold property
+    ``name``? TAGS and KEYS it holds; the message id, sessions and batches are the
+    broker's, as are the properties of its copies."""
+    return name in _INNER_RESERVED
+
 
 Session = tuple[str, int, int]
 """(producer id, sequence, batch size): what each message of a session batch records."""

@@ -30,12 +30,13 @@ from dledger.codes import DLedgerError
 from dledger.runtime.server import DLedgerServer
 
 from . import errors, sessions
-from .commitlog import DLedgerCommitLog, PutResult
+from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .encode import NewMessage, encode_request, validate_messages
 from .gate import WriteGate
 from .metadata import HALF_TOPIC, PRODUCER_ID, MetadataState, TopicMeta
 from .msgid import msg_id_maker, new_uniq_key
 from .names import check_topic_name
+from .records import InnerBatch, encode_inner_batch
 from .sendwindow import SEND_ID_PREFIX, is_send_id
 from .settings import BrokerSettings
 from .topics import Topics
@@ -143,8 +144,10 @@ class Producer:
     def check_request(
         self, messages: Sequence[NewMessage], producer_id: str | None, sequence: int | None
     ) -> None:
-        """Refuse a request no node would take (before anything else is asked)."""
-        validate_messages(messages, self.settings.limits)
+        """Refuse a request no node would take (before anything else is asked); a
+        record-format request was checked when it was parsed (``broker.records``)."""
+        if not isinstance(messages, InnerBatch):
+            validate_messages(messages, self.settings.limits)
         if (producer_id is None) != (sequence is None):
             raise errors.InvalidArgumentError("producer_id and sequence go together")
         if (
@@ -320,7 +323,11 @@ class Producer:
         first_in_batch: int,
     ) -> list[sessions.Result]:
         commitlog = self.commitlog
-        batch = encode_request(
+        # a record-format request's inner records are stored as they came
+        encode: Callable[..., list[OutgoingMessage]] = (
+            encode_inner_batch if isinstance(messages, InnerBatch) else encode_request
+        )
+        batch = encode(
             topic,
             messages,
             session=session,

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import ValidationError
 from starlette.responses import Response
 
-from broker import errors
+from broker import errors, records
 from broker.broker import NewMessage, ProduceResult
 from broker.jsonint import decimal
 from broker.produce import now_ms
@@ -198,6 +198,33 @@ def parse_produce(raw: bytes, content_type: str, query: Any, limits: Limits) -> 
         raise errors.InvalidArgumentError(validation_message(e)) from None
 
 
+def _query_int(query: Any, name: str, top: int) -> int | None:
+    text = query.get(name)
+    if text is None:
+        return None
+    value = decimal(text)
+    if value is None or value > top:
+        raise errors.InvalidArgumentError(f"{name} must be an integer in 0..{top}")
+    return value
+
+
+def parse_record_produce(
+    raw: bytes, query: Any, limits: Limits
+) -> tuple[records.InnerBatch, str | None, int | None]:
+    """A record-format body (``broker.records``) and its query: ``queue_id`` or
+    ``sharding_key`` (every message goes to one queue), ``producer_id`` and
+    ``sequence``."""
+    queue_id = _query_int(query, "queue_id", 65_535)
+    sharding_key = query.get("sharding_key")
+    if sharding_key is not None and not 0 < len(sharding_key) <= _MAX_SHORT:
+        raise errors.InvalidArgumentError(f"sharding_key: 1..{_MAX_SHORT} characters")
+    if queue_id is not None and sharding_key is not None:
+        raise errors.InvalidArgumentError("queue_id or sharding_key, not both")
+    seq = _query_int(query, "sequence", _MAX_INT)
+    inner = records.parse_inner_batch(raw, limits, queue_id=queue_id, sharding_key=sharding_key)
+    return inner, query.get("producer_id"), seq
+
+
 _PRODUCE_OPENAPI: dict[str, Any] = {
     "parameters": [
         {
@@ -205,14 +232,28 @@ _PRODUCE_OPENAPI: dict[str, Any] = {
             "in": "query",
             "required": False,
             "schema": {"type": "string"},
-            "description": "the producer session of an NDJSON body",
+            "description": "the producer session of an NDJSON or record-format body",
         },
         {
             "name": "sequence",
             "in": "query",
             "required": False,
             "schema": {"type": "integer", "minimum": 0},
-            "description": "the session sequence of an NDJSON body",
+            "description": "the session sequence of an NDJSON or record-format body",
+        },
+        {
+            "name": "queue_id",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "integer", "minimum": 0, "maximum": 65535},
+            "description": "the queue of every message of a record-format body",
+        },
+        {
+            "name": "sharding_key",
+            "in": "query",
+            "required": False,
+            "schema": {"type": "string", "maxLength": 1024},
+            "description": "the sharding key of every message of a record-format body",
         },
     ],
     "requestBody": {
@@ -222,6 +263,14 @@ _PRODUCE_OPENAPI: dict[str, Any] = {
             NDJSON: {
                 "schema": {"$ref": "#/components/schemas/ProduceMessage"},
                 "example": '{"body": "a"}\n{"body": "b", "tags": "TagA"}\n',
+            },
+            records.MEDIA_TYPE: {
+                "schema": {
+                    "type": "string",
+                    "format": "binary",
+                    "description": "RocketMQ's batch encoding: inner records back to back"
+                    " (docs/http.md, Produce in the record format)",
+                },
             },
         },
     },
@@ -291,7 +340,14 @@ async def produce(
     access.need("produce", topic)
     started = time.monotonic()
     raw = await request.body()  # capped at max_request_bytes by the RequestGuard
-    req = parse_produce(raw, request.headers.get("content-type", ""), request.query_params, limits)
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";", maxsplit=1)[0].strip().lower() == records.MEDIA_TYPE:
+        inner, pid, seq = parse_record_produce(raw, request.query_params, limits)
+        answer = produce_answer(await producer.produce(topic, inner, pid, seq))
+        metrics.produce_latency.observe(time.monotonic() - started)
+        metrics.count_produced(topic, len(inner), inner.body_bytes)
+        return answer
+    req = parse_produce(raw, content_type, request.query_params, limits)
     if len(req.messages) > limits.max_messages_per_request:
         raise errors.PayloadTooLargeError(
             f"{len(req.messages)} messages; at most {limits.max_messages_per_request}"

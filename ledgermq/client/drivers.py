@@ -42,7 +42,9 @@ P = ParamSpec("P")
 
 
 def _request_args(req: Request, settings: ClientSettings) -> dict[str, Any]:
-    headers = {"content-type": "application/json"} if req.content is not None else {}
+    headers = {}
+    if req.content is not None:
+        headers["content-type"] = req.content_type or "application/json"
     if req.accept is not None:
         headers["accept"] = req.accept
     return {

@@ -40,6 +40,7 @@ class Request:
     content: bytes | None
     timeout_s: float
     accept: str | None = None  # the client's default (JSON) unless set
+    content_type: str | None = None  # of ``content``: JSON unless set
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +83,16 @@ class Call:
     url: str | None = None  # this node only: no routing, no retries
     accept: str | None = None  # another representation than JSON (errors stay JSON)
     answer_timeout_s: float | None = None  # a node silent this long is skipped (writes)
+    # a body sent as it is (``content_type``), in place of ``body`` as JSON
+    content: bytes | None = None
+    content_type: str | None = None
+
+
+def _content(call: Call) -> bytes | None:
+    """What a call sends: its raw ``content``, else its body as JSON, else nothing."""
+    if call.content is not None:
+        return call.content
+    return orjson.dumps(call.body) if call.body is not None else None
 
 
 def error_from_reply(reply: Reply) -> LedgerMQError:
@@ -203,7 +214,10 @@ class Exchange:
         left = max(0.001, deadline - self.clock())
         timeout = min(self.settings.timeout_s, left, call.answer_timeout_s or left)
         timeout += call.wait_ms / 1000
-        return Request(call.method, url + call.path, call.params, content, timeout, call.accept)
+        return Request(
+            call.method, url + call.path, call.params, content, timeout, call.accept,
+            call.content_type,
+        )  # fmt: skip
 
     @staticmethod
     def _send(request: Request) -> Gen[Outcome]:
@@ -226,7 +240,7 @@ class Exchange:
 
     def exchange(self, call: Call) -> Gen[Reply]:  # noqa: PLR0912  # every routing rule of one call
         """Send ``call`` until a 2xx answer; raise the typed error otherwise."""
-        content = orjson.dumps(call.body) if call.body is not None else None
+        content = _content(call)
         s = self.settings
         deadline = self.clock() + s.deadline_s
         if call.url is not None:  # one node, one try

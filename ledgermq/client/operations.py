@@ -14,6 +14,8 @@ from urllib.parse import quote
 
 from .errors import LedgerMQError
 from .exchange import ARROW_STREAM, Call, Exchange, Gen
+from .records import MEDIA_TYPE as RECORDS
+from .records import record_request
 from .types import (
     ArrowPage,
     ClusterStatus,
@@ -322,18 +324,28 @@ class ProducerOps:
 
     def send(self, topic: str, messages: Iterable[MessageLike]) -> Gen[list[SendResult]]:
         """Send one batch; results in batch order, after quorum commit."""
-        batch = [encode_message(m) for m in messages]
-        if not batch:
+        listed = list(messages)
+        if not listed:
             raise ValueError("no messages to send")
+        records = record_request(listed) if self.ex.settings.record_format else None
         sequence = self.sequence
         self.sequence += 1
-        body = {"messages": batch, "producer_id": self.producer_id, "sequence": sequence}
         path = api_path("topics", topic, "messages")
         answer_s = self.ex.settings.produce_answer_timeout_s
-        call = Call("POST", path, body=body, write=True, answer_timeout_s=answer_s)
+        if records is not None:
+            content, query = records
+            params = {**query, "producer_id": self.producer_id, "sequence": sequence}
+            call = Call(
+                "POST", path, params, write=True, answer_timeout_s=answer_s,
+                content=content, content_type=RECORDS,
+            )  # fmt: skip
+        else:
+            batch = [encode_message(m) for m in listed]
+            body = {"messages": batch, "producer_id": self.producer_id, "sequence": sequence}
+            call = Call("POST", path, body=body, write=True, answer_timeout_s=answer_s)
         reply = yield from self.ex.exchange(call)
         results = reply.body["results"]
-        assert len(results) == len(batch), f"{len(results)} results for {len(batch)} messages"
+        assert len(results) == len(listed), f"{len(results)} results for {len(listed)} messages"
         return [parse_send_result(r) for r in results]
 
     def recall(self, recall_handle: str) -> Gen[None]:

@@ -46,6 +46,10 @@ class ClientSettings:
     # Receipt handles per ack or nack request (the broker's default limit); more are
     # sent in several requests.
     max_receipt_handles: int = 1024
+    # Batches go in RocketMQ's record format (docs/http.md), which the broker stores as
+    # they came: no JSON to read, no object per message. False: JSON, as every batch
+    # the format cannot say (a delay message, messages for different queues) goes.
+    record_format: bool = True
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.deadline_s <= 0:

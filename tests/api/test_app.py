@@ -521,7 +521,11 @@ async def test_openapi_document_is_complete(node: Node) -> None:
     assert {(m, p) for p, ops in paths.items() for m in ops} == expected
     produce_op = paths["/v1/topics/{topic}/messages"]["post"]
     content = produce_op["requestBody"]["content"]
-    assert set(content) == {"application/json", "application/x-ndjson"}
+    assert set(content) == {
+        "application/json",
+        "application/x-ndjson",
+        "application/vnd.ledgermq.batch",
+    }
     schemas = doc["components"]["schemas"]
     assert "ProduceRequest" in schemas and "ProduceMessage" in schemas
     assert schemas["ProduceRequest"]["examples"]

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-import orjson
 import pytest
 
+from broker.batch import inner_records
 from broker.metadata import PRODUCER_ID
 from ledgermq import client as mq
 from ledgermq.client import AsyncAdmin, Message, Producer
@@ -251,9 +251,11 @@ def test_unknown_outcome_is_retried_with_the_same_session_and_busy_too() -> None
     assert result == [mq.SendResult("x", 3, 9)]
     posts = [a for a in actions if isinstance(a, mq.Request) and a.method == "POST"]
     assert len(posts) == 3
-    bodies = [orjson.loads(p.content or b"") for p in posts]
-    assert all(b == bodies[0] for b in bodies)  # byte-for-byte the same batch
-    assert (bodies[0]["producer_id"], bodies[0]["sequence"]) == ("p-1", 41)
+    assert all(p.content == posts[0].content for p in posts)  # byte-for-byte the same batch
+    assert all(p.params == posts[0].params for p in posts)
+    assert posts[0].content_type == "application/vnd.ledgermq.batch"  # the record format
+    assert posts[0].params is not None
+    assert (posts[0].params["producer_id"], posts[0].params["sequence"]) == ("p-1", 41)
     assert [a.seconds for a in actions if isinstance(a, mq.Sleep)][-1] >= 0.25
     assert ops.sequence == 42  # the next batch
 
@@ -333,7 +335,7 @@ def test_a_silent_master_costs_the_answer_timeout_then_the_master_is_looked_for_
         "b:2/v1/topics/t/messages",
     ]
     assert all(r.timeout_s == 1.0 for r in requests)
-    assert {orjson.loads(r.content or b"")["sequence"] for r in requests if r.content} == {5}
+    assert {r.params["sequence"] for r in requests if r.content and r.params} == {5}
     assert result[0].queue_offset == 0 and ex.master == B
     assert clock.now - start < 1.5
 
@@ -461,9 +463,10 @@ def test_sync_driver_handles_307_itself_and_reuses_one_client() -> None:
                 headers={"Location": M + request.url.path},
                 json={"error": {"code": "NOT_MASTER", "message": "m is", "leader_url": M}},
             )
-        sent = orjson.loads(request.content)
+        assert request.headers["content-type"] == "application/vnd.ledgermq.batch"
         assert request.headers["authorization"] == "Bearer s3cret"
-        n = len(sent["messages"])
+        assert request.url.params["producer_id"].startswith("p-")
+        n = len(inner_records(request.content, 0, len(request.content)))
         return httpx.Response(
             200,
             json={

@@ -9,6 +9,8 @@ import contextlib
 
 import orjson
 
+from broker import errors
+from broker.batch import batch_inners
 from broker.dispatch.appliers import state_appliers
 from broker.dispatch.recovery import read_checkpoint
 from broker.dispatch.snapshots import parse_queue_table, parse_snapshot, snapshot_bytes
@@ -21,8 +23,18 @@ from broker.message import (
     encode_properties,
     tags_and_keys,
 )
-from broker.metadata import MetadataState, op_commit_offsets, op_create_topic, op_delete_topic
+from broker.metadata import (
+    MetadataState,
+    TopicMeta,
+    op_commit_offsets,
+    op_create_topic,
+    op_delete_topic,
+)
 from broker.msgid import parse_msg_id
+from broker.records import encode_inner_batch, parse_inner_batch
+from broker.settings import Limits
+from ledgermq.client import Message
+from ledgermq.client.records import record_request
 
 from .reader import Reader, Writer
 from .registry import scratch_dir, target
@@ -156,3 +168,45 @@ def dispatch_checkpoint(data: bytes) -> None:
     if got is not None:
         index, queues, (file, count) = got
         assert all(isinstance(v, int) for v in (index, file, count, *queues.values()))
+
+
+LIMITS = Limits()
+
+
+def _record_seeds() -> list[bytes]:
+    content, _query = record_request(
+        [Message("a", tags="T", keys=["k1", "k2"], properties={"p": "1"}), b"\x00\xff", "c"]
+    ) or (b"", {})
+    return [content, content[:30], content.replace(b"TAGS", b"UNIQ")]
+
+
+@target("record_produce", max_len=2048, seeds=_record_seeds)
+def record_produce(data: bytes) -> None:
+    """A record-format produce body (``parse_inner_batch``): the checked messages or a
+    refusal the client is told (``InvalidArgumentError``, ``PayloadTooLargeError``), never
+    anything else; what it takes encodes as a batch record whose inner records decode to
+    the same messages, as a single record does each of them."""
+    try:
+        batch = parse_inner_batch(data, LIMITS)
+    except (errors.InvalidArgumentError, errors.PayloadTooLargeError):
+        return
+    topic = TopicMeta("t", 2, 0)
+    common = {
+        "session": ("p-1", 0, len(batch)), "first_in_batch": 0, "now": 1,
+        "store_host": ("127.0.0.1", 1), "uniq_key": lambda: "U", "limits": LIMITS,
+        "select_queues": lambda qs: [1] * len(qs),
+    }  # fmt: skip
+    records = encode_inner_batch(topic, batch, batch_records=True, **common)  # type: ignore[arg-type]
+    messages = list(batch)
+    got = []
+    for r in records:
+        m = decode_message(r.record, verify_crc=True)
+        if r.count > 1 or m.sys_flag & 0x80:
+            base, inners = batch_inners(r.record)
+            assert base == 0 and len(inners) == r.count
+            got += [bytes(r.record[i.body_at : i.body_at + i.body_len]) for i in inners]
+        else:
+            got.append(m.body)
+    assert got == [bytes(m.body) for m in messages]
+    singles = encode_inner_batch(topic, batch, batch_records=False, **common)  # type: ignore[arg-type]
+    assert [decode_message(r.record).body for r in singles] == got

@@ -49,6 +49,7 @@ def test_every_decoder_the_issue_names_has_a_target() -> None:
         "checkpoint_file",
         "store_recovery",
         "message_codec",
+        "record_produce",
         "metadata_snapshot",
         "metadata_op",
         "dispatch_checkpoint",
