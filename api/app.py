@@ -29,6 +29,7 @@ from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import Response
+from starlette.routing import Route
 
 from broker import errors
 from broker.broker import Broker
@@ -138,6 +139,11 @@ def create_app(
         app.include_router(
             router, dependencies=guarded, responses=error_docs(401, 403) if guarded else None
         )
+    # One-message produces pay FastAPI's per-request machinery most: the route is served
+    # ahead of it by a plain Starlette route doing the same (``produce_direct``).
+    app.router.routes.insert(
+        0, Route("/v1/topics/{topic}/messages", messages.produce_direct, methods=["POST"])
+    )
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
