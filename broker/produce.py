@@ -34,7 +34,7 @@ from .commitlog import DLedgerCommitLog, OutgoingMessage, PutResult
 from .encode import NewMessage, encode_request, validate_messages
 from .gate import WriteGate
 from .metadata import HALF_TOPIC, PRODUCER_ID, MetadataState, TopicMeta
-from .msgid import msg_id_maker, new_uniq_key
+from .msgid import msg_id_maker, msg_id_prefix, new_uniq_key
 from .names import check_topic_name
 from .records import InnerBatch, encode_inner_batch
 from .sendwindow import SEND_ID_PREFIX, is_send_id
@@ -136,6 +136,7 @@ class Producer:
         self.answer_slot = answer_slot
         self.store_host = settings.store_host
         self._msg_id = msg_id_maker(settings.group)
+        self.msg_id_prefix = msg_id_prefix(settings.group)  # every message id's start
         # This master's attempts at session batches (the rule: broker/sessions.py), and
         # the answer each running one will give to the requests that join it.
         self.sessions = sessions.ProducerSessions(settings.max_producer_sessions)
@@ -168,11 +169,22 @@ class Producer:
     ) -> list[ProduceResult]:
         """Append after validation; results after quorum commit (and dispatch). A topic
         that does not exist is created when ``auto_create_topics`` allows."""
+        return self._results(await self.produce_placed(topic_name, messages, producer_id, sequence))
+
+    async def produce_placed(
+        self,
+        topic_name: str,
+        messages: Sequence[NewMessage],
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> list[sessions.Result]:
+        """``produce``, answering where each message lies, ``(queue id, queue offset,
+        message address)``, without a result object per message."""
         check_topic_name(topic_name)
         self.check_request(messages, producer_id, sequence)
         await self.gate.require_master_soon()
         topic = await self.topics.get_or_create(topic_name)
-        return await self.produce_to(topic, messages, producer_id, sequence)
+        return await self._place(topic, messages, producer_id, sequence)
 
     async def produce_to(
         self,
@@ -183,13 +195,22 @@ class Producer:
     ) -> list[ProduceResult]:
         """Append a checked request (``check_request``) to an existing topic; results
         after quorum commit (and dispatch)."""
+        return self._results(await self._place(topic, messages, producer_id, sequence))
+
+    async def _place(
+        self,
+        topic: TopicMeta,
+        messages: Sequence[NewMessage],
+        producer_id: str | None,
+        sequence: int | None,
+    ) -> list[sessions.Result]:
         if producer_id is None or sequence is None:
-            return self._results(await self._put(topic, messages, None, 0))
+            return await self._put(topic, messages, None, 0)
         return await self._produce_in_session(topic, messages, producer_id, sequence)
 
     async def _produce_in_session(
         self, topic: TopicMeta, messages: Sequence[NewMessage], pid: str, seq: int
-    ) -> list[ProduceResult]:
+    ) -> list[sessions.Result]:
         """Drive ``ProducerSessions`` (``broker/sessions.py``: the rule, shared with the
         simulation) for one request: answer, join, settle first, or append."""
         key = (pid, seq)
@@ -204,11 +225,11 @@ class Producer:
             )
             if isinstance(d, sessions.Answer):
                 self.stats["deduplicated"] += len(d.results)
-                return self._results(d.results)
+                return list(d.results)
             if isinstance(d, sessions.Refuse):
                 raise d.error
             if isinstance(d, sessions.Join):
-                return self._results(await self._attempt_answers[d.attempt].wait())
+                return await self._attempt_answers[d.attempt].wait()
             if isinstance(d, sessions.SettleFirst):
                 if not await self._settle(d.attempt.term, d.index):
                     raise errors.UnknownOutcomeError(
@@ -216,7 +237,7 @@ class Producer:
                         " yet; retry with the same sequence"
                     )
                 continue
-            return self._results(await self._attempt(topic, messages, d))
+            return await self._attempt(topic, messages, d)
         raise errors.UnknownOutcomeError(
             f"producer {pid} sequence {seq}: attempts keep overlapping; retry"
         )

@@ -304,6 +304,20 @@ def produce_answer(results: Sequence[ProduceResult], transaction: str | None = N
     )
 
 
+def runs_answer(placed: Sequence[tuple[int, int, int]], msg_id_prefix: str) -> Response:
+    """The compact produce answer (``results=runs``): the messages' places as runs of
+    ``[queue_id, queue_offset, commitlog_offset, count]`` (message ``i`` of a run at
+    offset + ``i`` and address + ``i``), and what every message id starts with (its
+    address in 16 hex digits follows)."""
+    runs: list[list[int]] = []
+    for q, o, c in placed:
+        if runs and (r := runs[-1])[0] == q and r[1] + r[3] == o and r[2] + r[3] == c:
+            r[3] += 1
+        else:
+            runs.append([q, o, c, 1])
+    return JSONBytes({"msg_id_prefix": msg_id_prefix, "runs": runs})
+
+
 def scheduled_answer(results: Sequence[Scheduled]) -> Response:
     """The produce answer of delay messages: no queue yet, a time and a recall handle."""
     return JSONBytes(
@@ -395,7 +409,11 @@ async def produce_with(  # noqa: PLR0917 - the route's collaborators, as FastAPI
     content_type = request.headers.get("content-type", "")
     if content_type.split(";", maxsplit=1)[0].strip().lower() == records.MEDIA_TYPE:
         inner, pid, seq = parse_record_produce(raw, request.query_params, limits)
-        answer = produce_answer(await producer.produce(topic, inner, pid, seq))
+        if request.query_params.get("results") == "runs":
+            placed = await producer.produce_placed(topic, inner, pid, seq)
+            answer = runs_answer(placed, producer.msg_id_prefix)
+        else:
+            answer = produce_answer(await producer.produce(topic, inner, pid, seq))
         metrics.produce_latency.observe(time.monotonic() - started)
         metrics.count_produced(topic, len(inner), inner.body_bytes)
         return answer

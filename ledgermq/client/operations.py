@@ -302,6 +302,18 @@ def parse_send_result(r: Mapping[str, Any]) -> SendResult:
     )
 
 
+def send_results_of_runs(body: Mapping[str, Any]) -> list[SendResult]:
+    """The results of a compact produce answer (``results=runs``, docs/http.md): message
+    ``i`` of a run ``[queue_id, queue_offset, address, count]`` lies at offset + ``i``,
+    its id the prefix and its address + ``i`` in 16 hex digits."""
+    prefix = str(body["msg_id_prefix"])
+    return [
+        SendResult(f"{prefix}{address + i:016X}", int(q), int(offset) + i)
+        for q, offset, address, count in body["runs"]
+        for i in range(int(count))
+    ]
+
+
 def new_producer_id() -> str:
     return f"p-{uuid.uuid4().hex}"
 
@@ -334,7 +346,9 @@ class ProducerOps:
         answer_s = self.ex.settings.produce_answer_timeout_s
         if records is not None:
             content, query = records
-            params = {**query, "producer_id": self.producer_id, "sequence": sequence}
+            params = {
+                **query, "producer_id": self.producer_id, "sequence": sequence, "results": "runs",
+            }  # fmt: skip
             call = Call(
                 "POST", path, params, write=True, answer_timeout_s=answer_s,
                 content=content, content_type=RECORDS,
@@ -344,9 +358,12 @@ class ProducerOps:
             body = {"messages": batch, "producer_id": self.producer_id, "sequence": sequence}
             call = Call("POST", path, body=body, write=True, answer_timeout_s=answer_s)
         reply = yield from self.ex.exchange(call)
-        results = reply.body["results"]
-        assert len(results) == len(listed), f"{len(results)} results for {len(listed)} messages"
-        return [parse_send_result(r) for r in results]
+        if "runs" in reply.body:
+            sent = send_results_of_runs(reply.body)
+        else:
+            sent = [parse_send_result(r) for r in reply.body["results"]]
+        assert len(sent) == len(listed), f"{len(sent)} results for {len(listed)} messages"
+        return sent
 
     def recall(self, recall_handle: str) -> Gen[None]:
         """Cancel a delay message before its time (``SendResult.recall_handle``):

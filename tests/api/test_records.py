@@ -176,3 +176,23 @@ def test_the_client_sends_json_what_the_format_cannot_say() -> None:
         record_request([Message("x", properties={"a": "b\x02c\x01d"})])
     content, query = record_request(["s", b"b"]) or (b"", {})
     assert query == {} and len(content) == 2 * 22 + 2
+
+
+async def test_the_compact_answer_names_every_message_as_the_full_one_would(node: Node) -> None:
+    await _topic(node, "runs", queues=2)
+    content, query = record_request([Message(f"m{i}", queue_id=1) for i in range(5)]) or (b"", {})
+    r = await node.http.post(
+        "/v1/topics/runs/messages",
+        content=content,
+        params={**query, "results": "runs"},
+        headers=HEADERS,
+    )
+    assert r.status_code == 200, r.text
+    doc = r.json()
+    [[queue_id, offset, address, count]] = doc["runs"]  # one record: one run
+    assert (queue_id, offset, count) == (1, 0, 5)
+    stored = await _read(node, "runs")
+    assert [m["msg_id"] for m in stored] == [
+        f"{doc['msg_id_prefix']}{address + i:016X}" for i in range(5)
+    ]
+    assert [m["queue_offset"] for m in stored] == list(range(5))
