@@ -38,6 +38,7 @@ from typing import Any
 
 import orjson
 from http_bench import (
+    RECORDS,
     HttpError,
     LoadGen,
     RawConnection,
@@ -51,6 +52,7 @@ from http_bench import (
 )
 
 Call = Callable[[], Awaitable[int | str]]  # one request: messages acknowledged, or why not
+RECORDS_BODY = "ledgermq-records"  # a LedgerMQ produce in the record format
 NATS_ERRORS: tuple[type[BaseException], ...] = ()
 
 
@@ -175,8 +177,9 @@ class PeerLoadGen(LoadGen):
         s = self.spec
         out: list[Call] = []
         pool: list[bytes] = []
-        if s["body"] in ("ledgermq", "echo"):
-            pool = _bodies(s["batch"], s["body_size"], s["pool"])
+        if s["body"] in ("ledgermq", "echo", RECORDS_BODY):
+            records = s["body"] == RECORDS_BODY  # the record format (issue 31)
+            pool = _bodies(s["batch"], s["body_size"], s["pool"], records=records)
         for k in range(s["clients"]):
             conn = ChunkedConnection(s["host"], s["ports"][k % len(s["ports"])])
             await conn.connect()
@@ -191,9 +194,13 @@ class PeerLoadGen(LoadGen):
         host, port = conn.host, conn.port
         etcd = EtcdBodies(s, k) if s["body"] == "etcd" else None
         fill = s.get("max_messages") is not None
-        reqs = [(s["path"], _post_head(host, port, s["path"], len(b)), b) for b in pool]
+        ct = RECORDS if s["body"] == RECORDS_BODY else "application/json"
+        reqs = [(s["path"], _post_head(host, port, s["path"], len(b), ct), b) for b in pool]
         topic = s["path"].split("/")[3].encode() if s["body"] == "ledgermq" else b""
-        marker = {"ledgermq": b'"msg_id"', "echo": b'"ok"', "etcd": b'"revision"'}[s["body"]]
+        marker = {
+            "ledgermq": b'"msg_id"', RECORDS_BODY: b'"runs"', "echo": b'"ok"',
+            "etcd": b'"revision"',
+        }[s["body"]]  # fmt: skip
         want = s["batch"] if s["body"] == "ledgermq" else 1
         i = k
         retry: list[Request] = []
@@ -220,7 +227,7 @@ class PeerLoadGen(LoadGen):
             except BaseException:
                 conn.close()
                 raise
-            if status == 307 and s["body"] == "ledgermq":
+            if status == 307 and s["body"] in ("ledgermq", RECORDS_BODY):
                 await self._follow(conn, data)  # a new master: the next request goes there
             if status != 200:
                 return _refusal(status, data)

@@ -99,6 +99,17 @@ class Run:
                         lambda k=key, b=batch, c=clients: self.systems[k].produce_spec(b, c),
                     )
                     self.one("produce", scenario, key, spec)
+                if batch > 1:  # LedgerMQ's record format (issue 31), the same bodies
+                    scenario = f"produce records b={batch} c={clients}"
+                    for key in self.order():
+                        s = self.systems[key]
+                        if isinstance(s, LedgerMQ):
+                            spec = self.guarded(
+                                key,
+                                scenario,
+                                lambda s=s, b=batch, c=clients: s.produce_spec(b, c, records=True),
+                            )
+                            self.one("produce", scenario, key, spec)
 
     def consume(self) -> None:
         n = self.a.consume_messages

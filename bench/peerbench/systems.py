@@ -221,11 +221,15 @@ class LedgerMQ(System):
     def master_port(self) -> int:
         return self.cluster.http_ports[self.cluster.ids.index(self.master())]
 
-    def produce_spec(self, batch: int, clients: int, topic: str = "bench") -> dict[str, Any]:
+    def produce_spec(
+        self, batch: int, clients: int, topic: str = "bench", records: bool = False
+    ) -> dict[str, Any]:
+        """A produce of JSON bodies, or with ``records`` of the record format (docs/
+        http.md), answered in runs as the Python client asks."""
         return self.base_spec(
             kind="http",
-            body="ledgermq",
-            path=f"/v1/topics/{topic}/messages",
+            body="ledgermq-records" if records else "ledgermq",
+            path=f"/v1/topics/{topic}/messages" + ("?results=runs" if records else ""),
             ports=[self.master_port()],
             batch=batch,
             clients=clients,

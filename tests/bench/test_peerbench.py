@@ -165,6 +165,18 @@ def test_targets_say_met_or_not(results: dict[str, Any]) -> None:
     }
 
 
+def test_the_record_formats_rows_are_held_to_five_times_nats_of_the_json_scenario(
+    results: dict[str, Any],
+) -> None:
+    """Issue 31: ``produce records b=100`` (LedgerMQ alone) against NATS of ``produce
+    b=100`` at the same clients, 5x."""
+    results["runs"].append(_run("produce", "produce records b=100 c=16", "ledgermq-sync", 26_000))
+    got = {(t["scenario"], t["target"]): t for t in report.targets(results)}
+    five = got[("produce records b=100 c=16", ">= 5x NATS JetStream R3")]
+    assert (five["value"], five["met"]) == (5.2, True)
+    assert not got[("produce records b=100 c=16", "msg/s >= 100,000")]["met"]
+
+
 def test_the_markdown_report_has_every_table(results: dict[str, Any]) -> None:
     md = report.markdown(results)
     for heading in (
