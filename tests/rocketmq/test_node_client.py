@@ -29,6 +29,7 @@ from tests.waiting import wait_until
 
 from .client_env import official_node, run_node_script
 from .clusters import cluster_with_topics
+from .scenarios import CHECKER, FIFO_FAIL, TRANSACTIONS, assert_fifo_order, fifo_messages
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -213,12 +214,6 @@ def bodies_of(c: LocalBrokerCluster, topic: str, queues: int) -> list[str]:
 def test_node_transactions_commit_roll_back_and_answer_the_servers_check(
     node_modules: Path, cluster: LocalBrokerCluster
 ) -> None:
-    transactions = [
-        {"body": "committed", "end": "commit"},
-        {"body": "rolled back", "end": "rollback"},
-        {"body": "checked: commit", "end": "open"},
-        {"body": "checked: roll back", "end": "open"},
-    ]
     master = cluster.urls[cluster.wait_ready()]
     out = run_node_script(
         node_modules,
@@ -227,8 +222,8 @@ def test_node_transactions_commit_roll_back_and_answer_the_servers_check(
             "endpoints": one_node(cluster, master=False),  # begins and ends forwarded
             "http": master,
             "topic": "n-tx",
-            "transactions": transactions,
-            "checker": {"checked: commit": "commit", "checked: roll back": "rollback"},
+            "transactions": TRANSACTIONS,
+            "checker": CHECKER,
             "wait_checks_s": 60,
         },
         timeout_s=150,
@@ -236,7 +231,7 @@ def test_node_transactions_commit_roll_back_and_answer_the_servers_check(
     sent = out["sent"]
     assert all("error" not in s for s in sent), sent
     assert len({s["transaction_id"] for s in sent}) == 4
-    ids = {spec["body"]: s["message_id"] for spec, s in zip(transactions, sent, strict=True)}
+    ids = {spec["body"]: s["message_id"] for spec, s in zip(TRANSACTIONS, sent, strict=True)}
     checked = {c["body"]: c for c in out["checked"]}
     assert set(checked) == {"checked: commit", "checked: roll back"}, out["checked"]
     for body, c in checked.items():
@@ -290,12 +285,7 @@ def test_node_fifo_push_consumer_keeps_each_message_groups_order_through_a_failu
     master = cluster.urls[cluster.wait_ready()]
     r = httpx.put(f"{master}/v1/groups/n-fifo-pushers", json={"start": "earliest", "fifo": True})
     assert r.status_code == 200, r.text
-    groups = ["g1", "g2", "g3"]
-    messages = [
-        {"topic": "n-ordered", "body": f"{g} step {i}", "group": g}
-        for i in range(5)
-        for g in groups
-    ]
+    messages = fifo_messages("n-ordered")
     send(node_modules, one_node(cluster, master=True), messages)
     report = run_node_script(
         node_modules,
@@ -305,20 +295,12 @@ def test_node_fifo_push_consumer_keeps_each_message_groups_order_through_a_failu
             "group": "n-fifo-pushers",
             "topic": "n-ordered",
             "until": len(messages) + 1,
-            "fail": ["g2 step 1"],
+            "fail": [FIFO_FAIL],
             "max_ms": 60000,
         },
         timeout_s=150,
     )
-    done: dict[str, list[str]] = {g: [] for g in groups}
-    for d in report["deliveries"]:
-        assert d["message_group"] in done, d
-        if d["result"] == "success":
-            done[d["message_group"]].append(d["body"])
-    for g in groups:
-        assert done[g] == [f"{g} step {i}" for i in range(5)], done
-    seen = [d["body"] for d in report["deliveries"] if d["message_group"] == "g2"]
-    assert seen[:3] == ["g2 step 0", "g2 step 1", "g2 step 1"], seen  # retried in place
+    assert_fifo_order(report["deliveries"])
 
 
 def test_kill_9_of_the_master_during_node_sends_through_a_follower_stores_each_once(

@@ -27,6 +27,7 @@ from tests.waiting import wait_until
 
 from .client_env import official_python, run_script
 from .clusters import cluster_with_topics
+from .scenarios import CHECKER, TRANSACTIONS
 from .test_official_client import CLIENT, by_key, one, read_back, send
 
 pytestmark = pytest.mark.slow
@@ -53,12 +54,6 @@ def master_url(c: LocalBrokerCluster) -> str:
 def test_transactions_commit_roll_back_and_are_resolved_by_the_servers_check(
     official: Path, cluster: LocalBrokerCluster
 ) -> None:
-    transactions = [
-        {"body": "committed", "end": "commit"},
-        {"body": "rolled back", "end": "rollback"},
-        {"body": "checked: commit", "end": "open"},
-        {"body": "checked: roll back", "end": "open"},
-    ]
     out = run_script(
         official,
         "transactional.py",
@@ -66,15 +61,15 @@ def test_transactions_commit_roll_back_and_are_resolved_by_the_servers_check(
             "endpoints": cluster.grpc_endpoints,
             "http": master_url(cluster),
             "topic": "tx",
-            "transactions": transactions,
-            "checker": {"checked: commit": "commit", "checked: roll back": "rollback"},
+            "transactions": TRANSACTIONS,
+            "checker": CHECKER,
             "wait_checks_s": 60,
         },
     )
     sent = out["sent"]
     assert all("error" not in s for s in sent), sent
     assert all(s["transaction_id"] for s in sent) and len({s["message_id"] for s in sent}) == 4
-    ids = {spec["body"]: s["message_id"] for spec, s in zip(transactions, sent, strict=True)}
+    ids = {spec["body"]: s["message_id"] for spec, s in zip(TRANSACTIONS, sent, strict=True)}
     # the checks reached the producer with the half message: its topic, id and body
     checked = {c["body"]: c for c in out["checked"]}
     assert set(checked) == {"checked: commit", "checked: roll back"}, out["checked"]

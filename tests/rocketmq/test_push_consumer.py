@@ -29,6 +29,7 @@ from tests.waiting import wait_until
 
 from .client_env import official_python, run_script
 from .clusters import cluster_with_topics
+from .scenarios import FIFO_FAIL, assert_fifo_order, fifo_messages
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -194,10 +195,7 @@ def test_fifo_push_consumer_keeps_each_message_groups_order_through_a_failure(
     official: Path, cluster: LocalBrokerCluster
 ) -> None:
     make_group(cluster, "fifo-pushers", fifo=True)
-    groups = ["g1", "g2", "g3"]
-    messages = [
-        {"topic": "ordered", "body": f"{g} step {i}", "group": g} for i in range(5) for g in groups
-    ]
+    messages = fifo_messages("ordered")
     send(official, cluster.grpc_endpoints, messages)
     report = push(
         official,
@@ -205,17 +203,9 @@ def test_fifo_push_consumer_keeps_each_message_groups_order_through_a_failure(
         "fifo-pushers",
         "ordered",
         until=len(messages) + 1,
-        fail=["g2 step 1"],
+        fail=[FIFO_FAIL],
     )
-    done: dict[str, list[str]] = {g: [] for g in groups}
-    for d in report["deliveries"]:
-        assert d["message_group"] in done, d
-        if d["result"] == "success":
-            done[d["message_group"]].append(d["body"])
-    for g in groups:
-        assert done[g] == [f"{g} step {i}" for i in range(5)], done
-    seen = [d["body"] for d in report["deliveries"] if d["message_group"] == "g2"]
-    assert seen[:3] == ["g2 step 0", "g2 step 1", "g2 step 1"], seen  # retried in place
+    assert_fifo_order(report["deliveries"])
     wait_until(lambda: lag(cluster, "fifo-pushers", "ordered") == 0, 20, "every message acked")
 
 
