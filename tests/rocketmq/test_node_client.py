@@ -29,7 +29,15 @@ from tests.waiting import wait_until
 
 from .client_env import official_node, run_node_script
 from .clusters import cluster_with_topics
-from .scenarios import CHECKER, FIFO_FAIL, TRANSACTIONS, assert_fifo_order, fifo_messages
+from .scenarios import (
+    CHECKER,
+    FIFO_FAIL,
+    TRANSACTIONS,
+    assert_each_acknowledged_send_stored_once,
+    assert_fifo_order,
+    fifo_messages,
+    stored,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -336,37 +344,7 @@ def test_kill_9_of_the_master_during_node_sends_through_a_follower_stores_each_o
         ok = [r for r in receipts if "error" not in r]
         assert len(ok) >= n // 2, receipts  # most go through (the rest: errors, told so)
         new_master = c.wait_ready()
-        for spec, r in zip(messages, receipts, strict=True):
-            if "error" not in r:
-                found = by_key_on(c, new_master, "busy", r["message_id"])
-                assert len(found) == 1 and found[0]["body"] == spec["body"], (r, found)
-        bodies: dict[str, int] = {}
-        for q in range(2):
-            page = httpx.get(
-                f"{c.urls[new_master]}/v1/topics/busy/queues/{q}/messages",
-                params={"offset": 0, "max_messages": 1000},
-                timeout=10,
-            ).json()["messages"]
-            for m in page:
-                bodies[m["body"]] = bodies.get(m["body"], 0) + 1
-        assert sum(bodies.values()) == stored(c, new_master, "busy")
-        twice = {b: k for b, k in bodies.items() if k > 1}
-        assert not twice, f"stored more than once: {twice}"
-        print(
-            f"kill -9 during Node sends: {len(ok)}/{n} acknowledged, {sum(bodies.values())}"
-            " stored, none twice"
-        )
+        total = assert_each_acknowledged_send_stored_once(c, new_master, "busy", messages, receipts)
+        print(f"kill -9 during Node sends: {len(ok)}/{n} acknowledged, {total} stored, none twice")
     finally:
         c.stop_all()
-
-
-def stored(c: LocalBrokerCluster, node: str, topic: str) -> int:
-    r = httpx.get(f"{c.urls[node]}/v1/topics/{topic}", timeout=5)
-    return sum(q["max_offset"] for q in r.json()["queues"]) if r.status_code == 200 else -1
-
-
-def by_key_on(c: LocalBrokerCluster, node: str, topic: str, key: str) -> list[dict[str, Any]]:
-    r = httpx.get(f"{c.urls[node]}/v1/topics/{topic}/messages", params={"key": key}, timeout=5)
-    assert r.status_code == 200, r.text
-    messages: list[dict[str, Any]] = r.json()["messages"]
-    return messages

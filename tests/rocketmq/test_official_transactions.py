@@ -27,7 +27,7 @@ from tests.waiting import wait_until
 
 from .client_env import official_python, run_script
 from .clusters import cluster_with_topics
-from .scenarios import CHECKER, TRANSACTIONS
+from .scenarios import CHECKER, TRANSACTIONS, assert_each_acknowledged_send_stored_once, stored
 from .test_official_client import CLIENT, by_key, one, read_back, send
 
 pytestmark = pytest.mark.slow
@@ -266,11 +266,6 @@ def test_checks_reach_the_producers_streams_on_every_node_across_the_masters_dea
         c.stop_all()
 
 
-def stored(c: LocalBrokerCluster, node: str, topic: str) -> int:
-    r = httpx.get(f"{c.urls[node]}/v1/topics/{topic}", timeout=5)
-    return sum(q["max_offset"] for q in r.json()["queues"]) if r.status_code == 200 else 0
-
-
 def deduplicated(c: LocalBrokerCluster, node: str) -> int:
     text = httpx.get(f"{c.urls[node]}/metrics", timeout=5).text
     line = next(x for x in text.splitlines() if x.startswith("ledgermq_produce_deduplicated_total"))
@@ -289,14 +284,7 @@ def test_kill_9_of_the_master_during_official_sends_stores_each_message_id_once(
         r = httpx.post(f"{c.urls[master]}/v1/topics", json={"name": "busy", "queues": 2})
         assert r.status_code == 201, r.text
         follower = next(n for n in c.ids if n != master)
-        wait_until(
-            lambda: (
-                stored(c, follower, "busy") == 0
-                and httpx.get(f"{c.urls[follower]}/v1/topics/busy", timeout=5).status_code == 200
-            ),
-            10,
-            "the topic on a follower",
-        )
+        wait_until(lambda: stored(c, follower, "busy") == 0, 10, "the topic on a follower")
         n = 400
         messages = [{"topic": "busy", "body": f"m{i}"} for i in range(n)]
         out: dict[str, Any] = {}
@@ -323,24 +311,7 @@ def test_kill_9_of_the_master_during_official_sends_stores_each_message_id_once(
         ok = [r for r in receipts if "error" not in r]
         assert len(ok) >= n // 2, receipts  # most go through (the rest: errors, told so)
         new_master = c.wait_ready()
-        bodies: dict[str, int] = {}
-        for spec, r in zip(messages, receipts, strict=True):
-            if "error" in r:
-                continue
-            found = by_key(c, new_master, "busy", r["message_id"])
-            assert len(found) == 1 and found[0]["body"] == spec["body"], (r, found)
-        total = stored(c, new_master, "busy")
-        for q in range(2):
-            page = httpx.get(
-                f"{c.urls[new_master]}/v1/topics/busy/queues/{q}/messages",
-                params={"offset": 0, "max_messages": 1000},
-                timeout=10,
-            ).json()["messages"]
-            for m in page:
-                bodies[m["body"]] = bodies.get(m["body"], 0) + 1
-        assert sum(bodies.values()) == total
-        twice = {b: k for b, k in bodies.items() if k > 1}
-        assert not twice, f"stored more than once: {twice}"
+        total = assert_each_acknowledged_send_stored_once(c, new_master, "busy", messages, receipts)
         resent = sum(deduplicated(c, x) for x in c.ids if x != master)
         print(
             f"kill -9 during sends: {len(ok)}/{n} acknowledged, {total} stored, none twice;"
