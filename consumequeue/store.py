@@ -13,13 +13,15 @@ Invariants:
   after it names exactly the queues a power loss leaves.
 
 Thread safety: as ``ConsumeQueue``: the owner serialises calls, ``flush`` may run on
-another thread (it works on a snapshot of the open queues).
+another thread while the owner goes on writing (it works on a snapshot of the open
+queues, and takes the set of directories to sync under a lock).
 """
 
 from __future__ import annotations
 
 import re
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +50,7 @@ class ConsumeQueueStore:
         self.settings = settings
         self._queues: dict[tuple[str, int], ConsumeQueue] = {}
         self._dirs_dirty: set[Path] = set()  # directories whose entries changed since flush
+        self._dirs_lock = threading.Lock()  # the owner adds to it, a flush takes it
         root.mkdir(parents=True, exist_ok=True)
 
     def queue(self, topic: str, queue_id: int) -> ConsumeQueue:
@@ -68,10 +71,14 @@ class ConsumeQueueStore:
             raise ValueError(f"queue_id must be >= 0, got {queue_id}")
         topic_dir = self.root / topic
         if not (topic_dir / str(queue_id)).is_dir():
-            self._dirs_dirty.update((self.root, topic_dir))
+            self._dirty(self.root, topic_dir)
         q = ConsumeQueue(self.root, topic, queue_id, self.settings)
         self._queues[(topic, queue_id)] = q
         return q
+
+    def _dirty(self, *dirs: Path) -> None:
+        with self._dirs_lock:
+            self._dirs_dirty.update(dirs)
 
     def load(self) -> None:
         """Open every queue on disk (recovering each one's tail)."""
@@ -100,7 +107,7 @@ class ConsumeQueueStore:
         for key in [k for k in self._queues if k[0] == topic]:
             self._queues.pop(key).close()
         shutil.rmtree(self.root / topic, ignore_errors=True)
-        self._dirs_dirty.add(self.root)
+        self._dirty(self.root)
 
     def delete_queue(self, topic: str, queue_id: int) -> None:
         """Close one queue and remove its directory."""
@@ -108,7 +115,7 @@ class ConsumeQueueStore:
         if q is not None:
             q.close()
         shutil.rmtree(self.root / check_topic(topic) / str(queue_id), ignore_errors=True)
-        self._dirs_dirty.add(self.root / topic)
+        self._dirty(self.root / topic)
 
     def delete_all(self) -> None:
         """Close every queue and remove every topic directory, also ones that do not load
@@ -117,7 +124,7 @@ class ConsumeQueueStore:
         for d in sorted(self.root.iterdir()):
             if d.is_dir():
                 shutil.rmtree(d, ignore_errors=True)
-        self._dirs_dirty.add(self.root)
+        self._dirty(self.root)
 
     def __iter__(self) -> Iterator[ConsumeQueue]:
         return iter(list(self._queues.values()))
@@ -129,7 +136,8 @@ class ConsumeQueueStore:
         for q in list(self._queues.values()):
             if not q.closed:
                 q.flush()
-        dirs, self._dirs_dirty = self._dirs_dirty, set()
+        with self._dirs_lock:
+            dirs, self._dirs_dirty = self._dirs_dirty, set()
         for d in sorted(dirs, key=lambda p: len(p.parts), reverse=True):  # leaves first
             fsync_dir(d, missing_ok=True)  # one deleted since: its parent is in the set too
 
