@@ -14,7 +14,8 @@ Commands (``{"id": N, "cmd": ..., ...}``; every reply carries the same ``id`` an
 - ``produce``: ``producers`` tasks produce batches of ``batch`` messages of ``body_size`` bytes
   through ``Broker.produce`` until ``duration`` s, ``messages`` in all, or the store's
   ``ledger_end_pos`` reaches ``until_pos`` (the first of those set); per-batch latency.
-  With ``topics`` (a list), each batch goes to one of them drawn at random (seeded);
+  With ``topics`` (a list), each batch goes to one of them drawn at random (seeded), or
+  to each in turn with ``cycle``;
   ``progress``: ``progress`` events every 0.5 s in any case.
 - ``pull``: read every queue of ``topic`` from offset 0 to its end with ``Broker.pull``.
 - ``load_start`` / ``load_stop``: a background produce load (the failover rounds).
@@ -167,6 +168,14 @@ class Node:
     async def _produce(self, req: dict[str, Any], *, progress: bool) -> dict[str, Any]:
         topics: list[str] = list(req.get("topics") or [req["topic"]])
         rng = random.Random(int(req.get("seed", 1)))
+        cycle = bool(req.get("cycle"))  # the topics in turn, not at random
+        turn = 0
+
+        def next_topic() -> str:
+            nonlocal turn
+            turn += 1
+            return topics[(turn - 1) % len(topics)] if cycle else rng.choice(topics)
+
         batch = int(req.get("batch", 100))
         producers = int(req.get("producers", 8))
         body_size = int(req.get("body_size", 1024))
@@ -201,7 +210,7 @@ class Node:
                 i += batch
                 t0 = time.monotonic()
                 try:
-                    await self.b.producer.produce(rng.choice(topics), msgs)
+                    await self.b.producer.produce(next_topic(), msgs)
                 except errors.BrokerError as e:
                     errs[e.code] = errs.get(e.code, 0) + 1
                     if not self.b.is_master:

@@ -6,7 +6,9 @@ own uvloop loop, Raft on 127.0.0.1, ``flush="sync"``) gets that many topics of
 ``--queues`` (8) queues; then ``--producers`` (8) tasks on the master produce batches
 of ``--batch`` (100) messages of ``--body-size`` (1 KiB) for ``--duration`` s, each
 batch to a topic drawn at random (the same seed in every row). A progress bar shows the
-messages as they go.
+messages as they go. Before that, one message goes into every queue (``touch``, timed
+apart; ``--no-touch`` skips it): a queue's files are made on its first message, a cost
+paid once per queue that a short run would otherwise mostly measure.
 
 Each row: messages/s, its ratio to the one-topic row, p50/p99/max batch latency, the
 event-loop stalls of the nodes during the run (ticks 100 ms or more late, the
@@ -45,9 +47,12 @@ UNIT_BYTES = 20  # a consume-queue unit
 
 
 def disk_bytes(path: Path) -> tuple[int, int, int]:
-    """(allocated bytes as ``du`` counts them, apparent bytes, files) under ``path``."""
+    """(allocated bytes as ``du`` counts them, directories too, apparent bytes of the
+    files, files) under ``path``."""
     used = apparent = files = 0
     for d, _, names in os.walk(path):
+        with contextlib.suppress(FileNotFoundError):
+            used += os.stat(d).st_blocks * 512
         for name in names:
             with contextlib.suppress(FileNotFoundError):
                 st = os.stat(os.path.join(d, name))
@@ -104,6 +109,20 @@ def run_row(root: Path, count: int, a: argparse.Namespace, progress: bool) -> di
         created_s = time.monotonic() - t0
         kw = {"topics": names, "batch": a.batch, "producers": a.producers}
         kw["body_size"] = a.body_size
+        touch_s = None
+        if a.touch:
+            # One message into every queue: a batch's messages go to one queue, the next
+            # batch of a topic to its next queue, so each topic in turn, once per queue.
+            t0 = time.monotonic()
+            r = m.call(
+                "produce",
+                timeout_s=a.timeout + count * a.queues / 100,
+                **(kw | {"batch": 1, "cycle": True, "messages": count * a.queues}),
+            )
+            touch_s = time.monotonic() - t0
+        g.converged(a.timeout)
+        idle = proc_figures(m.pid)  # every queue made and holding a message or so
+        idle_disk = {i: disk_bytes(root / i / "consumequeue")[0] for i in g.nodes}
         m.call("produce", timeout_s=a.timeout, messages=4 * a.batch * a.producers, **kw)  # warm
         before = {i: n.call("status")["loop_stalls"] for i, n in g.nodes.items()}
         rid = m.send("produce", duration=a.duration, progress=True, seed=count, **kw)
@@ -118,6 +137,7 @@ def run_row(root: Path, count: int, a: argparse.Namespace, progress: bool) -> di
             "topics": count,
             "queues": count * a.queues,
             "create_s": round(created_s, 2),
+            "touch_s": None if touch_s is None else round(touch_s, 2),
             "messages": r["messages"],
             "msgs_per_s": r["msgs_per_s"],
             "p50_ms": r["p50_ms"],
@@ -129,6 +149,8 @@ def run_row(root: Path, count: int, a: argparse.Namespace, progress: bool) -> di
             "open_queues": st[m.id]["open_queues"],
             "master": m.id,
             "master_proc": proc_figures(m.pid),
+            "master_proc_before": idle,
+            "cq_disk_bytes_before": idle_disk,
             "cq_disk_bytes": {i: v[0] for i, v in cq.items()},
             "cq_apparent_bytes": {i: v[1] for i, v in cq.items()},
             "cq_files": {i: v[2] for i, v in cq.items()},
@@ -157,6 +179,13 @@ def main() -> int:
     ap.add_argument("--log-level", default="INFO", help="of the nodes (logs in the data dir)")
     ap.add_argument("--json", type=Path, default=None, help="also write the figures here")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 and 100 topics, 5 s")
+    ap.add_argument(
+        "--no-touch",
+        dest="touch",
+        action="store_false",
+        help="measure from the first message of each queue on (default: one message into"
+        " every queue first, timed apart: a queue's files are made on its first message)",
+    )
     ap.add_argument("--no-progress", action="store_true")
     a = ap.parse_args()
     if a.quick:
@@ -195,7 +224,8 @@ def report(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
         f" {a.duration:.0f} s a row"
     )
     print(
-        f"  {'topics':>6} {'msg/s':>8} {'vs 1':>5} {'p50 ms':>7} {'p99 ms':>7} {'max ms':>7}"
+        f"  {'topics':>6} {'touch s':>7} {'msg/s':>8} {'vs 1':>5} {'p50 ms':>7} {'p99 ms':>7}"
+        f" {'max ms':>7}"
         f" {'stalls':>9} {'queues':>6} {'fds':>6} {'maps':>6} {'RSS MiB':>8}"
         f" {'cq disk MiB':>12} {'cq units MiB':>12}"
     )
@@ -206,29 +236,32 @@ def report(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
         p = r["master_proc"]
         disk = sum(r["cq_disk_bytes"].values()) / MiB
         units = 3 * r["messages"] * UNIT_BYTES / MiB
+        touch = "-" if r["touch_s"] is None else f"{r['touch_s']:.1f}"
         print(
-            f"  {r['topics']:>6} {r['msgs_per_s']:>8,} {ratio:>5} {r['p50_ms']:>7} {r['p99_ms']:>7}"
+            f"  {r['topics']:>6} {touch:>7} {r['msgs_per_s']:>8,} {ratio:>5} {r['p50_ms']:>7}"
+            f" {r['p99_ms']:>7}"
             f" {r['max_ms']:>7} {stalls:>9} {r['open_queues']:>6} {p['fds']:>6} {p['maps']:>6}"
             f" {p['rss_bytes'] / MiB:>8.0f} {disk:>12.1f} {units:>12.1f}"
         )
     print(
-        "  (stalls: loop ticks >= 100 ms late per node during the run; queues, fds, maps, RSS:"
-        " the master's after the run;\n   cq disk: consume-queue blocks on the 3 nodes; cq"
-        " units: the 20 B a message they must hold)"
+        "  (touch: one message into every queue, before the run; stalls: loop ticks >= 100 ms"
+        " late per node during the run;\n   queues, fds, maps, RSS: the master's after the run;"
+        "\n   cq disk: consume-queue blocks on the 3 nodes; cq units: the 20 B a message they"
+        " must hold)"
     )
     if first is not None:
+        print("  what a topic costs, before the run (every queue made, holding its message):")
         for r in rows[1:]:
             added = r["topics"] - 1
-            p, p1 = r["master_proc"], first["master_proc"]
-            disk = sum(r["cq_disk_bytes"].values()) - sum(first["cq_disk_bytes"].values())
-            units = 3 * (r["messages"] - first["messages"]) * UNIT_BYTES
+            p, p1 = r["master_proc_before"], first["master_proc_before"]
+            disk = sum(r["cq_disk_bytes_before"].values())
+            disk -= sum(first["cq_disk_bytes_before"].values())
             rss_kib = (p["rss_bytes"] - p1["rss_bytes"]) / added / 1024
             print(
-                f"  a topic ({r['topics']} vs 1): {rss_kib:.1f} KiB resident,"
+                f"    {r['topics']} vs 1 topic: {rss_kib:.1f} KiB resident,"
                 f" {(p['fds'] - p1['fds']) / added:.2f} fds,"
                 f" {(p['maps'] - p1['maps']) / added:.2f} mappings on the master;"
-                f" {(disk - units) / 3 / added / 1024:.1f} KiB of consume-queue disk a node"
-                " beyond its units"
+                f" {disk / 3 / added / 1024:.1f} KiB of consume-queue disk a node"
             )
     out = {"settings": {k: str(v) for k, v in vars(a).items()}, "rows": rows}
     if a.json is not None:
