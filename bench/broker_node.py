@@ -53,6 +53,7 @@ from broker import errors
 from broker.broker import Broker, NewMessage
 from broker.gate import BrokerRole
 from broker.settings import BrokerSettings
+from consumequeue import ConsumeQueueSettings
 from dledger.store import StoreSettings
 
 MiB = 1 << 20
@@ -135,6 +136,8 @@ class Node:
             "loop_stalls": self.b.server.stats["loop_stalls"],
             "max_tick_late_ms": self.b.server.stats["max_tick_late_ms"],
             "open_queues": len(self.b.cq),
+            "mapped_queues": self.b.cq.mapped,
+            "suspensions": self.b.cq.suspensions,
             "ledger_end_pos": s.ledger_end_pos,
             "committed_pos": s.committed_pos,
             "t": time.monotonic(),
@@ -375,6 +378,7 @@ async def _main(a: argparse.Namespace, out: Any) -> None:
         flush=a.flush,
         store=StoreSettings(data_file_size=a.data_file_mib * MiB),
         default_queues=a.queues,
+        consume_queue=ConsumeQueueSettings(max_open_queues=a.max_open_queues),
     )
     broker = Broker(settings)
     node = Node(broker, out)
@@ -432,6 +436,7 @@ def main() -> int:
     ap.add_argument("--flush", choices=("sync", "async"), default="sync")
     ap.add_argument("--data-file-mib", type=int, default=1024)
     ap.add_argument("--queues", type=int, default=8)
+    ap.add_argument("--max-open-queues", type=int, default=ConsumeQueueSettings().max_open_queues)
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args()
     # The protocol owns the original stdout; anything printed goes to stderr (the log).

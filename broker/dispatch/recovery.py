@@ -113,6 +113,7 @@ class StoreCheckpoint:
         await asyncio.to_thread(self._flush)
         await asyncio.to_thread(write_atomic, self.path, data)
         self.index = index
+        self.cq.trim()  # queues synced now may be unmapped (``max_open_queues``)
         return True
 
     def _flush(self) -> None:
