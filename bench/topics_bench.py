@@ -20,7 +20,10 @@ by the topics added (the master's, and the consume-queue disk of all three nodes
 
     .venv/bin/python bench/topics_bench.py                    # ~3 min, ~6 GiB of scratch disk
     .venv/bin/python bench/topics_bench.py --quick            # smoke run, ~1 min
-    .venv/bin/python bench/topics_bench.py --topics 1,1000 --duration 20
+    .venv/bin/python bench/topics_bench.py --topics 1,1000,1,1000,1,1000 --duration 15
+
+Each row's "vs 1" is against the one-topic row before it; repeated pairs get the median
+of their ratios (the machine's speed drifts from one row to the next).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import contextlib
 import json
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -206,8 +210,8 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     ok = False
     try:
-        for count in a.topics:
-            row_dir = root / f"topics-{count}"
+        for k, count in enumerate(a.topics):
+            row_dir = root / f"{k}-topics-{count}"
             row_dir.mkdir()
             rows.append(run_row(row_dir, count, a, progress))
             print("row:", json.dumps(rows[-1]), file=sys.stderr)
@@ -218,7 +222,7 @@ def main() -> int:
     finally:
         _kill_all()
         if not ok:
-            print(f"kept {root} (node logs: topics-*/n*.log)", file=sys.stderr)
+            print(f"kept {root} (node logs: *-topics-*/n*.log)", file=sys.stderr)
     report(rows, a)
     if ok and a.data_dir is None:
         shutil.rmtree(root, ignore_errors=True)
@@ -238,8 +242,14 @@ def report(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
         f" {'cq disk MiB':>12} {'cq units MiB':>12}"
     )
     first = rows[0] if rows and rows[0]["topics"] == 1 else None
+    one: dict[str, Any] | None = None  # the last one-topic row: each row's "vs 1"
+    ratios: dict[int, list[float]] = {}
     for r in rows:
-        ratio = f"{r['msgs_per_s'] / first['msgs_per_s']:.2f}" if first else "-"
+        one = r if r["topics"] == 1 else one
+        ratio = "-"
+        if one is not None:
+            ratios.setdefault(r["topics"], []).append(r["msgs_per_s"] / one["msgs_per_s"])
+            ratio = f"{ratios[r['topics']][-1]:.2f}"
         stalls = "/".join(str(r["loop_stalls"][i]) for i in sorted(r["loop_stalls"]))
         p = r["master_proc"]
         disk = sum(r["cq_disk_bytes"].values()) / MiB
@@ -258,9 +268,17 @@ def report(rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
         "\n   cq disk: consume-queue blocks on the 3 nodes; cq units: the 20 B a message they"
         " must hold)"
     )
+    for count, rs in sorted(ratios.items()):
+        if count != 1 and len(rs) > 1:
+            print(
+                f"  {count} topics vs the one-topic row before each: median"
+                f" {statistics.median(rs):.2f} of {len(rs)} ({', '.join(f'{x:.2f}' for x in rs)})"
+            )
     if first is not None:
         print("  what a topic costs, before the run (every queue made, holding its message):")
         for r in rows[1:]:
+            if r["topics"] == 1:
+                continue
             added = r["topics"] - 1
             p, p1 = r["master_proc_before"], first["master_proc_before"]
             disk = sum(r["cq_disk_bytes_before"].values())
