@@ -232,6 +232,11 @@ class Group:
                 if getattr(a, "max_open_queues", None)
                 else []
             ),
+            *(
+                ["--checkpoint-interval-ms", str(a.checkpoint_interval_ms)]
+                if getattr(a, "checkpoint_interval_ms", None)
+                else []
+            ),
         ]
         self.nodes = {i: NodeProc(i, peers, root, root / f"{i}.log", extra) for i in ids}
         self.timeout = a.timeout

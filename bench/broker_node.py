@@ -379,6 +379,7 @@ async def _main(a: argparse.Namespace, out: Any) -> None:
         store=StoreSettings(data_file_size=a.data_file_mib * MiB),
         default_queues=a.queues,
         consume_queue=ConsumeQueueSettings(max_open_queues=a.max_open_queues),
+        dispatch_checkpoint_interval_ms=a.checkpoint_interval_ms,
     )
     broker = Broker(settings)
     node = Node(broker, out)
@@ -437,6 +438,11 @@ def main() -> int:
     ap.add_argument("--data-file-mib", type=int, default=1024)
     ap.add_argument("--queues", type=int, default=8)
     ap.add_argument("--max-open-queues", type=int, default=ConsumeQueueSettings().max_open_queues)
+    ap.add_argument(
+        "--checkpoint-interval-ms",
+        type=int,
+        default=BrokerSettings.__dataclass_fields__["dispatch_checkpoint_interval_ms"].default,
+    )
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args()
     # The protocol owns the original stdout; anything printed goes to stderr (the log).

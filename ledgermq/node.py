@@ -688,6 +688,14 @@ def _add_disk_options(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p,
+        "--dispatch-checkpoint-interval-ms",
+        type=int,
+        default=BrokerSettings.__dataclass_fields__["dispatch_checkpoint_interval_ms"].default,
+        help="how often the consume queues and the key index are synced and the dispatch"
+        " checkpoint written (beside dispatch); a restart replays the entries after it",
+    )
+    add_option(
+        p,
         "--queue-reserve-units",
         type=int,
         default=ConsumeQueueSettings().max_reserve_units,
@@ -870,6 +878,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
             check_peer_address=args.peer_address_check,
         ),
         disk_reserve_bytes=None if args.disk_reserve_mb is None else args.disk_reserve_mb * MiB,
+        dispatch_checkpoint_interval_ms=args.dispatch_checkpoint_interval_ms,
         consume_queue=ConsumeQueueSettings(
             max_open_queues=args.max_open_queues, max_reserve_units=args.queue_reserve_units
         ),
