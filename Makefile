@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-http bench-delay bench-tx bench-grpc bench-spark bench-failover bench-peers clean
+.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-topics bench-http bench-delay bench-tx bench-grpc bench-spark bench-failover bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,9 @@ bench-raft: setup
 
 bench-broker: setup
 	$(PY) bench/broker_bench.py
+
+bench-topics: setup  # issue 31: produce and the cost of a topic at 1, 100 and 1,000 topics x 8 queues (~3 min)
+	$(PY) bench/topics_bench.py
 
 bench-http: setup
 	$(PY) bench/http_bench.py

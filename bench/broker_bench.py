@@ -227,6 +227,16 @@ class Group:
             str(a.queues),
             "--log-level",
             a.log_level,
+            *(
+                ["--max-open-queues", str(a.max_open_queues)]
+                if getattr(a, "max_open_queues", None)
+                else []
+            ),
+            *(
+                ["--checkpoint-interval-ms", str(a.checkpoint_interval_ms)]
+                if getattr(a, "checkpoint_interval_ms", None)
+                else []
+            ),
         ]
         self.nodes = {i: NodeProc(i, peers, root, root / f"{i}.log", extra) for i in ids}
         self.timeout = a.timeout

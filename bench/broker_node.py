@@ -9,10 +9,14 @@ Commands (``{"id": N, "cmd": ..., ...}``; every reply carries the same ``id`` an
 ``ok``; each command runs as its own task, so ``status`` answers while a load runs):
 
 - ``status``: ``Broker.status()`` plus the store's byte positions.
-- ``create_topic``: ``Broker.create_topic``.
+- ``create_topic``: ``Broker.create_topic``; ``create_topics``: many (``topics``, a few
+  at a time).
 - ``produce``: ``producers`` tasks produce batches of ``batch`` messages of ``body_size`` bytes
   through ``Broker.produce`` until ``duration`` s, ``messages`` in all, or the store's
   ``ledger_end_pos`` reaches ``until_pos`` (the first of those set); per-batch latency.
+  With ``topics`` (a list), each batch goes to one of them drawn at random (seeded), or
+  to each in turn with ``cycle``;
+  ``progress``: ``progress`` events every 0.5 s in any case.
 - ``pull``: read every queue of ``topic`` from offset 0 to its end with ``Broker.pull``.
 - ``load_start`` / ``load_stop``: a background produce load (the failover rounds).
 - ``probe``: from now on, as soon as this node is MASTER, produce one small batch
@@ -34,6 +38,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import random
 import signal
 import sys
 import time
@@ -48,6 +53,7 @@ from broker import errors
 from broker.broker import Broker, NewMessage
 from broker.gate import BrokerRole
 from broker.settings import BrokerSettings
+from consumequeue import ConsumeQueueSettings
 from dledger.store import StoreSettings
 
 MiB = 1 << 20
@@ -127,6 +133,11 @@ class Node:
         s = self.b.store
         return {
             "status": st,
+            "loop_stalls": self.b.server.stats["loop_stalls"],
+            "max_tick_late_ms": self.b.server.stats["max_tick_late_ms"],
+            "open_queues": len(self.b.cq),
+            "mapped_queues": self.b.cq.mapped,
+            "suspensions": self.b.cq.suspensions,
             "ledger_end_pos": s.ledger_end_pos,
             "committed_pos": s.committed_pos,
             "t": time.monotonic(),
@@ -136,6 +147,20 @@ class Node:
         t, created = await self.b.topics.create(req["topic"], req.get("queues"))
         return {"queues": t.queues, "created": created}
 
+    async def cmd_create_topics(self, req: dict[str, Any]) -> dict[str, Any]:
+        names: list[str] = list(req["topics"])
+        queues = req.get("queues")
+        created = 0
+
+        async def worker(k: int) -> None:
+            nonlocal created
+            for name in names[k::8]:
+                _, new = await self.b.topics.create(name, queues)
+                created += new
+
+        await asyncio.gather(*(worker(k) for k in range(8)))
+        return {"created": created}
+
     async def cmd_exit(self, req: dict[str, Any]) -> dict[str, Any]:
         self.stop.set()
         return {}
@@ -144,7 +169,16 @@ class Node:
         return await self._produce(req, progress=True)
 
     async def _produce(self, req: dict[str, Any], *, progress: bool) -> dict[str, Any]:
-        topic = req["topic"]
+        topics: list[str] = list(req.get("topics") or [req["topic"]])
+        rng = random.Random(int(req.get("seed", 1)))
+        cycle = bool(req.get("cycle"))  # the topics in turn, not at random
+        turn = 0
+
+        def next_topic() -> str:
+            nonlocal turn
+            turn += 1
+            return topics[(turn - 1) % len(topics)] if cycle else rng.choice(topics)
+
         batch = int(req.get("batch", 100))
         producers = int(req.get("producers", 8))
         body_size = int(req.get("body_size", 1024))
@@ -179,7 +213,7 @@ class Node:
                 i += batch
                 t0 = time.monotonic()
                 try:
-                    await self.b.producer.produce(topic, msgs)
+                    await self.b.producer.produce(next_topic(), msgs)
                 except errors.BrokerError as e:
                     errs[e.code] = errs.get(e.code, 0) + 1
                     if not self.b.is_master:
@@ -202,7 +236,8 @@ class Node:
                     }
                 )
 
-        rep = asyncio.create_task(reporter()) if progress and until_pos is not None else None
+        wants = progress and (until_pos is not None or bool(req.get("progress")))
+        rep = asyncio.create_task(reporter()) if wants else None
         try:
             await asyncio.gather(*(producer(k) for k in range(producers)))
         finally:
@@ -343,6 +378,8 @@ async def _main(a: argparse.Namespace, out: Any) -> None:
         flush=a.flush,
         store=StoreSettings(data_file_size=a.data_file_mib * MiB),
         default_queues=a.queues,
+        consume_queue=ConsumeQueueSettings(max_open_queues=a.max_open_queues),
+        dispatch_checkpoint_interval_ms=a.checkpoint_interval_ms,
     )
     broker = Broker(settings)
     node = Node(broker, out)
@@ -400,6 +437,12 @@ def main() -> int:
     ap.add_argument("--flush", choices=("sync", "async"), default="sync")
     ap.add_argument("--data-file-mib", type=int, default=1024)
     ap.add_argument("--queues", type=int, default=8)
+    ap.add_argument("--max-open-queues", type=int, default=ConsumeQueueSettings().max_open_queues)
+    ap.add_argument(
+        "--checkpoint-interval-ms",
+        type=int,
+        default=BrokerSettings.__dataclass_fields__["dispatch_checkpoint_interval_ms"].default,
+    )
     ap.add_argument("--log-level", default="INFO")
     a = ap.parse_args()
     # The protocol owns the original stdout; anything printed goes to stderr (the log).

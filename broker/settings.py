@@ -57,8 +57,9 @@ class Limits:
     # (its token, or its address): over either → 429 BUSY with Retry-After.
     max_long_polls: int = 1024
     max_long_polls_per_client: int = 64
-    # Each queue holds file descriptors and a preallocated consume-queue segment: over
-    # either → 429 LIMIT_REACHED, nothing written.
+    # Each queue holds a file descriptor and a mapping of its consume-queue segment (its
+    # disk blocks are allocated as it fills: an idle queue takes a page): over either →
+    # 429 LIMIT_REACHED, nothing written.
     max_topics: int = 1024
     max_total_queues: int = 8192
     # Groups that commit offsets (each keeps a table per topic): a new one past it → 429.
@@ -140,7 +141,8 @@ class BrokerSettings:
     retention_check_interval_ms: int = 1000
     # Writes are refused (507 DISK_FULL) while the data directory's file system has less
     # free space than this, so the derived files of what was acknowledged (a key-index
-    # file, consume-queue segments, all allocated in full when created) always fit.
+    # file, allocated in full when created, and the consume queues' blocks, allocated
+    # ahead of their writes) always fit.
     # None: one key-index file and four consume-queue segments (~66 MiB by default).
     disk_reserve_bytes: int | None = None
     disk_check_interval_ms: int = 1000
@@ -159,6 +161,8 @@ class BrokerSettings:
             raise ValueError("default_queues must be between 1 and max_queues_per_topic")
         if self.flush not in ("async", "sync"):
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
+        if self.dispatch_checkpoint_interval_ms < 1:
+            raise ValueError("dispatch_checkpoint_interval_ms must be >= 1")
         if self.send_window_ids < 1 or self.send_window_ms < 1:
             raise ValueError("send_window_ids, send_window_ms: >= 1")
         if min(self.tx_first_check_ms, self.tx_check_interval_ms, self.tx_max_checks) < 0:

@@ -174,9 +174,9 @@ class Topics:
 
     def _check_room_for(self, queues: int) -> None:
         """``LimitReachedError`` (429) when one more topic, or ``queues`` more queues,
-        would pass the node's limits: each queue holds file descriptors and a
-        preallocated consume-queue segment, and running out of descriptors breaks
-        segment creation for every topic."""
+        would pass the node's limits: each queue holds a file descriptor and a mapping
+        of its consume-queue segment, and running out of descriptors breaks segment
+        creation for every topic."""
         lim = self.settings.limits
         topics = self.meta.topics.values()
         if len(topics) >= lim.max_topics:

@@ -6,6 +6,20 @@ tags_hash i64`` big-endian; queue offset N lives at byte N*20 of the logical fil
 segments are ``dledger.store.mmapfile`` segments (RocketMQ's MappedFileQueue), so a queue
 reuses the log's truncation, head deletion and fsync bookkeeping.
 
+What a queue costs (issue 31: topics must be cheap): a segment is a sparse file, and disk
+blocks are allocated (``posix_fallocate``) only ahead of the write position, in chunks
+that double from one page up to ``max_reserve_units`` units, so a nearly empty queue
+takes a page of disk, not a 6 MB segment. Its mapping is ``MADV_RANDOM``: a store to a
+fresh page faults in that page alone. With the kernel's default read-around (the
+device's ``read_ahead_kb``, 8 MiB on the VM measured), the first store into a new
+segment zero-filled the whole 6 MB segment into the page cache (82 % of the master's
+event-loop CPU with 1,000 topics), once per queue.
+
+A queue whose units are all synced can be ``suspend``ed: its segments are unmapped and
+their descriptors closed (the store does it to the least recently used queues past
+``max_open_queues``); its positions stay in memory, and any use maps the segments
+again (``_resume``), with no recovery: nothing changed on disk meanwhile.
+
 Invariants:
 - the queue holds exactly the units ``[min_offset, max_offset)``; every one has
   ``size > 0`` and ``commitlog_offset >= 0``, so a written unit is never all zero and a
@@ -64,6 +78,7 @@ UNIT_SIZE = UNIT.size
 RESET_FILE = "reset_offset"
 _ZERO_CHUNK = 1 << 16
 _ZEROS = bytes(_ZERO_CHUNK)
+_PAGE = mmap.PAGESIZE
 assert UNIT_SIZE == 20
 
 Unit = tuple[int, int, int]
@@ -81,6 +96,14 @@ class ConsumeQueueSettings:
     (RocketMQ starts its consume-queue check at the third-last file)."""
     max_read_units: int = 65_536
     """Upper bound on the units one ``read`` returns, whatever the caller asks for."""
+    max_reserve_units: int = 16_384
+    """Disk blocks are allocated ahead of the write position in chunks that double from
+    one page up to this many units (320 KiB): an idle queue holds a page of disk, a busy
+    one allocates rarely."""
+    max_open_queues: int = 4096
+    """Queues whose segments are mapped at once (each segment holds two descriptors and
+    a mapping); past it the store suspends the least recently used queues whose units
+    are synced (``ConsumeQueueStore``), which map theirs again when used."""
 
     def __post_init__(self) -> None:
         if self.segment_units < 1:
@@ -91,6 +114,10 @@ class ConsumeQueueSettings:
             )
         if self.max_read_units < 1:
             raise ValueError(f"max_read_units must be >= 1, got {self.max_read_units}")
+        if self.max_reserve_units < 1:
+            raise ValueError(f"max_reserve_units must be >= 1, got {self.max_reserve_units}")
+        if self.max_open_queues < 1:
+            raise ValueError(f"max_open_queues must be >= 1, got {self.max_open_queues}")
 
     @property
     def segment_bytes(self) -> int:
@@ -110,6 +137,7 @@ class ConsumeQueue:
         self.settings = settings
         self.path = directory / topic / str(queue_id)
         self._segment_bytes = settings.segment_bytes
+        self._max_reserve = max(_PAGE, settings.max_reserve_units * UNIT_SIZE)
         self._files = MmapFileList(self.path, self._segment_bytes)
         self._min_offset = 0
         self._max_offset = 0
@@ -122,6 +150,10 @@ class ConsumeQueue:
         self._tail_mm: mmap.mmap | None = None
         self._dir_dirty = False
         self._closed = False
+        # Suspended: the segments starting here are closed (``suspend``), reopened on use.
+        self._suspended: list[int] | None = None
+        self._suspended_head = 0  # the first unit's commitlog offset, while suspended
+        self.on_resume: Callable[[ConsumeQueue], None] | None = None  # the store's LRU
         try:
             self._load()
         except BaseException:
@@ -170,9 +202,12 @@ class ConsumeQueue:
                 self._refuse_append(queue_offset, commitlog_offset, size)
             f, mm = self._tail, self._tail_mm
             if f is None or mm is None or f.wrote == self._segment_bytes:
-                f, mm = self._roll()
-            # A store through the mapping, ~5x cheaper than a pwrite per unit; the segment
-            # was fallocated on creation, so a full disk fails the roll, not this store.
+                f, mm = self._tail_for_append()
+            if f.wrote + UNIT_SIZE > f.reserved:
+                self._reserve(f)
+            # A store through the mapping, ~5x cheaper than a pwrite per unit; its disk
+            # blocks were allocated by ``_reserve``, so a full disk fails that, not this
+            # store (a store into a hole of a full disk is SIGBUS, not an exception).
             UNIT.pack_into(mm, f.wrote, commitlog_offset, size, tags_hash)
             f.wrote += UNIT_SIZE
             self._max_offset = queue_offset + 1
@@ -211,22 +246,29 @@ class ConsumeQueue:
             " its record)"
         )
 
+    def _reserve(self, f: MmapFile) -> None:
+        """Allocate disk blocks from ``f.wrote`` on: a page at first, then as many bytes
+        as the segment holds already (the chunks double), at most ``max_reserve_units``
+        units. Raises ``OSError`` (``ENOSPC``) having changed nothing."""
+        ahead = min(max(_PAGE, f.wrote - f.wrote % _PAGE), self._max_reserve)
+        f.reserve(f.wrote + UNIT_SIZE, ahead)
+
+    def _tail_for_append(self) -> tuple[MmapFile, mmap.mmap]:
+        """The segment ``put`` writes to when the cached one is not it: the tail of a
+        suspended queue, mapped again, or a new segment."""
+        if self._suspended is not None:
+            self._resume()
+            f, mm = self._tail, self._tail_mm
+            if f is not None and mm is not None and f.wrote < self._segment_bytes:
+                return f, mm
+        return self._roll()
+
     def _roll(self) -> tuple[MmapFile, mmap.mmap]:
         """Create the segment that holds ``max_offset`` (after the last one, or the one a
-        ``reset`` point falls in), fully allocated so writes through the mapping cannot
-        hit a full disk (which would be SIGBUS, not an exception)."""
+        ``reset`` point falls in): sparse, its blocks allocated by ``_reserve``."""
         pos = self._max_offset * UNIT_SIZE
         start = pos - pos % self._segment_bytes
-        path = self.path / segment_name(start)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.posix_fallocate(fd, 0, self._segment_bytes)
-        except BaseException:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
-        os.close(fd)
-        f = MmapFile(path, start, self._segment_bytes, create=False)
+        f = _open_segment(self.path / segment_name(start), start, self._segment_bytes, True)
         f.wrote = f.flushed = pos - start
         self._files.files.append(f)
         self._dir_dirty = True
@@ -241,6 +283,8 @@ class ConsumeQueue:
     # ---- reading ---------------------------------------------------------------------------
 
     def _unit(self, queue_offset: int) -> Unit:
+        if self._suspended is not None:
+            self._resume()
         pos = queue_offset * UNIT_SIZE
         f = self._files.segment_for(pos)
         assert f is not None, (self, queue_offset)
@@ -258,6 +302,8 @@ class ConsumeQueue:
         """(queue_offset, commitlog_offset, size, tags_hash) for the offsets from
         ``max(from_queue_offset, min_offset)`` on, at most ``max_units`` (clamped to the
         ``max_read_units`` setting); one slice per segment."""
+        if self._suspended is not None:
+            self._resume()
         queue_offset = max(from_queue_offset, self._min_offset)
         end = min(self._max_offset, queue_offset + min(max_units, self.settings.max_read_units))
         out: list[tuple[int, int, int, int]] = []
@@ -279,6 +325,8 @@ class ConsumeQueue:
         """``read`` without unpacking: (first queue offset, the units' 20-byte big-endian
         bytes back to back). One copy per segment and no object per unit, for callers
         that decode a whole page at once (the Arrow pull)."""
+        if self._suspended is not None:
+            self._resume()
         queue_offset = first = max(from_queue_offset, self._min_offset)
         end = min(self._max_offset, queue_offset + min(max_units, self.settings.max_read_units))
         parts: list[bytes] = []
@@ -322,6 +370,8 @@ class ConsumeQueue:
         checkpoint recorded this way: no search through units a power loss may have torn."""
         new_max = max(max_offset, self._min_offset)
         if new_max < self._max_offset:
+            if self._suspended is not None:
+                self._resume()
             self._files.truncate(new_max * UNIT_SIZE)
             self._max_offset = new_max
             self._set_tail()
@@ -332,7 +382,13 @@ class ConsumeQueue:
         """Retention moved the commitlog head to ``min_commitlog_offset``: the queue now
         starts at its first unit at or after it; segment files wholly below the new
         ``min_offset`` are deleted (never the last one). Returns the new ``min_offset``.
-        Never moves ``min_offset`` back."""
+        Never moves ``min_offset`` back. A suspended queue whose first unit is at or
+        after it stays suspended: retention moving the log head does not map every
+        queue of the node again."""
+        if self._suspended is not None:
+            if min_commitlog_offset <= self._suspended_head:
+                return self._min_offset
+            self._resume()
         new_min = self._first_at_or_after_commitlog(min_commitlog_offset)
         if new_min > self._min_offset:
             self._min_offset = new_min
@@ -347,6 +403,8 @@ class ConsumeQueue:
         an empty queue at the previous reset point, which the broker's re-run fixes."""
         if queue_offset < 0:
             raise ValueError(f"queue offset must be >= 0, got {queue_offset}")
+        if self._suspended is not None:
+            self._resume()
         self._files.reset(queue_offset * UNIT_SIZE)
         self._set_tail()
         self._files.fsync_dir()
@@ -375,8 +433,55 @@ class ConsumeQueue:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def suspended(self) -> bool:
+        """Its segments are closed until it is used again (``suspend``)."""
+        return self._suspended is not None
+
+    def suspend(self) -> bool:
+        """Unmap and close the segments if every unit is synced (the directory too), to
+        map them again on the next use; False, changing nothing, when some are not (or
+        it is closed or suspended already)."""
+        files = self._files.files
+        if self._closed or self._suspended is not None or self._dir_dirty:
+            return False
+        if self._files.unflushed():
+            return False
+        starts = [f.start for f in files]
+        # The first unit's commitlog offset (any when empty): ``correct_min_offset``
+        # below it has nothing to do.
+        empty = self._max_offset <= self._min_offset
+        self._suspended_head = 1 << 62 if empty else self._unit(self._min_offset)[0]
+        self._files.close()
+        self._tail = self._tail_mm = None
+        self._suspended = starts
+        return True
+
+    def _resume(self) -> None:
+        """Map the segments of a suspended queue again, as they were: every one full but
+        the last, which ends at ``max_offset`` (all synced before ``suspend``)."""
+        starts = self._suspended
+        assert starts is not None and not self._closed, self
+        end_pos = self._max_offset * UNIT_SIZE
+        files = self._files.files
+        try:
+            for start in starts:
+                f = _open_segment(
+                    self.path / segment_name(start), start, self._segment_bytes, False
+                )
+                f.wrote = f.flushed = min(self._segment_bytes, max(0, end_pos - start))
+                files.append(f)
+        except BaseException:
+            self._files.close()
+            raise
+        self._suspended = None
+        self._set_tail()
+        if self.on_resume is not None:
+            self.on_resume(self)
+
     def close(self) -> None:
         self._closed = True
+        self._suspended = None
         self._files.close()
         self._tail = self._tail_mm = None
 
@@ -438,7 +543,7 @@ class ConsumeQueue:
             if actual < self._segment_bytes:
                 _extend_short_segment(path, actual, self._segment_bytes)
             try:
-                f = MmapFile(path, start, self._segment_bytes, create=False)
+                f = _open_segment(path, start, self._segment_bytes, False)
             except StoreFileError as e:
                 raise ConsumeQueueError(str(e)) from e
             f.wrote = f.flushed = self._segment_bytes
@@ -510,14 +615,27 @@ class ConsumeQueue:
             rel += n
 
 
+def _open_segment(path: Path, start: int, size: int, create: bool) -> MmapFile:
+    """A segment mapped for random access: a fault reads in the faulting page only, not
+    the kernel's read-around window (``read_ahead_kb``, up to the whole segment), which
+    for a new segment meant zero-filling all of it on the first store."""
+    f = MmapFile(path, start, size, create=create)
+    try:
+        f.mm.madvise(mmap.MADV_RANDOM)
+    except BaseException:
+        f.close()
+        raise
+    return f
+
+
 def _extend_short_segment(path: Path, actual: int, segment_bytes: int) -> None:
     """A segment cut short (a copy, an operator, a crash before its allocation): drop a
-    trailing partial unit, which zero-extension would make look written, then allocate
-    the full size so stores through the mapping cannot hit a full disk."""
+    trailing partial unit, which zero-extension would make look written, then extend it
+    (sparse) to the full size; ``_reserve`` allocates blocks before a store."""
     fd = os.open(path, os.O_RDWR)
     try:
         if actual % UNIT_SIZE:
             os.ftruncate(fd, actual - actual % UNIT_SIZE)
-        os.posix_fallocate(fd, 0, segment_bytes)
+        os.ftruncate(fd, segment_bytes)
     finally:
         os.close(fd)

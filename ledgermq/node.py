@@ -35,6 +35,7 @@ from api.rocketmq.auth import AccessKeys, Authenticator
 from api.rocketmq.settings import GrpcSettings, default_grpc_address, parse_grpc_peers
 from broker.broker import Broker
 from broker.settings import BrokerSettings, Limits
+from consumequeue import ConsumeQueueSettings
 from dledger.core.settings import CoreSettings
 from dledger.runtime.peer_auth import load_peer_secret
 from dledger.runtime.transport import TransportSettings, is_loopback, parse_address
@@ -676,6 +677,31 @@ def _add_disk_options(p: argparse.ArgumentParser) -> None:
         help="writes are refused while less is free (default: one key-index file and four"
         " consume-queue segments, ~66 MiB)",
     )
+    add_option(
+        p,
+        "--max-open-queues",
+        type=int,
+        default=ConsumeQueueSettings().max_open_queues,
+        help="consume queues whose files are open and mapped at once (two descriptors and a"
+        " mapping a segment); past it the least recently used synced ones are closed,"
+        " and opened again when used",
+    )
+    add_option(
+        p,
+        "--dispatch-checkpoint-interval-ms",
+        type=int,
+        default=BrokerSettings.__dataclass_fields__["dispatch_checkpoint_interval_ms"].default,
+        help="how often the consume queues and the key index are synced and the dispatch"
+        " checkpoint written (beside dispatch); a restart replays the entries after it",
+    )
+    add_option(
+        p,
+        "--queue-reserve-units",
+        type=int,
+        default=ConsumeQueueSettings().max_reserve_units,
+        help="a consume queue's disk blocks are allocated ahead of its writes in chunks"
+        " doubling from a page up to this many 20-byte units",
+    )
 
 
 # BrokerSettings' transaction check schedule as options (docs/http.md, "Transactions"):
@@ -866,6 +892,10 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
             check_peer_address=args.peer_address_check,
         ),
         disk_reserve_bytes=None if args.disk_reserve_mb is None else args.disk_reserve_mb * MiB,
+        dispatch_checkpoint_interval_ms=args.dispatch_checkpoint_interval_ms,
+        consume_queue=ConsumeQueueSettings(
+            max_open_queues=args.max_open_queues, max_reserve_units=args.queue_reserve_units
+        ),
         **{
             name: getattr(args, _dest(option))
             for name, option, _ in (*TRANSACTION_OPTIONS, *SEND_WINDOW_OPTIONS)

@@ -103,14 +103,17 @@ class StoreCheckpoint:
         """fsync the consume queues and the key index, then record exactly what they hold
         (every queue's length, the key index's position): ``recover`` cuts them back to
         that, whatever part of later writes a power loss kept. False, doing nothing, when
-        the checkpoint is at ``index`` already. Taken on the loop thread between two
-        dispatch steps; the caller keeps other writers of the files away."""
+        the checkpoint is at ``index`` already. What it records is taken on the loop
+        thread between two dispatch steps, before the first await; dispatch may go on
+        while the files are synced (what it adds is beyond the record), but the caller
+        keeps away every other change to them (an install, a snapshot)."""
         if index == self.index:
             return False
         data = self.data(index)
         await asyncio.to_thread(self._flush)
         await asyncio.to_thread(write_atomic, self.path, data)
         self.index = index
+        self.cq.trim()  # queues synced now may be unmapped (``max_open_queues``)
         return True
 
     def _flush(self) -> None:

@@ -8,6 +8,13 @@ slaves alike, runs ``run``: committed entries as they come, then the beat
 (``housekeep``): checkpoints and snapshots on their intervals, the snapshot Raft
 refused offered again, the queues following the log head.
 
+A checkpoint due at the beat runs as a task of its own: dispatch goes on while its
+fsyncs of every consume queue written since the last one run in a thread (issue 31:
+with 1,000 topics that is hundreds of fsyncs a second, and dispatch, which every
+produce waits for, stood still meanwhile). What it records is taken at once, between
+two dispatch steps; later units are beyond it, and the files may be flushed while
+written (``ConsumeQueueStore``, ``KeyIndex``).
+
 A disk error while dispatching (a full disk failing a consume-queue or key-index roll)
 stalls dispatch instead of ending it: the entry is not counted as dispatched, every
 applier's step is idempotent (``broker/dispatch/entry.py``), and it is retried with
@@ -118,6 +125,8 @@ class Dispatch:
         self.installing = False
         self._stall_logged_at = self._persist_logged_at = -1e18
         self._persist_lock = asyncio.Lock()
+        # The checkpoint the beat started, running beside dispatch (module docstring).
+        self._checkpointing: asyncio.Task[None] | None = None
         self._last_checkpoint = self._last_snapshot = time.monotonic()
         self._begin_pos_seen = -1
 
@@ -272,12 +281,25 @@ class Dispatch:
         index following the log head. It waits for nothing unless a checkpoint or a
         snapshot is due (the broker simulation runs it without a loop)."""
         now = time.monotonic()
-        if force or (now - self._last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
+        running = self._checkpoint_running()
+        if force:
             self._last_checkpoint = now
+            task = self._checkpointing
+            if running and task is not None:
+                await asyncio.shield(task)
+                self._checkpoint_running()
             await self.checkpoint()
+        elif not running and (now - self._last_checkpoint) * 1000 >= self.checkpoint_interval_ms:
+            self._last_checkpoint = now
+            self._checkpointing = asyncio.create_task(
+                self._background_checkpoint(), name="dispatch-checkpoint"
+            )
+            running = True
         due_entries = self.meta.applied_index - self.snapshot_index
         due_time = (now - self._last_snapshot) * 1000 >= self.snapshot_interval_ms
-        if due_entries > 0 and (force or due_time or due_entries >= self.snapshot_interval_entries):
+        due = force or due_time or due_entries >= self.snapshot_interval_entries
+        # A snapshot waits for a running checkpoint's lock: not while dispatch would too.
+        if due_entries > 0 and due and (force or not running):
             self._last_snapshot = now
             await self.snapshot()
         if self.snapshot_manager.unserved:  # after a restart, until Raft's commit reaches it
@@ -289,6 +311,35 @@ class Dispatch:
         """Checkpoint and snapshot on the way out, so a restart replays nothing."""
         with contextlib.suppress(Exception):
             await self.housekeep(force=True)
+        if self._checkpointing is not None and not self._checkpointing.done():
+            self._checkpointing.cancel()
+            with contextlib.suppress(BaseException):
+                await self._checkpointing
+
+    def _checkpoint_running(self) -> bool:
+        """Whether the beat's checkpoint still runs; one that ended is forgotten, and an
+        unexpected error of it raised here (it ends dispatch, as it did inline)."""
+        task = self._checkpointing
+        if task is None:
+            return False
+        if not task.done():
+            return True
+        self._checkpointing = None
+        if not task.cancelled():
+            task.result()
+        return False
+
+    async def _background_checkpoint(self) -> None:
+        """``checkpoint`` beside dispatch; a disk error is counted and logged, and the
+        next beat tries again (the old checkpoint stays valid), as for one inline."""
+        try:
+            await self.checkpoint()
+        except OSError as e:
+            self.stats["persist_failures"] += 1
+            now = time.monotonic()
+            if now - self._persist_logged_at >= STALL_LOG_INTERVAL_S:
+                self._persist_logged_at = now
+                log.warning("dispatch checkpoint failed, retrying: %s", e)
 
     # ---- checkpoints, snapshots, retention --------------------------------------------
 

@@ -11,6 +11,7 @@ import argparse
 import pytest
 
 from broker.settings import BrokerSettings, Limits
+from consumequeue import ConsumeQueueSettings
 from ledgermq.node import (
     GC_THRESHOLDS,
     LIMIT_OPTIONS,
@@ -60,6 +61,26 @@ def test_every_limit_is_an_option_with_its_default(monkeypatch: pytest.MonkeyPat
     assert http.metrics_need_auth is False and http.auth_token_in_argv
     for name in LIMIT_OPTIONS:
         assert parser.get_default(name) == getattr(Limits(), name), name
+
+
+def test_the_consume_queues_bounds_are_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 31: how many queues keep their files mapped, how far ahead of its writes a
+    queue allocates disk blocks."""
+    for name in ("MAX_OPEN_QUEUES", "QUEUE_RESERVE_UNITS", "DISPATCH_CHECKPOINT_INTERVAL_MS"):
+        monkeypatch.delenv(f"LEDGERMQ_{name}", raising=False)
+    parser = argparse.ArgumentParser()
+    add_broker_options(parser)
+    settings, _ = settings_from_args(parser.parse_args([]))
+    assert settings.consume_queue == ConsumeQueueSettings()
+    assert settings.dispatch_checkpoint_interval_ms == 1000
+    args = ["--max-open-queues", "16", "--queue-reserve-units", "2048"]
+    args += ["--dispatch-checkpoint-interval-ms", "5000"]
+    parsed = settings_from_args(parser.parse_args(args))[0]
+    cq = parsed.consume_queue
+    assert (cq.max_open_queues, cq.max_reserve_units) == (16, 2048)
+    assert parsed.dispatch_checkpoint_interval_ms == 5000
+    with pytest.raises(ValueError, match="max_open_queues"):
+        settings_from_args(parser.parse_args(["--max-open-queues", "0"]))
 
 
 def test_the_transaction_check_schedule_is_an_option(monkeypatch: pytest.MonkeyPatch) -> None:

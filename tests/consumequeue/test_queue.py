@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 
@@ -367,3 +368,77 @@ def test_segments_below_the_reset_point_are_leftovers(tmp_path: Path) -> None:
     assert (q.min_offset, q.max_offset) == (40, 40) and segments(q) == []
     assert q.put(40, *unit(40))
     q.close()
+
+
+# ---- issue 31: what an idle queue costs -------------------------------------------------
+
+
+def _allocated(q: ConsumeQueue) -> int:
+    return sum(os.stat(f.path).st_blocks * 512 for f in q._files.files)
+
+
+def test_a_new_segment_is_sparse_and_its_blocks_grow_ahead_of_the_writes(tmp_path: Path) -> None:
+    """A queue of 6 MB segments holding a few units takes a page of disk, not 6 MB; the
+    chunks double as it fills (at most ``max_reserve_units``), and every unit written is
+    in allocated blocks."""
+    settings = ConsumeQueueSettings(max_reserve_units=1024)  # 20 KiB chunks at most
+    q = open_queue(tmp_path, settings)
+    assert q.put(0, *unit(0))
+    f = q._files.files[0]
+    assert os.stat(f.path).st_size == settings.segment_bytes
+    assert _allocated(q) <= 2 * os.sysconf("SC_PAGE_SIZE")
+    for i in range(1, 5000):
+        assert q.put(i, *unit(i))
+        assert f.reserved >= f.wrote
+    assert 5000 * UNIT_SIZE <= _allocated(q) <= 5000 * UNIT_SIZE + 1024 * UNIT_SIZE + 8192
+    q.close()
+    q = open_queue(tmp_path, settings)  # a restart reads and extends the sparse segment
+    assert (q.min_offset, q.max_offset) == (0, 5000)
+    assert q.read(4990, 20) == [(i, *unit(i)) for i in range(4990, 5000)]
+    assert q.put(5000, *unit(5000))
+    q.close()
+
+
+def test_a_full_disk_fails_the_put_before_anything_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks are allocated before a store through the mapping (a store into a hole of a
+    full disk would be SIGBUS): ``ENOSPC`` is an ``OSError`` of ``put`` that leaves the
+    queue as it was, and the same put succeeds once there is space."""
+    q = filled(tmp_path, 3, ConsumeQueueSettings(segment_units=300_000, max_reserve_units=1))
+    f = q._files.files[0]
+    f.reserved = f.wrote  # the next put must allocate
+    real = os.posix_fallocate
+
+    def full(fd: int, offset: int, length: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(OSError):
+        q.put(3, *unit(3))
+    assert q.max_offset == 3 and q.get(3) is None
+    monkeypatch.setattr(os, "posix_fallocate", real)
+    assert q.put(3, *unit(3))
+    assert q.get(3) == unit(3)
+    q.close()
+
+
+def test_segments_are_mapped_for_random_access(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault reads in one page, not the device's read-around window (which zero-filled
+    a whole new segment on its first store): every mapping, new or loaded, is advised."""
+    advised: list[int] = []
+    real = mmap.mmap.madvise
+
+    class Spy(mmap.mmap):
+        def madvise(self, option: int, *args: int) -> None:
+            advised.append(option)
+            real(self, option, *args)
+
+    monkeypatch.setattr(mmap, "mmap", Spy)
+    q = filled(tmp_path, 6)  # two segments
+    q.close()
+    q = open_queue(tmp_path)
+    q.close()
+    assert advised == [mmap.MADV_RANDOM] * 4
