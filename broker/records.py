@@ -1,4 +1,4 @@
-"""Produce in the record format (docs/http.md "Produce in the record format", API.md §9):
+"""Produce in the record format (docs/http.md "Produce in the record format"):
 the request's body is RocketMQ's batch encoding of its messages, inner records back to
 back (``broker.batch``), which the client built; the broker checks them and stores them
 as they came, the BODY of one batch record per run (``encode.encode_request``).
