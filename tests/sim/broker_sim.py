@@ -1366,6 +1366,12 @@ class BrokerSimulation(Simulation):
         self.bknobs = BrokerKnobs.from_rng(self.rng, self.knobs, explore)
         self.wipe_rng = self.bknobs.side_draws(seed)
         self.retain_rng = self.bknobs.retention_draws(seed)
+        # Stale commits (a stream of its own: a seed drawn without them runs as before):
+        # in some seeds a consumer now and then commits a queue below where it stands, as
+        # a second consumer of the group committing from an old pull would; the commit
+        # is "forward" (broker/metadata.py), so it must leave the group where it is.
+        stale = random.Random(f"{seed}/stale")
+        self.stale_rng: random.Random | None = stale if stale.random() < 0.3 else None
         self.bknobs.batch_draws(seed, batch_records)
         if send_window:
             self.bknobs.window_draws(seed)
@@ -2105,6 +2111,12 @@ class BrokerSimulation(Simulation):
             if v > cur or self.rng.random() < 0.2:
                 offsets[qid] = v
                 c.last[(name, t.created_index, qid)] = v
+        stale = self.stale_rng
+        if stale is not None and offsets and stale.random() < 0.25:
+            qid = stale.choice(sorted(offsets))
+            if offsets[qid] > 0:
+                offsets[qid] = stale.randint(0, offsets[qid] - 1)  # (c.last stays ahead)
+                self.stats["stale commits"] += 1
         n = self._target()
         if not offsets or n is None:
             return

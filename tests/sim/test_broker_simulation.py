@@ -791,3 +791,19 @@ def test_a_bug_in_the_real_send_window_fails_a_seed(
     _planted_bug_fails(
         monkeypatch, f"broker.{module_name}", where, good, bad, seed, said, ran="produce ok"
     )
+
+
+# ---- issue 32: a commit never moves a group back -------------------------------------------
+
+
+def test_a_commit_that_moves_a_group_back_fails_a_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a third of the seeds a consumer now and then commits below where it stands (a
+    second consumer of the group, committing from an old pull). Commits are "forward":
+    applied as last-writer-wins instead, an acknowledged offset is lost."""
+    assert run_broker_seed(9).stats["stale commits"] > 0
+    _planted_bug_fails(
+        monkeypatch, "broker.metadata", "MetadataState._commit_offsets",
+        "if forward and table.get(qid, -1) > queue_offset:", "if False:",
+        9, "consumer offset lost: n1 has cg1/T0/0 at 3 after applying 68; 5 was acknowledged",
+        ran="stale commits",
+    )  # fmt: skip
