@@ -105,12 +105,20 @@ class ConnectionLimits:
     body_timeout_s: float = 10.0  # the longest silence inside a body
     min_body_rate_bytes_s: int = 1024  # a body's average rate once past the grace (0: off)
     body_rate_grace_s: float = 5.0  # a body's first seconds, exempt from the rate
+    # A TLS connection's handshake (HTTPS): until it completes, the connection is the
+    # event loop's, not ours (none of the limits above sees it); asyncio's own bound is 60 s.
+    tls_handshake_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         for name in ("max_connections_per_client", "max_header_count", "max_header_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
-        for name in ("first_request_timeout_s", "header_timeout_s", "body_timeout_s"):
+        for name in (
+            "first_request_timeout_s",
+            "header_timeout_s",
+            "body_timeout_s",
+            "tls_handshake_timeout_s",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be more than 0")
         if self.min_body_rate_bytes_s < 0 or self.body_rate_grace_s < 0:

@@ -17,6 +17,7 @@ import logging
 import os
 import resource
 import signal
+import socket
 import sys
 import time
 from collections.abc import Iterator
@@ -299,7 +300,7 @@ async def serve(
     )
     metrics.http_connections.set_function(lambda: connections.open)
     config = http_config(app, http, protocol)
-    server = _Server(config)
+    server = _Server(config, http.connection_limits.tls_handshake_timeout_s)
     front = None
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -391,11 +392,36 @@ async def start_rocketmq_front(
 class _Server(uvicorn.Server):
     """uvicorn without its own signal capture: it would swap our loop's handlers out
     and re-raise the signal after its shutdown, killing the process before the broker
-    stops. The loop's handlers (``_request_exit``) do the same job."""
+    stops. The loop's handlers (``_request_exit``) do the same job.
+
+    Its TLS handshakes are bounded by ``tls_handshake_timeout_s``: uvicorn creates its
+    server with the loop's default (60 s), and a connection is the protocol's (its
+    limits and deadlines) only once its handshake is done, so a client that connects and
+    never says hello held a socket for a minute."""
+
+    def __init__(self, config: uvicorn.Config, tls_handshake_timeout_s: float = 5.0) -> None:
+        super().__init__(config)
+        self.tls_handshake_timeout_s = tls_handshake_timeout_s
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        loop: Any = asyncio.get_running_loop()
+        create = loop.create_server
+        timeout_s = self.tls_handshake_timeout_s
+
+        async def create_server(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("ssl") is not None:
+                kwargs.setdefault("ssl_handshake_timeout", timeout_s)
+            return await create(*args, **kwargs)
+
+        loop.create_server = create_server  # (for uvicorn's call alone)
+        try:
+            await super().startup(sockets)
+        finally:
+            del loop.create_server
 
 
 def http_config(app: Any, http: HttpSettings, protocol: Any = "httptools") -> uvicorn.Config:
@@ -580,6 +606,11 @@ CONNECTION_OPTIONS = (
         "first_request_timeout_s",
         "--http-first-request-timeout-s",
         "seconds a new connection may stay silent before it is closed",
+    ),
+    (
+        "tls_handshake_timeout_s",
+        "--http-tls-handshake-timeout-s",
+        "seconds an HTTPS connection may take to complete its TLS handshake",
     ),
     (
         "header_timeout_s",

@@ -5,6 +5,9 @@ speaking plain HTTP, gets nothing."""
 
 from __future__ import annotations
 
+import socket
+import ssl
+import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +15,7 @@ import pytest
 import trustme
 
 from ledgermq.client import Admin, BrokerUnavailableError, Consumer, Producer
+from tests.process.dos_attacks import closed_by_peer
 from tests.process.nodeproc import node_process
 from tests.process.test_cli_client import ledgermq, one_error_line
 
@@ -84,3 +88,24 @@ def test_the_cli_over_https_trusts_a_private_ca(
             ledgermq("topic", "list", "--brokers", url, rc=1, ca_file=str(tmp_path / "none"))
         )
         assert "--ca-file" in err and "no such file" in err
+
+
+def test_a_client_that_never_completes_its_tls_handshake_is_closed(tmp_path: Path) -> None:
+    """Issue 32: until its handshake is done a connection is the event loop's, not the
+    protocol's (no read deadline sees it), and asyncio waits 60 s for it. The node closes
+    it after --http-tls-handshake-timeout-s, and still serves the others."""
+    ca, cert, key = make_certificates(tmp_path)
+    tls = ("--ssl-certfile", str(cert), "--ssl-keyfile", str(key))
+    deadline = ("--http-tls-handshake-timeout-s", "1")
+    with node_process(tmp_path / "d", *tls, *deadline, scheme="https", verify=str(ca)) as node:
+        host, port = node.url.removeprefix("https://").split(":")
+        silent = [socket.create_connection((host, int(port)), timeout=5) for _ in range(3)]
+        try:
+            started = time.monotonic()
+            assert all(closed_by_peer(s, timeout_s=10) for s in silent)
+            assert time.monotonic() - started < 8  # the deadline, not asyncio's 60 s
+        finally:
+            for s in silent:
+                s.close()
+        trusted = ssl.create_default_context(cafile=str(ca))
+        assert httpx.get(node.url + "/healthz", verify=trusted, timeout=5).status_code == 200
