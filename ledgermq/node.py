@@ -610,7 +610,8 @@ CONNECTION_OPTIONS = (
     (
         "tls_handshake_timeout_s",
         "--http-tls-handshake-timeout-s",
-        "seconds an HTTPS connection may take to complete its TLS handshake",
+        "seconds an HTTPS connection may take to complete its TLS handshake (and a gRPC"
+        " one its handshake)",
     ),
     (
         "header_timeout_s",
@@ -876,7 +877,11 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
     if grpc is not None:
         if not args.grpc_auth_max_skew_s > 0:
             raise ValueError("--grpc-auth-max-skew-s must be > 0")
-        grpc = replace(grpc, auth_max_skew_s=args.grpc_auth_max_skew_s)
+        grpc = replace(
+            grpc,
+            auth_max_skew_s=args.grpc_auth_max_skew_s,
+            handshake_timeout_s=args.http_tls_handshake_timeout_s,
+        )
         if args.ssl_certfile:  # one certificate for HTTPS and gRPC
             grpc = replace(
                 grpc,

@@ -2,12 +2,13 @@
 ``stop``, on the node's own event loop (grpcio's asyncio server beside uvicorn and the
 Raft runtime).
 
-Server options: a received message may be as large as a whole
-produce request plus 1 MiB of headers (grpc's default of 4 MiB would refuse a 4 MiB body
-before the service could answer MESSAGE_BODY_TOO_LARGE); HTTP/2 keepalive pings notice
-dead clients; ``SO_REUSEPORT`` is off, so a port in use fails the start instead of being
-shared with another process. With the node's certificate (``--ssl-certfile``) the
-port serves TLS only, as HTTPS does.
+Server options: a received message may be as large as a whole produce request plus
+1 MiB of headers (grpc's default of 4 MiB would refuse a 4 MiB body before the service
+could answer MESSAGE_BODY_TOO_LARGE); HTTP/2 keepalive pings notice dead clients; a
+connection that does not finish its handshake within ``handshake_timeout_s`` is closed
+(grpc's default: 2 minutes); ``SO_REUSEPORT`` is off, so a port in use fails the start
+instead of being shared with another process. With the node's certificate
+(``--ssl-certfile``) the port serves TLS only, as HTTPS does.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def server_options(settings: BrokerSettings, grpc_settings: GrpcSettings) -> lis
         ("grpc.http2.min_ping_interval_without_data_ms", int(g.min_client_ping_interval_s * 1000)),
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.so_reuseport", 0),
+        ("grpc.server_handshake_timeout_ms", int(g.handshake_timeout_s * 1000)),
     ]
 
 

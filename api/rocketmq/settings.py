@@ -38,6 +38,9 @@ class GrpcSettings:
     min_client_ping_interval_s: float = 10.0
     # Seconds a stopping node lets calls in flight finish.
     graceful_shutdown_s: float = 3.0
+    # A connection's handshake (TLS, HTTP/2's preface) within this long, or it is closed
+    # (grpc's own default: 120 s), as HTTPS's --http-tls-handshake-timeout-s.
+    handshake_timeout_s: float = 5.0
     # Push consumers (a receive with ``auto_renew``): their messages are invisible this
     # long, renewed by the master while the client is alive (seen within
     # ``client_idle_s``) once less than a sixth of it is left, checked every twelfth,

@@ -7,6 +7,8 @@ consumes; Node's does too. A plaintext client gets nothing through.
 
 from __future__ import annotations
 
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,7 @@ import httpx
 import pytest
 
 from ledgermq.local_cluster import LocalBrokerCluster
+from tests.process.dos_attacks import closed_by_peer
 from tests.process.test_tls import make_certificates
 
 from .client_env import official_node, official_python, run_node_script, run_script
@@ -38,7 +41,8 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, certs: tuple[Path, Path, Path]
 ) -> Iterator[LocalBrokerCluster]:
     data_dir = tmp_path_factory.mktemp("rocketmq-tls")
-    with cluster_with_topics(data_dir, {"sealed": 2}, tls=certs) as c:
+    handshake = ("--http-tls-handshake-timeout-s", "1")
+    with cluster_with_topics(data_dir, {"sealed": 2}, *handshake, tls=certs) as c:
         yield c
 
 
@@ -101,3 +105,18 @@ def test_the_node_client_over_tls(
     env = {"GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(certs[0])}
     out = run_node_script(modules, "producer.js", args, env=env)
     assert "startup_error" not in out and "error" not in out["receipts"][0], out
+
+
+def test_a_connection_that_never_completes_its_handshake_is_closed(
+    cluster: LocalBrokerCluster,
+) -> None:
+    """grpc waits 2 minutes for a handshake by default; the node's bound (here 1 s) is
+    HTTPS's (--http-tls-handshake-timeout-s)."""
+    host, port = cluster.grpc_addrs[cluster.wait_ready()].rsplit(":", 1)
+    silent = socket.create_connection((host, int(port)), timeout=5)
+    try:
+        started = time.monotonic()
+        assert closed_by_peer(silent, timeout_s=10)
+        assert time.monotonic() - started < 8
+    finally:
+        silent.close()
