@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,6 +68,16 @@ def parse_scope(scope: str) -> str:
     )
 
 
+def config_lines(text: str) -> Iterator[tuple[int, list[str]]]:
+    """The words of each line of a tokens or access-keys file that has any, with its
+    number: a word led by ``#`` starts a comment to the end of the line."""
+    for number, line in enumerate(text.splitlines(), 1):
+        words = line.split()
+        comment = next((i for i, w in enumerate(words) if w.startswith("#")), len(words))
+        if comment:
+            yield number, words[:comment]
+
+
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
@@ -95,13 +105,7 @@ class TokenTable:
     def from_file(cls, path: Path) -> TokenTable:
         """Read a tokens file (format above); ``ValueError`` names the bad line."""
         table = cls()
-        text = path.read_text()
-        for number, line in enumerate(text.splitlines(), 1):
-            words = line.split()
-            comment = next((i for i, w in enumerate(words) if w.startswith("#")), len(words))
-            words = words[:comment]
-            if not words:
-                continue
+        for number, words in config_lines(path.read_text()):
             try:
                 table.add(words[0], words[1:])
             except ValueError as e:

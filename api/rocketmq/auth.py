@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from api.auth import Grant, parse_scope
+from api.auth import Grant, config_lines, parse_scope
 from broker import errors
 
 SCHEME = "MQv2-HMAC-SHA1"
@@ -89,12 +89,7 @@ class AccessKeys:
             text = path.read_text()
         except OSError as e:
             raise ValueError(f"{path}: {e.strerror or e}") from None
-        for number, line in enumerate(text.splitlines(), 1):
-            words = line.split()
-            comment = next((i for i, w in enumerate(words) if w.startswith("#")), len(words))
-            words = words[:comment]
-            if not words:
-                continue
+        for number, words in config_lines(text):
             if len(words) < 3:
                 raise ValueError(f"{path}:{number}: want ACCESS_KEY SECRET_KEY SCOPE...")
             try:
