@@ -277,12 +277,16 @@ async def check_token(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> None:
+    """``authorize`` as a route dependency (HTTPBearer's parse, in the OpenAPI document)."""
+    authorize(request, credentials.credentials if credentials else None)
+
+
+def authorize(request: Request, token: str | None) -> None:
     """401 without a token the node knows (when it has any); the grant goes on the
     request for ``Access``."""
     tokens: TokenTable | None = request.app.state.tokens
-    if tokens is None:
-        return
-    request.state.grant = grant_of(tokens, credentials.credentials if credentials else None)
+    if tokens is not None:
+        request.state.grant = grant_of(tokens, token)
 
 
 class Access:

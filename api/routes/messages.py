@@ -43,10 +43,10 @@ from .common import (
     TimersDep,
     TopicPath,
     TransactionsDep,
+    authorize,
     bearer_token,
     check_maxima,
     error_docs,
-    grant_of,
     validation_message,
 )
 
@@ -179,10 +179,7 @@ def parse_produce(raw: bytes, content_type: str, query: Any, limits: Limits) -> 
                 raise errors.InvalidArgumentError(
                     f"line {n + 1}: {validation_message(e)}"
                 ) from None
-        raw_seq = query.get("sequence")
-        seq = None if raw_seq is None else decimal(raw_seq)
-        if raw_seq is not None and (seq is None or seq > 2**62):
-            raise errors.InvalidArgumentError("sequence must be an integer in 0..2^62")
+        seq = _query_int(query, "sequence", _MAX_INT, "2^62")
         try:
             group = query.get("transaction_producer_group")
             req = models.ProduceRequest(
@@ -204,13 +201,14 @@ def parse_produce(raw: bytes, content_type: str, query: Any, limits: Limits) -> 
         raise errors.InvalidArgumentError(validation_message(e)) from None
 
 
-def _query_int(query: Any, name: str, top: int) -> int | None:
+def _query_int(query: Any, name: str, top: int, top_text: str | None = None) -> int | None:
+    """Query parameter ``name``, ASCII digits up to ``top`` (None: not given)."""
     text = query.get(name)
     if text is None:
         return None
     value = decimal(text)
     if value is None or value > top:
-        raise errors.InvalidArgumentError(f"{name} must be an integer in 0..{top}")
+        raise errors.InvalidArgumentError(f"{name} must be an integer in 0..{top_text or top}")
     return value
 
 
@@ -226,7 +224,7 @@ def parse_record_produce(
         raise errors.InvalidArgumentError(f"sharding_key: 1..{_MAX_SHORT} characters")
     if queue_id is not None and sharding_key is not None:
         raise errors.InvalidArgumentError("queue_id or sharding_key, not both")
-    seq = _query_int(query, "sequence", _MAX_INT)
+    seq = _query_int(query, "sequence", _MAX_INT, "2^62")
     inner = records.parse_inner_batch(raw, limits, queue_id=queue_id, sharding_key=sharding_key)
     return inner, query.get("producer_id"), seq
 
@@ -369,11 +367,9 @@ async def produce_direct(request: Request) -> Response:
     """``produce`` without FastAPI's per-request machinery (dependencies, the endpoint's
     wrapping; issue 31: a fifth of a one-message produce's CPU), served ahead of it
     (``create_app``), which stays for the OpenAPI document: the same token check
-    (``check_token``), path check and answer, each written once."""
+    (``authorize``), path check and answer (``produce_with``)."""
     app = request.app
-    tokens = app.state.tokens
-    if tokens is not None:
-        request.state.grant = grant_of(tokens, bearer_token(request.headers.get("authorization")))
+    authorize(request, bearer_token(request.headers.get("authorization")))
     topic = request.path_params["topic"]
     if not _TOPIC.match(topic):
         raise errors.InvalidArgumentError(
