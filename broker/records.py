@@ -1,7 +1,7 @@
 """Produce in the record format (docs/http.md "Produce in the record format"):
 the request's body is RocketMQ's batch encoding of its messages, inner records back to
 back (``broker.batch``), which the client built; the broker checks them and stores them
-as they came, the BODY of one batch record per run (``encode.encode_request``).
+as they came, the BODY of one batch record per run (``encode_inner_batch``).
 
 ``parse_inner_batch`` checks a body once, with one walk and no ``NewMessage`` per
 message: the framing (``batch.inner_records``), each BODYCRC (0, as RocketMQ's client
@@ -15,7 +15,7 @@ nothing is written.
 ``InnerBatch`` is what ``Producer.produce`` takes in place of a list of ``NewMessage``:
 a sequence of the request's messages whose slices (a retry's missing tail) share the
 checked buffer. A run of one message, and a node without batch records, store the
-messages as single records (``InnerBatch.messages``: decoded then, as a JSON produce's).
+messages as single records (``InnerBatch.message``: decoded then, as a JSON produce's).
 
 Invariants:
 - ``starts`` holds ``len + 1`` increasing offsets into ``buf``: message ``i`` is
@@ -56,7 +56,7 @@ class InnerBatch(Sequence[NewMessage]):
     starts: tuple[int, ...]
     queue_id: int | None = None
     sharding_key: str | None = None
-    body_bytes: int = 0  # the request's bodies (a slice: its parent's)
+    body_bytes: int = 0  # the request's bodies, for its metrics (a slice keeps them)
 
     def __len__(self) -> int:
         return len(self.starts) - 1
@@ -74,7 +74,11 @@ class InnerBatch(Sequence[NewMessage]):
                 raise ValueError("an InnerBatch slices with step 1 only")
             last = max(first, last)
             return InnerBatch(
-                self.buf, self.starts[first : last + 1], self.queue_id, self.sharding_key
+                self.buf,
+                self.starts[first : last + 1],
+                self.queue_id,
+                self.sharding_key,
+                self.body_bytes,
             )
         return self.message(range(len(self))[i])
 
@@ -156,9 +160,8 @@ def parse_inner_batch(
         raise errors.PayloadTooLargeError(
             f"request of {total} bytes, over the limit of {limits.max_request_bytes}"
         )
-    return InnerBatch(
-        raw if zeroed is None else bytes(zeroed), tuple(starts), queue_id, sharding_key
-    )
+    buf = raw if zeroed is None else bytes(zeroed)
+    return InnerBatch(buf, tuple(starts), queue_id, sharding_key, total)
 
 
 def _check_properties(i: int, block: bytes, max_keys: int) -> None:

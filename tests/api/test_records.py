@@ -196,3 +196,17 @@ async def test_the_compact_answer_names_every_message_as_the_full_one_would(node
         f"{doc['msg_id_prefix']}{address + i:016X}" for i in range(5)
     ]
     assert [m["queue_offset"] for m in stored] == list(range(5))
+
+
+async def test_the_metrics_count_a_record_format_produces_messages_and_body_bytes(
+    node: Node,
+) -> None:
+    await _topic(node, "counted", queues=1)
+    content, query = record_request([Message("abc"), Message(b"\x00" * 10)]) or (b"", {})
+    r = await node.http.post(
+        "/v1/topics/counted/messages", content=content, params=query, headers=HEADERS
+    )
+    assert r.status_code == 200, r.text
+    text = (await node.http.get("/metrics")).text
+    assert 'ledgermq_produced_messages_total{topic="counted"} 2.0' in text
+    assert 'ledgermq_produced_bytes_total{topic="counted"} 13.0' in text
