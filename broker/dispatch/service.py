@@ -243,11 +243,7 @@ class Dispatch:
             try:
                 await self.housekeep()
             except OSError as e:  # the old checkpoint and snapshot stay valid: retry later
-                self.stats["persist_failures"] += 1
-                now = time.monotonic()
-                if now - self._persist_logged_at >= STALL_LOG_INTERVAL_S:
-                    self._persist_logged_at = now
-                    log.warning("dispatch checkpoint or snapshot failed, retrying: %s", e)
+                self._persist_failed("checkpoint or snapshot", e)
             if n >= self.batch_entries:
                 await asyncio.sleep(0)  # a long catch-up must not starve the loop
                 continue
@@ -335,11 +331,16 @@ class Dispatch:
         try:
             await self.checkpoint()
         except OSError as e:
-            self.stats["persist_failures"] += 1
-            now = time.monotonic()
-            if now - self._persist_logged_at >= STALL_LOG_INTERVAL_S:
-                self._persist_logged_at = now
-                log.warning("dispatch checkpoint failed, retrying: %s", e)
+            self._persist_failed("checkpoint", e)
+
+    def _persist_failed(self, what: str, e: OSError) -> None:
+        """A checkpoint or snapshot that failed: counted, logged now and then; the next
+        beat tries again."""
+        self.stats["persist_failures"] += 1
+        now = time.monotonic()
+        if now - self._persist_logged_at >= STALL_LOG_INTERVAL_S:
+            self._persist_logged_at = now
+            log.warning("dispatch %s failed, retrying: %s", what, e)
 
     # ---- checkpoints, snapshots, retention --------------------------------------------
 
