@@ -73,6 +73,16 @@ def by_key(c: LocalBrokerCluster, topic: str, key: str) -> list[dict[str, Any]]:
     return messages
 
 
+def push(modules: Path, endpoints: str, group: str, topic: str, **args: Any) -> dict[str, Any]:
+    """A push consumer's run (``scripts/node/push_consumer.js``), a minute at most."""
+    return run_node_script(
+        modules,
+        "push_consumer.js",
+        {"endpoints": endpoints, "group": group, "topic": topic, "max_ms": 60000, **args},
+        timeout_s=150,
+    )
+
+
 def send(modules: Path, endpoints: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     topics = sorted({m["topic"] for m in messages})
     out = run_node_script(
@@ -179,18 +189,13 @@ def test_node_push_consumer_consumes_every_message_once(
     assert r.status_code == 200, r.text
     messages = [{"topic": "n-push", "body": f"push {i}"} for i in range(10)]
     receipts = send(node_modules, one_node(cluster, master=True), messages)
-    report = run_node_script(
+    report = push(
         node_modules,
-        "push_consumer.js",
-        {
-            "endpoints": one_node(cluster, master=False),
-            "group": "n-pushers",
-            "topic": "n-push",
-            "until": len(messages),
-            "fail": ["push 3"],  # nacked once, delivered again with attempt 2
-            "max_ms": 60000,
-        },
-        timeout_s=150,
+        one_node(cluster, master=False),
+        "n-pushers",
+        "n-push",
+        until=len(messages),
+        fail=["push 3"],  # nacked once, delivered again with attempt 2
     )
     got = report["deliveries"]
     ok = sorted(d["message_id"] for d in got if d["result"] == "success")
@@ -264,20 +269,15 @@ def test_node_push_consumer_failures_are_retried_then_dead_lettered(
     assert r.status_code == 200, r.text
     messages = [{"topic": "n-failing", "body": f"bad {i}"} for i in range(2)]
     receipts = send(node_modules, one_node(cluster, master=True), messages)
-    report = run_node_script(
+    report = push(
         node_modules,
-        "push_consumer.js",
-        {
-            "endpoints": one_node(cluster, master=False),
-            "group": "n-failers",
-            "topic": "n-failing",
-            "until": len(messages) * 3,
-            "fail_all": True,
-            "dead_url": f"{master}/v1/groups/n-failers",
-            "dead": len(messages),
-            "max_ms": 60000,
-        },
-        timeout_s=150,
+        one_node(cluster, master=False),
+        "n-failers",
+        "n-failing",
+        until=len(messages) * 3,
+        fail_all=True,
+        dead_url=f"{master}/v1/groups/n-failers",
+        dead=len(messages),
     )
     attempts: dict[str, list[int]] = {}
     for d in report["deliveries"]:
@@ -295,18 +295,13 @@ def test_node_fifo_push_consumer_keeps_each_message_groups_order_through_a_failu
     assert r.status_code == 200, r.text
     messages = fifo_messages("n-ordered")
     send(node_modules, one_node(cluster, master=True), messages)
-    report = run_node_script(
+    report = push(
         node_modules,
-        "push_consumer.js",
-        {
-            "endpoints": one_node(cluster, master=False),
-            "group": "n-fifo-pushers",
-            "topic": "n-ordered",
-            "until": len(messages) + 1,
-            "fail": [FIFO_FAIL],
-            "max_ms": 60000,
-        },
-        timeout_s=150,
+        one_node(cluster, master=False),
+        "n-fifo-pushers",
+        "n-ordered",
+        until=len(messages) + 1,
+        fail=[FIFO_FAIL],
     )
     assert_fifo_order(report["deliveries"])
 
