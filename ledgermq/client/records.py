@@ -10,8 +10,9 @@ takes): the broker checks it, so a body damaged on its way is refused, not store
 
 What one request's messages share travels in the query: the queue (``queue_id``) or
 the sharding key, the producer session. A batch the format cannot say (a delay message,
-messages bound for different queues or sharding keys, a message given as a mapping)
-goes as JSON: ``record_request`` answers None for it.
+messages bound for different queues or sharding keys, a message given as a mapping, a
+user property named TAGS or KEYS, which the broker refuses) goes as JSON:
+``record_request`` answers None for it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ _HEAD = struct.Struct(">iiIii")  # TOTALSIZE, MAGICCODE, BODYCRC, FLAG, BODY len
 _U16 = struct.Struct(">H")
 _MIN_SIZE = _HEAD.size + 2
 _SEPARATORS = ("\x01", "\x02")
+_OWN = frozenset({"TAGS", "KEYS"})  # the format's own properties, never the user's
 
 
 def _properties(m: Message) -> bytes:
@@ -63,8 +65,8 @@ def record_request(
         elif isinstance(m, bytes | bytearray | memoryview):
             body, props, where = bytes(m), b"", (None, None)
         elif isinstance(m, Message):
-            if m.deliver_at_ms is not None or m.delay_ms is not None:
-                return None
+            if m.deliver_at_ms is not None or m.delay_ms is not None or _OWN & m.properties.keys():
+                return None  # (TAGS or KEYS among the user's: JSON, which the broker refuses)
             body = m.body.encode() if isinstance(m.body, str) else bytes(m.body)
             props, where = _properties(m), (m.queue_id, m.sharding_key)
         else:

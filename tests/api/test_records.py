@@ -172,6 +172,7 @@ def test_the_client_sends_json_what_the_format_cannot_say() -> None:
     assert record_request([Message("later", delay_ms=1000)]) is None
     assert record_request([Message("a", queue_id=0), Message("b", queue_id=1)]) is None
     assert record_request([{"body": "as a mapping"}]) is None
+    assert record_request([Message("x", properties={"TAGS": "t"})]) is None  # (refused)
     with pytest.raises(ValueError, match="no \\\\x01 or \\\\x02"):
         record_request([Message("x", properties={"a": "b\x02c\x01d"})])
     content, query = record_request(["s", b"b"]) or (b"", {})
