@@ -66,7 +66,7 @@ class ClusterInfo(BaseModel):
     dispatched_index: int
     snapshot_index: int = Field(description="the newest metadata snapshot")
     snapshots_installed: int = Field(description="leader snapshots this node installed")
-    version: str = Field(description="this node's LedgerMQ version", examples=["0.1.0"])
+    version: str = Field(description="this node's LedgerMQ version", examples=["0.2.0"])
 
 
 class LeadershipRequest(_Request):

@@ -123,7 +123,7 @@ class MetadataState:
         self.applied_index = -1
         self.max_sessions = max_sessions
         # The results the sessions keep, in all (each session its last batch's): bounded
-        # so the snapshot holding them stays sendable (``max_snapshot_bytes``).
+        # so the snapshot holding them stays small to hold and to send.
         self.max_session_results = max_session_results
         self.session_results = 0
         self.topics: dict[str, TopicMeta] = {}

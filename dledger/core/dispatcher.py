@@ -38,10 +38,14 @@ INSTALL_SNAPSHOT (Raft §7):
 | INSTALL_SNAPSHOT | APPEND | SUCCESS: match = ``last_included_index``, push from the next one |
 | any | COMPARE | a store error in the middle of a step (the head moved under us) |
 
-One InstallSnapshotRequest in flight per peer, resent after ``snapshot_timeout_ms``. The
-snapshot sent is the node's newest registered one, and only if the leader's log continues
-right after it (``last_index >= ledger_begin_index - 1``) and it fits
-``max_snapshot_bytes``; otherwise the peer waits (logged once) for a newer snapshot.
+The snapshot goes in chunks of ``snapshot_chunk_bytes``, one InstallSnapshotRequest in
+flight per peer, resent after ``snapshot_timeout_ms``; each SUCCESS says how many bytes
+the peer holds (``received``) and the next chunk starts there, so a lost, repeated or
+late chunk costs a resend, never a wrong byte. A transfer starts with the node's newest
+registered snapshot, and only if the leader's log continues right after it
+(``last_index >= ledger_begin_index - 1``) and it fits ``max_snapshot_bytes``; otherwise
+the peer waits (logged once) for a newer snapshot. It goes on with that snapshot until
+done, unless the log head moves past it (then it starts over with the newest).
 """
 
 from __future__ import annotations
@@ -66,6 +70,7 @@ if TYPE_CHECKING:
     from .host import DispatcherHost
     from .member_state import MemberState
     from .settings import CoreSettings
+    from .snapshot import Snapshot
 
 
 class DispatcherState(Enum):
@@ -122,6 +127,9 @@ class EntryDispatcher:
         self.quota_bytes = 0
         self.snapshot_wait: tuple[str, int] | None = None  # why we cannot send (logged once)
         self.snapshots_sent = 0
+        # the snapshot being sent to this peer, and where its next chunk starts
+        self.sending: Snapshot | None = None
+        self.send_offset = 0
         self.peer_storage_refused = False  # its last append failed for its disk
         # APPENDs refused in a row at the match point, and the first index they carried
         self.refused_index = -1
@@ -133,6 +141,7 @@ class EntryDispatcher:
             self.pending.clear()
         elif target is DispatcherState.INSTALL_SNAPSHOT:
             self.pending.clear()  # their answers no longer matter
+            self.sending, self.send_offset = None, 0
         self.control = None
         self.snapshot_wait = None
         self.state = target
@@ -428,22 +437,35 @@ class EntryDispatcher:
             if now_ms - c.send_ms <= s.snapshot_timeout_ms:
                 return  # one in flight
             self.control = None  # no answer: send again
-        problem = self._snapshot_problem()
-        if problem is not None:
-            if self.snapshot_wait != problem:
-                self.snapshot_wait = problem
-                snap = host.snapshot
-                host.log_event(
-                    "snapshot_unavailable",
-                    peer=self.peer_id,
-                    reason=problem[0],
-                    snapshot_index=problem[1],
-                    snapshot_bytes=len(snap.data) if snap is not None else 0,
-                    ledger_begin_index=self.store.ledger_begin_index,
-                )
-            return
-        snap = host.snapshot
-        assert snap is not None
+        snap = self.sending
+        if snap is None or snap.last_index < self.store.ledger_begin_index - 1:
+            problem = self._snapshot_problem()
+            if problem is not None:
+                if self.snapshot_wait != problem:
+                    self.snapshot_wait = problem
+                    newest = host.snapshot
+                    host.log_event(
+                        "snapshot_unavailable",
+                        peer=self.peer_id,
+                        reason=problem[0],
+                        snapshot_index=problem[1],
+                        snapshot_bytes=len(newest.data) if newest is not None else 0,
+                        ledger_begin_index=self.store.ledger_begin_index,
+                    )
+                return
+            snap = host.snapshot
+            assert snap is not None
+            self.sending, self.send_offset = snap, 0
+            self.snapshot_wait = None
+            self.snapshots_sent += 1
+            host.log_event(
+                "install_snapshot_sent",
+                peer=self.peer_id,
+                index=snap.last_index,
+                bytes=len(snap.data),
+                chunk_bytes=s.snapshot_chunk_bytes,
+            )
+        offset = self.send_offset
         member_state = self.member_state
         req = InstallSnapshotRequest(
             group=member_state.group,
@@ -457,15 +479,12 @@ class EntryDispatcher:
             before_begin_chain=snap.last_chain,
             next_pos=snap.next_pos,
             commit_index=member_state.committed_index,
-            data=snap.data,
+            offset=offset,
+            total=len(snap.data),
+            data=snap.data[offset : offset + s.snapshot_chunk_bytes],
         )
         self.control = PendingControl(
             req.req_id, PushType.INSTALL_SNAPSHOT, now_ms, snap.last_index, snap.last_term
-        )
-        self.snapshot_wait = None
-        self.snapshots_sent += 1
-        host.log_event(
-            "install_snapshot_sent", peer=self.peer_id, index=snap.last_index, bytes=len(snap.data)
         )
         host.send(req)
 
@@ -473,18 +492,27 @@ class EntryDispatcher:
         if not self._fresh() or resp.term != self.term:
             return
         c = self.control
+        snap = self.sending
         if (
             self.state is not DispatcherState.INSTALL_SNAPSHOT
             or c is None
+            or snap is None
             or c.req_id != resp.req_id
             or c.type is not PushType.INSTALL_SNAPSHOT
         ):
             return  # an answer we gave up on
         self.control = None
         if resp.code is not DLedgerCode.SUCCESS:
+            self.sending, self.send_offset = None, 0
             self.backoff_until_ms = now_ms + self.settings.error_backoff_ms
             self.host.log_event("install_snapshot_refused", peer=self.peer_id, code=resp.code.name)
             return
+        if resp.received < len(snap.data):
+            # the peer holds the first ``received`` bytes: the next chunk starts there
+            self.send_offset = max(0, resp.received)
+            self._do_install(now_ms)
+            return
+        self.sending, self.send_offset = None, 0
         if c.index > self.match_index:
             self.match_index = c.index
             self.host.update_peer_watermark(c.term, self.peer_id, c.index)

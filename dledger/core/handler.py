@@ -26,6 +26,11 @@ Invariants, and the DLedger bugs not copied:
   with that term (then it keeps its log, Raft §7); the reset of its log waits until the
   application has the snapshot (``Ready.install_snapshot``), and nothing is answered
   before both.
+- A snapshot arrives in chunks: the follower assembles one snapshot at a time (of one
+  leader and term, at most ``max_snapshot_bytes``), takes only the bytes that continue
+  what it holds, and answers every chunk with what it holds (``received``), so a
+  repeated, late or lost chunk never puts a byte in the wrong place. The assembly is
+  dropped when the leader pushes anything else, or this node stops following.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class EntryHandler:
         self.held_bytes = 0
         self.last_check_fast_forward_ms = -1
         self.newest: tuple[int, str, int] = (-1, "", -1)  # (term, leader, max req_id seen)
+        self.assembly: _Assembly | None = None  # the snapshot arriving in chunks
 
     def respond(self, req: PushEntryRequest, code: DLedgerCode, **kw: int) -> None:
         member_state, store = self.member_state, self.store
@@ -93,6 +99,10 @@ class EntryHandler:
         for _, (req, _arrived) in held:
             self.respond(req, code)
 
+    def drop_assembly(self) -> None:
+        """Forget a snapshot half received (the leader moved on, or we no longer follow)."""
+        self.assembly = None
+
     def handle_push(self, req: PushEntryRequest, now_ms: int) -> None:
         """``handlePush``; the node has checked term, leader and role.
 
@@ -106,6 +116,7 @@ class EntryHandler:
             self.host.log_event("stale_truncate", req_id=req.req_id, newest=newest)
             return
         self.newest = (req.term, req.leader_id, max(newest, req.req_id))
+        self.assembly = None
         if req.type is PushType.APPEND:
             self._hold_append(req, now_ms)
         elif req.type is PushType.COMMIT:
@@ -137,8 +148,17 @@ class EntryHandler:
             newest = -1
         self.newest = (req.term, req.leader_id, max(newest, req.req_id))
         self.clear()
-        last = req.last_included_index
-        if last < 0 or req.next_pos < 0 or req.last_included_term < 0:
+        last, total, offset = req.last_included_index, req.total, req.offset
+        if (
+            last < 0
+            or req.next_pos < 0
+            or req.last_included_term < 0
+            or not 0 <= offset <= offset + len(req.data) <= total
+        ):
+            self.respond_install(req, DLedgerCode.UNEXPECTED_ARGUMENT)
+            return
+        if total > self.settings.max_snapshot_bytes:
+            host.log_event("install_refused", index=last, bytes=total, reason="too large")
             self.respond_install(req, DLedgerCode.UNEXPECTED_ARGUMENT)
             return
         inst = host.installing
@@ -160,17 +180,55 @@ class EntryHandler:
             host.log_event("install_refused", index=last, committed=store.committed_index)
             self.respond_install(req, DLedgerCode.INCONSISTENT_STATE)
             return
-        snap = Snapshot(
-            last, req.last_included_term, req.before_begin_chain, req.next_pos, req.data
-        )
+        data = self._assemble(req)
+        if data is None:
+            return  # answered: more chunks to come
+        snap = Snapshot(last, req.last_included_term, req.before_begin_chain, req.next_pos, data)
         host.begin_install(snap)
         self.respond_install(req, DLedgerCode.SUCCESS, snap)
 
+    def _assemble(self, req: InstallSnapshotRequest) -> bytes | None:
+        """Add ``req``'s chunk to the snapshot being assembled: its whole data once
+        complete, else None after answering how many bytes are held."""
+        key = (
+            req.term,
+            req.leader_id,
+            req.last_included_index,
+            req.last_included_term,
+            req.before_begin_chain,
+            req.next_pos,
+            req.total,
+        )
+        if req.offset == 0 and len(req.data) == req.total:
+            self.assembly = None
+            return req.data  # the whole snapshot in one chunk: no copy
+        a = self.assembly
+        if a is None or a.key != key:
+            if req.offset != 0:
+                self.respond_install(req, DLedgerCode.SUCCESS, received=0)  # from the start
+                return None
+            a = self.assembly = _Assembly(key)
+        held = len(a.data)
+        if req.offset <= held < req.offset + len(req.data):
+            a.data += req.data[held - req.offset :]
+        if len(a.data) < req.total:
+            self.respond_install(req, DLedgerCode.SUCCESS, received=len(a.data))
+            return None
+        self.assembly = None
+        return bytes(a.data)
+
     def respond_install(
-        self, req: InstallSnapshotRequest, code: DLedgerCode, after: Snapshot | None = None
+        self,
+        req: InstallSnapshotRequest,
+        code: DLedgerCode,
+        after: Snapshot | None = None,
+        received: int | None = None,
     ) -> None:
         """Answer ``req``; ``after``: the snapshot being installed, whose log range is
-        what the answer reports (it is true when the answer leaves)."""
+        what the answer reports (it is true when the answer leaves); ``received``: the
+        bytes of the snapshot held (default: all of it on SUCCESS, none otherwise)."""
+        if received is None:
+            received = req.total if code is DLedgerCode.SUCCESS else 0
         member_state, store = self.member_state, self.store
         if after is not None:
             begin, end = after.last_index + 1, after.last_index
@@ -187,6 +245,7 @@ class EntryHandler:
                 last_included_index=req.last_included_index,
                 begin_index=begin,
                 end_index=end,
+                received=received,
             )
         )
 
@@ -339,3 +398,13 @@ class EntryHandler:
         committed = min(leader_commit, self.store.ledger_end_index)
         if committed > self.store.committed_index:
             self.host.commit_to(committed)
+
+
+class _Assembly:
+    """A snapshot arriving in chunks: which one (``key``), and its first bytes."""
+
+    __slots__ = ("data", "key")
+
+    def __init__(self, key: tuple[int, str, int, int, int, int, int]) -> None:
+        self.key = key
+        self.data = bytearray()

@@ -201,10 +201,12 @@ class LeadershipTransferResponse:
 class InstallSnapshotRequest:
     """The leader's snapshot for a follower behind the leader's log head.
 
-    ``data`` covers entries up to ``last_included_index`` (of ``last_included_term``,
-    chain CRC ``before_begin_chain``); the follower's log restarts at
-    ``last_included_index + 1`` at byte ``next_pos``. One request carries the whole
-    snapshot (bounded by ``CoreSettings.max_snapshot_bytes``)."""
+    The snapshot (``total`` bytes) covers entries up to ``last_included_index`` (of
+    ``last_included_term``, chain CRC ``before_begin_chain``); the follower's log
+    restarts at ``last_included_index + 1`` at byte ``next_pos``. One request carries one
+    chunk of it, ``data`` = the snapshot's bytes ``offset .. offset + len(data)`` (at
+    most ``CoreSettings.snapshot_chunk_bytes``; Raft §7's ``offset``, and ``done`` is
+    ``offset + len(data) == total``)."""
 
     group: str
     local_id: str
@@ -217,12 +219,16 @@ class InstallSnapshotRequest:
     before_begin_chain: int  # u32
     next_pos: int
     commit_index: int
+    offset: int = 0
+    total: int = 0
     data: bytes = b""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InstallSnapshotResponse:
-    """SUCCESS: the follower holds everything up to ``last_included_index`` (installed
+    """SUCCESS with ``received`` < the snapshot's size: the follower holds the first
+    ``received`` bytes of that snapshot and wants the chunk from there. SUCCESS with
+    ``received`` = the size: it holds everything up to ``last_included_index`` (installed
     now, or it had it); its log's range after the answer is ``begin_index .. end_index``."""
 
     group: str
@@ -234,6 +240,7 @@ class InstallSnapshotResponse:
     last_included_index: int = -1
     begin_index: int = -1
     end_index: int = -1
+    received: int = 0
 
 
 # ---- client protocol (served by the runtime, not the core) -------------------------

@@ -238,6 +238,7 @@ class DLedgerCore:
             self._fail_proposals(DLedgerCode.TERM_CHANGED)
         if member_state.role is not Role.FOLLOWER:
             self.handler.clear(DLedgerCode.NOT_FOLLOWER)
+            self.handler.drop_assembly()
         if member_state.role is Role.LEADER:
             self._on_become_leader(now_ms)
             if self._take is not None and self._take.started:

@@ -51,10 +51,14 @@ class CoreSettings:
     storage_error_backoff_ms: int = 1000
     peer_push_quota_bytes_per_s: int = 0  # flow control for a lagging peer; 0 = off
     peer_push_throttle_entries: int = 1000  # quota applies when the peer lags this much
-    # install snapshot: one request carries the whole snapshot, one in flight
+    # install snapshot: sent in chunks, one chunk in flight per peer
     snapshot_timeout_ms: int = 5000  # resend an unanswered InstallSnapshotRequest after this
-    max_snapshot_bytes: int = 32 << 20  # a larger snapshot is not sent (logged); keep it
-    # below the transport's max frame (64 MiB by default)
+    # the data of one InstallSnapshotRequest; keep it below the transport's max frame
+    # (64 MiB by default)
+    snapshot_chunk_bytes: int = 4 << 20
+    # the largest snapshot a leader sends and a follower assembles (in memory, as the
+    # application's state is): a larger one is not sent (logged), a claim of one refused
+    max_snapshot_bytes: int = 1 << 30
     # follower
     max_follower_pending_pushes: int = 256  # out-of-order APPENDs held per follower
     # ... and the bytes of their entries: a leader at the defaults has at most
@@ -94,6 +98,7 @@ class CoreSettings:
             "max_push_bytes",
             "max_push_entries",
             "snapshot_timeout_ms",
+            "snapshot_chunk_bytes",
             "max_snapshot_bytes",
         ):
             if getattr(self, name) <= 0:

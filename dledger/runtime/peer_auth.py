@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-MAGIC: Final = b"LMQAUTH\x01"
+MAGIC: Final = b"LMQAUTH\x02"
 NONCE_BYTES: Final = 32
 MAC_BYTES: Final = 32  # SHA-256
 HELLO_BYTES: Final = len(MAGIC) + NONCE_BYTES

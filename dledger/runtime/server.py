@@ -458,9 +458,10 @@ class DLedgerServer:
         snapshot is durable, and again after every restart (the node keeps only the
         newest one, in memory).
 
-        A leader sends it (whole, one frame; at most ``CoreSettings.max_snapshot_bytes``)
-        to a follower whose next entry it no longer holds. It can be sent only while the
-        log continues right after it (``last_index >= ledger_begin_index - 1``), so let
+        A leader sends it (in chunks of ``CoreSettings.snapshot_chunk_bytes``; at most
+        ``CoreSettings.max_snapshot_bytes``) to a follower whose next entry it no longer
+        holds. It can be sent only while the log continues right after it
+        (``last_index >= ledger_begin_index - 1``), so let
         retention delete no further than the returned ``Snapshot.next_pos``, e.g.
         ``store.set_retention_floor(min(snap.next_pos, other_floor))``.
 

@@ -87,10 +87,10 @@ class TransportSettings:
     max_inbound_connections: int = 64
     # Bytes all inbound connections may hold in partial frames together: a connection
     # whose read would pass it is closed (a flood of 64 MiB half-frames otherwise holds
-    # 64 MiB each). Room for a snapshot frame (max_snapshot_bytes) and pushes.
+    # 64 MiB each). Room for a snapshot chunk (snapshot_chunk_bytes) and pushes.
     max_inbound_buffer_bytes: int = 256 << 20
     # A frame that has begun must be complete within this (a slow-loris holding a
-    # buffer), whoever sends it: a 32 MiB snapshot at 10 Mbit/s takes about 27 s.
+    # buffer), whoever sends it: a 4 MiB snapshot chunk at 10 Mbit/s takes about 3.4 s.
     partial_frame_timeout_ms: int = 60_000
     # A connection that sends client requests is closed after this long without one.
     client_idle_timeout_ms: int = 300_000

@@ -31,8 +31,10 @@ The fixed struct of each class (field: struct code; ``q`` i64, ``i`` i32, ``h`` 
     LeadershipTransferRequest  take_leadership_ledger_index q
     LeadershipTransferResponse code h
     InstallSnapshotRequest     last_included_index q, last_included_term q,
-                               before_begin_chain I, next_pos q, commit_index q
-    InstallSnapshotResponse    code h, last_included_index q, begin_index q, end_index q
+                               before_begin_chain I, next_pos q, commit_index q,
+                               offset q, total q
+    InstallSnapshotResponse    code h, last_included_index q, begin_index q, end_index q,
+                               received q
     AppendRequest              -
     AppendResponse             code h, first_index q
     GetRequest                 index q, max_count i
@@ -312,6 +314,8 @@ _SPECS: Final = (
             ("before_begin_chain", "I", None),
             ("next_pos", "q", None),
             ("commit_index", "q", None),
+            ("offset", "q", None),
+            ("total", "q", None),
         ],
         ["leader_id"],
         tail=_Tail.BYTES,
@@ -325,6 +329,7 @@ _SPECS: Final = (
             ("last_included_index", "q", None),
             ("begin_index", "q", None),
             ("end_index", "q", None),
+            ("received", "q", None),
         ],
     ),
     _spec(AppendRequest, _REQ, tail=_Tail.BODIES, tail_name="bodies"),

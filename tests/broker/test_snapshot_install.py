@@ -185,6 +185,27 @@ async def test_a_follower_behind_the_log_head_installs_the_snapshot(tmp_path: Pa
         await c.close()
 
 
+async def test_a_metadata_snapshot_in_many_chunks_installs_whole(tmp_path: Path) -> None:
+    """Over real sockets, the broker's snapshot in 64-byte chunks (a 1 GiB snapshot in
+    4 MiB ones, scaled down): the follower assembles it and holds the master's state."""
+    chunk = 64
+    c, m, lag = await _start_lagging_follower(
+        tmp_path, core=CoreSettings(snapshot_chunk_bytes=chunk)
+    )
+    try:
+        core = m.server.core
+        assert core is not None and core.snapshot is not None
+        assert len(core.snapshot.data) > 4 * chunk  # several chunks
+        f = await c.start(lag)
+        await until(lambda: f.server.stats["snapshot_installs"] >= 1, 30, "snapshot install")
+        await c.converged()
+        assert _state(f) == _state(m)
+        assert f.meta.committed_offset("grp", "t", 0) == 700
+        assert core.dispatchers[lag].sending is None  # the transfer ended
+    finally:
+        await c.close()
+
+
 async def test_a_crash_between_install_and_log_reset_installs_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

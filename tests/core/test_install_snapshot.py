@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from typing import Any
 
 import pytest
 
@@ -46,6 +47,8 @@ def install_req(
     chain: int = 0,
     data: bytes = SNAP,
     req_id: int = 1,
+    offset: int = 0,
+    total: int | None = None,
 ) -> InstallSnapshotRequest:
     return InstallSnapshotRequest(
         group=GROUP,
@@ -59,6 +62,8 @@ def install_req(
         before_begin_chain=chain,
         next_pos=next_pos,
         commit_index=last,
+        offset=offset,
+        total=len(data) if total is None else total,
         data=data,
     )
 
@@ -489,11 +494,108 @@ def test_ready_with_an_install_is_truthy() -> None:
     assert repr(Snapshot(1, 1, 0, 0, b"x" * 10**6)).endswith("1000000 bytes)")
 
 
-@pytest.mark.parametrize("name", ["snapshot_timeout_ms", "max_snapshot_bytes"])
+@pytest.mark.parametrize(
+    "name", ["snapshot_timeout_ms", "snapshot_chunk_bytes", "max_snapshot_bytes"]
+)
 def test_snapshot_settings_must_be_positive(name: str) -> None:
     with pytest.raises(ValueError, match=name):
         CoreSettings(**{name: 0})
-    assert CoreSettings().max_snapshot_bytes < 64 << 20  # fits the transport's max frame
+    assert CoreSettings().snapshot_chunk_bytes < 64 << 20  # fits the transport's max frame
+
+
+# ---- chunks: a snapshot of any size ------------------------------------------------------
+
+
+def test_a_snapshot_larger_than_a_frame_goes_in_chunks_and_arrives_whole() -> None:
+    """The default settings once refused any snapshot over 32 MiB (one frame): the
+    follower waited for ever. 40 MiB now goes as ten 4 MiB chunks, one at a time."""
+    big = bytes(range(256)) * (40 << 12)  # 40 MiB, every byte's place visible
+    c, lead, f, last = follower_down_while_head_is_deleted(snapshot=False)
+    c.cores[lead].set_snapshot(last, big)
+    c.restart(f)
+    assert c.tick_until(lambda: bool(c.installed[f]), 5000) is not None
+    (snap,) = c.installed[f]
+    assert snap.data == big and snap.last_index == last
+    chunks = installs(c, f)
+    step = CoreSettings().snapshot_chunk_bytes
+    assert [r.offset for r in chunks] == list(range(0, len(big), step))
+    assert all(r.total == len(big) and len(r.data) == step for r in chunks)
+    assert c.cores[lead].status()["peers"][f]["snapshots_sent"] == 1  # one transfer
+    assert c.cores[lead].dispatchers[f].state is DispatcherState.APPEND
+
+
+def test_a_lost_chunk_is_resent_and_the_transfer_goes_on_where_it_stopped() -> None:
+    settings = CoreSettings(snapshot_chunk_bytes=3, snapshot_timeout_ms=500)
+    c, _, f, last = follower_down_while_head_is_deleted(settings=settings)
+    once = {"lost": False}
+
+    def second_chunk_once(m: RaftMessage) -> bool:
+        hit = isinstance(m, InstallSnapshotRequest) and m.offset == 3 and not once["lost"]
+        once["lost"] |= hit
+        return hit
+
+    c.drop(second_chunk_once)
+    c.restart(f)
+    assert c.tick_until(lambda: bool(c.installed[f]), 5000) is not None
+    assert once["lost"] and c.installed[f][0].data == SNAP  # b"app-state": 3 chunks
+    assert [r.offset for r in installs(c, f)] == [0, 3, 3, 6]
+    assert c.stores[f].ledger_begin_index == last + 1
+
+
+def _chunk(offset: int, data: bytes, *, last: int = 40, total: int = 9, req_id: int = 1) -> Any:
+    return install_req("n1", "n0", 2, last, 2, data=data, offset=offset, total=total, req_id=req_id)
+
+
+def _answer(c: Cluster, req: InstallSnapshotRequest) -> InstallSnapshotResponse:
+    (resp,) = c.inject(req)
+    assert isinstance(resp, InstallSnapshotResponse)
+    return resp
+
+
+def test_the_follower_takes_only_bytes_that_continue_what_it_holds() -> None:
+    c = Cluster(3, stores={"n0": make_store((1, 1, 2), term=2, committed=1)})
+    a = _answer(c, _chunk(3, b"-st"))  # nothing held: from the start
+    assert (a.code, a.received) == (DLedgerCode.SUCCESS, 0)
+    assert _answer(c, _chunk(0, b"app")).received == 3
+    assert _answer(c, _chunk(0, b"app", req_id=2)).received == 3  # repeated
+    assert _answer(c, _chunk(6, b"ate", req_id=3)).received == 3  # ahead of what is held
+    assert _answer(c, _chunk(2, b"p-st", req_id=4)).received == 6  # overlaps: its tail
+    assert c.installed["n0"] == []
+    done = _answer(c, _chunk(6, b"ate", req_id=5))
+    assert (done.code, done.received) == (DLedgerCode.SUCCESS, 9)
+    (snap,) = c.installed["n0"]
+    assert snap.data == SNAP and c.stores["n0"].ledger_begin_index == 41
+
+
+def test_a_chunk_of_another_snapshot_starts_over_or_is_asked_from_the_start() -> None:
+    c = Cluster(3, stores={"n0": make_store((1, 1, 2), term=2, committed=1)})
+    assert _answer(c, _chunk(0, b"app")).received == 3
+    other = _answer(c, _chunk(3, b"xyz", last=41))  # mid-way into another snapshot
+    assert other.received == 0
+    assert _answer(c, _chunk(0, b"new", last=41)).received == 3  # that one, from 0
+    assert _answer(c, _chunk(3, b"-st")).received == 0  # the first is gone
+    assert c.installed["n0"] == []
+
+
+def test_a_push_from_the_leader_drops_a_half_assembled_snapshot() -> None:
+    c = Cluster(3, stores={"n0": make_store((1, 1, 2), term=2, committed=1)})
+    assert _answer(c, _chunk(0, b"app")).received == 3
+    c.inject(push("n1", "n0", 2, PushType.COMMIT, commit_index=1, req_id=2))
+    assert c.cores["n0"].handler.assembly is None
+    assert _answer(c, _chunk(3, b"-st", req_id=3)).received == 0
+
+
+@pytest.mark.parametrize(
+    ("offset", "data", "total"),
+    [(-1, b"a", 9), (8, b"ab", 9), (0, b"abc", 2), (0, b"", -1), (0, b"a", (1 << 30) + 1)],
+)
+def test_a_chunk_that_does_not_fit_its_snapshot_is_refused(
+    offset: int, data: bytes, total: int
+) -> None:
+    c = Cluster(3, stores={"n0": make_store((1, 1, 2), term=2, committed=1)})
+    resp = _answer(c, _chunk(offset, data, total=total))
+    assert (resp.code, resp.received) == (DLedgerCode.UNEXPECTED_ARGUMENT, 0)
+    assert c.installed["n0"] == [] and c.cores["n0"].handler.assembly is None
 
 
 def test_snapshot_next_pos_is_where_its_entry_ends_not_where_an_uncommitted_next_starts() -> None:

@@ -78,6 +78,7 @@ def _frame_seeds() -> list[bytes]:
             before_begin_chain=12345,
             next_pos=4096,
             commit_index=9,
+            total=2,
             data=b"{}",
         ),
         AppendRequest(**base, bodies=(b"a", b"bc")),

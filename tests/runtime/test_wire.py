@@ -267,6 +267,8 @@ def _install(**kw: Any) -> InstallSnapshotRequest:
         "before_begin_chain": 0xDEADBEEF,
         "next_pos": 4096,
         "commit_index": 120,
+        "offset": 0,
+        "total": 8,
         "data": b"snapshot",
     }
     return InstallSnapshotRequest(**{**base, **kw})

@@ -270,6 +270,7 @@ from consumequeue import (
 from dledger.codes import DLedgerError
 from dledger.core.messages import Role
 from dledger.core.node import DLedgerCore, Ready, RoleChange
+from dledger.core.settings import CoreSettings
 from dledger.core.snapshot import Snapshot
 from dledger.runtime.server import DLedgerServer
 from dledger.store import BODY_OFFSET, MAGIC_NOOP, MAGIC_NORMAL, Entry, FileStore
@@ -1382,7 +1383,12 @@ class BrokerSimulation(Simulation):
         # into a power loss; ``_start_app`` schedules each incarnation's retention. The
         # base's own application (``SimApp``) does not run: the broker is the application.
         self.app = True
-        self.app_knobs = AppKnobs(None, k.retain_every_ms, k.data_file_size, k.crash_after_install)
+        # Metadata snapshots go whole (the default chunk holds them), which keeps the
+        # planted seeds' traces; small chunks are the core simulator's knob.
+        chunk = CoreSettings().snapshot_chunk_bytes
+        self.app_knobs = AppKnobs(
+            None, k.retain_every_ms, k.data_file_size, k.crash_after_install, chunk
+        )
         self.store_settings = replace(STORE, data_file_size=k.data_file_size)
         # Where each node's key index started indexing the log (0; the log head after an
         # install or a rebuild): replicas with the same origin build the same files.
@@ -1390,7 +1396,9 @@ class BrokerSimulation(Simulation):
         self._crashed_after_install: set[str] = set()  # nodes whose last install did
         if k.away_ms is not None and len(self.nodes) > 1:
             self.at(k.away_ms[0], "away", self._away)
-        self.settings = replace(self.settings, max_wait_ack_ms=self.bknobs.max_wait_ack_ms)
+        self.settings = replace(
+            self.settings, max_wait_ack_ms=self.bknobs.max_wait_ack_ms, snapshot_chunk_bytes=chunk
+        )
         self.checker = BrokerChecker(self)
         self.model = LogModel(self.checker.fail)
         if k.send_window is not None:

@@ -154,6 +154,9 @@ class AppKnobs:
     retain_every_ms: tuple[int, int] | None  # None: retention never runs
     data_file_size: int
     crash_after_install: float  # power lost between the app's install and the log reset
+    # what one InstallSnapshotRequest carries: a few bytes sends the app's 20-byte
+    # snapshot in chunks, each of them lost, late or repeated like any message
+    snapshot_chunk_bytes: int
 
     @classmethod
     def from_seed(cls, seed: int) -> AppKnobs:
@@ -167,6 +170,7 @@ class AppKnobs:
             retain_every_ms=(rng.choice((100, 400)), rng.choice((1000, 2500))) if retain else None,
             data_file_size=rng.choice((4096, 4096, 16 * 1024)),
             crash_after_install=rng.choice((0.0, 0.0, 0.3)),
+            snapshot_chunk_bytes=rng.choice((CoreSettings().snapshot_chunk_bytes, 3, 8)),
         )
 
 
@@ -375,6 +379,7 @@ class Simulation:
             replace(STORE, data_file_size=self.app_knobs.data_file_size) if app else STORE
         )
         self.installs = 0
+        self.chunked_installs = 0  # of them, sent in more than one chunk
         self.crashes_after_install = 0
         self.root = root
         self.verbose = verbose
@@ -394,7 +399,7 @@ class Simulation:
         self.proposals: dict[tuple[str, int, int], list[bytes]] = {}
         self._body_seq = itertools.count()
         self.faults_on = True
-        self.settings = CoreSettings()
+        self.settings = CoreSettings(snapshot_chunk_bytes=self.app_knobs.snapshot_chunk_bytes)
         self.conn_knobs = ConnKnobs.from_seed(seed)
         self.conn_rng = random.Random(f"conn-events-{seed}")  # the connections' own draws
         self.early_pre_votes = 0  # started (a follower saw its leader's connection close)
@@ -668,6 +673,8 @@ class Simulation:
         assert n.app.applied == snap.last_index
         n.installs += 1
         self.installs += 1
+        if len(snap.data) > self.settings.snapshot_chunk_bytes:
+            self.chunked_installs += 1  # it arrived in pieces
         self.trace(f"install {n.node_id} {snap.last_index} next_pos={snap.next_pos}")
         if self.faults_on and self.app_rng.random() < self.app_knobs.crash_after_install:
             self.crashes_after_install += 1
@@ -1130,7 +1137,10 @@ def _describe(m: RaftMessage) -> str:
     if isinstance(m, PushEntryRequest):
         return f"{kind} {m.type.name} t={m.term} #{m.req_id} first={m.first_index} n={m.count}"
     if isinstance(m, InstallSnapshotRequest):
-        return f"{kind} t={m.term} #{m.req_id} last={m.last_included_index} pos={m.next_pos}"
+        return (
+            f"{kind} t={m.term} #{m.req_id} last={m.last_included_index} pos={m.next_pos}"
+            f" bytes={m.offset}+{len(m.data)}/{m.total}"
+        )
     code = getattr(m, "code", None) or getattr(m, "vote_result", None)
     return f"{kind} t={m.term} #{m.req_id} {getattr(code, 'name', '')}"
 

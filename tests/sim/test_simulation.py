@@ -17,6 +17,10 @@ from collections import Counter
 
 import pytest
 
+from dledger.codes import DLedgerCode
+from dledger.core.handler import EntryHandler, _Assembly
+from dledger.core.messages import InstallSnapshotRequest
+
 from .sim import (
     LIVENESS,
     TRANSFER_KINDS,
@@ -36,6 +40,10 @@ FLAP_SEEDS = (1, 32, 39)
 # Issue 26: a seed whose failed transfer, with the planted bug, leaves its leader
 # refusing appends for good (of SEEDS: it passes in CI without the bug).
 STUCK_TRANSFER_SEED = 24
+# Issue 32: seeds (of SEEDS) whose snapshots go in 3-byte chunks, installs with crashes
+# after them included; and one that a follower taking every chunk as the next one fails.
+CHUNKED_INSTALL_SEEDS = (13, 18)
+PLANTED_CHUNK_SEED = 142
 
 # What each CI seed did of leadership transfers (``Simulation.transfers``), for
 # ``test_the_seeds_transfer_leadership``.
@@ -149,3 +157,34 @@ def test_issue_26_a_failed_transfer_that_blocks_appends_fails_a_seed(
     plant_stuck_transferee(monkeypatch.setattr)
     with pytest.raises(InvariantViolationError, match=f"{LIVENESS} no append acknowledged"):
         run_seed(STUCK_TRANSFER_SEED)
+
+
+@pytest.mark.parametrize("seed", CHUNKED_INSTALL_SEEDS)
+def test_issue_32_snapshots_install_in_chunks_through_faults(seed: int) -> None:
+    sim = run_seed(seed)
+    assert sim.app_knobs.snapshot_chunk_bytes == 3
+    assert sim.chunked_installs >= 2 and sim.crashes_after_install >= 1
+
+
+def test_issue_32_a_follower_that_ignores_chunk_offsets_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Plant a follower that appends every chunk it gets, whatever its offset (a chunk
+    answered, its answer lost and the chunk sent again lands twice): the application
+    state it installs is not the leader's, and the seed fails by name."""
+
+    def every_chunk(self: EntryHandler, req: InstallSnapshotRequest) -> bytes | None:
+        a = self.assembly
+        if a is None or req.offset == 0:
+            a = self.assembly = _Assembly((0, "", 0, 0, 0, 0, 0))
+        a.data += req.data
+        if len(a.data) < req.total:
+            self.respond_install(req, DLedgerCode.SUCCESS, received=len(a.data))
+            return None
+        self.assembly = None
+        return bytes(a.data)
+
+    run_seed(PLANTED_CHUNK_SEED)  # passes as it is
+    monkeypatch.setattr(EntryHandler, "_assemble", every_chunk)
+    with pytest.raises(InvariantViolationError, match="application is SimApp"):
+        run_seed(PLANTED_CHUNK_SEED)
