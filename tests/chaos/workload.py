@@ -14,10 +14,11 @@
   group pull and the queue-by-queue sweep both run.
 - One stale committer (``stale``), as a second consumer of the group committing from an
   old pull would: every 0 to ``2 * stale.every_s`` (drawn) it commits positions the
-  consumer polled earlier (one of its last ``stale.keep`` polls, drawn), each queue's
-  only where it is below what the consumer has since had acknowledged. The broker must
-  leave the group where it is and answer where each queue stands (the history keeps the
-  answer: ``stale-commit``). Its draws are a stream of their own (``stale_rng``).
+  consumer polled earlier (one of its last ``stale.keep`` polls, drawn), of the queues
+  where that position is below what the consumer has had acknowledged since. The
+  broker must leave the group where it is and answer where each queue stands (the
+  history keeps the answer: ``stale-commit``). Its draws are a stream of their own
+  (``stale_rng``).
 - One puller pulls a queue directly from one node at a time (the node drawn at random),
   from its own position per queue: reads from followers, stale or not.
 - One reporter asks every node for the group's committed offsets every
