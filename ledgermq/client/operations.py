@@ -202,9 +202,14 @@ class AdminOps:
         reply = yield from self.ex.write("POST", path, {"action": action})
         return str(reply.body["state"])
 
-    def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> Gen[None]:
+    def commit_offsets(
+        self, group: str, topic: str, offsets: Mapping[int, int]
+    ) -> Gen[dict[int, int]]:
+        """Commit a group's offsets; where each of those queues stands after, as the
+        broker answered (an offset behind the committed one leaves it there)."""
         body = {"topic": topic, "offsets": {str(q): o for q, o in sorted(offsets.items())}}
-        yield from self.ex.write("PUT", api_path("groups", group, "offsets"), body)
+        reply = yield from self.ex.write("PUT", api_path("groups", group, "offsets"), body)
+        return queue_map((reply.body or {}).get("offsets") or {})
 
     def reset_offsets(
         self, group: str, topic: str, to: Literal["earliest", "latest"] | int

@@ -17,7 +17,14 @@ What it finds (each a list in ``Verdict``; any entry makes the run invalid):
 - ``offsets_backwards``: a group's committed offset, as one node reports it, lower than
   that node reported before (since its last restart: a restarted node may report from
   an older checkpoint until it has replayed); or a node's last report after the run
-  lower than the last acknowledged commit;
+  lower than the last acknowledged commit (a stale commit's answer counts as one). A
+  stale commit a broker applied as the last writer shows here when a node reports
+  the lowered offset;
+- ``commit_answers``: a stale commit's answer (where each queue stands after it) lower
+  than what it asked, or lower than an offset the group was known to be at when it was
+  invoked: acknowledged before (a commit's offsets, another stale commit's answer) or
+  reported by a node before (a node reports only what is committed). The workload never
+  resets the group, so nothing may move it back;
 - the POP group's rules (``tests/chaos/pop_checker.py``): ``pop_acked_again``,
   ``pop_held_twice``, ``pop_attempts``, ``pop_fifo``, ``pop_invisible_until``, and at
   the end ``pop_not_done``, ``pop_dead_letters``, ``pop_lag``. What a POP consumer was
@@ -90,6 +97,7 @@ class Verdict:
     gaps: list[str] = field(default_factory=list)
     rewinds: list[str] = field(default_factory=list)
     offsets_backwards: list[str] = field(default_factory=list)
+    commit_answers: list[str] = field(default_factory=list)
     windows: list[Window] = field(default_factory=list)
     operations: dict[str, int] = field(default_factory=dict)
     # The POP group (tests/chaos/pop_checker.py)
@@ -144,6 +152,7 @@ class Verdict:
         "gaps",
         "rewinds",
         "offsets_backwards",
+        "commit_answers",
         "pop_acked_again",
         "pop_held_twice",
         "pop_attempts",
@@ -341,20 +350,30 @@ def _span(xs: Sequence[int], most: int = 5) -> str:
 
 def _group_offsets(history: Iterable[Op], v: Verdict) -> None:
     """Per node, committed offsets never go backwards between its restarts; the last
-    report of each node is at least the last acknowledged commit."""
+    report of each node is at least the last acknowledged commit; a stale commit's
+    answer is at least where the group was known to be (``_stale_answer``)."""
     seen: dict[tuple[str, int], int] = {}
-    committed: dict[int, int] = {}
+    committed: dict[int, int] = {}  # acknowledged: a commit's offsets, a stale one's answer
+    known: dict[int, int] = {}  # the above, and every node's reports
+    invoked: dict[str, tuple[dict[int, int], dict[int, int]]] = {}  # (asked, known then)
     final: dict[tuple[str, int], int] = {}
     for op in history:
         if op.f == "fault" and str(op.value.get("kind")).startswith(RESTARTING):
             for node in op.value.get("nodes", ()):
                 for key in [k for k in seen if k[0] == node]:
                     del seen[key]
-        elif op.f == "commit" and op.type == "ok":
+        elif op.f == "stale-commit" and op.type == "invoke":
+            invoked[op.process] = (op.value, dict(known))
+        elif op.f in ("commit", "stale-commit") and op.type == "ok":
+            if op.f == "stale-commit":
+                asked, then = invoked[op.process]
+                _stale_answer(op, asked, then, v)
             for q, o in op.value.items():
                 committed[q] = max(committed.get(q, 0), o)
+                known[q] = max(known.get(q, 0), o)
         elif op.f == "offsets" and op.type == "ok" and op.node is not None:
             for q, o in op.value.items():
+                known[q] = max(known.get(q, 0), o)
                 before = seen.get((op.node, q))
                 if before is not None and o < before:
                     v.offsets_backwards.append(
@@ -370,6 +389,20 @@ def _group_offsets(history: Iterable[Op], v: Verdict) -> None:
                 v.offsets_backwards.append(
                     f"{node} at the end: queue {q} committed {got} < acknowledged {o}"
                 )
+
+
+def _stale_answer(op: Op, asked: Mapping[int, int], then: Mapping[int, int], v: Verdict) -> None:
+    """A stale commit's answer: each queue asked where it stands after, at least what
+    was asked and what the group was known to be at when the commit was invoked."""
+    for q, o in sorted(asked.items()):
+        got = op.value.get(q)
+        floor = max(o, then.get(q, 0))
+        if got is None or got < floor:
+            why = "asked" if floor == o else "known before"
+            v.commit_answers.append(
+                f"{op.process} stale commit at {op.time_s:.3f}: queue {q} asked {o}, "
+                f"answered {got} < {floor} ({why})"
+            )
 
 
 # ---- unavailability -------------------------------------------------------------------------

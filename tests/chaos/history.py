@@ -17,6 +17,10 @@ Operations (``f``) and their values:
   (200); fail: certainly not cancelled (``error``: ``ALREADY_DELIVERED`` or
   ``RECALL_HANDLE_NOT_FOUND``); info: unknown.
 - ``commit`` (a group consumer's offsets): invoke and ok with ``{queue: offset}``.
+- ``stale-commit`` (the stale committer: offsets the consumer polled earlier, below what
+  it has had acknowledged since): invoke with ``{queue: offset}`` asked; ok with the
+  broker's answer, ``{queue: offset}`` where each queue stands after it; fail/info with
+  the offsets asked.
 - ``offsets`` (a group's committed offsets as one node reports them): ok with
   ``{queue: committed}``; ``node`` names the node.
 - ``fault`` / ``heal`` (the nemesis): info with ``{"kind": ..., "nodes": [...]}``, the
@@ -101,7 +105,7 @@ class Scheduled(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    process: str  # who: "producer-0", "consumer-0", "puller-1", "nemesis", "drain"
+    process: str  # who: "producer-0", "consumer-0", "committer-1", "puller-0", "drain", …
     type: OpType
     f: str
     value: Any

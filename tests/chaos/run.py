@@ -290,7 +290,8 @@ class _Run:
         c, h, r = self.cluster, self.history, self.result
         steps = schedule(r.seed, r.duration_s)
         workload = Workload(c.urls, self.settings, h, random.Random(r.seed),
-                            random.Random(f"{r.seed}/tx"))  # fmt: skip
+                            random.Random(f"{r.seed}/tx"),
+                            random.Random(f"{r.seed}/stale"))  # fmt: skip
         stop = threading.Event()  # the schedule's end: its deadline, a stall, a halt
         self.load_start_s, self.wall_start = h.clock(), time.time()
         deadline_s = time.monotonic() + schedule_s(r.duration_s)

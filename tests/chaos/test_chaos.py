@@ -2,8 +2,11 @@
 a seeded nemesis for ``DURATION_S`` (every fault kind at least once: the first round of
 the schedule is a permutation of all of them), then healed, drained from every node and
 checked: nothing acknowledged lost, nothing unexpected, no duplicate, offsets contiguous
-and the same on every node, group offsets never backwards, replicas byte-identical; and
-the POP group's consumers (FIFO or not, as the seed says) by POP's rules: nothing acked
+and the same on every node, group offsets never backwards — while a second committer
+commits stale offsets (positions the consumer polled earlier, below what the group has
+since committed): every such commit leaves the group where it stands and its answer says
+so, and no node reports an offset lower than before — replicas byte-identical; and the
+POP group's consumers (FIFO or not, as the seed says) by POP's rules: nothing acked
 handed out again, nothing held by two consumers inside its invisible time, attempts up,
 FIFO order held, and once drained every message acked or dead-lettered exactly once,
 lag 0; and the delay messages: none read before its time, each acknowledged one
@@ -74,6 +77,8 @@ def test_chaos_loses_nothing_and_replicas_converge(tmp_path: Path) -> None:
     assert sum(result.faults.values()) >= len(KINDS)
     v = result.verdict
     assert v.acknowledged > 0 and v.reads > 0
+    # Stale commits were answered (and left the group where it stood: commit_answers).
+    assert v.operations.get("stale-commit ok", 0) > 0, text
     # The POP consumers worked, and messages came back (expired or nacked) under faults.
     assert v.pop_acked > 0 and v.pop_redelivered > 0, text
     # Delay messages were delivered, and recalls cancelled some.

@@ -249,6 +249,78 @@ def test_a_node_ending_below_an_acknowledged_commit_is_caught() -> None:
     ]
 
 
+def _stale_commit(s: Script, answered: int) -> None:
+    """The consumer commits 5 on queue 0, n0 reports it; then the stale committer commits
+    2 (a position polled earlier) and the broker answers ``answered``."""
+    s.h.invoke("consumer-0", "commit", {0: 5})("ok")
+    s.h.ok("offsets", "offsets", {0: 5}, node="n0")
+    s.h.invoke("committer-1", "stale-commit", {0: 2})("ok", {0: answered})
+
+
+def test_a_stale_commit_that_leaves_the_group_where_it_stands_is_valid() -> None:
+    s = Script()
+    _stale_commit(s, answered=5)
+    s.h.ok("offsets", "offsets", {0: 5}, node="n0")
+    s.h.ok("offsets", "offsets", {0: 5}, node="n1")
+    v = check(s.ops())
+    assert v.valid, v.anomalies()
+    assert v.operations["stale-commit ok"] == 1
+
+
+def test_a_stale_commit_followed_by_a_lower_report_is_caught() -> None:
+    """Answered right, but a node then reports the stale offset: backwards on that node,
+    and below what was acknowledged at the end."""
+    s = Script()
+    _stale_commit(s, answered=5)
+    s.h.ok("offsets", "offsets", {0: 2}, node="n0")
+    found = _only(check(s.ops()), "offsets_backwards")
+    assert [x.split(": ", 1)[1] for x in found] == [
+        "queue 0 committed 5 → 2",
+        "queue 0 committed 2 < acknowledged 5",
+    ]
+
+
+def test_a_stale_commit_applied_as_the_last_writer_is_caught_by_its_answer() -> None:
+    """Last-writer-wins: the answer says the group went back to 2; the rule holds even
+    before any node reports it (here n1 never had reported 5)."""
+    s = Script()
+    _stale_commit(s, answered=2)
+    s.h.ok("offsets", "offsets", {0: 5}, node="n0")
+    (found,) = _only(check(s.ops()), "commit_answers")
+    assert found.startswith("committer-1 stale commit at ")
+    assert found.endswith("queue 0 asked 2, answered 2 < 5 (known before)")
+
+
+def test_a_stale_commit_answered_below_a_report_or_what_it_asked_is_caught() -> None:
+    s = Script()
+    s.h.ok("offsets", "offsets", {0: 7, 1: 3}, node="n1")  # known from a report alone
+    s.h.invoke("committer-1", "stale-commit", {0: 4, 1: 2})("ok", {0: 6, 1: 1})
+    s.h.ok("offsets", "offsets", {0: 7, 1: 3}, node="n1")
+    found = _only(check(s.ops()), "commit_answers")
+    assert [x.split(": ", 1)[1] for x in found] == [
+        "queue 0 asked 4, answered 6 < 7 (known before)",
+        "queue 1 asked 2, answered 1 < 3 (known before)",
+    ]
+    s = Script()
+    s.h.invoke("committer-1", "stale-commit", {0: 4, 1: 2})("ok", {0: 3})
+    found = _only(check(s.ops()), "commit_answers")
+    assert [x.split(": ", 1)[1] for x in found] == [
+        "queue 0 asked 4, answered 3 < 4 (asked)",
+        "queue 1 asked 2, answered None < 2 (asked)",
+    ]
+
+
+def test_a_stale_commit_is_held_only_to_offsets_known_when_it_was_invoked() -> None:
+    s = Script()
+    done = s.h.invoke("committer-1", "stale-commit", {0: 2})
+    s.h.invoke("consumer-0", "commit", {0: 5})("ok")  # acknowledged while it ran
+    done("ok", {0: 2})  # applied before the consumer's: it stood at 2 then
+    s.h.invoke("committer-1", "stale-commit", {0: 1})("info", error="UNKNOWN_OUTCOME: x")
+    s.h.ok("offsets", "offsets", {0: 5}, node="n0")
+    v = check(s.ops())
+    assert v.valid, v.anomalies()
+
+
 def test_the_unavailability_window_runs_to_the_first_ack_of_a_later_send() -> None:
     s = Script()
     done = s.h.invoke("producer-0", "send", ("a",))  # 0.1: before the fault

@@ -12,6 +12,13 @@
   around its due time, so that some recalls come before it and some race it.
 - One group consumer (``auto_commit=False``) polls, then commits what it polled: so the
   group pull and the queue-by-queue sweep both run.
+- One stale committer (``stale``), as a second consumer of the group committing from an
+  old pull would: every 0 to ``2 * stale.every_s`` (drawn) it commits positions the
+  consumer polled earlier (one of its last ``stale.keep`` polls, drawn), of the queues
+  where that position is below what the consumer has had acknowledged since. The
+  broker must leave the group where it is and answer where each queue stands (the
+  history keeps the answer: ``stale-commit``). Its draws are a stream of their own
+  (``stale_rng``).
 - One puller pulls a queue directly from one node at a time (the node drawn at random),
   from its own position per queue: reads from followers, stale or not.
 - One reporter asks every node for the group's committed offsets every
@@ -35,6 +42,7 @@ import asyncio
 import contextlib
 import random
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -69,6 +77,14 @@ class DelayPlan:
     recall_share: float = 0.4  # of the delay batches: one message of it recalled
 
 
+@dataclass(frozen=True, slots=True)
+class StalePlan:
+    """The stale committer's commits."""
+
+    every_s: float = 1.0  # between two, on average (drawn 0 to twice this)
+    keep: int = 50  # the consumer's last polls it draws positions from
+
+
 @dataclass(slots=True)
 class Recall:
     """A recall a producer will send (at ``at``, monotonic)."""
@@ -92,6 +108,7 @@ class WorkloadSettings:
     offsets_every_s: float = 0.5
     pop: PopPlan = field(default_factory=PopPlan)  # the POP group (``pop_plan(seed)``)
     delay: DelayPlan = field(default_factory=DelayPlan)
+    stale: StalePlan = field(default_factory=StalePlan)
     tx: TxPlan = field(default_factory=TxPlan)
     # The demo's client (a failover takes a second or two; backoff capped at 0.5 s), an
     # operation given up after 20 s (then it is recorded as info).
@@ -123,20 +140,27 @@ def reads(messages: list[ReceivedMessage]) -> tuple[Read, ...]:
 
 class Workload:
     def __init__(self, urls: Mapping[str, str], settings: WorkloadSettings, history: History,
-                 rng: random.Random, tx_rng: random.Random | None = None) -> None:  # fmt: skip
-        """``tx_rng``: the transactional clients' draws (a stream of their own, so that
-        the other clients' draws stay as they were)."""
+                 rng: random.Random, tx_rng: random.Random | None = None,
+                 stale_rng: random.Random | None = None) -> None:  # fmt: skip
+        """``tx_rng``: the transactional clients' draws, ``stale_rng`` the stale
+        committer's (each a stream of its own, so that the other clients' draws stay as
+        they were)."""
         self.urls = dict(urls)
         self.s = settings
         self.h = history
         self.rng = rng
         self.tx_rng = tx_rng or random.Random(0)
+        self.stale_rng = stale_rng or random.Random(1)
+        # The consumer's positions after each of its last polls, and its offsets the
+        # broker acknowledged (by queue, the highest): what the stale committer draws on.
+        self.polled: deque[dict[int, int]] = deque(maxlen=settings.stale.keep)
+        self.acked: dict[int, int] = {}
         self.stopping = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
         runs = [self._produce(i) for i in range(self.s.producers)]
-        runs += [self._consume(), self._pull(), self._report_offsets()]
+        runs += [self._consume(), self._commit_stale(), self._pull(), self._report_offsets()]
         brokers = list(self.urls.values())
         runs += [
             pop_consumer(i, brokers, self.s.pop, self.s.topic, self.h,
@@ -270,6 +294,7 @@ class Workload:
                     continue
                 done("ok", reads(got), c.master)
                 pending = dict(c.positions)
+                self.polled.append(pending)
                 done = self.h.invoke("consumer-0", "commit", pending)
                 try:
                     await c.commit()
@@ -277,9 +302,33 @@ class Workload:
                     done("info", error=why(e))
                 else:
                     done("ok")
+                    for q, o in pending.items():
+                        self.acked[q] = max(self.acked.get(q, 0), o)
         finally:
             with contextlib.suppress(LedgerMQError, TimeoutError):
                 await asyncio.wait_for(c.close(), self.s.client.timeout_s)
+
+    async def _commit_stale(self) -> None:
+        """Positions the consumer polled earlier, committed where they are below what it
+        has had acknowledged since; the broker's answer recorded (where each queue
+        stands after the commit)."""
+        rng, plan = self.stale_rng, self.s.stale
+        async with AsyncAdmin(list(self.urls.values()), settings=self.s.client) as admin:
+            while not self.stopping.is_set():
+                await self._pause(rng.uniform(0, 2 * plan.every_s))
+                if self.stopping.is_set() or not self.polled:
+                    continue
+                then = self.polled[rng.randrange(len(self.polled))]
+                stale = {q: o for q, o in sorted(then.items()) if o < self.acked.get(q, 0)}
+                if not stale:
+                    continue
+                done = self.h.invoke("committer-1", "stale-commit", stale)
+                try:
+                    answer = await admin.commit_offsets(self.s.group, self.s.topic, stale)
+                except LedgerMQError as e:
+                    done("fail" if e.code in DEFINITE else "info", error=why(e))
+                else:
+                    done("ok", answer)
 
     async def _pull(self) -> None:
         admins = {n: AsyncAdmin([u], settings=self.s.probe) for n, u in self.urls.items()}

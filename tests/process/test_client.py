@@ -256,7 +256,10 @@ def test_admin_queries_and_errors(cluster3: LocalBrokerCluster) -> None:
         assert pulled.status == "FOUND" and pulled.messages[0].msg_id == r.msg_id
         assert admin.pull(topic, 1, 10_000).status == "OFFSET_ILLEGAL"
         assert mq.TopicInfo(topic, 2) in admin.list_topics()
-        admin.commit_offsets("admin-g", topic, {1: r.queue_offset + 1})
+        assert admin.commit_offsets("admin-g", topic, {1: r.queue_offset + 1}) == {
+            1: r.queue_offset + 1
+        }
+        assert admin.commit_offsets("admin-g", topic, {1: 0}) == {1: r.queue_offset + 1}
         assert admin.reset_offsets("admin-g", topic, "earliest") == {0: 0, 1: 0}
         lag = {o.queue_id: o.lag for o in admin.group_offsets("admin-g", topic)}
         assert lag[1] == r.queue_offset + 1
