@@ -117,7 +117,12 @@ class ConsumerGroups:
             raise errors.InvalidArgumentError("no offsets")
         await self._check_within(t, clean)
         self._check_room_for(group)
-        await self.metalog.append(op_commit_offsets(group, topic, clean, forward=forward))
+        index = await self.metalog.append(op_commit_offsets(group, topic, clean, forward=forward))
+        if self.dispatch.dispatched_index < index:  # committed, not applied here in time
+            raise errors.UnknownOutcomeError(
+                f"the commit of group {group} is in the log (entry {index}) but not applied"
+                " here yet, so where the group stands is not known; ask again"
+            )
         now = self.meta.offsets.get(group, {}).get(topic, {})
         return {q: now.get(q, o) for q, o in clean.items()}
 

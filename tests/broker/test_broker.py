@@ -7,6 +7,7 @@ import asyncio
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -181,6 +182,33 @@ async def test_group_offsets_commit_reset_and_group_pull(tmp_path: Path) -> None
             await b.groups.commit_offsets("g", "t", {5: 1})
         with pytest.raises(errors.GroupNotFoundError):
             b.groups.group_offsets("nobody")
+    finally:
+        await c.close()
+
+
+async def test_a_commit_not_applied_here_in_time_answers_unknown_outcome(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The answer says where the group stands after the commit: when the entry is not
+    applied here within the append timeout, the node cannot know that, and says so
+    rather than answering the state before the commit."""
+    c, b = await _single(tmp_path)
+    try:
+        await b.topics.create("t", 1)
+        await b.producer.produce("t", [NewMessage(b"%d" % i) for i in range(3)])
+
+        class Behind:  # dispatch as the groups see it, stuck before every entry
+            dispatched_index = -1
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(b.dispatch, name)
+
+        monkeypatch.setattr(b.groups, "dispatch", Behind())
+        with pytest.raises(errors.UnknownOutcomeError, match="not applied here yet"):
+            await b.groups.commit_offsets("g", "t", {0: 2})
+        monkeypatch.undo()
+        assert b.meta.committed_offset("g", "t", 0) == 2  # it was committed all the same
+        assert await b.groups.commit_offsets("g", "t", {0: 1}) == {0: 2}  # stale: stays
     finally:
         await c.close()
 
