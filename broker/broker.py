@@ -335,6 +335,16 @@ class Broker:
             refused=dict(st.get("refused", {})),
         )
 
+    def disk_full(self) -> bool:
+        """Whether this node refuses to write for lack of disk, in any role: above
+        ``disk_full_ratio`` its log refuses appends (a follower the leader's pushes, so it
+        falls behind), and under the reserve a master refuses writes (507 DISK_FULL)."""
+        try:
+            return self.store.disk_full() or self.gate.disk_short()
+        except OSError as e:  # the data directory went away: the store fails on its own
+            log.warning("cannot read the disk usage of %s: %s", self.settings.data_dir, e)
+            return False
+
     @property
     def is_master(self) -> bool:
         return self.gate.role is BrokerRole.MASTER
