@@ -199,6 +199,7 @@ class StateSnapshot:
     status: BrokerStatus
     is_master: bool
     disk_full: bool  # Broker.disk_full: refusing to write for lack of disk, in any role
+    last_failure_at: float | None  # Broker.last_failure_at (Unix s): this node's, or before
     raft_auth_failures: int | None  # None: no transport
     queues: list[tuple[str, int, int, int]] | None  # topic, queue_id, min, max; None: installing
     offsets: list[tuple[str, str, dict[int, int]]]  # group, topic, committed per queue_id
@@ -217,6 +218,7 @@ class StateSnapshot:
         status = b.status()
         is_master = b.is_master
         disk_full = b.disk_full()
+        last_failure_at = b.last_failure_at
         auth_failures = None if transport is None else transport.auth_failures
         queues = await _queue_bounds(b)
         offsets: list[tuple[str, str, dict[int, int]]] = []
@@ -236,6 +238,7 @@ class StateSnapshot:
             status,
             is_master,
             disk_full,
+            last_failure_at,
             auth_failures,
             queues,
             offsets,
@@ -358,6 +361,12 @@ def _node_metrics(s: StateSnapshot) -> Iterator[Metric]:
         "ledgermq_node_failed",
         "1 once the node stopped working (crash-only: it is exiting)",
         0.0 if st.failed is None else 1.0,
+    )
+    yield _gauge(
+        "ledgermq_last_failure_timestamp_seconds",
+        "when the node of this data directory last failed (Unix seconds; 0: never), as"
+        " the failing process wrote it there: its restart still shows it",
+        s.last_failure_at or 0.0,
     )
 
 
