@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test test-fast lint fmt bench bench-raft bench-broker bench-topics bench-http bench-delay bench-tx bench-grpc bench-spark bench-failover bench-peers clean
+.PHONY: setup promtool demo test test-fast lint fmt bench bench-raft bench-broker bench-topics bench-http bench-delay bench-tx bench-grpc bench-spark bench-failover bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,21 @@ $(PROTOCOL): tools/protos.py $(STAMP)
 
 setup: $(STAMP) $(PROTOCOL)
 
+# promtool, Prometheus's rule checker (tests/docs/test_alert_rules.py runs the alert rules'
+# unit tests with it), taken out of Debian's prometheus package without installing it
+# (that pulls 37 packages and starts services): only usr/bin/promtool, gitignored. A fresh
+# machine's apt has no package lists yet: `apt-get update` then, only if the download fails.
+PROMTOOL := .tools/promtool
+$(PROMTOOL):
+	@mkdir -p $(@D)
+	@set -e; tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; chmod 755 "$$tmp"; \
+	( cd "$$tmp" && { apt-get download prometheus || { apt-get update && apt-get download prometheus; }; } ); \
+	dpkg-deb -x "$$tmp"/prometheus_*.deb "$$tmp/root"; \
+	cp "$$tmp/root/usr/bin/promtool" $@.part; mv $@.part $@
+	$@ --version
+
+promtool: $(PROMTOOL)
+
 demo: setup
 	$(VENV)/bin/ledgermq demo
 
@@ -29,13 +44,13 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: setup lint
+test: setup lint $(PROMTOOL)
 	$(PY) -m pytest
 
 # The tiers that need no node process, no JVM and no root (tests/tiers.py FAST), in
 # FAST_WORKERS processes: their tests mostly wait on timers, so more workers than cores pay.
 FAST_WORKERS ?= 4
-test-fast: setup
+test-fast: setup $(PROMTOOL)
 	$(PY) -m pytest -q -m "unit or docs" -n $(FAST_WORKERS)
 
 fmt: setup
@@ -83,4 +98,4 @@ bench-peers: setup
 	$(PY) bench/peers_bench.py $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -36,6 +36,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     Info,
+    ProcessCollector,
     generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -120,6 +121,9 @@ class NodeMetrics:
         Info("ledgermq_build", "this node's LedgerMQ and Python versions", registry=r).info(
             {"version": VERSION, "python": PYTHON}
         )
+        # process_start_time_seconds (a restart loop shows as changes of it: the
+        # LedgerMQNodeRestarting alert), CPU, memory and open files, from /proc on Linux.
+        ProcessCollector(registry=r)
         broker.server.commit_observers.append(lambda s, _n: self.commit_latency.observe(s))
 
     def count_produced(self, topic: str, messages: int, body_bytes: int) -> None:
@@ -194,6 +198,8 @@ class StateSnapshot:
 
     status: BrokerStatus
     is_master: bool
+    disk_full: bool  # Broker.disk_full: refusing to write for lack of disk, in any role
+    last_failure_at: float | None  # Broker.last_failure_at (Unix s): this node's, or before
     raft_auth_failures: int | None  # None: no transport
     queues: list[tuple[str, int, int, int]] | None  # topic, queue_id, min, max; None: installing
     offsets: list[tuple[str, str, dict[int, int]]]  # group, topic, committed per queue_id
@@ -211,6 +217,8 @@ class StateSnapshot:
         transport = b.server.transport
         status = b.status()
         is_master = b.is_master
+        disk_full = b.disk_full()
+        last_failure_at = b.last_failure_at
         auth_failures = None if transport is None else transport.auth_failures
         queues = await _queue_bounds(b)
         offsets: list[tuple[str, str, dict[int, int]]] = []
@@ -227,7 +235,17 @@ class StateSnapshot:
         txs = b.meta.transactions
         transactions = (sum(1 for _ in txs.pending()), dict(txs.stats))
         return cls(
-            status, is_master, auth_failures, queues, offsets, pop, timers, transactions, lag_limit
+            status,
+            is_master,
+            disk_full,
+            last_failure_at,
+            auth_failures,
+            queues,
+            offsets,
+            pop,
+            timers,
+            transactions,
+            lag_limit,
         )
 
     def metrics(self) -> Iterator[Metric]:
@@ -333,9 +351,22 @@ def _node_metrics(s: StateSnapshot) -> Iterator[Metric]:
         0.0 if st.dispatch_stall is None else 1.0,
     )
     yield _gauge(
+        "ledgermq_disk_full",
+        "1 while this node refuses to write for lack of disk, as master or slave: over"
+        " --disk-full-ratio its log refuses appends (a slave the master's), under"
+        " --disk-reserve-mb a master refuses writes (507 DISK_FULL)",
+        1.0 if s.disk_full else 0.0,
+    )
+    yield _gauge(
         "ledgermq_node_failed",
         "1 once the node stopped working (crash-only: it is exiting)",
         0.0 if st.failed is None else 1.0,
+    )
+    yield _gauge(
+        "ledgermq_last_failure_timestamp_seconds",
+        "when the node of this data directory last failed (Unix seconds; 0: never), as"
+        " the failing process wrote it there: its restart still shows it",
+        s.last_failure_at or 0.0,
     )
 
 

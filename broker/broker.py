@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
+from pathlib import Path
 from typing import TypeVar
 
 from consumequeue import ConsumeQueueStore, KeyIndex
@@ -65,6 +68,18 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# In the data directory: when the node last failed (Unix seconds) and why, one line.
+FAILURE_FILE = "last-failure"
+
+
+def read_last_failure(data_dir: Path) -> float | None:
+    """When ``data_dir``'s node last failed (``FAILURE_FILE``), or None: never, or unreadable."""
+    try:
+        return float((data_dir / FAILURE_FILE).read_text(encoding="utf-8").split(maxsplit=1)[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
 
 _M = TypeVar("_M")
 
@@ -109,6 +124,10 @@ class Broker:
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self.stats = {"produced": 0, "pulled": 0, "deduplicated": 0, "corrupt_reads": 0}
+        # When this data directory's node last failed (Unix s): this process's failure,
+        # else what the one before wrote (``ledgermq_last_failure_timestamp_seconds``).
+        self.last_failure_at = read_last_failure(root)
+        self.server.add_failure_handler(self._record_failure)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -256,6 +275,20 @@ class Broker:
         """Why the node stopped working (it is exiting), or None."""
         return self.server.failed
 
+    def _record_failure(self, e: BaseException) -> None:
+        """Write when and why the node failed to ``FAILURE_FILE`` in its data directory,
+        for the process a supervisor starts next: this one exits now, and its
+        ``ledgermq_node_failed`` with it. Best effort (a failing disk may refuse it too);
+        not synced: it has to outlive the process, not the machine."""
+        self.last_failure_at = now = time.time()
+        path = self.settings.data_dir / FAILURE_FILE
+        try:
+            part = path.with_name(FAILURE_FILE + ".part")
+            part.write_text(f"{now:.3f} {e!r}\n", encoding="utf-8")
+            os.replace(part, path)
+        except OSError as err:
+            log.warning("cannot record the node's failure in %s: %s", path, err)
+
     async def stop(self) -> None:
         if self._started:
             await self.role_handler.close()
@@ -334,6 +367,16 @@ class Broker:
             failed=_error_text(self.server.failed),
             refused=dict(st.get("refused", {})),
         )
+
+    def disk_full(self) -> bool:
+        """Whether this node refuses to write for lack of disk, in any role: above
+        ``disk_full_ratio`` its log refuses appends (a follower the leader's pushes, so it
+        falls behind), and under the reserve a master refuses writes (507 DISK_FULL)."""
+        try:
+            return self.store.disk_full() or self.gate.disk_short()
+        except OSError as e:  # the data directory went away: the store fails on its own
+            log.warning("cannot read the disk usage of %s: %s", self.settings.data_dir, e)
+            return False
 
     @property
     def is_master(self) -> bool:

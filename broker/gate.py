@@ -174,8 +174,8 @@ class WriteGate:
         a disk error nothing new reaches the consume queues (it resumes by itself)."""
         if self.server.failed is not None:
             raise errors.NodeFailedError(f"node failed: {self.server.failed!r}")
-        free = self._disk_free()
-        if free < self.settings.disk_reserve:
+        if self.disk_short():
+            free = self._disk_free()
             raise errors.DiskFullError(
                 f"writes refused: {free >> 20} MiB free in {self.settings.data_dir}, under the"
                 f" reserve of {self.settings.disk_reserve >> 20} MiB kept for the consume"
@@ -189,6 +189,11 @@ class WriteGate:
                 " reads go on, writes resume when it moves again",
                 retry_after_ms=1000,
             )
+
+    def disk_short(self) -> bool:
+        """Less than the reserve is free where the data lives: as master the node refuses
+        writes (507 DISK_FULL)."""
+        return self._disk_free() < self.settings.disk_reserve
 
     def _disk_free(self) -> int:
         """Free bytes where the data lives, looked up at most once per interval."""

@@ -260,7 +260,9 @@ SERIES_SUFFIXES = {
     "info": ("_info",),
     "gauge": ("",),
 }
-_SERIES = re.compile(r"\bledgermq_[A-Za-z0-9_:]*")
+# The node's own series in a rule: LedgerMQ's, and the process collector's
+# (process_start_time_seconds); ``up`` is Prometheus's, not the node's.
+_SERIES = re.compile(r"\b(?:ledgermq|process)_[A-Za-z0-9_:]*")
 
 
 @dataclass(frozen=True, slots=True)

@@ -640,6 +640,12 @@ class FileStore:
         """Why the store stopped vouching for its files (``StoreFailedError``), if it did."""
         return self._failed
 
+    def disk_full(self) -> bool:
+        """Whether appends are refused now for the disk's usage (above
+        ``disk_full_ratio``), as leader or follower; usage is read at most every
+        ``disk_check_interval_ms`` (any thread: a stale read only delays the answer)."""
+        return self._disk.full()
+
     def _fail(self, what: str, e: OSError) -> NoReturn:
         """Crash-only: remember the failure, so every later call raises it, and raise it."""
         if self._failed is None:

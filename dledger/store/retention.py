@@ -49,17 +49,23 @@ class DiskFullCheck:
         self._ratio = 0.0
         self._checked_at = -1e18
 
-    def check(self) -> None:
-        """``StoreError(DISK_FULL)`` if the disk is too full to append to."""
+    def full(self) -> bool:
+        """Is the disk too full to append to? (What ``check`` refuses on; also read by
+        the node's ``ledgermq_disk_full`` gauge, so a follower that refuses the leader's
+        pushes says so.)"""
         now = time.monotonic()
         s = self._settings
         if now - self._checked_at >= s.disk_check_interval_ms / 1000:
             self._ratio = self.usage()
             self._checked_at = now
-        if self._ratio > s.disk_full_ratio:
+        return self._ratio > s.disk_full_ratio
+
+    def check(self) -> None:
+        """``StoreError(DISK_FULL)`` if the disk is too full to append to."""
+        if self.full():
             raise StoreError(
                 DLedgerCode.DISK_FULL,
-                f"disk usage {self._ratio:.1%} is above {s.disk_full_ratio:.0%}",
+                f"disk usage {self._ratio:.1%} is above {self._settings.disk_full_ratio:.0%}",
             )
 
 

@@ -3,7 +3,9 @@
 before the derived files could run out of room, every acknowledged message is readable
 on every node, and writes resume by themselves when space returns; on one follower, the
 other two go on committing, the full one refuses the leader's pushes (nothing written,
-nothing crashed) and catches up when space returns.
+nothing crashed) and catches up when space returns. Each full node says so on /metrics
+(``ledgermq_disk_full`` 1, what the LedgerMQDiskFull alert reads: a slave answers no
+write, so it counts no 507), and 0 again once space returns.
 
 Before: a node acknowledged messages whose consume-queue units it could no longer write
 (its dispatcher had died on ENOSPC), so no consumer could ever read them.
@@ -12,6 +14,7 @@ Before: a node acknowledged messages whose consume-queue units it could no longe
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,6 +92,15 @@ def _status(http: httpx.Client, url: str) -> dict[str, Any]:
     return data
 
 
+def _disk_full(http: httpx.Client, url: str) -> float:
+    """The node's ``ledgermq_disk_full`` gauge, from its /metrics."""
+    r = http.get(url + "/metrics")
+    assert r.status_code == 200, r.text
+    found = re.findall(r"^ledgermq_disk_full (\S+)$", r.text, re.MULTILINE)
+    assert len(found) == 1, r.text
+    return float(found[0])
+
+
 def test_a_full_disk_refuses_writes_loses_nothing_and_recovers_by_itself(
     small_cluster: tuple[LocalBrokerCluster, dict[str, Path]],
 ) -> None:
@@ -116,6 +128,7 @@ def test_a_full_disk_refuses_writes_loses_nothing_and_recovers_by_itself(
         assert refused.status_code == 507, refused.text
         assert refused.json()["error"]["code"] == "DISK_FULL"
         assert int(refused.headers["Retry-After"]) >= 1
+        wait_until(lambda: _disk_full(http, c.urls[master]) == 1.0, what="the master says full")
         for node in c.ids:  # nothing acknowledged is lost, on any node; all alive
             assert c.alive(node)
             wait_until(lambda n=node: _drain(http, c.urls[n], 2) == sorted(acked), what=node)
@@ -126,6 +139,7 @@ def test_a_full_disk_refuses_writes_loses_nothing_and_recovers_by_itself(
             timeout_s=30,
             what="writes resume once space returns",
         )
+        wait_until(lambda: _disk_full(http, c.urls[master]) == 0.0, what="the master has room")
         acked += [f"back-0-{i}-{BODY}" for i in range(50)]
 
         # ---- one follower's disk fills ------------------------------------------------
@@ -143,7 +157,10 @@ def test_a_full_disk_refuses_writes_loses_nothing_and_recovers_by_itself(
         assert end_before <= _status(http, c.urls[full])["ledger_end_index"]
         assert c.alive(full)
         assert http.get(c.urls[full] + "/healthz").status_code == 200
+        wait_until(lambda: _disk_full(http, c.urls[full]) == 1.0, what="the slave says full")
+        assert _status(http, c.urls[full])["broker_role"] == "SLAVE"
         ballast.remove()
+        wait_until(lambda: _disk_full(http, c.urls[full]) == 0.0, what="the slave has room")
         wait_until(
             lambda: _status(http, c.urls[full])["dispatched_index"] >= leader_end,
             timeout_s=60,
