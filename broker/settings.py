@@ -96,6 +96,9 @@ class BrokerSettings:
     peer_grpc: dict[str, str] = field(default_factory=dict)
     advertised_url: str | None = None
     auto_create_topics: bool = True
+    # The Raft runtime on an event loop and thread of its own, where no HTTP request can
+    # stall its heartbeats and votes (``dledger.runtime.server``); off: on the HTTP loop
+    raft_thread: bool = True
     default_queues: int = 8
     # A produce request's messages for one queue are stored as one batch record
     # (``broker.batch``): one log entry, one append, one dispatch step for all of them.
@@ -198,4 +201,5 @@ class BrokerSettings:
             # tokens): a raw append on the Raft port could put a record with a wrong
             # queue offset into every replica, and a raw read bypasses the HTTP tokens.
             client_requests=frozenset({"metadata"}),
+            own_thread=self.raft_thread,
         )

@@ -1,8 +1,9 @@
 """One LedgerMQ node: the Raft runtime, the broker and the HTTP API on one event loop.
 
 ``ledgermq broker`` (and ``python -m ledgermq``) land in ``main``: options → settings →
-``serve``. uvicorn serves the app inside this process's uvloop loop, beside the Raft
-runtime (docs/architecture.md): one loop, no threads between HTTP and the log. SIGINT/SIGTERM stop
+``serve``. uvicorn serves the app and the broker inside this process's uvloop loop; the
+Raft runtime runs on a uvloop loop of its own in a thread of its own (``--raft-thread``,
+docs/architecture.md), so no request delays its heartbeats. SIGINT/SIGTERM stop
 the HTTP server first (no new requests), then the broker (dispatch checkpoint, log
 close), so a stopped node restarts without a rebuild.
 """
@@ -425,14 +426,15 @@ class _Server(uvicorn.Server):
 
 
 def http_config(app: Any, http: HttpSettings, protocol: Any = "httptools") -> uvicorn.Config:
-    """uvicorn's configuration of a node's HTTP server: on the running loop (the Raft
-    runtime's), the ``protocol`` class (``guarded_protocol``'s: header caps and read
-    deadlines), forwarded headers believed only from ``http.forwarded_allow_ips``."""
+    """uvicorn's configuration of a node's HTTP server: on the running loop (the
+    broker's; the Raft runtime's too with ``--no-raft-thread``), the ``protocol`` class
+    (``guarded_protocol``'s: header caps and read deadlines), forwarded headers believed
+    only from ``http.forwarded_allow_ips``."""
     return uvicorn.Config(
         app,
         host=http.host,
         port=http.port,
-        loop="none",  # this loop: the Raft runtime's
+        loop="none",  # this loop: the broker's
         http=protocol,
         lifespan="off",
         log_config=None,
@@ -486,6 +488,14 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     _add_raft_timing_options(p)
     _add_disk_options(p)
     _add_transaction_options(p)
+    add_option(
+        p,
+        "--raft-thread",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run Raft on a thread and event loop of its own, where no HTTP request can"
+        " delay its heartbeats and votes (off: on the HTTP loop)",
+    )
     add_option(
         p,
         "--peer-address-check",
@@ -919,6 +929,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         peer_grpc=peer_grpc,
         advertised_url=advertised.rstrip("/"),
         auto_create_topics=args.auto_create_topics,
+        raft_thread=args.raft_thread,
         default_queues=args.default_queues,
         batch_records=args.batch_records,
         core=core,

@@ -17,6 +17,22 @@ Public surface (docs/architecture.md): ``append(bodies)`` → [(index, pos)] aft
 Snapshots (INSTALL_SNAPSHOT): an application that lets retention delete
 the log head registers its snapshots with ``set_snapshot`` and installs the ones a leader
 sends through ``set_snapshot_installer``; see those two methods for the contract.
+
+Its own thread (``ServerConfig.own_thread``): the node loop (ticks, the transport, the
+Ready task) then runs on an event loop of its own in a thread of its own, so work on the
+application's loop (an HTTP request that takes seconds of Python) delays no heartbeat and
+no vote: the thread gets the interpreter every switch interval (5 ms) whatever the other
+loop does. The public surface stays the application's: it is called on the loop that
+called ``start`` (the home loop) and answers there. Invariants of that split:
+
+- the core and the transport are touched only under ``_lock`` (the core) and only on the
+  node loop (the transport), except ``append_nowait``, which proposes under the lock on
+  the caller's thread, so a refusal still raises before anything is in the log;
+- whatever the application sees happen (a proposal's future, a role change, a transfer's
+  outcome, the commit watermark, a failure) is handed to the home loop in the order the
+  Ready carried it (``_at_home``: one FIFO queue per loop);
+- the snapshot installer runs as before: a plain function in a worker thread, a
+  coroutine on the home loop, and no Ready is handled until it returns.
 """
 
 from __future__ import annotations
@@ -27,8 +43,9 @@ import errno
 import inspect
 import logging
 import random
+import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +131,8 @@ class ServerConfig:
     # Which client requests the Raft port answers (CLIENT_REQUESTS_ALL); the others get
     # UNSUPPORTED. The broker allows only "metadata": its log is written by the broker.
     client_requests: frozenset[str] = CLIENT_REQUESTS_ALL
+    # Run the node loop on an event loop and thread of its own (see the module docstring)
+    own_thread: bool = True
 
     def __post_init__(self) -> None:
         unknown = self.client_requests - CLIENT_REQUESTS_ALL
@@ -129,6 +148,40 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
+def _loop_like(home: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+    """A new event loop of ``home``'s kind (uvloop's under the node), else asyncio's."""
+    try:
+        loop = type(home)()
+    except TypeError:
+        return asyncio.new_event_loop()
+    return loop if isinstance(loop, asyncio.AbstractEventLoop) else asyncio.new_event_loop()
+
+
+def _resolve(
+    fut: asyncio.Future[Any], result: Any = None, *, error: BaseException | None = None
+) -> None:
+    """Settle ``fut`` on its own loop: a proposal of the Raft port's client protocol
+    waits on the node loop, the application's on the home loop."""
+
+    def settle() -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    loop = fut.get_loop()
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if loop is running:
+        settle()
+    elif not loop.is_closed():
+        loop.call_soon_threadsafe(settle)
+
+
 class DLedgerServer:
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -139,6 +192,12 @@ class DLedgerServer:
         self._handlers: list[RoleChangeHandler] = []
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        # The core is stepped under this lock: on the node loop, and by ``append_nowait``
+        # on the caller's thread (with ``own_thread`` those are two threads).
+        self._lock = threading.RLock()
+        self._home: asyncio.AbstractEventLoop | None = None  # the application's loop
+        self._loop: asyncio.AbstractEventLoop | None = None  # the node loop
+        self._thread: threading.Thread | None = None
         self._proposal_futs: dict[int, asyncio.Future[list[tuple[int, int]]]] = {}
         self._proposal_started: dict[int, float] = {}
         # Called with (seconds from proposal to quorum commit, entries) per committed
@@ -179,8 +238,60 @@ class DLedgerServer:
         return self.store
 
     async def start(self) -> None:
-        cfg = self.config
         await self.open()
+        self._home = asyncio.get_running_loop()
+        if not self.config.own_thread:
+            self._loop = self._home
+            await self._start_here()
+            return
+        loop = _loop_like(self._home)
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=loop.run_forever, name=f"dledger-{self.config.self_id}", daemon=True
+        )
+        self._thread.start()
+        try:
+            await self._on_node_loop(self._start_here())
+        except BaseException:
+            self._end_thread()
+            raise
+
+    async def _on_node_loop(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on the node loop and wait for it here."""
+        assert self._loop is not None
+        if self._loop is asyncio.get_running_loop():
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+
+    def _end_thread(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        if not thread.is_alive():
+            loop.close()
+        self._thread = None
+
+    def _at_home(self, fn: Callable[..., None], *args: Any) -> None:
+        """Call ``fn(*args)`` on the home loop: now when we are on it, else queued there
+        (in order: one queue per loop)."""
+        home = self._home
+        if self._thread is None or home is None:
+            fn(*args)
+        elif not home.is_closed():
+            home.call_soon_threadsafe(fn, *args)
+
+    def _poke(self) -> None:
+        """Wake the Ready task (from any thread)."""
+        loop = self._loop
+        if self._thread is None or loop is None or threading.get_ident() == self._thread.ident:
+            self._kick.set()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(self._kick.set)
+
+    async def _start_here(self) -> None:
+        cfg = self.config
         assert self.store is not None
         seed = cfg.seed if cfg.seed is not None else random.SystemRandom().getrandbits(64)
         self.core = DLedgerCore(
@@ -221,15 +332,20 @@ class DLedgerServer:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._loop is not None and not self._loop.is_closed():
+            await self._on_node_loop(self._stop_here())
+        self._end_thread()
+        self._answer_waiters("node stopped")
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    async def _stop_here(self) -> None:
         for t in self._tasks:
             t.cancel()
         # A task that died already was reported (it failed the node); stop goes on.
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.transport is not None:
             await self.transport.close()
-        self._answer_waiters("node stopped")
-        if self.store is not None:
-            await asyncio.to_thread(self.store.close)
 
     async def __aenter__(self) -> DLedgerServer:
         await self.start()
@@ -272,7 +388,10 @@ class DLedgerServer:
         log.critical("node %s stops working: %s: %r", self.config.self_id, what, e, exc_info=e)
         # No Ready may ever be handled again (the ready task may be what died): whoever
         # waits for a commit or a transfer is answered now, not never.
-        self._answer_waiters(f"node failed: {what}")
+        self._at_home(self._answer_waiters, f"node failed: {what}")
+        self._at_home(self._run_failure_handlers, e)
+
+    def _run_failure_handlers(self, e: BaseException) -> None:
         for handler in self._failure_handlers:
             try:
                 handler(e)
@@ -284,10 +403,11 @@ class DLedgerServer:
         commit elsewhere: an unknown outcome)."""
         for pfut in self._proposal_futs.values():
             if not pfut.done():
-                pfut.set_exception(AppendOutcomeUnknownError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
+                e = AppendOutcomeUnknownError(DLedgerCode.ILLEGAL_MEMBER_STATE, why)
+                _resolve(pfut, error=e)
         for tfut in self._transfer_futs.values():
             if not tfut.done():
-                tfut.set_exception(DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
+                _resolve(tfut, error=DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, why))
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         if task.cancelled() or self._stopping:
@@ -315,19 +435,22 @@ class DLedgerServer:
                 self.stats["loop_stalls"] += 1
                 self.stats["max_tick_late_ms"] = max(self.stats["max_tick_late_ms"], late)
                 self._event("loop_stall", {"late_ms": late, "stalls": self.stats["loop_stalls"]})
-            core.tick(now)
+            with self._lock:
+                core.tick(now)
             self._kick.set()
 
     async def _ready_loop(self) -> None:
         core, store = self._live_core(), self.store
         assert store is not None
         sync_log = self.config.core.flush == "sync"
-        loop = asyncio.get_running_loop()
+        home = self._home
+        assert home is not None
         while True:
             await self._kick.wait()
             self._kick.clear()
             for _ in range(1000):  # bounded; the kick brings us back
-                ready = core.ready()
+                with self._lock:
+                    ready = core.ready()
                 if not ready:
                     break
                 self.stats["readies"] += 1
@@ -340,7 +463,7 @@ class DLedgerServer:
                             store,
                             ready,
                             sync_log=sync_log,
-                            install=lambda s: self._install(loop, s),
+                            install=lambda s: self._install(home, s),
                         )
                     except Exception as e:
                         # The log and the application may now disagree; answering the
@@ -351,7 +474,8 @@ class DLedgerServer:
                 elif ready.hard_state is not None or (ready.must_sync and sync_log):
                     self.stats["syncs"] += 1
                     synced = await self._persist(store, ready, sync_log)
-                deliver_ready(core, ready, synced, send=self._send, on_ready=self._on_ready)
+                with self._lock:
+                    deliver_ready(core, ready, synced, send=self._send, on_ready=self._on_ready)
 
     async def _persist(self, store: FileStore, ready: Ready, sync_log: bool) -> int | None:
         """``persist_ready`` in a thread. The term/vote file is a new file each time, so a
@@ -391,6 +515,16 @@ class DLedgerServer:
             self.transport.send(m)
 
     def _on_ready(self, ready: Ready) -> None:
+        if (
+            ready.committed_index is not None
+            or ready.proposals
+            or ready.transfers
+            or ready.role_changes
+        ):
+            self._at_home(self._settle, ready)
+
+    def _settle(self, ready: Ready) -> None:
+        """What a Ready tells the application, on the home loop."""
         if ready.committed_index is not None:
             self._committed.advance(self.committed_index)
         for done in ready.proposals:
@@ -404,13 +538,13 @@ class DLedgerServer:
                     took = time.monotonic() - started
                     for observe in self.commit_observers:
                         observe(took, len(p.positions))
-                fut.set_result([(p.first_index + i, pos) for i, pos in enumerate(p.positions)])
+                _resolve(fut, [(p.first_index + i, pos) for i, pos in enumerate(p.positions)])
             else:
-                fut.set_exception(AppendOutcomeUnknownError(done.code, "commit unknown"))
+                _resolve(fut, error=AppendOutcomeUnknownError(done.code, "commit unknown"))
         for t in ready.transfers:
             tf = self._transfer_futs.pop(t.transfer_id, None)
             if tf is not None and not tf.done():
-                tf.set_result(t)
+                _resolve(tf, t)
         if ready.transfers or ready.role_changes:
             self._transfer_moves.advance(self._transfer_moves.index + 1)
         for change in ready.role_changes:
@@ -425,7 +559,8 @@ class DLedgerServer:
         if core is None or self._stopping:
             return
         try:
-            core.step(m, _now_ms())  # type: ignore[arg-type]
+            with self._lock:
+                core.step(m, _now_ms())  # type: ignore[arg-type]
         except Exception as e:
             # Not a protocol refusal (those are answers): a bug or a failed store, and
             # the core may be half-updated. Crash-only: stop taking input.
@@ -438,7 +573,8 @@ class DLedgerServer:
         core = self.core
         if core is None or self._stopping:
             return
-        core.peer_connection_lost(peer_id, _now_ms())
+        with self._lock:
+            core.peer_connection_lost(peer_id, _now_ms())
         self._kick.set()
 
     # ---- public surface --------------------------------------------------------------------
@@ -467,7 +603,9 @@ class DLedgerServer:
 
         Raises ``DLedgerError(UNEXPECTED_ARGUMENT)`` when ``last_index`` is above the
         committed index or below ``ledger_begin_index - 1``."""
-        return self._live_core().set_snapshot(last_index, data)
+        core = self._live_core()
+        with self._lock:
+            return core.set_snapshot(last_index, data)
 
     def set_snapshot_installer(self, installer: SnapshotInstaller | None) -> None:
         """``installer(last_index, data)`` installs a snapshot a leader sent: it makes
@@ -511,7 +649,8 @@ class DLedgerServer:
         if self.failed is not None:
             raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"node failed: {self.failed!r}")
         try:
-            p = core.propose(bodies, _now_ms(), pump=False)
+            with self._lock:
+                p = core.propose(bodies, _now_ms(), pump=False)
         except DLedgerError as e:
             if e.code in (DLedgerCode.NOT_LEADER, DLedgerCode.LEADER_TRANSFERRING):
                 raise NotLeaderError(e.code, e.message, core.member_state.leader_id) from None
@@ -523,8 +662,13 @@ class DLedgerServer:
             self._proposal_started[p.proposal_id] = time.monotonic()
         if not self._pump_scheduled:  # one push per follower for this loop turn's appends
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._pump_proposals)
-        self._kick.set()
+            loop = self._loop
+            assert loop is not None
+            if loop is asyncio.get_running_loop():
+                loop.call_soon(self._pump_proposals)
+            else:
+                loop.call_soon_threadsafe(self._pump_proposals)
+        self._poke()
         return fut
 
     def _pump_proposals(self) -> None:
@@ -533,7 +677,8 @@ class DLedgerServer:
         if core is None or self._stopping:
             return
         try:
-            core.pump(_now_ms())
+            with self._lock:
+                core.pump(_now_ms())
         except Exception as e:  # as in _on_peer_message: the core may be half-updated
             self.fail("pushing new entries", e)
             return
@@ -603,10 +748,11 @@ class DLedgerServer:
         core = self._live_core()
         if self.failed is not None:
             raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"node failed: {self.failed!r}")
-        tid = core.transfer_leadership(to, _now_ms())
+        with self._lock:
+            tid = core.transfer_leadership(to, _now_ms())
         fut: asyncio.Future[TransferDone] = asyncio.get_running_loop().create_future()
         self._transfer_futs[tid] = fut
-        self._kick.set()
+        self._poke()
         try:
             async with asyncio.timeout(timeout_s):
                 return await fut
@@ -643,7 +789,9 @@ class DLedgerServer:
         return self._live_core().member_state.leader_id
 
     def status(self) -> dict[str, Any]:
-        st = self._live_core().status()
+        core = self._live_core()
+        with self._lock:
+            st = core.status()
         if self.transport is not None:
             st["links"] = {
                 p: {

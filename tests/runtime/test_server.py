@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -96,13 +97,46 @@ async def test_append_on_a_non_leader_names_no_leader(tmp_path: Path) -> None:
 async def test_a_stalled_loop_is_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Something that holds the event loop (here a blocking sleep of 250 ms) delays the
-    node's beat: the tick after it counts a loop stall and logs ``loop_stall`` with how
-    late it came, which is what explains a leader's step-down under load."""
-    async with DLedgerServer(_config(tmp_path)) as server:
+    """On the application's loop (``own_thread=False``), something that holds the loop
+    (here a blocking sleep of 250 ms) delays the node's beat: the tick after it counts a
+    loop stall and logs ``loop_stall`` with how late it came, which is what explains a
+    leader's step-down under load."""
+    async with DLedgerServer(replace(_config(tmp_path), own_thread=False)) as server:
         await _until(lambda: server.stats["readies"] > 0, 10, "the node runs")
         before = server.stats["loop_stalls"]
         time.sleep(0.25)  # the stall under test
         await _until(lambda: server.stats["loop_stalls"] > before, 10, "the stall counted")
         assert server.stats["max_tick_late_ms"] >= 200
         assert any("loop_stall" in r.getMessage() for r in caplog.records)
+
+
+async def test_on_its_own_thread_a_held_application_loop_costs_no_election(
+    tmp_path: Path,
+) -> None:
+    """With ``own_thread`` (the default) three nodes whose application loop (here one
+    loop for all three) is held for 1.5 s, over twice the election timeout: their node
+    loops beat on time (no loop stall counted), the leader's heartbeats keep coming, so
+    nobody campaigns (the term stays), and an append afterwards commits."""
+    ports = free_ports(3)
+    peers = {f"n{i}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    servers = [
+        DLedgerServer(replace(_config(tmp_path / n), self_id=n, peers=peers, seed=i))
+        for i, n in enumerate(peers)
+    ]
+    assert all(s.config.own_thread for s in servers)
+    for s in servers:
+        await s.start()
+    try:
+        await _until(lambda: sum(s.role is Role.LEADER for s in servers) == 1, 10, "one leader")
+        leader = next(s for s in servers if s.role is Role.LEADER)
+        await leader.append([b"settled"])
+        terms = [s.status()["term"] for s in servers]
+        stalls = [s.stats["loop_stalls"] for s in servers]
+        time.sleep(1.5)  # the hold under test: every home loop at once
+        assert [s.status()["term"] for s in servers] == terms
+        assert [s.stats["loop_stalls"] for s in servers] == stalls
+        ((index, _pos),) = await leader.append([b"after"])
+        assert leader.get(index).body == b"after"
+    finally:
+        for s in servers:
+            await s.stop()
