@@ -346,6 +346,12 @@ def _node_metrics(s: StateSnapshot) -> Iterator[Metric]:
         value=st.stats.get("deduplicated", 0),
     )
     yield _gauge(
+        "ledgermq_raft_diverged",
+        "1 while this node holds a committed entry its leader contradicts: the group lost"
+        " acknowledged data (a node restarted empty under its old id voted); see the log",
+        0.0 if st.diverged is None else 1.0,
+    )
+    yield _gauge(
         "ledgermq_dispatch_stalled",
         "1 while dispatch is stalled on a disk error (writes are refused meanwhile)",
         0.0 if st.dispatch_stall is None else 1.0,

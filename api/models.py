@@ -66,6 +66,11 @@ class ClusterInfo(BaseModel):
     dispatched_index: int
     snapshot_index: int = Field(description="the newest metadata snapshot")
     snapshots_installed: int = Field(description="leader snapshots this node installed")
+    diverged: str | None = Field(
+        default=None,
+        description="set when this node holds a committed entry its leader contradicts"
+        " (the group lost acknowledged data): what and where",
+    )
     version: str = Field(description="this node's LedgerMQ version", examples=["0.2.0"])
 
 

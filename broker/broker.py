@@ -28,7 +28,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from consumequeue import ConsumeQueueStore, KeyIndex
 from dledger.codes import DLedgerError
@@ -82,6 +82,15 @@ def read_last_failure(data_dir: Path) -> float | None:
 
 
 _M = TypeVar("_M")
+
+
+def _divergence_text(d: dict[str, Any] | None) -> str | None:
+    if d is None:
+        return None
+    return (
+        f"{d['why']} (entry {d['index']}; committed here up to {d['committed_index']};"
+        f" leader {d['leader_id']} of term {d['leader_term']}; seen {d['count']} times)"
+    )
 
 
 def _error_text(e: BaseException | None) -> str | None:
@@ -365,6 +374,7 @@ class Broker:
             stats={**self.stats, **(d.stats if d else {}), **self.role_handler.last_promotion},
             dispatch_stall=_error_text(d.stall if d else None),
             failed=_error_text(self.server.failed),
+            diverged=_divergence_text(st.get("diverged")),
             refused=dict(st.get("refused", {})),
         )
 

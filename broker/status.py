@@ -40,6 +40,9 @@ class BrokerStatus:
     stats: dict[str, int]
     dispatch_stall: str | None  # why dispatch cannot move (a disk error it retries)
     failed: str | None  # why the node stopped working (it exits)
+    # This node holds a committed entry its leader contradicts (acknowledged data was
+    # lost by the group): what and where, from the Raft core; None when all is well
+    diverged: str | None
     refused: dict[str, int]  # inbound Raft frames and connections refused, by reason
 
     def to_dict(self) -> dict[str, Any]:

@@ -50,6 +50,7 @@ async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
             "dispatched_index": st.dispatched_index,
             "snapshot_index": st.snapshot_index,
             "snapshots_installed": st.snapshots_installed,
+            "diverged": st.diverged,
             "version": VERSION,
         }
     )

@@ -27,6 +27,8 @@ async def readyz(broker: BrokerDep, settings: SettingsDep) -> Response:
     reason = None
     if st.failed is not None:
         reason = f"node failed: {st.failed}"
+    elif st.diverged is not None:
+        reason = f"diverged: {st.diverged}"
     elif st.dispatch_stall is not None:
         reason = f"dispatch stalled: {st.dispatch_stall}"
     elif st.leader_id is None:

@@ -22,6 +22,10 @@ Invariants, and the DLedger bugs not copied:
   entries, kept with every change of ``write_requests``); one over either bound is
   refused with PUSH_REQUEST_IS_FULL, except the next one in line, which is applied at
   once and never held (refusing it would leave the held ones waiting for it).
+- A leader that contradicts a committed entry here (a COMPARE that finds another term at
+  or below the committed index, a TRUNCATE or snapshot that would drop committed
+  entries) is never obeyed, and it is never quiet: ``host.diverged`` records it (an ERROR
+  line, ``status()["diverged"]``, the node's readiness and metrics).
 - INSTALL_SNAPSHOT: the follower installs unless it already holds ``last_included_index``
   with that term (then it keeps its log, Raft §7); the reset of its log waits until the
   application has the snapshot (``Ready.install_snapshot``), and nothing is answered
@@ -178,6 +182,7 @@ class EntryHandler:
             # Our committed entry there has another term: a correct leader never sends
             # this (§5.4); refuse (and log) rather than drop committed entries.
             host.log_event("install_refused", index=last, committed=store.committed_index)
+            host.diverged("a snapshot contradicts a committed entry", last, req.term)
             self.respond_install(req, DLedgerCode.INCONSISTENT_STATE)
             return
         data = self._assemble(req)
@@ -364,6 +369,12 @@ class EntryHandler:
         if local_term == pre_term:
             self.respond(req, DLedgerCode.SUCCESS)
             return
+        if pre_index <= store.committed_index:
+            self.host.diverged(
+                f"the leader has term {pre_term} at a committed entry of term {local_term}",
+                pre_index,
+                req.term,
+            )
         first = store.first_index_of_term(local_term, pre_index)
         if first < 0:  # the before-begin term: nothing of it left to point at
             first = store.ledger_begin_index
@@ -378,6 +389,9 @@ class EntryHandler:
         if from_index <= store.committed_index:  # a correct leader never sends this
             self.host.log_event(
                 "truncate_refused", from_index=from_index, committed=store.committed_index
+            )
+            self.host.diverged(
+                "the leader asks to truncate committed entries", from_index, req.term
             )
             self.respond(req, DLedgerCode.INCONSISTENT_STATE)
             return

@@ -89,3 +89,9 @@ class HandlerHost(Outbox, Protocol):
     def begin_install(self, snap: Snapshot) -> None:
         """Hand ``snap`` to the application through the Ready (step 1 installs it)."""
         ...
+
+    def diverged(self, why: str, index: int, leader_term: int) -> None:
+        """This node holds a committed entry (``index``) that its leader contradicts:
+        the group lost what it acknowledged (a correct Raft never gets here; a node
+        restarted with an empty disk under its old id does). Kept and reported."""
+        ...

@@ -203,6 +203,8 @@ class DLedgerCore:
         self.snapshot: Snapshot | None = None  # the newest the application registered
         self.installing: Snapshot | None = None  # follower: handed out, not yet installed
         self.snapshots_installed = 0
+        # A leader contradicted a committed entry here (HandlerHost.diverged): what, when
+        self.divergence: dict[str, Any] | None = None
 
     # ---- the hosts of the collaborators (``host``) ----------------------------------------
 
@@ -378,6 +380,22 @@ class DLedgerCore:
             self.snapshot = snap
             self.log_event("snapshot", index=snap.last_index, bytes=len(snap.data))
         return self.snapshot
+
+    def diverged(self, why: str, index: int, leader_term: int) -> None:
+        """See ``HandlerHost.diverged``: the first one is kept (until a restart) and
+        logged; the rest are counted."""
+        if self.divergence is None:
+            self.divergence = {
+                "why": why,
+                "index": index,
+                "committed_index": self.store.committed_index,
+                "leader_id": self.member_state.leader_id,
+                "leader_term": leader_term,
+                "since_ms": self.now_ms,
+                "count": 0,
+            }
+            self.log_event("diverged", **self.divergence)
+        self.divergence["count"] += 1
 
     def begin_install(self, snap: Snapshot) -> None:
         """Follower: hand ``snap`` to the application through the Ready (the EntryHandler
@@ -744,6 +762,7 @@ class DLedgerCore:
             "installing_snapshot_index": self.installing.last_index if self.installing else -1,
             "snapshots_sent": self.snapshot_stats["sent"],
             "snapshots_installed": self.snapshot_stats["installed"],
+            "diverged": None if self.divergence is None else dict(self.divergence),
             "peers": {
                 p: {
                     "state": d.state.value,

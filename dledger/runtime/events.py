@@ -1,6 +1,7 @@
 """The Raft core's events (``event_log(name, fields)``) in the node's log: the ones an
-operator follows (roles, elections, snapshots) at INFO, faults at WARNING, the rest
-(commits, snapshots taken, ...) at DEBUG.
+operator follows (roles, elections, snapshots) at INFO, faults at WARNING, a divergence
+(this node holds committed entries its leader contradicts) at ERROR, the rest (commits,
+snapshots taken, ...) at DEBUG.
 
 A fault that lasts (a full disk, a peer that keeps refusing) must not flood the log: a
 WARNING event is logged at most once per ``interval_s`` per name, with the count of the
@@ -14,6 +15,7 @@ from typing import Any
 
 EVENT_LOG_INTERVAL_S = 10.0  # a repeated warning event is logged at most this often
 
+ERROR_EVENTS = frozenset({"diverged"})  # acknowledged data is at stake: the operator acts
 WARNING_EVENTS = frozenset(
     {
         "snapshot_unavailable",
@@ -62,13 +64,16 @@ class EventLog:
     def __call__(self, name: str, fields: dict[str, Any]) -> None:
         if name in INFO_EVENTS:
             self.log.info("%s %s", name, fields)
-        elif name in WARNING_EVENTS:
+        elif name in WARNING_EVENTS or name in ERROR_EVENTS:
             now = time.monotonic()
             if now - self._logged_at.get(name, -1e18) < self.interval_s:
                 self._unlogged[name] = self._unlogged.get(name, 0) + 1
                 return
             self._logged_at[name] = now
             more = self._unlogged.pop(name, 0)
-            self.log.warning("%s %s%s", name, fields, f" (and {more} more like it)" if more else "")
+            level = logging.ERROR if name in ERROR_EVENTS else logging.WARNING
+            self.log.log(
+                level, "%s %s%s", name, fields, f" (and {more} more like it)" if more else ""
+            )
         else:
             self.log.debug("%s %s", name, fields)

@@ -23,7 +23,9 @@ Ready task) then runs on an event loop of its own in a thread of its own, so wor
 application's loop (an HTTP request that takes seconds of Python) delays no heartbeat and
 no vote: the thread gets the interpreter every switch interval (5 ms) whatever the other
 loop does. The public surface stays the application's: it is called on the loop that
-called ``start`` (the home loop) and answers there. Invariants of that split:
+called ``start`` (the home loop) and answers there. Off by default for a bare server
+(one loop, as the runtime's tests read it); the broker turns it on (``--raft-thread``).
+Invariants of that split:
 
 - the core and the transport are touched only under ``_lock`` (the core) and only on the
   node loop (the transport), except ``append_nowait``, which proposes under the lock on
@@ -132,7 +134,7 @@ class ServerConfig:
     # UNSUPPORTED. The broker allows only "metadata": its log is written by the broker.
     client_requests: frozenset[str] = CLIENT_REQUESTS_ALL
     # Run the node loop on an event loop and thread of its own (see the module docstring)
-    own_thread: bool = True
+    own_thread: bool = False
 
     def __post_init__(self) -> None:
         unknown = self.client_requests - CLIENT_REQUESTS_ALL

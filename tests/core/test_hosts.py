@@ -74,6 +74,9 @@ class FakeHost:
     def begin_install(self, snap: Snapshot) -> None:
         self.installing = snap
 
+    def diverged(self, why: str, index: int, leader_term: int) -> None:
+        self.events.append(("diverged", {"why": why, "index": index}))
+
 
 def _member_state(self_id: str, store: MemoryStore) -> MemberState:
     return MemberState(GROUP, self_id, PEERS, store, store.load_term_vote())

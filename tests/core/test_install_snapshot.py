@@ -338,6 +338,8 @@ def test_raft7_a_snapshot_contradicting_a_committed_entry_is_refused() -> None:
     assert isinstance(resp, InstallSnapshotResponse)
     assert resp.code is DLedgerCode.INCONSISTENT_STATE and c.installed["n0"] == []
     assert c.events_of("install_refused", "n0") == [{"index": 2, "committed": 3}]
+    d = c.cores["n0"].divergence
+    assert d is not None and d["index"] == 2 and "snapshot" in d["why"]
 
 
 def test_raft7_garbage_install_arguments_are_refused() -> None:

@@ -267,6 +267,54 @@ def test_rp_30_a_truncate_older_than_a_push_already_taken_is_ignored() -> None:
     assert store.ledger_end_index == 0
 
 
+# ---- divergence: a leader that contradicts a committed entry is refused, loudly ----------
+
+
+def _committed_follower() -> Cluster:
+    """n0 holds entries 0..3 of term 1, committed up to 2, and follows n1 in term 3."""
+    c = Cluster(3, stores={"n0": make_store((1, 1, 1, 1), term=3, committed=2)})
+    c.inject(heartbeat("n1", "n0", 3))
+    assert c.cores["n0"].member_state.leader_id == "n1"
+    assert c.cores["n0"].divergence is None and c.cores["n0"].status()["diverged"] is None
+    return c
+
+
+def test_a_compare_that_contradicts_a_committed_entry_marks_the_node_diverged() -> None:
+    """The state issue 33's reproduction ends in: a leader elected without entries this
+    node committed. The answer is as before (INCONSISTENT_STATE, nothing truncated) but
+    the node now says so: status, an ERROR event, once, with a count after."""
+    c = _committed_follower()
+    for req_id in (5, 6):
+        out = c.inject(
+            push("n1", "n0", 3, PushType.COMPARE, req_id=req_id, pre_log_index=2, pre_log_term=2)
+        )
+        assert [m.code for m in out if isinstance(m, PushEntryResponse)] == [
+            DLedgerCode.INCONSISTENT_STATE
+        ]
+    d = c.cores["n0"].status()["diverged"]
+    assert d is not None and (d["index"], d["leader_id"], d["leader_term"]) == (2, "n1", 3)
+    assert d["committed_index"] == 2 and d["count"] == 2
+    assert len(c.events_of("diverged", "n0")) == 1
+    assert c.stores["n0"].ledger_end_index == 3  # nothing dropped
+
+
+def test_a_compare_that_contradicts_an_uncommitted_entry_is_ordinary() -> None:
+    c = _committed_follower()
+    c.inject(push("n1", "n0", 3, PushType.COMPARE, req_id=5, pre_log_index=3, pre_log_term=2))
+    assert c.cores["n0"].divergence is None and c.events_of("diverged") == []
+
+
+def test_a_truncate_of_committed_entries_marks_the_node_diverged() -> None:
+    c = _committed_follower()
+    out = c.inject(push("n1", "n0", 3, PushType.TRUNCATE, req_id=5, pre_log_index=1))
+    assert [m.code for m in out if isinstance(m, PushEntryResponse)] == [
+        DLedgerCode.INCONSISTENT_STATE
+    ]
+    d = c.cores["n0"].divergence
+    assert d is not None and d["index"] == 1 and "truncate" in d["why"]
+    assert c.stores["n0"].ledger_end_index == 3
+
+
 def test_rp_30_a_new_leader_starts_its_own_request_numbering() -> None:
     c = follower_of_n1((1, 1, 1), 2)
     c.inject(push("n1", "n0", 2, PushType.COMPARE, req_id=50, pre_log_index=0, pre_log_term=1))

@@ -250,6 +250,7 @@ class _FuzzBroker(Broker):
             stats={},
             dispatch_stall=None,
             failed=None,
+            diverged=None,
             refused={},
         )
 

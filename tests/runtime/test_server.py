@@ -97,10 +97,10 @@ async def test_append_on_a_non_leader_names_no_leader(tmp_path: Path) -> None:
 async def test_a_stalled_loop_is_counted_and_logged(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """On the application's loop (``own_thread=False``), something that holds the loop
-    (here a blocking sleep of 250 ms) delays the node's beat: the tick after it counts a
-    loop stall and logs ``loop_stall`` with how late it came, which is what explains a
-    leader's step-down under load."""
+    """On the application's loop (``own_thread=False``, the default), something that
+    holds the loop (here a blocking sleep of 250 ms) delays the node's beat: the tick
+    after it counts a loop stall and logs ``loop_stall`` with how late it came, which is
+    what explains a leader's step-down under load."""
     async with DLedgerServer(replace(_config(tmp_path), own_thread=False)) as server:
         await _until(lambda: server.stats["readies"] > 0, 10, "the node runs")
         before = server.stats["loop_stalls"]
@@ -113,17 +113,18 @@ async def test_a_stalled_loop_is_counted_and_logged(
 async def test_on_its_own_thread_a_held_application_loop_costs_no_election(
     tmp_path: Path,
 ) -> None:
-    """With ``own_thread`` (the default) three nodes whose application loop (here one
-    loop for all three) is held for 1.5 s, over twice the election timeout: their node
-    loops beat on time (no loop stall counted), the leader's heartbeats keep coming, so
-    nobody campaigns (the term stays), and an append afterwards commits."""
+    """With ``own_thread`` (the broker's default) three nodes whose application loop
+    (here one loop for all three) is held for 1.5 s, over twice the election timeout:
+    their node loops beat on time (no loop stall counted), the leader's heartbeats keep
+    coming, so nobody campaigns (the term stays), and an append afterwards commits."""
     ports = free_ports(3)
     peers = {f"n{i}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
     servers = [
-        DLedgerServer(replace(_config(tmp_path / n), self_id=n, peers=peers, seed=i))
+        DLedgerServer(
+            replace(_config(tmp_path / n), self_id=n, peers=peers, seed=i, own_thread=True)
+        )
         for i, n in enumerate(peers)
     ]
-    assert all(s.config.own_thread for s in servers)
     for s in servers:
         await s.start()
     try:

@@ -106,7 +106,7 @@ class InvariantViolationError(AssertionError):
     pass
 
 
-_BUG_EVENTS = frozenset({"dispatcher_error", "install_refused", "two_leaders"})
+_BUG_EVENTS = frozenset({"dispatcher_error", "install_refused", "two_leaders", "diverged"})
 
 
 @dataclass
