@@ -1,0 +1,371 @@
+"""The client's side of the binary fetch (docs/http.md "Pull in the record format"): a
+pull answered as a record page, ``Accept: application/vnd.ledgermq.records``, decoded
+lazily.
+
+The page (docs/formats.md "Record pages"), big-endian: a 40-byte header (magic ``LMQR``,
+version 1, status code, msg id prefix length, next_offset, min_offset, max_offset,
+message count, records bytes), the msg id prefix (ASCII), one 16-byte entry per message
+(queue_offset i64, its record's position in the records area u32, its index in the
+record u32: 0 for an ordinary record, the inner message's for a batch record), then the
+stored commitlog records back to back.
+
+``decode_page`` checks the framing at once (header, lengths, every entry's record lies
+in the records area and has a message record's MAGICCODE and a TOTALSIZE that fits) and
+makes one ``RecordMessage`` per entry: a ``ReceivedMessage`` whose fields are read from
+the record when first asked for (the body, the properties block parsed once per distinct
+block and page, the topic, the timestamps, the msg id). A batch record's inner records
+are walked once per page, when a message of it is first read. A field that cannot be
+read from a damaged record raises ``RecordPageError`` then.
+
+Invariants:
+- a ``RecordMessage`` equals (``==``, ``hash``) the ``ReceivedMessage`` the JSON pull
+  makes of the same message: same topic, queue, offsets, msg id, body bytes, key, keys,
+  tags, user properties and timestamps;
+- it holds the page's buffer (one ``bytes``) alive, no copy per message until a field
+  is read; ``body`` is a fresh ``bytes`` on each first read (then cached).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import LedgerMQError
+from .exchange import RECORD_PAGE
+from .types import PullResult, ReceivedMessage
+
+__all__ = ["MEDIA_TYPE", "RecordMessage", "RecordPageError", "decode_page"]
+
+MEDIA_TYPE = RECORD_PAGE
+MAGIC = b"LMQR"
+VERSION = 1
+STATUSES = ("FOUND", "NO_NEW_MSG", "NO_MATCHED_MSG", "OFFSET_ILLEGAL")
+HEADER = struct.Struct(">4sBBHqqqII")
+ENTRY_SIZE = 16
+
+_MAGIC_CODE = -626843481  # RocketMQ's MESSAGE_MAGIC_CODE V1
+_MIN_RECORD = 88 + 4 + 1 + 2
+_SIZE_MAGIC = struct.Struct(">ii")
+_QUEUE_ID = struct.Struct(">i")
+_PHYSICAL = struct.Struct(">q")
+_SYS_FLAG = struct.Struct(">i")
+_TIMES = struct.Struct(">q8xq")  # BORNTIMESTAMP at 40, STORETIMESTAMP at 56
+_I32 = struct.Struct(">i")
+_U16 = struct.Struct(">H")
+_INNER = struct.Struct(">i12xi")  # an inner record's TOTALSIZE and BODY length
+_INNER_MIN = 22
+_BATCH_FLAG = 0x80
+# The broker's own properties (never the producer's): what ``properties`` leaves out.
+_SYSTEM = frozenset(
+    {
+        "TAGS",
+        "KEYS",
+        "UNIQ_KEY",
+        "PRODUCER_ID",
+        "PRODUCER_SEQ",
+        "BATCH_INDEX",
+        "BATCH_SIZE",
+        "INNER_NUM",
+        "INNER_BASE",
+    }
+)
+
+
+class RecordPageError(LedgerMQError):
+    """A record page that does not hold together (a damaged answer, or not one)."""
+
+    CODE = "BAD_RECORD_PAGE"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(self.CODE, message)
+
+
+# (body_at, body_len, props_at, props_len) of a message, positions in the page's buffer.
+_Parts = tuple[int, int, int, int]
+# (key, keys, tags, user properties) of a PROPERTIES block.
+_Props = tuple[str | None, tuple[str, ...], str | None, Mapping[str, str]]
+
+
+class _Page:
+    """What a page's messages share: its buffer, the msg id prefix, and what was read
+    once for all of them (a batch record's inner records, the parsed property blocks)."""
+
+    __slots__ = ("buf", "inners", "prefix", "props", "topics")
+
+    def __init__(self, buf: bytes, prefix: str) -> None:
+        self.buf = buf
+        self.prefix = prefix
+        self.inners: dict[int, list[_Parts]] = {}
+        self.props: dict[bytes, _Props] = {}
+        self.topics: dict[bytes, str] = {}
+
+    def outer_parts(self, at: int) -> tuple[int, int, int, int, int]:
+        """(BODY at, BODY length, TOPIC length at, PROPERTIES at, PROPERTIES length) of
+        the record at ``at`` (its TOTALSIZE checked to fit when the page was decoded)."""
+        buf = self.buf
+        (size,) = _I32.unpack_from(buf, at)
+        (body_len,) = _I32.unpack_from(buf, at + 84)
+        topic_at = at + 88 + body_len
+        if body_len < 0 or topic_at + 3 > at + size:
+            raise RecordPageError(f"record at {at}: BODY length {body_len} does not fit")
+        props_len_at = topic_at + 1 + buf[topic_at]
+        if props_len_at + 2 > at + size:
+            raise RecordPageError(f"record at {at}: TOPIC does not fit")
+        (props_len,) = _U16.unpack_from(buf, props_len_at)
+        if props_len_at + 2 + props_len != at + size:
+            raise RecordPageError(f"record at {at}: PROPERTIES length disagrees with TOTALSIZE")
+        return at + 88, body_len, topic_at, props_len_at + 2, props_len
+
+    def parts(self, at: int, inner: int) -> _Parts:
+        """Where message ``inner`` of the record at ``at`` has its body and properties."""
+        body_at, body_len, _, props_at, props_len = self.outer_parts(at)
+        (sys_flag,) = _SYS_FLAG.unpack_from(self.buf, at + 36)
+        if not sys_flag & _BATCH_FLAG:
+            return body_at, body_len, props_at, props_len
+        walked = self.inners.get(at)
+        if walked is None:
+            walked = self.inners[at] = _walk(self.buf, body_at, body_at + body_len)
+        if inner >= len(walked):
+            raise RecordPageError(f"batch record at {at}: no inner message {inner}")
+        return walked[inner]
+
+    def properties(self, raw: bytes) -> _Props:
+        got = self.props.get(raw)
+        if got is None:
+            got = self.props[raw] = _parse_properties(raw)
+        return got
+
+
+def _walk(buf: bytes, at: int, end: int) -> list[_Parts]:
+    out: list[_Parts] = []
+    while at < end:
+        if end - at < _INNER_MIN:
+            raise RecordPageError(f"inner record at {at}: too short")
+        size, body_len = _INNER.unpack_from(buf, at)
+        if size < _INNER_MIN or size > end - at or not 0 <= body_len <= size - _INNER_MIN:
+            raise RecordPageError(f"inner record at {at}: TOTALSIZE {size} does not fit")
+        body_at = at + 20
+        (props_len,) = _U16.unpack_from(buf, body_at + body_len)
+        if _INNER_MIN + body_len + props_len != size:
+            raise RecordPageError(f"inner record at {at}: PROPERTIES length disagrees")
+        out.append((body_at, body_len, body_at + body_len + 2, props_len))
+        at += size
+    return out
+
+
+def _parse_properties(raw: bytes) -> _Props:
+    """RocketMQ's ``name\\x01value\\x02`` pairs: (key, keys, tags, user properties), as
+    the JSON pull shows them (KEYS split on spaces, empty pieces dropped)."""
+    try:
+        text = raw.decode()
+    except UnicodeDecodeError as e:
+        raise RecordPageError(f"PROPERTIES: not UTF-8 ({e.reason})") from None
+    props: dict[str, str] = {}
+    for pair in text.split("\x02"):
+        if not pair:
+            continue
+        name, sep, value = pair.partition("\x01")
+        if not sep or not name or "\x01" in value:
+            raise RecordPageError(f"PROPERTIES: pair {pair!r} is not name\\x01value")
+        props[name] = value
+    keys = tuple(k for k in props.get("KEYS", "").split(" ") if k)
+    user = {k: v for k, v in props.items() if k not in _SYSTEM}
+    return (keys[0] if keys else None), keys, props.get("TAGS"), user
+
+
+_FIELDS = (
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "msg_id",
+    "body",
+    "key",
+    "keys",
+    "tags",
+    "properties",
+    "born_timestamp",
+    "store_timestamp",
+)
+_set = object.__setattr__
+
+
+class RecordMessage(ReceivedMessage):
+    """A message of a record page: its fields read from the record on first access (see
+    the module docstring). It compares equal to the ``ReceivedMessage`` of the same
+    fields; pickling makes a plain ``ReceivedMessage``."""
+
+    __slots__ = ("_body", "_page", "_props", "_where")
+
+    _page: _Page
+    _body: bytes
+    _props: _Props
+    _where: tuple[int, int, int]  # record position in the buffer, inner index, queue offset
+
+    def __init__(self, page: _Page, at: int, inner: int, queue_offset: int) -> None:
+        _set(self, "_page", page)
+        _set(self, "_where", (at, inner, queue_offset))
+
+    # ---- the fields -----------------------------------------------------------------------
+
+    @property
+    def queue_offset(self) -> int:
+        return self._where[2]
+
+    @property
+    def queue_id(self) -> int:
+        return int(_QUEUE_ID.unpack_from(self._page.buf, self._where[0] + 12)[0])
+
+    @property
+    def msg_id(self) -> str:
+        at, inner, _ = self._where
+        (physical,) = _PHYSICAL.unpack_from(self._page.buf, at + 28)
+        return f"{self._page.prefix}{physical + inner:016X}"
+
+    @property
+    def topic(self) -> str:
+        page = self._page
+        _, _, topic_at, _, _ = page.outer_parts(self._where[0])
+        raw = page.buf[topic_at + 1 : topic_at + 1 + page.buf[topic_at]]
+        topic = page.topics.get(raw)
+        if topic is None:
+            try:
+                topic = page.topics[raw] = raw.decode()
+            except UnicodeDecodeError:
+                raise RecordPageError(f"record at {self._where[0]}: TOPIC not UTF-8") from None
+        return topic
+
+    @property
+    def body(self) -> bytes:
+        try:
+            return self._body
+        except AttributeError:
+            pass
+        at, inner, _ = self._where
+        body_at, body_len, _, _ = self._page.parts(at, inner)
+        body = self._page.buf[body_at : body_at + body_len]
+        _set(self, "_body", body)
+        return body
+
+    def _properties(self) -> _Props:
+        try:
+            return self._props
+        except AttributeError:
+            pass
+        at, inner, _ = self._where
+        page = self._page
+        _, _, props_at, props_len = page.parts(at, inner)
+        props = page.properties(page.buf[props_at : props_at + props_len])
+        _set(self, "_props", props)
+        return props
+
+    @property
+    def key(self) -> str | None:
+        return self._properties()[0]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return self._properties()[1]
+
+    @property
+    def tags(self) -> str | None:
+        return self._properties()[2]
+
+    @property
+    def properties(self) -> Mapping[str, str]:
+        return dict(self._properties()[3])
+
+    @property
+    def born_timestamp(self) -> int:
+        return int(_TIMES.unpack_from(self._page.buf, self._where[0] + 40)[0])
+
+    @property
+    def store_timestamp(self) -> int:
+        return int(_TIMES.unpack_from(self._page.buf, self._where[0] + 40)[1])
+
+    # ---- as a ReceivedMessage -------------------------------------------------------------
+
+    def fields(self) -> tuple[Any, ...]:
+        """Every field, in ``ReceivedMessage``'s order (all read now)."""
+        return tuple(getattr(self, f) for f in _FIELDS)
+
+    def plain(self) -> ReceivedMessage:
+        """This message as a plain ``ReceivedMessage`` (every field read now; it does
+        not hold the page's buffer)."""
+        return ReceivedMessage(*self.fields())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ReceivedMessage) or type(other) not in (
+            ReceivedMessage,
+            RecordMessage,
+        ):
+            return NotImplemented
+        return self.fields() == tuple(getattr(other, f) for f in _FIELDS)
+
+    def __hash__(self) -> int:
+        return hash(self.plain())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return ReceivedMessage, self.fields()
+
+    def __repr__(self) -> str:
+        return repr(self.plain()).replace("ReceivedMessage(", "RecordMessage(", 1)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordPage:
+    """A decoded record page: the pull's result, and how big the records area was."""
+
+    result: PullResult
+    records_bytes: int
+
+
+def decode_page(content: bytes | memoryview) -> RecordPage:
+    """The pull result a record page holds (see the module docstring); ``RecordPageError``
+    if its framing does not hold together."""
+    buf = bytes(content)
+    if len(buf) < HEADER.size:
+        raise RecordPageError(f"{len(buf)} bytes: shorter than the {HEADER.size}-byte header")
+    magic, version, status, prefix_len, next_offset, lo, hi, n, records_bytes = HEADER.unpack_from(
+        buf, 0
+    )
+    if magic != MAGIC or version != VERSION:
+        raise RecordPageError(f"not a record page of version {VERSION} ({magic!r}, {version})")
+    if status >= len(STATUSES):
+        raise RecordPageError(f"status code {status} is not one of 0..{len(STATUSES) - 1}")
+    table = HEADER.size + prefix_len
+    area = table + n * ENTRY_SIZE
+    if area + records_bytes != len(buf):
+        raise RecordPageError(
+            f"{len(buf)} bytes, the header says {area + records_bytes}"
+            f" ({n} messages, {records_bytes} record bytes)"
+        )
+    try:
+        prefix = buf[HEADER.size : table].decode("ascii")
+    except UnicodeDecodeError:
+        raise RecordPageError("the msg id prefix is not ASCII") from None
+    page = _Page(buf, prefix)
+    flat = struct.unpack_from(f">{'qII' * n}", buf, table)
+    checked: set[int] = set()
+    messages: list[ReceivedMessage] = []
+    new, append = RecordMessage.__new__, messages.append
+    for i in range(0, 3 * n, 3):
+        queue_offset, rel, inner = flat[i], flat[i + 1], flat[i + 2]
+        at = area + rel
+        if rel not in checked:
+            if rel + _MIN_RECORD > records_bytes:
+                raise RecordPageError(f"entry {i // 3}: record position {rel} is past the area")
+            size, magic_code = _SIZE_MAGIC.unpack_from(buf, at)
+            if magic_code != _MAGIC_CODE or size < _MIN_RECORD or rel + size > records_bytes:
+                raise RecordPageError(
+                    f"entry {i // 3}: no message record at {rel} (MAGICCODE {magic_code},"
+                    f" TOTALSIZE {size})"
+                )
+            checked.add(rel)
+        m = new(RecordMessage)
+        _set(m, "_page", page)
+        _set(m, "_where", (at, inner, queue_offset))
+        append(m)
+    result = PullResult(STATUSES[status], messages, next_offset, lo, hi)
+    return RecordPage(result, records_bytes)
