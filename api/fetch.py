@@ -31,7 +31,11 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from starlette.responses import Response
@@ -79,81 +83,98 @@ _BODY_AT = 88
 # An inner record's TOTALSIZE and BODY length (bytes 0 and 16; broker.batch).
 _INNER = struct.Struct(">i12xi")
 _INNER_MIN = 22
+_U32 = struct.Struct(">I")
 
 
-@dataclass(slots=True)
-class _Walk:
-    """Where the walk of a batch record's inner records got to: inner ``index`` starts
-    at ``at``; the BODY ends at ``end``."""
-
-    index: int
-    at: int
-    end: int
+@functools.cache
+def _offsets_of(n: int) -> struct.Struct:
+    """The commitlog offsets of ``n`` consume-queue units, in one C call."""
+    return struct.Struct(">" + "q12x" * n)
 
 
-def _copy_chunk(
-    chunk: RecordChunk, out: bytearray, pos: int, area: int, entries: list[int]
-) -> tuple[int, int]:
-    """The chunk's records copied into ``out`` from ``pos`` on, each once, and its
-    messages' entries appended to ``entries`` (flat: queue offset, position from
-    ``area``, the records area's start in ``out``, and index).
-    Returns the position after the last record and the sum of the messages' body
-    lengths (the pulled-bytes metric)."""
-    data, base, offsets = chunk.data, chunk.base, chunk.queue_offsets
-    unpack_record, unpack_inner = _RECORD.unpack_from, _INNER.unpack_from
-    body_bytes = 0
-    previous = -1
-    at = queue_base = 0
-    walk: _Walk | None = None
-    for k, (offset, size, _) in enumerate(UNIT.iter_unpack(chunk.units)):
-        queue_offset = offsets[k]
-        if offset != previous:
-            previous = offset
+class _Copier:
+    """Copies a page's records into the answer, a chunk at a time (``RawPage.encode``),
+    and writes its table entries. A batch record's units may fall in two chunks (a
+    chunk splits where a page's span halves): it is copied once, at its first."""
+
+    __slots__ = ("area", "body_bytes", "entries", "last", "last_at", "out", "pos")
+
+    def __init__(self, out: bytearray, area: int) -> None:
+        self.out = out
+        self.area = self.pos = area  # the records area's start in ``out``; the next byte
+        self.entries: list[int] = []  # flat: queue offset, record position, inner index
+        self.body_bytes = 0  # the messages' bodies: the pulled-bytes metric
+        self.last = -1  # the commitlog offset of the last record copied
+        self.last_at = 0  # and its position in the records area
+
+    def __call__(self, chunk: RecordChunk) -> None:
+        data, base, queue_offsets = chunk.data, chunk.base, chunk.queue_offsets
+        n = chunk.count
+        offsets = _offsets_of(n).unpack_from(chunk.units)
+        entries, unpack_record = self.entries, _RECORD.unpack_from
+        k = 0
+        while k < n:
+            offset = offsets[k]
+            end = bisect.bisect_right(offsets, offset, k)  # the units of this record
             rel = offset - base
+            (size,) = _U32.unpack_from(chunk.units, k * UNIT.size + 8)
             total, queue_base, physical, sys_flag, body_len = unpack_record(data, rel)
             if total != size or physical != offset:
                 raise MessageFormatError(
                     f"record at commitlog offset {offset}: TOTALSIZE {total} or PHYSICALOFFSET"
                     f" {physical} disagrees with its consume-queue unit ({size} bytes)"
                 )
-            at = pos
-            out[pos : pos + size] = data[rel : rel + size]
-            pos += size
-            if sys_flag & INNER_BATCH_FLAG:
-                start = rel + _BODY_AT
-                walk = _Walk(0, start, start + body_len)
+            if offset != self.last:
+                self.last, self.last_at = offset, self.pos - self.area
+                self.out[self.pos : self.pos + size] = data[rel : rel + size]
+                self.pos += size
+            at = self.last_at
+            taken = queue_offsets[k:end]
+            first, last = taken[0] - queue_base, taken[-1] - queue_base
+            if not sys_flag & INNER_BATCH_FLAG:
+                if end - k != 1 or first:
+                    raise MessageFormatError(
+                        f"record at commitlog offset {offset}: QUEUEOFFSET {queue_base}, its"
+                        f" consume-queue units {list(taken)}"
+                    )
+                entries += (taken[0], at, 0)
+                self.body_bytes += body_len
             else:
-                walk = None
-                body_bytes += body_len
-        index = queue_offset - queue_base
-        if walk is None:
-            if index:
-                raise MessageFormatError(
-                    f"record at commitlog offset {offset}: QUEUEOFFSET {queue_base},"
-                    f" its consume-queue unit {queue_offset}"
+                self.body_bytes += _inner_bodies(
+                    data, rel, body_len, taken, queue_base=queue_base, what=f"record at {offset}"
                 )
-        else:
-            if index < walk.index:
-                raise MessageFormatError(
-                    f"batch record at {offset}: queue offset {queue_offset} out of order"
+                entries += itertools.chain.from_iterable(
+                    zip(taken, itertools.repeat(at), range(first, last + 1), strict=False)
+                    if isinstance(taken, range)
+                    else ((q, at, q - queue_base) for q in taken)
                 )
-            while True:
-                if walk.end - walk.at < _INNER_MIN:
-                    raise MessageFormatError(
-                        f"batch record at {offset}: queue offset {queue_offset} is not in it"
-                    )
-                inner_size, inner_body = unpack_inner(data, walk.at)
-                if inner_size < _INNER_MIN or inner_size > walk.end - walk.at:
-                    raise MessageFormatError(
-                        f"batch record at {offset}: inner record {walk.index} does not fit"
-                    )
-                if walk.index == index:
-                    body_bytes += inner_body
-                    break
-                walk.at += inner_size
-                walk.index += 1
-        entries += (queue_offset, at - area, index)
-    return pos, body_bytes
+            k = end
+
+
+def _inner_bodies(
+    data: memoryview, rel: int, body_len: int, taken: Sequence[int], *, queue_base: int, what: str
+) -> int:
+    """The sum of the BODY lengths of the batch record's messages ``taken`` (queue
+    offsets, ascending; the record at ``data[rel]``, its QUEUEOFFSET ``queue_base``):
+    its inner records walked up to the last one taken, each checked to fit."""
+    first, last = taken[0] - queue_base, taken[-1] - queue_base
+    if first < 0:
+        raise MessageFormatError(f"{what}: queue offset {taken[0]} is before it")
+    wanted = None if isinstance(taken, range) else {q - queue_base for q in taken}
+    unpack_inner = _INNER.unpack_from
+    at = rel + _BODY_AT
+    stop = at + body_len
+    total = 0
+    for index in range(last + 1):
+        if stop - at < _INNER_MIN:
+            raise MessageFormatError(f"{what}: queue offset {queue_base + index} is not in it")
+        size, inner_body = unpack_inner(data, at)
+        if size < _INNER_MIN or size > stop - at:
+            raise MessageFormatError(f"{what}: inner record {index} does not fit")
+        if index >= first and (wanted is None or index in wanted):
+            total += inner_body
+        at += size
+    return total
 
 
 def _records_bytes(units: bytes) -> int:
@@ -209,20 +230,14 @@ def encode_records(
         records_bytes,
     )
     out[HEADER.size : HEADER.size + len(name)] = name
-    entries: list[int] = []
-    pos = head
-    body_bytes = 0
-
-    def copy(chunk: RecordChunk) -> None:
-        nonlocal pos, body_bytes
-        pos, b = _copy_chunk(chunk, out, pos, head, entries)
-        body_bytes += b
-
-    page.encode(copy)
-    if pos != len(out):  # (the units' sizes are the records' TOTALSIZEs: checked above)
-        raise MessageFormatError(f"record page: {pos - head} of {records_bytes} record bytes")
-    struct.pack_into(f">{'qII' * n}", out, HEADER.size + len(name), *entries)
-    return memoryview(out), body_bytes
+    copier = _Copier(out, head)
+    page.encode(copier)
+    if copier.pos != len(out):  # (the units' sizes are the records' TOTALSIZEs: checked)
+        raise MessageFormatError(
+            f"record page: {copier.pos - head} of {records_bytes} record bytes"
+        )
+    struct.pack_into(f">{'qII' * n}", out, HEADER.size + len(name), *copier.entries)
+    return memoryview(out), copier.body_bytes
 
 
 async def pull_records(

@@ -9,20 +9,21 @@ message count, records bytes), the msg id prefix (ASCII), one 16-byte entry per 
 record u32: 0 for an ordinary record, the inner message's for a batch record), then the
 stored commitlog records back to back.
 
-``decode_page`` checks the framing at once (header, lengths, every entry's record lies
-in the records area and has a message record's MAGICCODE and a TOTALSIZE that fits) and
-makes one ``RecordMessage`` per entry: a ``ReceivedMessage`` whose fields are read from
-the record when first asked for (the body, the properties block parsed once per distinct
-block and page, the topic, the timestamps, the msg id). A batch record's inner records
-are walked once per page, when a message of it is first read. A field that cannot be
-read from a damaged record raises ``RecordPageError`` then.
+``decode_page`` checks the framing at once (header, lengths; each record once: it lies
+in the records area, has a message record's MAGICCODE, and its TOTALSIZE, BODY, TOPIC
+and PROPERTIES lengths add up; a batch record's inner records are walked and checked
+the same way) and makes one ``RecordMessage`` per entry, which knows where its body and
+properties lie: a ``ReceivedMessage`` whose fields are read from the record when asked
+for (the body sliced out, the properties block parsed once per distinct block and page,
+the topic, the timestamps, the msg id). Properties that are not strict UTF-8 pairs raise
+``RecordPageError`` when first read.
 
 Invariants:
 - a ``RecordMessage`` equals (``==``, ``hash``) the ``ReceivedMessage`` the JSON pull
   makes of the same message: same topic, queue, offsets, msg id, body bytes, key, keys,
   tags, user properties and timestamps;
 - it holds the page's buffer (one ``bytes``) alive, no copy per message until a field
-  is read; ``body`` is a fresh ``bytes`` on each first read (then cached).
+  is read; ``body`` is a fresh ``bytes`` slice on each read.
 """
 
 from __future__ import annotations
@@ -90,22 +91,33 @@ _Props = tuple[str | None, tuple[str, ...], str | None, Mapping[str, str]]
 
 class _Page:
     """What a page's messages share: its buffer, the msg id prefix, and what was read
-    once for all of them (a batch record's inner records, the parsed property blocks)."""
+    once for all of them (each record's parts, a batch record's inner records, the
+    parsed property blocks and topics)."""
 
-    __slots__ = ("buf", "inners", "prefix", "props", "topics")
+    __slots__ = ("buf", "prefix", "props", "records", "topics")
 
     def __init__(self, buf: bytes, prefix: str) -> None:
         self.buf = buf
         self.prefix = prefix
-        self.inners: dict[int, list[_Parts]] = {}
+        # by record position: its parts (ordinary) or its inner records' (batch)
+        self.records: dict[int, list[_Parts]] = {}
         self.props: dict[bytes, _Props] = {}
         self.topics: dict[bytes, str] = {}
 
-    def outer_parts(self, at: int) -> tuple[int, int, int, int, int]:
-        """(BODY at, BODY length, TOPIC length at, PROPERTIES at, PROPERTIES length) of
-        the record at ``at`` (its TOTALSIZE checked to fit when the page was decoded)."""
+    def record(self, at: int, end: int) -> list[_Parts]:
+        """The parts of the record at ``at`` (the area ends at ``end``), read and checked
+        once: one entry for an ordinary record, one per inner record for a batch."""
+        got = self.records.get(at)
+        if got is not None:
+            return got
         buf = self.buf
-        (size,) = _I32.unpack_from(buf, at)
+        if at + _MIN_RECORD > end:
+            raise RecordPageError(f"record at {at}: past the records area")
+        size, magic_code = _SIZE_MAGIC.unpack_from(buf, at)
+        if magic_code != _MAGIC_CODE or size < _MIN_RECORD or at + size > end:
+            raise RecordPageError(
+                f"no message record at {at} (MAGICCODE {magic_code}, TOTALSIZE {size})"
+            )
         (body_len,) = _I32.unpack_from(buf, at + 84)
         topic_at = at + 88 + body_len
         if body_len < 0 or topic_at + 3 > at + size:
@@ -116,26 +128,32 @@ class _Page:
         (props_len,) = _U16.unpack_from(buf, props_len_at)
         if props_len_at + 2 + props_len != at + size:
             raise RecordPageError(f"record at {at}: PROPERTIES length disagrees with TOTALSIZE")
-        return at + 88, body_len, topic_at, props_len_at + 2, props_len
-
-    def parts(self, at: int, inner: int) -> _Parts:
-        """Where message ``inner`` of the record at ``at`` has its body and properties."""
-        body_at, body_len, _, props_at, props_len = self.outer_parts(at)
-        (sys_flag,) = _SYS_FLAG.unpack_from(self.buf, at + 36)
-        if not sys_flag & _BATCH_FLAG:
-            return body_at, body_len, props_at, props_len
-        walked = self.inners.get(at)
-        if walked is None:
-            walked = self.inners[at] = _walk(self.buf, body_at, body_at + body_len)
-        if inner >= len(walked):
-            raise RecordPageError(f"batch record at {at}: no inner message {inner}")
-        return walked[inner]
+        (sys_flag,) = _SYS_FLAG.unpack_from(buf, at + 36)
+        if sys_flag & _BATCH_FLAG:
+            got = _walk(buf, at + 88, topic_at)
+        else:
+            got = [(at + 88, body_len, props_len_at + 2, props_len)]
+        self.records[at] = got
+        return got
 
     def properties(self, raw: bytes) -> _Props:
         got = self.props.get(raw)
         if got is None:
             got = self.props[raw] = _parse_properties(raw)
         return got
+
+    def topic(self, at: int) -> str:
+        buf = self.buf
+        (body_len,) = _I32.unpack_from(buf, at + 84)
+        topic_at = at + 88 + body_len
+        raw = buf[topic_at + 1 : topic_at + 1 + buf[topic_at]]
+        topic = self.topics.get(raw)
+        if topic is None:
+            try:
+                topic = self.topics[raw] = raw.decode()
+            except UnicodeDecodeError:
+                raise RecordPageError(f"record at {at}: TOPIC not UTF-8") from None
+        return topic
 
 
 def _walk(buf: bytes, at: int, end: int) -> list[_Parts]:
@@ -196,16 +214,16 @@ class RecordMessage(ReceivedMessage):
     the module docstring). It compares equal to the ``ReceivedMessage`` of the same
     fields; pickling makes a plain ``ReceivedMessage``."""
 
-    __slots__ = ("_body", "_page", "_props", "_where")
+    __slots__ = ("_page", "_where")
 
     _page: _Page
-    _body: bytes
-    _props: _Props
-    _where: tuple[int, int, int]  # record position in the buffer, inner index, queue offset
+    # record position in the buffer, inner index, queue offset, then where the message's
+    # body and properties lie (``_Parts``)
+    _where: tuple[int, int, int, int, int, int, int]
 
-    def __init__(self, page: _Page, at: int, inner: int, queue_offset: int) -> None:
+    def __init__(self, page: _Page, where: tuple[int, int, int, int, int, int, int]) -> None:
         _set(self, "_page", page)
-        _set(self, "_where", (at, inner, queue_offset))
+        _set(self, "_where", where)
 
     # ---- the fields -----------------------------------------------------------------------
 
@@ -219,46 +237,23 @@ class RecordMessage(ReceivedMessage):
 
     @property
     def msg_id(self) -> str:
-        at, inner, _ = self._where
+        at, inner = self._where[0], self._where[1]
         (physical,) = _PHYSICAL.unpack_from(self._page.buf, at + 28)
         return f"{self._page.prefix}{physical + inner:016X}"
 
     @property
     def topic(self) -> str:
-        page = self._page
-        _, _, topic_at, _, _ = page.outer_parts(self._where[0])
-        raw = page.buf[topic_at + 1 : topic_at + 1 + page.buf[topic_at]]
-        topic = page.topics.get(raw)
-        if topic is None:
-            try:
-                topic = page.topics[raw] = raw.decode()
-            except UnicodeDecodeError:
-                raise RecordPageError(f"record at {self._where[0]}: TOPIC not UTF-8") from None
-        return topic
+        return self._page.topic(self._where[0])
 
     @property
     def body(self) -> bytes:
-        try:
-            return self._body
-        except AttributeError:
-            pass
-        at, inner, _ = self._where
-        body_at, body_len, _, _ = self._page.parts(at, inner)
-        body = self._page.buf[body_at : body_at + body_len]
-        _set(self, "_body", body)
-        return body
+        w = self._where
+        return self._page.buf[w[3] : w[3] + w[4]]
 
     def _properties(self) -> _Props:
-        try:
-            return self._props
-        except AttributeError:
-            pass
-        at, inner, _ = self._where
+        w = self._where
         page = self._page
-        _, _, props_at, props_len = page.parts(at, inner)
-        props = page.properties(page.buf[props_at : props_at + props_len])
-        _set(self, "_props", props)
-        return props
+        return page.properties(page.buf[w[5] : w[5] + w[6]])
 
     @property
     def key(self) -> str | None:
@@ -347,25 +342,18 @@ def decode_page(content: bytes | memoryview) -> RecordPage:
         raise RecordPageError("the msg id prefix is not ASCII") from None
     page = _Page(buf, prefix)
     flat = struct.unpack_from(f">{'qII' * n}", buf, table)
-    checked: set[int] = set()
+    end = len(buf)
     messages: list[ReceivedMessage] = []
-    new, append = RecordMessage.__new__, messages.append
+    new, append, record = RecordMessage.__new__, messages.append, page.record
     for i in range(0, 3 * n, 3):
         queue_offset, rel, inner = flat[i], flat[i + 1], flat[i + 2]
         at = area + rel
-        if rel not in checked:
-            if rel + _MIN_RECORD > records_bytes:
-                raise RecordPageError(f"entry {i // 3}: record position {rel} is past the area")
-            size, magic_code = _SIZE_MAGIC.unpack_from(buf, at)
-            if magic_code != _MAGIC_CODE or size < _MIN_RECORD or rel + size > records_bytes:
-                raise RecordPageError(
-                    f"entry {i // 3}: no message record at {rel} (MAGICCODE {magic_code},"
-                    f" TOTALSIZE {size})"
-                )
-            checked.add(rel)
+        parts = record(at, end)
+        if inner >= len(parts):
+            raise RecordPageError(f"entry {i // 3}: the record at {rel} has no message {inner}")
         m = new(RecordMessage)
         _set(m, "_page", page)
-        _set(m, "_where", (at, inner, queue_offset))
+        _set(m, "_where", (at, inner, queue_offset, *parts[inner]))
         append(m)
     result = PullResult(STATUSES[status], messages, next_offset, lo, hi)
     return RecordPage(result, records_bytes)

@@ -13,6 +13,7 @@ import itertools
 import pickle
 import random
 import struct
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +109,14 @@ async def test_batch_records_equal_the_json_pull(tmp_path: Path) -> None:
             tags = params.get("tags")
             if tags:
                 assert {m.tags for m in page.result.messages} == {tags}
+        # Pages of 37 start and end inside records, and some cross a segment.
+        for queue_id in (0, 1):
+            url_q = f"/v1/topics/big/queues/{queue_id}/messages"
+            offset = 0
+            while offset < 800:
+                j, page = await pull_both(n, url_q, offset=offset, max_messages=37)
+                assert_same(j, page)
+                offset = j["next_offset"]
         # The layout: a page inside one record holds that record once, whole.
         raw = await n.http.get(url, params={"offset": 53, "max_messages": 7}, headers=RECORDS)
         body = raw.content
@@ -124,6 +133,25 @@ async def test_batch_records_equal_the_json_pull(tmp_path: Path) -> None:
                 q - record.queue_offset for q, at, _ in entries if at == a
             ]
         assert [q for q, _, _ in entries] == list(range(53, 60))
+
+
+async def test_a_record_split_across_chunks_is_sent_once(tmp_path: Path) -> None:
+    """A page's chunks (``broker.pages``) may split a batch record's units: with one unit
+    per chunk, the page is the same bytes as with one chunk for all."""
+    async with running_node(node_settings(tmp_path / "n0", batch_records=True)) as n:
+        await produce(n, "sp", *[{"body": f"b{i}", "queue_id": 0} for i in range(30)])
+        await produce(n, "sp", *[{"body": f"c{i}", "tags": "T", "queue_id": 0} for i in range(9)])
+        for tags in (None, "T"):
+            r = await n.broker.reads.pull_page("sp", 0, 5, max_messages=40, tags=tags)
+            args = {"status": r.status, "next_offset": r.next_offset, "min_offset": 0}
+            one = fetch.encode_records(r.page, max_offset=39, prefix="6730", **args)
+            split = replace(r.page, max_span_bytes=1)
+            many = fetch.encode_records(split, max_offset=39, prefix="6730", **args)
+            assert bytes(one[0]) == bytes(many[0]) and one[1] == many[1]
+            msgs = client_fetch.decode_page(one[0]).result.messages
+            expected = [f"b{i}" for i in range(5, 30)] if tags is None else []
+            expected += [f"c{i}" for i in range(9)]
+            assert [m.body.decode() for m in msgs] == expected
 
 
 async def _equal_across_segments(node: Node) -> None:
