@@ -1171,8 +1171,15 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
         # each read by the raw client without decoding (the broker's side), then read
         # by the Python client's decoders (every message's body and tags read).
         formats = (("", {}), (" records", {"records": True}))
-        pulls = [
-            b.scenario(
+        pulls = []
+        for k, (label, extra) in enumerate(formats):
+            profiler = None
+            if a.profile:  # (--profile: the master's consume rows)
+                out = (a.profile_dir or root) / f"consume-master-{k}.txt"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                pid = b.cluster.procs[master].pid
+                profiler = Profiler(pid, out, a.profile_rate, a.profile_gil)
+            r = b.scenario(
                 f"consume master b={a.consume_batch}{label}",
                 "pull",
                 master,
@@ -1180,9 +1187,13 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
                 clients=a.queues,
                 warmup=0.0,
                 extra=extra,
+                profiler=profiler,
             )
-            for label, extra in formats
-        ]
+            if profiler is not None:
+                r["master"] = master
+                r["profile"] = profile_top(profiler.out, a.profile_top)
+                r["profile"]["file"] = str(profiler.out) if a.profile_dir else None
+            pulls.append(r)
         floors = []
         for r in pulls:
             size = max(2, r["avg_response_bytes"])
@@ -1359,6 +1370,11 @@ def print_pop_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
             "  fills (not part of the figures): "
             + ", ".join(f"{f['msgs_per_s']:,} msg/s" for f in fills)
         )
+    print_profiles(a, results)
+
+
+def print_profiles(a: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The profiles of the rows that have one (``--profile``), under the table."""
     for r in results["scenarios"]:
         prof = r.get("profile")
         if not prof or not prof["samples"]:
@@ -1435,6 +1451,7 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
                 f"  {r['scenario']}: {r['messages']:,} of "
                 f"{results['consume_available_messages']:,} messages read in {r['seconds']} s"
             )
+    print_profiles(a, results)
 
 
 def _kill_children() -> None:
@@ -1529,7 +1546,11 @@ def main() -> int:
     pop.add_argument("--pop-fill-clients", type=int, default=16)
     pop.add_argument("--pop-seconds", type=float, default=300.0, help="bound on a fill or drain")
     pop.add_argument("--repeat", type=int, default=1, help="runs (fill + drain) on one cluster")
-    pop.add_argument("--profile", action="store_true", help="py-spy record of the master")
+    pop.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy record of the master (POP drains; else its consume rows)",
+    )
     pop.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s")
     pop.add_argument(
         "--profile-gil",
