@@ -26,10 +26,9 @@ from ledgermq import client
 from ledgermq.client import fetch as client_fetch
 from ledgermq.client.exchange import RECORD_PAGE
 from ledgermq.client.types import ReceivedMessage, decode_message
-from tests.api.conftest import Node, node_settings, running_node
+from ledgermq.spark.pull import Puller
+from tests.api.conftest import Node, node_settings, running_node, serving
 from tests.api.test_app import produce
-
-pytestmark = pytest.mark.asyncio
 
 RECORDS = {"accept": media.RECORDS}
 
@@ -76,19 +75,21 @@ def assert_same(j: dict[str, Any], page: client_fetch.RecordPage) -> None:
             assert getattr(got, name) == getattr(want, name), name
 
 
-async def test_the_module_constants_agree_with_the_client() -> None:
+def test_the_module_constants_agree_with_the_client() -> None:
     assert media.RECORDS == RECORD_PAGE == client_fetch.MEDIA_TYPE == fetch.MEDIA_TYPE
     assert fetch.HEADER.format == client_fetch.HEADER.format and fetch.HEADER.size == 40
     assert fetch.ENTRY.size == client_fetch.ENTRY_SIZE == 16
     assert fetch.STATUSES == client_fetch.STATUSES and fetch.MAGIC == client_fetch.MAGIC
 
 
+@pytest.mark.asyncio
 async def test_every_message_equals_the_json_pull_across_segments(node: Node) -> None:
     """1 MiB commitlog segments and 64-unit consume-queue segments: pages of 100 from two
     queues cross both kinds of boundary; bodies are random bytes (not UTF-8)."""
     await _equal_across_segments(node)
 
 
+@pytest.mark.asyncio
 async def test_batch_records_equal_the_json_pull(tmp_path: Path) -> None:
     """Every request stored as batch records (broker.batch): pages of 7 start and end
     inside records, and a tag filter picks messages out of them; each record is sent
@@ -135,6 +136,7 @@ async def test_batch_records_equal_the_json_pull(tmp_path: Path) -> None:
         assert [q for q, _, _ in entries] == list(range(53, 60))
 
 
+@pytest.mark.asyncio
 async def test_a_record_split_across_chunks_is_sent_once(tmp_path: Path) -> None:
     """A page's chunks (``broker.pages``) may split a batch record's units: with one unit
     per chunk, the page is the same bytes as with one chunk for all."""
@@ -183,6 +185,7 @@ async def _equal_across_segments(node: Node) -> None:
         assert seen == 800
 
 
+@pytest.mark.asyncio
 async def test_statuses_offsets_limits_and_tag_filter_match_json(node: Node) -> None:
     await node.http.post("/v1/topics", json={"name": "p", "queues": 1})
     url = "/v1/topics/p/queues/0/messages"
@@ -222,6 +225,7 @@ async def test_statuses_offsets_limits_and_tag_filter_match_json(node: Node) -> 
         assert bad_queue.status_code == 400 or bad_queue.status_code == 422
 
 
+@pytest.mark.asyncio
 async def test_a_long_poll_answers_the_message_committed_while_it_waits(node: Node) -> None:
     await node.http.post("/v1/topics", json={"name": "lp", "queues": 1})
     url = "/v1/topics/lp/queues/0/messages"
@@ -256,6 +260,7 @@ async def test_a_long_poll_answers_the_message_committed_while_it_waits(node: No
         (";;,,vnd.", media.JSON),
     ],
 )
+@pytest.mark.asyncio
 async def test_content_negotiation(node: Node, accept: str | None, expected: str) -> None:
     assert media.pull_format(accept) == expected
     await produce(node, "neg", {"body": "x", "queue_id": 0})
@@ -265,6 +270,7 @@ async def test_content_negotiation(node: Node, accept: str | None, expected: str
     assert r.headers["content-type"].startswith(expected)
 
 
+@pytest.mark.asyncio
 async def test_record_pulls_are_counted_and_documented(node: Node) -> None:
     await produce(node, "mx", {"body": "x" * 10, "queue_id": 0}, {"body": "y" * 5, "queue_id": 0})
     r = await node.http.get("/v1/topics/mx/queues/0/messages", headers=RECORDS)
@@ -278,6 +284,7 @@ async def test_record_pulls_are_counted_and_documented(node: Node) -> None:
     assert media.RECORDS in pull["description"]
 
 
+@pytest.mark.asyncio
 async def test_batch_record_metrics_count_only_the_bodies_taken(tmp_path: Path) -> None:
     async with running_node(node_settings(tmp_path / "n0", batch_records=True)) as n:
         await produce(n, "bm", *[{"body": "z" * (i + 1), "queue_id": 0} for i in range(5)])
@@ -290,6 +297,7 @@ async def test_batch_record_metrics_count_only_the_bodies_taken(tmp_path: Path) 
         assert 'ledgermq_pulled_bytes_total{topic="bm"} 7.0' in text
 
 
+@pytest.mark.asyncio
 async def test_the_python_client_pulls_record_pages_by_default(node: Node) -> None:
     """The async client asks for record pages (``record_pull``, the default) and gets
     the messages the JSON client gets; one pickles as a plain ``ReceivedMessage``."""
@@ -335,6 +343,85 @@ def _page(entries: list[tuple[int, int, int]], records: bytes, *, prefix: bytes 
         struct.pack(">4sBB", b"LMQR", 1, 9) + _page([], b"")[6:],  # an unknown status
     ],
 )
-async def test_a_malformed_page_is_refused_clearly(content: bytes) -> None:
+def test_a_malformed_page_is_refused_clearly(content: bytes) -> None:
     with pytest.raises(client_fetch.RecordPageError):
         client_fetch.decode_page(content)
+
+
+@pytest.mark.asyncio
+async def test_the_client_pulls_the_same_messages_both_ways(tmp_path: Path) -> None:
+    """Batch records (pages starting in the middle of one), tag filters, binary and text
+    bodies, keys and properties: the client's record pull (the default) and its JSON
+    pull (``record_pull=False``) give the same messages, field by field."""
+    rng = random.Random(7)
+    async with running_node(node_settings(tmp_path / "n0", batch_records=True)) as n:
+        await n.http.post("/v1/topics", json={"name": "cc", "queues": 2})
+        for batch in range(6):
+            msgs = [
+                {
+                    "body": base64.b64encode(rng.randbytes(rng.randrange(0, 300))).decode(),
+                    "encoding": "base64",
+                    "queue_id": batch % 2,
+                    "keys": [f"k{batch}-{i}", "shared"][: rng.randrange(3)],
+                    "tags": rng.choice([None, "A", "B"]),
+                    "properties": {"i": str(i), "ключ": "значение"} if i % 2 else {},
+                }
+                for i in range(40)
+            ]
+            await produce(n, "cc", *msgs)
+        await produce(n, "cc", *[{"body": f"text {i}", "queue_id": 0} for i in range(3)])
+        transport = httpx.ASGITransport(app=n.app)
+        fast = client.AsyncAdmin("http://node", transport=transport)
+        slow = client.AsyncAdmin("http://node", transport=transport, record_pull=False)
+        async with fast, slow:
+            for queue_id, offset, most, tags in (
+                (0, 0, 100, None),
+                (0, 17, 30, None),  # starts and ends inside batch records
+                (1, 39, 2, None),  # across two records
+                (0, 5, 100, "A"),
+                (1, 3, 7, "A||B"),
+                (0, 120, 10, None),  # the ordinary records at the end
+                (0, 123, 10, None),  # NO_NEW_MSG
+                (1, 500, 10, None),  # OFFSET_ILLEGAL
+            ):
+                got = await fast.pull("cc", queue_id, offset, max_messages=most, tags=tags)
+                want = await slow.pull("cc", queue_id, offset, max_messages=most, tags=tags)
+                assert got == want, (queue_id, offset, most, tags)
+                assert all(type(m) is client_fetch.RecordMessage for m in got.messages)
+                for g, w in zip(got.messages, want.messages, strict=True):
+                    assert (g.body, g.key, g.keys, g.tags, g.properties) == (
+                        w.body,
+                        w.key,
+                        w.keys,
+                        w.tags,
+                        w.properties,
+                    )
+                    assert (g.msg_id, g.queue_offset, g.queue_id, g.topic) == (
+                        w.msg_id,
+                        w.queue_offset,
+                        w.queue_id,
+                        w.topic,
+                    )
+                    assert (g.born_timestamp, g.store_timestamp) == (
+                        w.born_timestamp,
+                        w.store_timestamp,
+                    )
+
+
+def test_the_blocking_client_and_the_spark_puller_read_record_pages(tmp_path: Path) -> None:
+    """Over real sockets: the blocking client (httpx) and the Spark source's puller
+    (http.client) ask for record pages and decode them."""
+    with serving(node_settings(tmp_path / "n0")) as node:
+        with client.Producer(node.url) as p:
+            p.send("bl", [client.Message(f"m{i}", tags="T", queue_id=0) for i in range(5)])
+        with client.Admin(node.url) as fast, client.Admin(node.url, record_pull=False) as slow:
+            got, want = fast.pull("bl", 0, 1), slow.pull("bl", 0, 1)
+        assert got == want and [m.body for m in got.messages] == [b"m1", b"m2", b"m3", b"m4"]
+        assert type(got.messages[0]) is client_fetch.RecordMessage
+        puller = Puller([node.url], client.ClientSettings())  # record_pull: the default
+        try:
+            page = puller.pull("bl", 0, 2, n=10, wait_ms=0)
+        finally:
+            puller.close()
+        assert page.messages == want.messages[1:]
+        assert type(page.messages[0]) is client_fetch.RecordMessage
