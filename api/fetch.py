@@ -32,7 +32,6 @@ Invariants:
 from __future__ import annotations
 
 import bisect
-import functools
 import itertools
 import struct
 from collections.abc import Sequence
@@ -86,12 +85,6 @@ _INNER_MIN = 22
 _U32 = struct.Struct(">I")
 
 
-@functools.cache
-def _offsets_of(n: int) -> struct.Struct:
-    """The commitlog offsets of ``n`` consume-queue units, in one C call."""
-    return struct.Struct(">" + "q12x" * n)
-
-
 class _Copier:
     """Copies a page's records into the answer, a chunk at a time (``RawPage.encode``),
     and writes its table entries. A batch record's units may fall in two chunks (a
@@ -110,7 +103,7 @@ class _Copier:
     def __call__(self, chunk: RecordChunk) -> None:
         data, base, queue_offsets = chunk.data, chunk.base, chunk.queue_offsets
         n = chunk.count
-        offsets = _offsets_of(n).unpack_from(chunk.units)
+        offsets = struct.unpack_from(">" + "q12x" * n, chunk.units)  # (one C call)
         entries, unpack_record = self.entries, _RECORD.unpack_from
         k = 0
         while k < n:
