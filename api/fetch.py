@@ -42,7 +42,7 @@ from starlette.responses import Response
 from broker import errors
 from broker.message import INNER_BATCH_FLAG, MessageFormatError
 from broker.msgid import msg_id_prefix
-from broker.pages import RawPage, RecordChunk
+from broker.pages import RawPage, RecordChunk, distinct_records
 from broker.reads import Reads
 from consumequeue.queue import UNIT
 from dledger.codes import DLedgerError
@@ -172,12 +172,7 @@ def _inner_bodies(
 
 def _records_bytes(units: bytes) -> int:
     """The bytes of the records the units name, each counted once."""
-    total, previous = 0, -1
-    for offset, size, _ in UNIT.iter_unpack(units):
-        if offset != previous:
-            total += size
-            previous = offset
-    return total
+    return sum(size for _, size in distinct_records(units))
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +220,7 @@ def encode_records(
     out[HEADER.size : HEADER.size + len(name)] = name
     copier = _Copier(out, head)
     page.encode(copier)
-    if copier.pos != len(out):  # (the units' sizes are the records' TOTALSIZEs: checked)
+    if copier.pos != head + records_bytes:  # (the sizes are the TOTALSIZEs: checked)
         raise MessageFormatError(
             f"record page: {copier.pos - head} of {records_bytes} record bytes"
         )

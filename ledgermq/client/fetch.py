@@ -48,10 +48,9 @@ ENTRY_SIZE = 16
 
 _MAGIC_CODE = -626843481  # RocketMQ's MESSAGE_MAGIC_CODE V1
 _MIN_RECORD = 88 + 4 + 1 + 2
-_SIZE_MAGIC = struct.Struct(">ii")
+_HEAD = struct.Struct(">ii28xi44xi")  # TOTALSIZE, MAGICCODE, SYSFLAG (36), BODY length (84)
 _QUEUE_ID = struct.Struct(">i")
 _PHYSICAL = struct.Struct(">q")
-_SYS_FLAG = struct.Struct(">i")
 _TIMES = struct.Struct(">q8xq")  # BORNTIMESTAMP at 40, STORETIMESTAMP at 56
 _I32 = struct.Struct(">i")
 _U16 = struct.Struct(">H")
@@ -113,12 +112,11 @@ class _Page:
         buf = self.buf
         if at + _MIN_RECORD > end:
             raise RecordPageError(f"record at {at}: past the records area")
-        size, magic_code = _SIZE_MAGIC.unpack_from(buf, at)
+        size, magic_code, sys_flag, body_len = _HEAD.unpack_from(buf, at)
         if magic_code != _MAGIC_CODE or size < _MIN_RECORD or at + size > end:
             raise RecordPageError(
                 f"no message record at {at} (MAGICCODE {magic_code}, TOTALSIZE {size})"
             )
-        (body_len,) = _I32.unpack_from(buf, at + 84)
         topic_at = at + 88 + body_len
         if body_len < 0 or topic_at + 3 > at + size:
             raise RecordPageError(f"record at {at}: BODY length {body_len} does not fit")
@@ -128,7 +126,6 @@ class _Page:
         (props_len,) = _U16.unpack_from(buf, props_len_at)
         if props_len_at + 2 + props_len != at + size:
             raise RecordPageError(f"record at {at}: PROPERTIES length disagrees with TOTALSIZE")
-        (sys_flag,) = _SYS_FLAG.unpack_from(buf, at + 36)
         if sys_flag & _BATCH_FLAG:
             got = _walk(buf, at + 88, topic_at)
         else:
@@ -180,14 +177,16 @@ def _parse_properties(raw: bytes) -> _Props:
         text = raw.decode()
     except UnicodeDecodeError as e:
         raise RecordPageError(f"PROPERTIES: not UTF-8 ({e.reason})") from None
-    props: dict[str, str] = {}
-    for pair in text.split("\x02"):
-        if not pair:
-            continue
-        name, sep, value = pair.partition("\x01")
-        if not sep or not name or "\x01" in value:
-            raise RecordPageError(f"PROPERTIES: pair {pair!r} is not name\\x01value")
-        props[name] = value
+    items = text.split("\x02")
+    if not items[-1]:
+        items.pop()  # the last pair's \x02 is optional, as RocketMQ reads it
+    try:
+        props = dict([item.split("\x01") for item in items])
+    except ValueError:
+        bad = next(i for i in items if i.count("\x01") != 1)
+        raise RecordPageError(f"PROPERTIES: pair {bad!r} is not name\\x01value") from None
+    if len(props) != len(items) or "" in props:
+        raise RecordPageError("PROPERTIES: an empty or repeated property name")
     keys = tuple(k for k in props.get("KEYS", "").split(" ") if k)
     user = {k: v for k, v in props.items() if k not in _SYSTEM}
     return (keys[0] if keys else None), keys, props.get("TAGS"), user

@@ -22,6 +22,7 @@ import pytest
 
 from api import fetch, media
 from broker.message import decode_message as decode_record
+from broker.properties import SYSTEM_PROPERTIES
 from ledgermq import client
 from ledgermq.client import fetch as client_fetch
 from ledgermq.client.exchange import RECORD_PAGE
@@ -80,6 +81,8 @@ def test_the_module_constants_agree_with_the_client() -> None:
     assert fetch.HEADER.format == client_fetch.HEADER.format and fetch.HEADER.size == 40
     assert fetch.ENTRY.size == client_fetch.ENTRY_SIZE == 16
     assert fetch.STATUSES == client_fetch.STATUSES and fetch.MAGIC == client_fetch.MAGIC
+    # what a message's ``properties`` leaves out, as the JSON pull does
+    assert client_fetch._SYSTEM == SYSTEM_PROPERTIES
 
 
 @pytest.mark.asyncio
