@@ -14,9 +14,10 @@ in the records area, has a message record's MAGICCODE, and its TOTALSIZE, BODY, 
 and PROPERTIES lengths add up; a batch record's inner records are walked and checked
 the same way) and makes one ``RecordMessage`` per entry, which knows where its body and
 properties lie: a ``ReceivedMessage`` whose fields are read from the record when asked
-for (the body sliced out, the properties block parsed once per distinct block and page,
-the topic, the timestamps, the msg id). Properties that are not strict UTF-8 pairs raise
-``RecordPageError`` when first read.
+for (the body sliced out; TAGS and KEYS found in the properties block; the whole block
+parsed once per distinct block and page when ``properties`` is read; the topic, the
+timestamps, the msg id). Properties that are not strict UTF-8 pairs raise
+``RecordPageError`` when read.
 
 Invariants:
 - a ``RecordMessage`` equals (``==``, ``hash``) the ``ReceivedMessage`` the JSON pull
@@ -47,7 +48,7 @@ HEADER = struct.Struct(">4sBBHqqqII")
 ENTRY_SIZE = 16
 
 _MAGIC_CODE = -626843481  # RocketMQ's MESSAGE_MAGIC_CODE V1
-_MIN_RECORD = 88 + 4 + 1 + 2
+_MIN_RECORD = 88 + 1 + 1 + 2  # broker.message.MIN_MESSAGE_SIZE: no body, a 1-byte topic
 _HEAD = struct.Struct(">ii28xi44xi")  # TOTALSIZE, MAGICCODE, SYSFLAG (36), BODY length (84)
 _QUEUE_ID = struct.Struct(">i")
 _PHYSICAL = struct.Struct(">q")
@@ -187,9 +188,11 @@ def _parse_properties(raw: bytes) -> _Props:
         raise RecordPageError(f"PROPERTIES: pair {bad!r} is not name\\x01value") from None
     if len(props) != len(items) or "" in props:
         raise RecordPageError("PROPERTIES: an empty or repeated property name")
-    keys = tuple(k for k in props.get("KEYS", "").split(" ") if k)
-    user = {k: v for k, v in props.items() if k not in _SYSTEM}
-    return (keys[0] if keys else None), keys, props.get("TAGS"), user
+    tags, raw_keys = props.get("TAGS"), props.get("KEYS")
+    keys = tuple(filter(None, raw_keys.split(" "))) if raw_keys else ()
+    for name in props.keys() & _SYSTEM:  # (the producer's own are left)
+        del props[name]
+    return (keys[0] if keys else None), keys, tags, props
 
 
 _FIELDS = (
@@ -206,6 +209,8 @@ _FIELDS = (
     "store_timestamp",
 )
 _set = object.__setattr__
+# A message whose properties were looked at once, without a parse (``RecordMessage``).
+_LOOKED: Any = object()
 
 
 class RecordMessage(ReceivedMessage):
@@ -213,14 +218,16 @@ class RecordMessage(ReceivedMessage):
     the module docstring). It compares equal to the ``ReceivedMessage`` of the same
     fields; pickling makes a plain ``ReceivedMessage``."""
 
-    __slots__ = ("_page", "_where")
+    __slots__ = ("_page", "_props", "_where")
 
     _page: _Page
     # record position in the buffer, inner index, queue offset, then where the message's
     # body and properties lie (``_Parts``)
     _where: tuple[int, int, int, int, int, int, int]
+    _props: _Props | None  # once parsed; ``_LOOKED`` once a field was found alone
 
     def __init__(self, page: _Page, where: tuple[int, int, int, int, int, int, int]) -> None:
+        _set(self, "_props", None)
         _set(self, "_page", page)
         _set(self, "_where", where)
 
@@ -250,21 +257,53 @@ class RecordMessage(ReceivedMessage):
         return self._page.buf[w[3] : w[3] + w[4]]
 
     def _properties(self) -> _Props:
-        w = self._where
-        page = self._page
-        return page.properties(page.buf[w[5] : w[5] + w[6]])
+        props = self._props
+        if props is None or props is _LOOKED:
+            w = self._where
+            page = self._page
+            props = page.properties(page.buf[w[5] : w[5] + w[6]])
+            _set(self, "_props", props)
+        return props
 
     @property
     def key(self) -> str | None:
-        return self._properties()[0]
+        keys = self.keys
+        return keys[0] if keys else None
 
     @property
     def keys(self) -> tuple[str, ...]:
-        return self._properties()[1]
+        if self._props is None:  # the first look at the properties: find KEYS alone
+            _set(self, "_props", _LOOKED)
+            raw = self._find(b"KEYS\x01")
+            return tuple(filter(None, raw.split(" "))) if raw else ()
+        return self._properties()[1]  # a second: parse the whole block, once
 
     @property
     def tags(self) -> str | None:
+        if self._props is None:
+            _set(self, "_props", _LOOKED)
+            return self._find(b"TAGS\x01")
         return self._properties()[2]
+
+    def _find(self, name: bytes) -> str | None:
+        """The value of the property ``name`` (with its ``\\x01``), read straight out of
+        the message's PROPERTIES block without parsing the rest of it."""
+        w, buf = self._where, self._page.buf
+        start, end = w[5], w[5] + w[6]
+        at = buf.find(name, start, end)
+        while at > start and buf[at - 1] != 2:  # (inside another pair: look on)
+            at = buf.find(name, at + 1, end)
+        if at < 0:
+            return None
+        value_at = at + len(name)
+        stop = buf.find(b"\x02", value_at, end)
+        raw = buf[value_at : end if stop < 0 else stop]
+        try:
+            if b"\x01" not in raw:
+                return raw.decode()
+        except UnicodeDecodeError:
+            pass
+        raise RecordPageError(f"PROPERTIES of the message at {w[2]}: {name[:-1]!r} is not UTF-8")
 
     @property
     def properties(self) -> Mapping[str, str]:
@@ -282,6 +321,7 @@ class RecordMessage(ReceivedMessage):
 
     def fields(self) -> tuple[Any, ...]:
         """Every field, in ``ReceivedMessage``'s order (all read now)."""
+        self._properties()  # one parse for key, keys, tags and properties
         return tuple(getattr(self, f) for f in _FIELDS)
 
     def plain(self) -> ReceivedMessage:
@@ -351,6 +391,7 @@ def decode_page(content: bytes | memoryview) -> RecordPage:
         if inner >= len(parts):
             raise RecordPageError(f"entry {i // 3}: the record at {rel} has no message {inner}")
         m = new(RecordMessage)
+        _set(m, "_props", None)
         _set(m, "_page", page)
         _set(m, "_where", (at, inner, queue_offset, *parts[inner]))
         append(m)

@@ -21,6 +21,7 @@ import httpx
 import pytest
 
 from api import fetch, media
+from broker.message import MIN_MESSAGE_SIZE, encode_message
 from broker.message import decode_message as decode_record
 from broker.properties import SYSTEM_PROPERTIES
 from ledgermq import client
@@ -30,6 +31,7 @@ from ledgermq.client.types import ReceivedMessage, decode_message
 from ledgermq.spark.pull import Puller
 from tests.api.conftest import Node, node_settings, running_node, serving
 from tests.api.test_app import produce
+from tests.fuzz.targets_api import record_page_of as page_of_records
 
 RECORDS = {"accept": media.RECORDS}
 
@@ -83,6 +85,34 @@ def test_the_module_constants_agree_with_the_client() -> None:
     assert fetch.STATUSES == client_fetch.STATUSES and fetch.MAGIC == client_fetch.MAGIC
     # what a message's ``properties`` leaves out, as the JSON pull does
     assert client_fetch._SYSTEM == SYSTEM_PROPERTIES
+    assert client_fetch._MIN_RECORD == MIN_MESSAGE_SIZE
+
+
+def test_tags_and_keys_read_alone_agree_with_the_whole_block() -> None:
+    """TAGS and KEYS are found in a message's PROPERTIES block without parsing it (a
+    consumer reading tags pays for no more): whenever the whole block parses, they are
+    what it says, whatever names and values surround them (``XTAGS``, ``TAGSX``, a
+    value ``TAGS``, a last pair without its separator, an empty block)."""
+    rng = random.Random(5)
+    pieces = ["TAGS", "KEYS", "XTAGS", "TAGSX", "a", "b c", " ", "é", "\x01", "\x02"]
+    parsed = 0
+    for _ in range(3000):
+        block = "".join(rng.choice(pieces) for _ in range(rng.randrange(0, 8)))
+        record = encode_message(topic="t", body=b"", properties=block.encode(), born_timestamp=1)
+        (m,) = client_fetch.decode_page(page_of_records([(record, [0])])).result.messages
+        alone: list[object] = []
+        for name in ("tags", "keys", "key"):
+            try:
+                alone.append(getattr(m, name))
+            except client_fetch.RecordPageError:
+                alone.append(client_fetch.RecordPageError)
+        try:
+            m.fields()
+        except client_fetch.RecordPageError:
+            continue
+        parsed += 1
+        assert alone == [m.tags, m.keys, m.key], repr(block)
+    assert parsed > 500
 
 
 @pytest.mark.asyncio

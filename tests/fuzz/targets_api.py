@@ -360,7 +360,7 @@ def http_bodies(data: bytes) -> None:
     assert status > 0
 
 
-def _page_of(records: list[tuple[bytearray, list[int]]]) -> bytes:
+def record_page_of(records: list[tuple[bytearray, list[int]]]) -> bytes:
     """A record page (``api.fetch``) of records laid back to back from commitlog offset
     0, each with the queue offsets of its messages, as a node answers it."""
     log = bytearray()
@@ -400,16 +400,17 @@ def _page_seeds() -> list[bytes]:
     ]
     batch = encode_batch_record("t", inner, session=None, timestamp=3, store_host=("127.0.0.1", 1))
     set_queue_base(batch, 1)
-    whole = _page_of([(plain, [0]), (batch, [1, 2, 3])])
+    whole = record_page_of([(plain, [0]), (batch, [1, 2, 3])])
     empty = fetch.HEADER.pack(fetch.MAGIC, fetch.VERSION, 1, 0, 9, 0, 9, 0, 0)
-    return [whole, _page_of([(batch, [2, 3])]), empty]
+    return [whole, record_page_of([(batch, [2, 3])]), empty]
 
 
 @target("record_page", max_len=4096, seeds=_page_seeds)
 def record_page(data: bytes) -> None:
     """A pull answered as a record page (``decode_page``, the client's): a pull result
     or ``RecordPageError``; then every field of every message reads, or raises
-    ``RecordPageError`` (properties that are not UTF-8 pairs), never anything else."""
+    ``RecordPageError`` (properties that are not UTF-8 pairs), never anything else; TAGS
+    and KEYS read alone (found in the block) are what the whole block's parse says."""
     try:
         page = decode_page(data)
     except RecordPageError:
@@ -417,5 +418,14 @@ def record_page(data: bytes) -> None:
     r = page.result
     assert r.status in fetch.STATUSES and page.records_bytes <= len(data)
     for m in r.messages:
-        with contextlib.suppress(RecordPageError):
+        alone: list[Any] = []
+        for name in ("tags", "keys", "key", "body", "msg_id", "topic", "store_timestamp"):
+            try:
+                alone.append(getattr(m, name))
+            except RecordPageError:
+                alone.append(RecordPageError)
+        try:
             m.fields()
+        except RecordPageError:
+            continue
+        assert alone[:3] == [m.tags, m.keys, m.key], (alone[:3], m.properties)
