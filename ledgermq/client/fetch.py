@@ -188,10 +188,11 @@ def _parse_properties(raw: bytes) -> _Props:
         raise RecordPageError(f"PROPERTIES: pair {bad!r} is not name\\x01value") from None
     if len(props) != len(items) or "" in props:
         raise RecordPageError("PROPERTIES: an empty or repeated property name")
-    tags, raw_keys = props.get("TAGS"), props.get("KEYS")
+    tags, raw_keys = props.pop("TAGS", None), props.pop("KEYS", None)
     keys = tuple(filter(None, raw_keys.split(" "))) if raw_keys else ()
-    for name in props.keys() & _SYSTEM:  # (the producer's own are left)
-        del props[name]
+    if not props.keys().isdisjoint(_SYSTEM):  # (the producer's own are left)
+        for name in props.keys() & _SYSTEM:
+            del props[name]
     return (keys[0] if keys else None), keys, tags, props
 
 
