@@ -20,9 +20,10 @@ timestamps, the msg id). Properties that are not strict UTF-8 pairs raise
 ``RecordPageError`` when read.
 
 Invariants:
-- a ``RecordMessage`` equals (``==``, ``hash``) the ``ReceivedMessage`` the JSON pull
-  makes of the same message: same topic, queue, offsets, msg id, body bytes, key, keys,
-  tags, user properties and timestamps;
+- a ``RecordMessage`` equals (``==``) the ``ReceivedMessage`` the JSON pull makes of
+  the same message: same topic, queue, offsets, msg id, body bytes, key, keys, tags,
+  user properties and timestamps; it hashes and pickles as that message does;
+- TAGS and KEYS found alone are what the whole block's parse says, whenever it parses;
 - it holds the page's buffer (one ``bytes``) alive, no copy per message until a field
   is read; ``body`` is a fresh ``bytes`` slice on each read.
 """
@@ -304,7 +305,10 @@ class RecordMessage(ReceivedMessage):
                 return raw.decode()
         except UnicodeDecodeError:
             pass
-        raise RecordPageError(f"PROPERTIES of the message at {w[2]}: {name[:-1]!r} is not UTF-8")
+        raise RecordPageError(
+            f"PROPERTIES of the message at queue offset {w[2]}: the value of"
+            f" {name[:-1].decode()} is not UTF-8 or holds a \\x01"
+        )
 
     @property
     def properties(self) -> Mapping[str, str]:
