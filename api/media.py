@@ -1,10 +1,11 @@
 """Media types of the HTTP API and the pull route's content negotiation (docs/http.md).
 
 JSON is every route's default. The pull route also answers an Arrow IPC stream
-(``ARROW_STREAM``) when the request's ``Accept`` names it; its pull status and offsets
-travel in the ``PULL_*`` response headers, since the stream holds only the messages.
-This module needs nothing optional: a node without pyarrow still parses the header and
-answers 406.
+(``ARROW_STREAM``) or a record page (``RECORDS``, ``api.fetch``) when the request's
+``Accept`` names one (``pull_format``); their pull status and offsets travel in the
+``PULL_*`` response headers too (an Arrow stream holds only the messages). This module
+needs nothing optional: a node without pyarrow still parses the header and answers an
+Arrow request 406.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from broker.errors import BrokerError
 
 JSON = "application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+RECORDS = "application/vnd.ledgermq.records"
 
-# Response headers of an Arrow pull: what the JSON body's fields say besides "messages".
+# Response headers of a binary pull: what the JSON body's fields say besides "messages".
 PULL_STATUS = "LedgerMQ-Pull-Status"
 PULL_NEXT_OFFSET = "LedgerMQ-Next-Offset"
 PULL_MIN_OFFSET = "LedgerMQ-Min-Offset"
@@ -35,21 +37,31 @@ def _quality(params: list[str]) -> float:
     return 1.0
 
 
-def wants_arrow(accept: str | None) -> bool:
-    """True when ``Accept`` names the Arrow stream type with a quality above 0 and at
-    least that of any JSON it also names; ``*/*``, a missing header or JSON alone keep
-    the JSON default."""
-    if not accept or "arrow" not in accept:
-        return False
-    arrow_q = json_q = 0.0
+def pull_format(accept: str | None) -> str:
+    """The pull answer's media type: ``RECORDS`` or ``ARROW_STREAM`` when ``Accept``
+    names it with a quality above 0 and at least that of JSON and of the other binary
+    type it also names (a tie: the record page, then Arrow), else ``JSON``. ``*/*``, a
+    missing header, JSON alone, types the route does not make and qualities that do not
+    parse (0) keep the JSON default."""
+    if not accept or "vnd." not in accept.lower():
+        return JSON
+    best, best_q = JSON, 0.0
+    quality = {JSON: 0.0, ARROW_STREAM: 0.0, RECORDS: 0.0}
     for item in accept.split(","):
         media, *params = item.split(";")
         media = media.strip().lower()
-        if media == ARROW_STREAM:
-            arrow_q = max(arrow_q, _quality(params))
-        elif media == JSON:
-            json_q = max(json_q, _quality(params))
-    return arrow_q > 0 and arrow_q >= json_q
+        if media in quality:
+            quality[media] = max(quality[media], _quality(params))
+    for media in (RECORDS, ARROW_STREAM):
+        q = quality[media]
+        if q > 0 and q >= quality[JSON] and q > best_q:
+            best, best_q = media, q
+    return best
+
+
+def wants_arrow(accept: str | None) -> bool:
+    """True when ``Accept`` makes the pull an Arrow stream (``pull_format``)."""
+    return pull_format(accept) == ARROW_STREAM
 
 
 # ---- the pull route's OpenAPI description of the Arrow answer ---------------------------------
@@ -71,23 +83,31 @@ the status and offsets in the headers `{PULL_STATUS}`, `{PULL_NEXT_OFFSET}`,
 never base64-encoded there, so `encoding` does not apply, and a page may hold up to the
 node's `max_arrow_pull_messages` (10,000 by default; JSON: `max_pull_messages`, 1,000).
 JSON stays the default; a node without the `arrow` extra answers such a request 406
-NOT_ACCEPTABLE."""
+NOT_ACCEPTABLE.
+
+With `Accept: {RECORDS}` the answer is a record page (docs/formats.md "Record pages"):
+a 40-byte header block (magic `LMQR`, version, status, next_offset, min_offset,
+max_offset, counts), the msg id prefix, a table of 16 bytes per message (queue_offset,
+its record's position, its index in a batch record) and the stored commitlog records
+back to back, as RocketMQ writes them; the same headers as the Arrow answer. The page
+takes what the JSON pull takes (`max_pull_messages`, `max_response_bytes`), with the
+same statuses, tag filter and long poll; `encoding` does not apply. Every node answers
+it."""
 
 ARROW_PULL_RESPONSE: dict[str, Any] = {
-    "description": "the pull, as JSON or (when asked) as an Arrow IPC stream",
+    "description": "the pull, as JSON or (when asked) as an Arrow IPC stream or a record page",
     "content": {
-        ARROW_STREAM: {
-            "schema": {"type": "string", "format": "binary"},
-        }
+        ARROW_STREAM: {"schema": {"type": "string", "format": "binary"}},
+        RECORDS: {"schema": {"type": "string", "format": "binary"}},
     },
     "headers": {
         name: {"description": what, "schema": {"type": kind}}
         for name, what, kind in (
             (PULL_STATUS, "FOUND, NO_NEW_MSG, NO_MATCHED_MSG or OFFSET_ILLEGAL", "string"),
-            (PULL_NEXT_OFFSET, "the offset to pull from next (Arrow only)", "integer"),
-            (PULL_MIN_OFFSET, "the queue's first offset (Arrow only)", "integer"),
-            (PULL_MAX_OFFSET, "the queue's next offset to write (Arrow only)", "integer"),
-            (PULL_COUNT, "messages in the stream (Arrow only)", "integer"),
+            (PULL_NEXT_OFFSET, "the offset to pull from next (binary answers)", "integer"),
+            (PULL_MIN_OFFSET, "the queue's first offset (binary answers)", "integer"),
+            (PULL_MAX_OFFSET, "the queue's next offset to write (binary answers)", "integer"),
+            (PULL_COUNT, "messages in the answer (binary answers)", "integer"),
         )
     },
 }

@@ -18,8 +18,14 @@ Scenarios, each ``--seconds`` long (after ``--warmup`` s that are not counted):
 2. ``consume``: ``GET /v1/topics/bench/queues/{q}/messages?max_messages=1000&offset=..``,
    one client per queue reading its queue from offset 0 until its end (or the
    ``--seconds`` are over), first on the master, then on a slave once it dispatched
-   everything. Then ``floor blob``: ``GET /blob`` answering as many bytes as the average
-   pull answer, from as many clients.
+   everything; each as JSON, then as record pages (``records``: ``Accept:
+   application/vnd.ledgermq.records``, issue 31). These clients read only the status
+   and next offset of each answer (and check one answer per queue in full): the
+   broker's side. The ``+decode`` rows also decode every answer as the Python client
+   does (``orjson`` and ``decode_message`` per message; ``decode_page``) and read each
+   message's body and tags (``--no-consume-decode`` skips them). Then ``floor blob``:
+   ``GET /blob`` answering as many bytes as the average pull answer of each format,
+   from as many clients.
 
 For each: messages/s, MB/s (message bodies, 10^6 B; for the floor rows, the bodies the
 same requests carried), requests/s, p50/p99 request latency, errors, and the CPU used by
@@ -84,8 +90,10 @@ from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from ledgermq.client import fetch as record_pages
 from ledgermq.client.records import MEDIA_TYPE as RECORDS
 from ledgermq.client.records import record_request
+from ledgermq.client.types import decode_message
 from ledgermq.local_cluster import LocalBrokerCluster
 from ledgermq.processes import free_ports
 
@@ -186,7 +194,9 @@ class HttpxConnection:
             ct = RECORDS if RECORDS.encode() in req[1] else "application/json"
             r = await self.client.post(req[0], content=req[2], headers={"content-type": ct})
         else:
-            r = await self.client.get(req[0])
+            page = f"accept: {record_pages.MEDIA_TYPE}".encode()
+            headers = {"accept": record_pages.MEDIA_TYPE} if page in req[1].lower() else {}
+            r = await self.client.get(req[0], headers=headers)
         return r.status_code, r.content
 
 
@@ -282,6 +292,25 @@ def _pull_next(data: bytes) -> tuple[str, int]:
     status = data[i + 10 : data.index(b'"', i + 10)].decode()
     i = data.rfind(b'"next_offset":')
     return status, int(data[i + 14 : data.index(b",", i)])
+
+
+def _page_next(data: bytes) -> tuple[str, int]:
+    """(status, next_offset) of a record page (docs/formats.md "Record pages"): its
+    header block, without a look at the records."""
+    _, _, status, _, next_offset, _, _, _, _ = record_pages.HEADER.unpack_from(data)
+    return record_pages.STATUSES[status], next_offset
+
+
+def _decode_all(data: bytes, records: bool) -> int:
+    """What the Python client makes of a pull answer, every message's body and tags
+    read (a consumer's least): the messages' count."""
+    if records:
+        messages = record_pages.decode_page(data).result.messages
+    else:
+        messages = [decode_message(m) for m in orjson.loads(data)["messages"]]
+    for m in messages:
+        _ = m.body, m.tags
+    return len(messages)
 
 
 class LoadGen:
@@ -388,28 +417,35 @@ class LoadGen:
         s = self.spec
         offset = 0
         checked = False
+        records, decode = bool(s.get("records")), bool(s.get("decode"))
+        accept = f"Accept: {record_pages.MEDIA_TYPE}\r\n" if records else ""
         try:
             while time.monotonic() < self.stop_at:
                 path = (
                     f"/v1/topics/{s['topic']}/queues/{queue}/messages"
                     f"?offset={offset}&max_messages={s['batch']}"
                 )
-                head = f"GET {path} HTTP/1.1\r\nHost: {s['host']}:{s['port']}\r\n\r\n".encode()
+                head = (
+                    f"GET {path} HTTP/1.1\r\nHost: {s['host']}:{s['port']}\r\n{accept}\r\n"
+                ).encode()
                 t0 = time.monotonic()
                 got = await self._one(conn, (path, head, b""))
+                if got is not None and decode:
+                    _decode_all(got[1], records)
                 t1 = time.monotonic()
                 if got is None:
                     continue
                 data = got[1]
-                status, nxt = _pull_next(data)
+                status, nxt = _page_next(data) if records else _pull_next(data)
                 n = nxt - offset
                 if status == "FOUND" and not checked:  # parse one answer per queue in full
-                    doc = orjson.loads(data)
-                    if (
-                        len(doc["messages"]) != n
-                        or len(doc["messages"][0]["body"]) != s["body_size"]
-                        or doc["messages"][0]["queue_offset"] != offset
-                    ):
+                    if records:
+                        msgs = record_pages.decode_page(data).result.messages
+                        bodies, first = [m.body for m in msgs], msgs[0].queue_offset
+                    else:
+                        doc = orjson.loads(data)["messages"]
+                        bodies, first = [m["body"] for m in doc], doc[0]["queue_offset"]
+                    if len(bodies) != n or len(bodies[0]) != s["body_size"] or first != offset:
                         raise WrongAnswerError(f"queue {queue}: pull answer does not add up")
                     checked = True
                 self.progress.value += 1
@@ -1131,42 +1167,78 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
         master = b.master()
         b.wait_dispatched(master, master)
         results["consume_available_messages"] = b.topic_messages(master)
+        # JSON, then record pages (issue 31: the stored records and an offset table),
+        # each read by the raw client without decoding (the broker's side), then read
+        # by the Python client's decoders (every message's body and tags read).
+        formats = (("", {}), (" records", {"records": True}))
         pulls = []
-        pulls.append(
-            b.scenario(
-                f"consume master b={a.consume_batch}",
+        for k, (label, extra) in enumerate(formats):
+            profiler = None
+            if a.profile:  # (--profile: the master's consume rows)
+                out = (a.profile_dir or root) / f"consume-master-{k}.txt"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                pid = b.cluster.procs[master].pid
+                profiler = Profiler(pid, out, a.profile_rate, a.profile_gil)
+            r = b.scenario(
+                f"consume master b={a.consume_batch}{label}",
                 "pull",
                 master,
                 batch=a.consume_batch,
                 clients=a.queues,
                 warmup=0.0,
+                extra=extra,
+                profiler=profiler,
             )
-        )
-        size = max(2, pulls[0]["avg_response_bytes"])
-        floor = b.scenario(
-            f"floor blob {size / 1e6:.2f} MB",
-            "blob",
-            "floor",
-            path=f"/blob?size={size}",
-            batch=0,
-            clients=a.queues,
-            warmup=0.0,
-        )
+            if profiler is not None:
+                r["master"] = master
+                r["profile"] = profile_top(profiler.out, a.profile_top)
+                r["profile"]["file"] = str(profiler.out) if a.profile_dir else None
+            pulls.append(r)
+        floors = []
+        for r in pulls:
+            size = max(2, r["avg_response_bytes"])
+            floors.append(
+                b.scenario(
+                    f"floor blob {size / 1e6:.2f} MB",
+                    "blob",
+                    "floor",
+                    path=f"/blob?size={size}",
+                    batch=0,
+                    clients=a.queues,
+                    warmup=0.0,
+                )
+            )
         slave = next(n for n in b.cluster.ids if n != master and b.cluster.alive(n))
         b.wait_dispatched(slave, master)
-        pulls.append(
-            b.scenario(
-                f"consume slave b={a.consume_batch}",
-                "pull",
-                slave,
-                batch=a.consume_batch,
-                clients=a.queues,
-                warmup=0.0,
+        for label, extra in formats:
+            pulls.append(
+                b.scenario(
+                    f"consume slave b={a.consume_batch}{label}",
+                    "pull",
+                    slave,
+                    batch=a.consume_batch,
+                    clients=a.queues,
+                    warmup=0.0,
+                    extra=extra,
+                )
             )
-        )
-        add("consume", floor)
+        if a.consume_decode:
+            for label, extra in formats:
+                pulls.append(
+                    b.scenario(
+                        f"consume master b={a.consume_batch}{label} +decode",
+                        "pull",
+                        master,
+                        batch=a.consume_batch,
+                        clients=a.queues,
+                        warmup=0.0,
+                        extra={**extra, "decode": True},
+                    )
+                )
+        for floor in floors:
+            add("consume", floor)
         for r in pulls:
-            add("consume", r, floor)
+            add("consume", r, floors[1 if r["scenario"].find(" records") > 0 else 0])
     finally:
         b.close()
     return results
@@ -1298,6 +1370,11 @@ def print_pop_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
             "  fills (not part of the figures): "
             + ", ".join(f"{f['msgs_per_s']:,} msg/s" for f in fills)
         )
+    print_profiles(a, results)
+
+
+def print_profiles(a: argparse.Namespace, results: dict[str, Any]) -> None:
+    """The profiles of the rows that have one (``--profile``), under the table."""
     for r in results["scenarios"]:
         prof = r.get("profile")
         if not prof or not prof["samples"]:
@@ -1374,6 +1451,7 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
                 f"  {r['scenario']}: {r['messages']:,} of "
                 f"{results['consume_available_messages']:,} messages read in {r['seconds']} s"
             )
+    print_profiles(a, results)
 
 
 def _kill_children() -> None:
@@ -1441,6 +1519,12 @@ def main() -> int:
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 100])
     ap.add_argument("--clients", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64])
     ap.add_argument("--consume-batch", type=int, default=1000, help="max_messages per pull")
+    ap.add_argument(
+        "--consume-decode",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also consume with the Python client's decoders (JSON and record pages)",
+    )
     ap.add_argument("--client", choices=("raw", "httpx"), default="raw", help="load generator")
     ap.add_argument("--no-client-check", action="store_true", help="skip the httpx/raw check")
     ap.add_argument(
@@ -1462,7 +1546,11 @@ def main() -> int:
     pop.add_argument("--pop-fill-clients", type=int, default=16)
     pop.add_argument("--pop-seconds", type=float, default=300.0, help="bound on a fill or drain")
     pop.add_argument("--repeat", type=int, default=1, help="runs (fill + drain) on one cluster")
-    pop.add_argument("--profile", action="store_true", help="py-spy record of the master")
+    pop.add_argument(
+        "--profile",
+        action="store_true",
+        help="py-spy record of the master (POP drains; else its consume rows)",
+    )
     pop.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s")
     pop.add_argument(
         "--profile-gil",

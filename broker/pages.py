@@ -78,18 +78,23 @@ def damaged_record(data: memoryview, units: bytes, base: int) -> int | None:
     """The commitlog offset of the first record in ``data`` (from commitlog offset
     ``base`` on) whose entry header's body CRC or size does not hold, None if all hold.
     Each record's header ends right before it (docs/formats.md: BODY_OFFSET = 48)."""
-    crc32, unpack_unit, unpack_tail = zlib.crc32, UNIT.unpack_from, _ENTRY_TAIL.unpack_from
-    previous = -1
-    for at in range(0, len(units), UNIT_SIZE):
-        offset, size, _ = unpack_unit(units, at)
-        if offset == previous:
-            continue  # a batch record's next message: the record is checked
-        previous = offset
+    crc32, unpack_tail = zlib.crc32, _ENTRY_TAIL.unpack_from
+    for offset, size in distinct_records(units):
         rel = offset - base
         body_crc, body_size = unpack_tail(data, rel - 8)
         if body_size != size or crc32(data[rel : rel + size]) != body_crc:
             return int(offset)
     return None
+
+
+def distinct_records(units: bytes) -> list[tuple[int, int]]:
+    """``(commitlog_offset, size)`` of each record the units name, once each, in order:
+    the messages of a batch record share its unit's record (two C calls and a dict, not
+    a Python step per unit)."""
+    n = len(units) // UNIT_SIZE
+    offsets = struct.unpack_from(">" + "q12x" * n, units)
+    sizes = struct.unpack_from(">" + "8xi8x" * n, units)
+    return list(dict.fromkeys(zip(offsets, sizes, strict=True)))
 
 
 @dataclass(frozen=True, slots=True)

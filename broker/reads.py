@@ -477,19 +477,24 @@ class Reads:
         max_messages: int = 32,
         wait_ms: int = 0,
         tags: str | None = None,
+        json_limits: bool = False,
     ) -> RawPullResult:
         """``pull``, with the messages as stored (``broker.pages``) for columnar encoders;
-        a page's records hold at most ``max_arrow_page_bytes`` (or one record)."""
+        a page's records hold at most ``max_arrow_page_bytes`` (or one record) and it
+        takes at most ``max_arrow_pull_messages``. ``json_limits``: the JSON pull's
+        limits instead (``max_response_bytes``, ``max_pull_messages``), for the record
+        pages of ``api.fetch``, which answer exactly what a JSON pull would."""
+        lim = self.settings.limits
         status, page, next_offset, lo, hi = await self._pull_loop(
             self._scan_page,
             topic,
             queue_id,
             queue_offset,
             max_messages=max_messages,
-            max_bytes=self.settings.limits.max_arrow_page_bytes,
+            max_bytes=lim.max_response_bytes if json_limits else lim.max_arrow_page_bytes,
             wait_ms=wait_ms,
             tags=tags,
-            limit=self.settings.limits.max_arrow_pull_messages,
+            limit=None if json_limits else lim.max_arrow_pull_messages,
         )
         return RawPullResult(status, page or RawPage(b""), next_offset, lo, hi)
 

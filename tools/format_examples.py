@@ -11,10 +11,14 @@ write or read.
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from collections.abc import Iterator
 
+from api.fetch import encode_records
 from broker.message import decode_message, encode_message, message_properties
+from broker.msgid import msg_id_prefix
+from broker.pages import RawPage
 from consumequeue.filter import tags_hash
 from consumequeue.queue import UNIT
 from dledger.store.entry import (
@@ -25,6 +29,7 @@ from dledger.store.entry import (
     encode_entry,
     encode_index_unit,
 )
+from ledgermq.client.fetch import decode_page
 
 TERM = 1
 BORN_MS = 1_764_115_200_000  # 2025-11-26T00:00:00Z
@@ -62,6 +67,19 @@ MESSAGE_FIELDS = [
 INDEX_FIELDS = [("magic", 0, ">i"), ("pos", 4, ">q"), ("size", 12, ">i")]
 INDEX_FIELDS += [("index", 16, ">q"), ("term", 24, ">q")]
 CQ_FIELDS = [("commitlog offset", 0, ">q"), ("size", 8, ">i"), ("tags hash", 12, ">q")]
+PAGE_FIELDS = [
+    ("magic", 0, ">4s"),
+    ("version", 4, ">B"),
+    ("status", 5, ">B"),
+    ("prefix length", 6, ">H"),
+    ("next_offset", 8, ">q"),
+    ("min_offset", 16, ">q"),
+    ("max_offset", 24, ">q"),
+    ("message count", 32, ">I"),
+    ("records bytes", 36, ">I"),
+]
+ENTRY_TABLE_FIELDS = [("queue_offset", 0, ">q"), ("record at", 8, ">I"), ("inner index", 12, ">I")]
+GROUP = "g0"
 
 
 def hexdump(data: bytes, base: int = 0) -> str:
@@ -77,6 +95,8 @@ def hexdump(data: bytes, base: int = 0) -> str:
 
 def _value(fmt: str, raw: bytes) -> str:
     values = struct.unpack(fmt, raw)
+    if isinstance(values[0], bytes) and len(values) == 1:  # a magic
+        return f"`{values[0].decode()}`"
     if len(values) == 2:  # a host: 4 address bytes and a port
         address, port = values
         return ".".join(str(b) for b in address) + f":{port}"
@@ -120,7 +140,29 @@ class Example:
         self.cq_unit = UNIT.pack(
             self.message_pos + BODY_OFFSET, len(self.record), tags_hash("paid")
         )
+        self.page = self._record_page()
         self._check()
+
+    def _record_page(self) -> bytes:
+        """The record page a pull of the message answers (``api.fetch``), made from a
+        view of the example log as a node makes it from its store's."""
+        log = self.noop + self.entry
+
+        @contextlib.contextmanager
+        def view(start: int, size: int) -> Iterator[memoryview]:
+            with memoryview(log) as v:
+                yield v[start : start + size]
+
+        page = RawPage(self.cq_unit, view, segment_bytes=1 << 30, queue_offsets=[0])
+        content, _ = encode_records(
+            page,
+            status="FOUND",
+            next_offset=1,
+            min_offset=0,
+            max_offset=1,
+            prefix=msg_id_prefix(GROUP),
+        )
+        return bytes(content)
 
     def _check(self) -> None:
         """The tables must say what the decoders read."""
@@ -131,6 +173,16 @@ class Example:
         unit = decode_index_unit(self.units[1])
         assert (unit.pos, unit.size, unit.index) == (self.message_pos, len(self.entry), 1)
         assert UNIT.unpack(self.cq_unit) == (m.physical_offset, m.size, tags_hash(m.tags))
+        pulled = decode_page(self.page).result
+        (got,) = pulled.messages
+        assert (pulled.status, pulled.next_offset, got.body, got.tags) == (
+            "FOUND",
+            1,
+            b'{"id":1}',
+            "paid",
+        )
+        assert got.msg_id == msg_id_prefix(GROUP) + f"{m.physical_offset:016X}"
+        assert self.page.endswith(self.record)
 
     def regions(self) -> dict[str, str]:
         """The generated regions of docs/formats.md, by name."""
@@ -144,6 +196,11 @@ class Example:
             "index-fields": "\n".join(field_table(self.units[1], INDEX_FIELDS)),
             "cq-hexdump": _block(hexdump(self.cq_unit)),
             "cq-fields": "\n".join(field_table(self.cq_unit, CQ_FIELDS)),
+            "page-hexdump": _block(hexdump(self.page[: len(self.page) - len(self.record)])),
+            "page-fields": "\n".join(field_table(self.page, PAGE_FIELDS)),
+            "page-entry-fields": "\n".join(
+                field_table(self.page[40 + len(GROUP) * 2 :], ENTRY_TABLE_FIELDS)
+            ),
         }
 
 

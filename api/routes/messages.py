@@ -23,7 +23,7 @@ from broker.settings import Limits
 from broker.timers.service import Scheduled, Timers
 from broker.transactions.service import Transactions
 
-from .. import media, models
+from .. import fetch, media, models
 from ..json_messages import JSONMessages, pull_json
 from ..json_shape import check_json_shape, ndjson_lines
 from ..metrics import NodeMetrics
@@ -440,7 +440,7 @@ PULL_MAX_MESSAGES = NodeMaximum("max_messages", ("max_pull_messages", "max_arrow
 PULL_WAIT_MS = NodeMaximum("wait_ms", ("max_wait_ms",))
 
 
-# ``GET /v1/topics/{topic}/queues/{queue_id}/messages``: one queue, JSON or Arrow.
+# ``GET /v1/topics/{topic}/queues/{queue_id}/messages``: one queue, JSON, Arrow or records.
 @router.get(
     "/v1/topics/{topic}/queues/{queue_id}/messages",
     tags=["consume"],
@@ -467,7 +467,20 @@ async def pull(
 ) -> Response:
     check_maxima(limits, (PULL_MAX_MESSAGES, max_messages), (PULL_WAIT_MS, wait_ms))
     access.need("consume", topic)
-    if media.wants_arrow(request.headers.get("accept")):
+    answer = media.pull_format(request.headers.get("accept"))
+    if answer == media.RECORDS:
+        with long_poll(wait_ms), metrics.long_polls.track_inprogress():
+            return await fetch.pull_response(
+                reads,
+                metrics,
+                topic,
+                queue_id,
+                offset,
+                max_messages=max_messages,
+                wait_ms=wait_ms,
+                tags=tags,
+            )
+    if answer == media.ARROW_STREAM:
         if arrow_pull is None:
             raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
         with long_poll(wait_ms), metrics.long_polls.track_inprogress():

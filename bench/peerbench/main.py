@@ -134,6 +134,13 @@ class Run:
             else:
                 spec = self.guarded(key, "consume", s.consume_spec)
             self.one("consume", scenario, key, spec)
+        # LedgerMQ's record pages (issue 31): the same catch-up read, the stored records
+        scenario = f"consume records {n:,} b={self.a.consume_batch}"
+        for key in order:
+            s = self.systems[key]
+            if isinstance(s, LedgerMQ):
+                spec = self.guarded(key, scenario, lambda s=s: s.consume_spec(records=True))
+                self.one("consume", scenario, key, spec)
 
     def pop(self) -> None:
         """Per system (once each, alternating): its backlog written, then drained. A

@@ -250,10 +250,13 @@ class LedgerMQ(System):
             0.1,
         )
 
-    def consume_spec(self) -> dict[str, Any]:
+    def consume_spec(self, records: bool = False) -> dict[str, Any]:
+        """The catch-up read; ``records``: as record pages (issue 31), not JSON."""
         master = self.master()
         self.wait_dispatched(master)
-        return self.catchup_read(kind="pull", port=self.master_port(), topic="catchup")
+        return self.catchup_read(
+            kind="pull", port=self.master_port(), topic="catchup", records=records
+        )
 
     def pop_fill_spec(self, n: int) -> dict[str, Any]:
         return self.catchup_fill(

@@ -78,6 +78,7 @@ from .errors import (
 )
 from .exchange import (
     ARROW_STREAM,
+    RECORD_PAGE,
     RETRIED,
     Action,
     Call,
@@ -94,6 +95,7 @@ from .exchange import (
     redirect_target,
     retry_after_s,
 )
+from .fetch import RecordMessage, RecordPageError, decode_page
 from .fronts import (
     Admin,
     AsyncAdmin,
@@ -159,6 +161,7 @@ __all__ = [
     "DLQ_PROPERTIES",
     "ERROR_CLASSES",
     "PRODUCER_ID",
+    "RECORD_PAGE",
     "RETRIED",
     "UNTYPED_CODES",
     "AckResult",
@@ -219,6 +222,8 @@ __all__ = [
     "QueueInfo",
     "RecallHandleNotFoundError",
     "ReceivedMessage",
+    "RecordMessage",
+    "RecordPageError",
     "Redriven",
     "Reply",
     "Request",
@@ -249,6 +254,7 @@ __all__ = [
     "Unreachable",
     "backoff_delay_s",
     "decode_message",
+    "decode_page",
     "decode_pop_message",
     "dlq_topic",
     "encode_body",

@@ -20,7 +20,7 @@ import httpx
 import orjson
 
 from .exchange import (
-    ARROW_STREAM,
+    BINARY,
     Action,
     Exchange,
     Gen,
@@ -63,7 +63,7 @@ def _reply(resp: httpx.Response) -> Reply:
     body: Any = None
     text = ""
     headers = {k.lower(): v for k, v in resp.headers.items()}
-    if resp.is_success and headers.get("content-type") == ARROW_STREAM:
+    if resp.is_success and headers.get("content-type") in BINARY:
         return Reply(resp.status_code, headers, None, "", resp.content)
     if resp.content:
         try:

@@ -28,6 +28,8 @@ from .errors import (
 from .settings import ClientSettings, parse_brokers
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"  # api.media's; a test keeps them equal
+RECORD_PAGE = "application/vnd.ledgermq.records"  # api.media's RECORDS: a pull's record page
+BINARY = frozenset({ARROW_STREAM, RECORD_PAGE})  # answers kept as bytes in ``Reply.content``
 
 
 @dataclass(frozen=True, slots=True)

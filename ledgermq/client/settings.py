@@ -50,6 +50,10 @@ class ClientSettings:
     # they came: no JSON to read, no object per message. False: JSON, as every batch
     # the format cannot say (a delay message, messages for different queues) goes.
     record_format: bool = True
+    # Pulls are answered as record pages (docs/http.md "Pull in the record format"): the
+    # stored records, decoded lazily, field by field (``ledgermq.client.fetch``). False:
+    # JSON, every message decoded when it arrives.
+    record_pull: bool = True
 
     def __post_init__(self) -> None:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0 or self.deadline_s <= 0:
@@ -83,6 +87,8 @@ class ClientOptions(TypedDict, total=False):
     trust_env: bool
     produce_answer_timeout_s: float
     max_receipt_handles: int
+    record_format: bool
+    record_pull: bool
 
 
 def parse_brokers(brokers: str | Sequence[str]) -> list[str]:

@@ -94,6 +94,8 @@ class Connection:
             deadline_s=self.retry_deadline_ms / 1000,
             max_attempts=self.max_attempts,
             auth_token=self.auth_token,
+            # pullFormat=json is the JSON pull (docs/spark.md); arrow asks for Arrow itself
+            record_pull=False,
         )
 
 

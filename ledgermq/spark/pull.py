@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from ledgermq.client import (
     ARROW_STREAM,
+    RECORD_PAGE,
     AdminOps,
     ArrowPage,
     ClientSettings,
@@ -143,6 +144,8 @@ def _reply(resp: http.client.HTTPResponse) -> Reply:
             got += n
         return Reply(resp.status, headers, None, "", view)
     data = resp.read()
+    if 200 <= resp.status < 300 and headers.get("content-type") == RECORD_PAGE:
+        return Reply(resp.status, headers, None, "", data)  # a record page (decoded lazily)
     body: Any = None
     text = ""
     if data:

@@ -200,7 +200,7 @@ async def test_arrow_pulls_are_counted_and_documented(node: Node) -> None:
     doc = (await node.http.get("/openapi.json")).json()
     op = doc["paths"]["/v1/topics/{topic}/queues/{queue_id}/messages"]["get"]
     ok = op["responses"]["200"]
-    assert set(ok["content"]) == {"application/json", media.ARROW_STREAM}
+    assert set(ok["content"]) == {"application/json", media.ARROW_STREAM, media.RECORDS}
     assert media.PULL_NEXT_OFFSET in ok["headers"] and "406" in op["responses"]
     assert media.ARROW_STREAM in op["description"]
 

@@ -14,7 +14,8 @@ seeded with the target's seeds and its regression inputs (``regressions/TARGET``
 work directory is ``--workdir``, else ``$LEDGERMQ_FUZZ_DIR``, else
 ``/tmp/ledgermq-fuzz``.
 
-Only the product packages are instrumented for coverage (not the tests, not libraries).
+Only the product packages are instrumented for coverage (not the tests, not libraries;
+the Python client, `ledgermq.client`, for its decoder of record pages).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from pathlib import Path
 from . import registry
 
 REGRESSIONS = Path(__file__).parent / "regressions"
-INSTRUMENTED = ["dledger", "broker", "consumequeue", "api"]
+INSTRUMENTED = ["dledger", "broker", "consumequeue", "api", "ledgermq.client"]
 DEFAULT_FLAGS = {
     "-timeout": "10",
     "-rss_limit_mb": "2048",

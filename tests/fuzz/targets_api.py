@@ -3,7 +3,8 @@ of ``api/models.py`` bytes straight; ``http_bodies`` sends a body (JSON, or NDJS
 produce) and path parameters to each of the endpoints that take one, through the
 real app (``create_app``), to a broker that runs every check and encodes every record
 but appends nothing: any answer but a 500 is fine, a 500 is an exception the API did not
-turn into its error body."""
+turn into its error body. And one answer: ``record_page``, a pull's record page as the
+Python client decodes it (``ledgermq.client.fetch``)."""
 
 from __future__ import annotations
 
@@ -17,23 +18,29 @@ from urllib.parse import quote
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from api import models
+from api import fetch, models
 from api.app import create_app
 from api.json_shape import check_json_shape, ndjson_lines
 from api.routes.common import NDJSON
 from api.routes.messages import to_broker_message
 from broker import errors
+from broker.batch import encode_batch_record, set_queue_base
 from broker.broker import Broker
 from broker.commitlog import OutgoingMessage, PutResult
 from broker.dispatch.appliers import state_appliers
 from broker.gate import BrokerRole
+from broker.message import encode_message, set_physical_offset
 from broker.metadata import POP_OP_PREFIX, TIMER_OP_PREFIX, TX_OP_PREFIX, TopicMeta
+from broker.pages import RawPage
 from broker.pop.state import PopState
+from broker.properties import encode_properties, inner_properties, message_properties
 from broker.settings import BrokerSettings, Limits
 from broker.status import BrokerStatus
 from broker.timers.state import TimerState
 from broker.transactions.state import TransactionState
+from consumequeue.queue import UNIT
 from dledger.store import FileStore
+from ledgermq.client.fetch import RecordPageError, decode_page
 
 from ..asgi import http_scope
 from .reader import Reader, Writer
@@ -352,3 +359,74 @@ def http_bodies(data: bytes) -> None:
     broker.reset()
     status = loop.run_until_complete(_call(app, method, path.format(name=name), query, ctype, body))
     assert status > 0
+
+
+def record_page_of(records: list[tuple[bytearray, list[int]]]) -> bytes:
+    """A record page (``api.fetch``) of records laid back to back from commitlog offset
+    0, each with the queue offsets of its messages, as a node answers it."""
+    log = bytearray()
+    units, offsets = b"", []
+    for record, queue_offsets in records:
+        set_physical_offset(record, len(log))
+        units += b"".join(UNIT.pack(len(log), len(record), 0) for _ in queue_offsets)
+        offsets += queue_offsets
+        log += record
+
+    @contextlib.contextmanager
+    def view(start: int, size: int) -> Any:
+        with memoryview(log) as v:
+            yield v[start : start + size]
+
+    page = RawPage(units, view, segment_bytes=1 << 20, queue_offsets=offsets)
+    content, _ = fetch.encode_records(
+        page, status="FOUND", next_offset=9, min_offset=0, max_offset=9, prefix="6730"
+    )
+    return bytes(content)
+
+
+def _page_seeds() -> list[bytes]:
+    plain = encode_message(
+        topic="t",
+        body=b"\x00\xffbody",
+        properties=message_properties({"p": "1"}, tags="T", keys=["k1", "k2"], uniq_key="U"),
+        queue_id=1,
+        queue_offset=0,
+        born_timestamp=1,
+        store_timestamp=2,
+    )
+    inner = [
+        (b"a", encode_properties(inner_properties({}, tags="A", keys=["x"]))),
+        (b"", encode_properties(inner_properties({"q": "2"}, tags=None, keys=[]))),
+        (b"ccc", encode_properties(inner_properties({}, tags="B", keys=[]))),
+    ]
+    batch = encode_batch_record("t", inner, session=None, timestamp=3, store_host=("127.0.0.1", 1))
+    set_queue_base(batch, 1)
+    whole = record_page_of([(plain, [0]), (batch, [1, 2, 3])])
+    empty = fetch.HEADER.pack(fetch.MAGIC, fetch.VERSION, 1, 0, 9, 0, 9, 0, 0)
+    return [whole, record_page_of([(batch, [2, 3])]), empty]
+
+
+@target("record_page", max_len=4096, seeds=_page_seeds)
+def record_page(data: bytes) -> None:
+    """A pull answered as a record page (``decode_page``, the client's): a pull result
+    or ``RecordPageError``; then every field of every message reads, or raises
+    ``RecordPageError`` (properties that are not UTF-8 pairs), never anything else; TAGS
+    and KEYS read alone (found in the block) are what the whole block's parse says."""
+    try:
+        page = decode_page(data)
+    except RecordPageError:
+        return
+    r = page.result
+    assert r.status in fetch.STATUSES and page.records_bytes <= len(data)
+    for m in r.messages:
+        alone: list[Any] = []
+        for name in ("tags", "keys", "key", "body", "msg_id", "topic", "store_timestamp"):
+            try:
+                alone.append(getattr(m, name))
+            except RecordPageError:
+                alone.append(RecordPageError)
+        try:
+            m.fields()
+        except RecordPageError:
+            continue
+        assert alone[:3] == [m.tags, m.keys, m.key], (alone[:3], m.properties)

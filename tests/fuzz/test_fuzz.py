@@ -58,6 +58,7 @@ def test_every_decoder_the_issue_names_has_a_target() -> None:
         "api_models",
         "http_bodies",
         "json_shape",
+        "record_page",
     }
 
 
