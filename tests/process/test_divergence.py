@@ -27,7 +27,11 @@ def test_a_node_whose_committed_entries_the_leader_lacks_says_so(
     fresh_cluster3: LocalBrokerCluster,
 ) -> None:
     c = fresh_cluster3
-    http = httpx.Client(timeout=10)
+    with httpx.Client(timeout=10) as http:
+        _reproduce(c, http)
+
+
+def _reproduce(c: LocalBrokerCluster, http: httpx.Client) -> None:
     m = c.wait_ready()
     a, paused = (n for n in c.ids if n != m)
     r = http.post(c.urls[m] + "/v1/topics", json={"name": "dv", "queues": 1})
