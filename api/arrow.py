@@ -263,11 +263,4 @@ async def pull_response(
         reads, topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
     )
     metrics.count_pulled(topic, r.count, r.body_bytes)
-    headers = {
-        media.PULL_STATUS: r.status,
-        media.PULL_NEXT_OFFSET: str(r.next_offset),
-        media.PULL_MIN_OFFSET: str(r.min_offset),
-        media.PULL_MAX_OFFSET: str(r.max_offset),
-        media.PULL_COUNT: str(r.count),
-    }
-    return Response(r.content, media_type=media.ARROW_STREAM, headers=headers)
+    return Response(r.content, media_type=media.ARROW_STREAM, headers=media.pull_headers(r))

@@ -269,18 +269,6 @@ async def pull_records(
     )
 
 
-def pull_headers(r: RecordsPull) -> dict[str, str]:
-    """The ``PULL_*`` response headers of a record page (what its header block says,
-    for a reader with curl)."""
-    return {
-        media.PULL_STATUS: r.status,
-        media.PULL_NEXT_OFFSET: str(r.next_offset),
-        media.PULL_MIN_OFFSET: str(r.min_offset),
-        media.PULL_MAX_OFFSET: str(r.max_offset),
-        media.PULL_COUNT: str(r.count),
-    }
-
-
 async def pull_response(
     reads: Reads,
     metrics: NodeMetrics,
@@ -298,4 +286,4 @@ async def pull_response(
         reads, topic, queue_id, offset, max_messages=max_messages, wait_ms=wait_ms, tags=tags
     )
     metrics.count_pulled(topic, r.count, r.body_bytes)
-    return Response(r.content, media_type=MEDIA_TYPE, headers=pull_headers(r))
+    return Response(r.content, media_type=MEDIA_TYPE, headers=media.pull_headers(r))

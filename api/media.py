@@ -10,7 +10,7 @@ Arrow request 406.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from broker.errors import BrokerError
 
@@ -111,3 +111,30 @@ ARROW_PULL_RESPONSE: dict[str, Any] = {
         )
     },
 }
+
+
+class PullAnswer(Protocol):
+    """A binary pull's answer (a record page, an Arrow stream): what its headers say."""
+
+    @property
+    def status(self) -> str: ...
+    @property
+    def next_offset(self) -> int: ...
+    @property
+    def min_offset(self) -> int: ...
+    @property
+    def max_offset(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+
+
+def pull_headers(r: PullAnswer) -> dict[str, str]:
+    """The ``PULL_*`` response headers of a binary pull: its status and offsets, for a
+    reader with curl (the JSON pull has them in its body)."""
+    return {
+        PULL_STATUS: r.status,
+        PULL_NEXT_OFFSET: str(r.next_offset),
+        PULL_MIN_OFFSET: str(r.min_offset),
+        PULL_MAX_OFFSET: str(r.max_offset),
+        PULL_COUNT: str(r.count),
+    }

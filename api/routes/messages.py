@@ -468,23 +468,14 @@ async def pull(
     check_maxima(limits, (PULL_MAX_MESSAGES, max_messages), (PULL_WAIT_MS, wait_ms))
     access.need("consume", topic)
     answer = media.pull_format(request.headers.get("accept"))
-    if answer == media.RECORDS:
+    if answer in (media.RECORDS, media.ARROW_STREAM):
+        respond = fetch.pull_response
+        if answer == media.ARROW_STREAM:
+            if arrow_pull is None:
+                raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
+            respond = arrow_pull.pull_response
         with long_poll(wait_ms), metrics.long_polls.track_inprogress():
-            return await fetch.pull_response(
-                reads,
-                metrics,
-                topic,
-                queue_id,
-                offset,
-                max_messages=max_messages,
-                wait_ms=wait_ms,
-                tags=tags,
-            )
-    if answer == media.ARROW_STREAM:
-        if arrow_pull is None:
-            raise media.NotAcceptableError("install the ledgermq[arrow] extra for Arrow")
-        with long_poll(wait_ms), metrics.long_polls.track_inprogress():
-            return await arrow_pull.pull_response(
+            return await respond(
                 reads,
                 metrics,
                 topic,
