@@ -57,12 +57,19 @@ def aggregate(runs: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
 
 
 def ratios(agg: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, float | None]]:
-    """scenario -> ``"<ledgermq mode>/<peer>"`` -> LedgerMQ msg/s / the peer's."""
+    """scenario -> ``"<ledgermq mode>/<peer>"`` -> LedgerMQ msg/s / the peer's. A
+    record-format row (``produce records ...``, ``consume records ...``) is set against
+    the peers of the same JSON scenario: they have no record format."""
     out: dict[str, dict[str, float | None]] = {}
     for scenario, systems in agg.items():
         row: dict[str, float | None] = {}
+        peers = (
+            agg.get(scenario.replace(" records ", " ", 1), {})
+            if " records " in scenario
+            else systems
+        )
         for mode in (m for m in LEDGERMQ if m in systems):
-            for peer, fig in systems.items():
+            for peer, fig in peers.items():
                 if peer in LEDGERMQ:
                     continue
                 ours, theirs = systems[mode]["msgs_per_s"], fig["msgs_per_s"]

@@ -152,6 +152,9 @@ def test_ratios_are_ledgermq_over_each_peer_of_the_same_scenario(results: dict[s
     assert rat["produce b=100 c=16"] == {"ledgermq-sync/nats": 4.0}
     assert rat["produce b=1 c=16"] == {"ledgermq-sync/floor": 1.0}
     assert rat["consume 800 b=1000"] == {}
+    records = {"produce records b=100 c=16": {"ledgermq-sync": {"msgs_per_s": 40_000.0}}}
+    rat = report.ratios({**report.aggregate(results["runs"]), **records})
+    assert rat["produce records b=100 c=16"] == {"ledgermq-sync/nats": 8.0}  # JSON row's NATS
 
 
 def test_targets_say_met_or_not(results: dict[str, Any]) -> None:
