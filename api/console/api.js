@@ -1,0 +1,149 @@
+// The console's only way to the broker: the public HTTP API (docs/http.md), with the
+// token of the token field (sessionStorage) as `Authorization: Bearer`. Reads go to the
+// node that served the page while it answers (else to another that does); writes go to
+// the master found by asking every node for GET /v1/cluster.
+
+const TOKEN_KEY = "ledgermq.token";
+export const POLL_MS = 2000;
+const READ_TIMEOUT_MS = 1500;
+const WRITE_TIMEOUT_MS = 15000;
+
+export class ApiError extends Error {
+  constructor(status, code, message, fields = {}) {
+    super(message);
+    this.status = status;
+    this.code = code;
+    this.fields = fields;
+  }
+}
+
+export function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || "";
+}
+
+export function setToken(value) {
+  if (value) sessionStorage.setItem(TOKEN_KEY, value);
+  else sessionStorage.removeItem(TOKEN_KEY);
+}
+
+export function originOf(url) {
+  try {
+    return new URL(url).origin;
+  } catch {
+    return null;
+  }
+}
+
+/** One request to `base + path`; the parsed answer, or an ApiError. */
+export async function request(base, method, path, body, timeoutMs = READ_TIMEOUT_MS) {
+  const headers = { Accept: "application/json" };
+  const t = token();
+  if (t) headers.Authorization = `Bearer ${t}`;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const ctl = new AbortController();
+  const timer = setTimeout(() => ctl.abort(), timeoutMs);
+  let resp;
+  try {
+    resp = await fetch(base + path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      signal: ctl.signal,
+      cache: "no-store",
+    });
+  } catch (e) {
+    const why = e.name === "AbortError" ? `no answer in ${timeoutMs} ms` : "connection failed";
+    throw new ApiError(0, "NODE_DOWN", `${base} is down or unreachable (${why})`);
+  } finally {
+    clearTimeout(timer);
+  }
+  if (resp.status === 204) return null;
+  let data = null;
+  try {
+    data = await resp.json();
+  } catch {
+    data = null;
+  }
+  if (!resp.ok) {
+    const err = (data && data.error) || {};
+    let message = err.message || `${resp.status} ${resp.statusText}`;
+    if (resp.status === 401) message += " (enter a token in the Token field)";
+    throw new ApiError(resp.status, err.code || `HTTP_${resp.status}`, message, err);
+  }
+  return data;
+}
+
+// ---- the cluster as seen from every node -------------------------------------------
+
+export const cluster = {
+  urls: [location.origin], // every node's origin learned so far, this one first
+  views: new Map(), // origin -> {ok, view?, error?, at}
+  nodes: [], // [{node_id, http_url, origin}]
+  master: null, // {node_id, origin, term} or null
+  polled: false,
+  listeners: new Set(),
+};
+
+export function onCluster(fn) {
+  cluster.listeners.add(fn);
+  return () => cluster.listeners.delete(fn);
+}
+
+export async function pollCluster() {
+  const answers = await Promise.all(
+    cluster.urls.map((origin) =>
+      request(origin, "GET", "/v1/cluster").then(
+        (view) => ({ origin, ok: true, view }),
+        (error) => ({ origin, ok: false, error }),
+      ),
+    ),
+  );
+  const nodes = new Map();
+  for (const a of answers) {
+    cluster.views.set(a.origin, { ...a, at: Date.now() });
+    if (!a.ok) continue;
+    for (const n of a.view.nodes) {
+      const origin = n.http_url ? originOf(n.http_url) : null;
+      nodes.set(n.node_id, { node_id: n.node_id, http_url: n.http_url, origin });
+      if (origin && !cluster.urls.includes(origin)) cluster.urls.push(origin);
+    }
+  }
+  if (nodes.size) cluster.nodes = [...nodes.values()].sort((a, b) => (a.node_id < b.node_id ? -1 : 1));
+  let master = null;
+  for (const a of answers) {
+    if (a.ok && a.view.broker_role === "MASTER" && (!master || a.view.term > master.term)) {
+      master = { node_id: a.view.node_id, origin: a.origin, term: a.view.term };
+    }
+  }
+  cluster.master = master;
+  cluster.polled = true;
+  for (const fn of cluster.listeners) fn(cluster);
+  return cluster;
+}
+
+/** The view of the node at `origin` from the last poll, or null. */
+export function viewOf(origin) {
+  return origin ? cluster.views.get(origin) || null : null;
+}
+
+function readBase() {
+  for (const origin of cluster.urls) {
+    const v = cluster.views.get(origin);
+    if (!v || v.ok) return origin;
+  }
+  return location.origin;
+}
+
+/** A read (served by every node from committed data). */
+export function read(path) {
+  return request(readBase(), "GET", path, undefined, WRITE_TIMEOUT_MS);
+}
+
+/** A write: sent to the master; with none known, a NO_MASTER error without a request. */
+export async function write(method, path, body) {
+  if (!cluster.master) await pollCluster();
+  if (!cluster.master) {
+    throw new ApiError(503, "NO_MASTER", "no node is master now: writes wait for an election");
+  }
+  return request(cluster.master.origin, method, path, body, WRITE_TIMEOUT_MS);
+}

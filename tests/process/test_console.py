@@ -1,0 +1,229 @@
+"""The web console in a real browser against real nodes (issue 34, docs/console.md).
+
+Debian's headless chromium, driven over the DevTools protocol (``tools.browser``), opens
+``/console`` of a 3-node cluster of processes on 127.0.0.1: every page loads with no
+console error and no request to a host other than 127.0.0.1; a topic is created and
+described, a message sent and found by its key and in its queue, the topic deleted; a
+group's lag moves when messages are produced and when it commits; with auth on the page
+asks for the token and works once it is given; after ``kill -9`` of the master the
+Cluster page shows the new master and the dead node. A missing chromium fails these
+tests with the command that installs it (``make chromium``); it never skips them.
+Every wait is a bounded condition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from ledgermq.local_cluster import LocalBrokerCluster
+from tests.process.nodeproc import node_process
+from tools.browser import Browser
+
+PAGES = {
+    # page: what shows that it is drawn with the cluster's data
+    "cluster": "document.querySelectorAll('#nodes tr[data-state=up]').length === 3"
+    " && !!document.querySelector('#banner [data-master]')",
+    "topics": "!!document.querySelector('#topics, main p.muted')",
+    "messages": "!!document.querySelector('#send')"
+    " && !!document.querySelector('#banner [data-master]')",
+    "groups": "!!document.querySelector('#groups, main p.muted')",
+}
+FAILOVER_S = 45.0
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with Browser() as b:
+        yield b
+
+
+def others(urls: list[str]) -> list[str]:
+    """The requests among ``urls`` that went to a host other than 127.0.0.1."""
+    return [u for u in urls if urlsplit(u).scheme != "data" and urlsplit(u).hostname != "127.0.0.1"]
+
+
+def master_url(cluster: LocalBrokerCluster) -> str:
+    master = cluster.master()
+    assert master is not None
+    return cluster.urls[master]
+
+
+def test_every_page_loads_without_errors_or_outside_requests(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    url = cluster3.urls["n0"] + "/console/"
+    browser.clear()
+    for page, drawn in PAGES.items():
+        browser.open(f"{url}#/{page}")
+        browser.wait_for(drawn, what=f"the {page} page drawn")
+        assert (
+            browser.evaluate("document.querySelector('nav a[aria-current=page]').dataset.page")
+            == page
+        )
+    # A full poll of every node after the last page, then: nothing went wrong, nothing left.
+    browser.wait_for("document.querySelectorAll('#banner [data-master]').length === 1")
+    assert browser.errors() == []
+    requests = browser.requests()
+    assert others(requests) == []
+    # The console learned the other nodes from /v1/cluster and asked them (CORS works).
+    for node_url in cluster3.urls.values():
+        assert any(r.startswith(node_url + "/v1/cluster") for r in requests), node_url
+
+
+def test_topic_message_by_key_and_queue(cluster3: LocalBrokerCluster, browser: Browser) -> None:
+    url = cluster3.urls["n1"] + "/console/"
+    browser.clear()
+    browser.open(url + "#/topics")
+    browser.wait_for("!!document.querySelector('#banner [data-master]')")
+    browser.fill("#create-topic input[name=name]", "console-orders")
+    browser.fill("#create-topic input[name=queues]", "4")
+    browser.click("#create-topic button")
+    browser.wait_for(
+        "!!document.querySelector('tr[data-topic=\"console-orders\"]')", what="topic listed"
+    )
+    browser.click('tr[data-topic="console-orders"] button.secondary')
+    browser.wait_for("document.querySelectorAll('#queues tbody tr').length === 4", what="4 queues")
+
+    browser.open(url + "#/messages")
+    browser.wait_for(
+        "!!document.querySelector('#send') && !!document.querySelector('#banner [data-master]')"
+    )
+    body = json.dumps({"order": 42, "item": "book"})
+    browser.fill("#send input[name=topic]", "console-orders")
+    browser.fill("#send input[name=key]", "order-42")
+    browser.fill("#send input[name=tags]", "TagA")
+    browser.fill("#send textarea[name=body]", body)
+    browser.click("#send button")
+    sent = browser.wait_for(
+        "(document.querySelector('.msg.ok') || {}).innerText", what="the message sent"
+    )
+    assert sent.startswith("Sent: ")
+
+    browser.fill("#find input[name=topic]", "console-orders")
+    browser.fill("#find input[name=key]", "order-42")
+    browser.click("#find button")
+    browser.wait_for(
+        "!!document.querySelector('details[data-key=\"order-42\"]')", what="found by key"
+    )
+    browser.click("details[data-key='order-42'] summary")  # opens it
+    shown = browser.text("details[data-key='order-42'] pre.body")
+    assert json.loads(shown) == json.loads(body)
+    msg_id = browser.evaluate(
+        "document.querySelector('details[data-key=\"order-42\"]').dataset.msgId"
+    )
+    assert msg_id in sent
+    queue = browser.evaluate(
+        "document.querySelector('details[data-key=\"order-42\"]').dataset.queue"
+    )
+
+    browser.fill("#browse input[name=topic]", "console-orders")
+    browser.fill("#browse input[name=queue_id]", str(queue))
+    browser.fill("#browse input[name=offset]", "0")
+    browser.click("#browse button")
+    browser.wait_for(
+        f"!!document.querySelector('#results details[data-msg-id=\"{msg_id}\"]')", what="browsed"
+    )
+    assert browser.errors() == []
+
+    browser.open(url + "#/topics")
+    browser.wait_for("!!document.querySelector('tr[data-topic=\"console-orders\"]')")
+    browser.click('tr[data-topic="console-orders"] button.danger')  # arms it
+    browser.click('tr[data-topic="console-orders"] button.danger')  # confirms
+    browser.wait_for("!document.querySelector('tr[data-topic=\"console-orders\"]')", what="deleted")
+    topics = httpx.get(cluster3.urls["n2"] + "/v1/topics", timeout=10).json()["topics"]
+    assert "console-orders" not in [t["name"] for t in topics]
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_a_group_s_lag_moves(cluster3: LocalBrokerCluster, browser: Browser) -> None:
+    api = master_url(cluster3)
+
+    def produce(n: int) -> None:
+        msgs = [{"body": f"m{i}", "queue_id": 0} for i in range(n)]
+        r = httpx.post(f"{api}/v1/topics/console-lag/messages", json={"messages": msgs}, timeout=30)
+        assert r.status_code == 200, r.text
+
+    r = httpx.post(f"{api}/v1/topics", json={"name": "console-lag", "queues": 2}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    produce(3)
+    r = httpx.put(
+        f"{api}/v1/groups/console-readers/offsets",
+        json={"topic": "console-lag", "offsets": {"0": 1, "1": 0}},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+
+    browser.clear()
+    browser.open(cluster3.urls["n2"] + "/console/#/groups")
+    browser.wait_for("!!document.querySelector('tr[data-group=\"console-readers\"]')")
+    browser.click('tr[data-group="console-readers"] button')
+    lag = "(document.querySelector('#total-lag') || {dataset: {}}).dataset.lag"
+    browser.wait_for(f"{lag} === '2'", what="lag 2")
+    produce(5)
+    browser.wait_for(f"{lag} === '7'", what="lag 7 after 5 more messages")
+    r = httpx.put(
+        f"{api}/v1/groups/console-readers/offsets",
+        json={"topic": "console-lag", "offsets": {"0": 8}},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    browser.wait_for(f"{lag} === '0'", what="lag 0 after the commit")
+    assert browser.errors() == []
+
+
+def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
+    token = "console-test-token"
+    with node_process(tmp_path / "n0", "--auth-token", token) as node:
+        browser.open(node.url + "/console/#/topics")
+        browser.evaluate("sessionStorage.clear()")
+        browser.open(node.url + "/console/#/topics")
+        browser.wait_for(
+            "document.querySelector('#banner').innerText.includes('needs a token')",
+            what="the page asks for a token",
+        )
+        browser.clear()  # the 401s above are the point; from here on, none
+        browser.fill("#token", token)
+        browser.click("#token-form button")
+        browser.wait_for(
+            "!!document.querySelector('#banner [data-master]')", what="master with the token"
+        )
+        browser.wait_for("!!document.querySelector('#topics, main p.muted')", what="topics read")
+        assert browser.evaluate("sessionStorage.getItem('ledgermq.token')") == token
+        assert browser.errors() == []
+        browser.evaluate("sessionStorage.clear()")
+
+
+def test_kill_9_of_the_master_shows_the_new_one(
+    fresh_cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    cluster = fresh_cluster3
+    old = cluster.master()
+    assert old is not None
+    watcher = next(n for n in cluster.ids if n != old)
+    browser.open(cluster.urls[watcher] + "/console/#/cluster")
+    browser.wait_for(
+        f"document.querySelector('#banner [data-master]')?.dataset.master === '{old}'"
+        " && document.querySelectorAll('#nodes tr[data-state=up]').length === 3",
+        what=f"{old} shown as master",
+    )
+    cluster.kill(old)
+    new = browser.wait_for(
+        "(() => { const m = document.querySelector('#banner [data-master]')?.dataset.master;"
+        f" return m && m !== '{old}' ? m : null; }})()",
+        timeout_s=FAILOVER_S,
+        what="a new master shown",
+    )
+    assert new == cluster.master()
+    browser.wait_for(
+        f"document.querySelector('#nodes tr[data-node=\"{old}\"]')?.dataset.state === 'down'"
+        f" && document.querySelector('#nodes tr[data-node=\"{new}\"]')?.dataset.role === 'MASTER'",
+        what=f"{old} down and {new} MASTER in the table",
+    )
+    assert "Down: " + old in browser.text("#banner")
