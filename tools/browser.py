@@ -234,9 +234,17 @@ class Browser:
         self.drain()
         self.events.clear()
 
-    def screenshot(self) -> bytes:
-        """A PNG of the viewport."""
-        return base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+    def screenshot(self, full_page: bool = False) -> bytes:
+        """A PNG of the viewport, or of the whole page's height with ``full_page``."""
+        params: dict[str, Any] = {"format": "png"}
+        if full_page:
+            size = self.call("Page.getLayoutMetrics")["cssContentSize"]
+            viewport = self.call("Page.getLayoutMetrics")["cssLayoutViewport"]
+            height = max(size["height"], viewport["clientHeight"])
+            width = viewport["clientWidth"]
+            params["clip"] = {"x": 0, "y": 0, "width": width, "height": height, "scale": 1}
+            params["captureBeyondViewport"] = True
+        return base64.b64decode(self.call("Page.captureScreenshot", **params)["data"])
 
     def close(self) -> None:
         self._stack.close()
