@@ -34,7 +34,12 @@ export function originOf(url) {
   }
 }
 
-/** One request to `base + path`; the parsed answer, or an ApiError. */
+/** A write that reached a node no longer master: it answered 307 to the new one. */
+class MasterMoved extends Error {}
+
+/** One request to `base + path`; the parsed answer, or an ApiError. A write does not
+ * follow a redirect: a browser drops the token on a redirect to another origin, so the
+ * caller asks the cluster again and sends the write to the new master itself. */
 export async function request(base, method, path, body, timeoutMs = READ_TIMEOUT_MS) {
   const headers = { Accept: "application/json" };
   const t = token();
@@ -50,6 +55,7 @@ export async function request(base, method, path, body, timeoutMs = READ_TIMEOUT
       body: body === undefined ? undefined : JSON.stringify(body),
       signal: ctl.signal,
       cache: "no-store",
+      redirect: method === "GET" ? "follow" : "manual",
     });
   } catch (e) {
     const why = e.name === "AbortError" ? `no answer in ${timeoutMs} ms` : "connection failed";
@@ -57,6 +63,7 @@ export async function request(base, method, path, body, timeoutMs = READ_TIMEOUT
   } finally {
     clearTimeout(timer);
   }
+  if (resp.type === "opaqueredirect") throw new MasterMoved(`${base} is no longer the master`);
   if (resp.status === 204) return null;
   let data = null;
   try {
@@ -145,5 +152,12 @@ export async function write(method, path, body) {
   if (!cluster.master) {
     throw new ApiError(503, "NO_MASTER", "no node is master now: writes wait for an election");
   }
-  return request(cluster.master.origin, method, path, body, WRITE_TIMEOUT_MS);
+  try {
+    return await request(cluster.master.origin, method, path, body, WRITE_TIMEOUT_MS);
+  } catch (e) {
+    if (!(e instanceof MasterMoved)) throw e;
+    await pollCluster();
+    if (!cluster.master) throw new ApiError(503, "NO_MASTER", "the master moved and no new one is known yet");
+    return request(cluster.master.origin, method, path, body, WRITE_TIMEOUT_MS);
+  }
 }

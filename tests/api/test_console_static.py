@@ -7,7 +7,9 @@ others.
 
 from __future__ import annotations
 
+import fnmatch
 import re
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -33,6 +35,11 @@ def test_every_file_is_served_and_nothing_comes_from_elsewhere() -> None:
         assert not re.search(r"(?<![\w/])(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", text), (
             f"{name} names another host: the console must work with no internet"
         )
+    # Each file is package data (pyproject.toml), so an installed node serves it too.
+    pyproject = tomllib.loads((CONSOLE_DIR.parents[1] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["api"]
+    for name in files:
+        assert any(fnmatch.fnmatch(f"console/{name}", p) for p in patterns), name
     index = (CONSOLE_DIR / "index.html").read_text()
     for ref in re.findall(r'(?:src|href)="([^"#:]+)"', index):
         assert (CONSOLE_DIR / ref).is_file(), ref

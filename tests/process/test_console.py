@@ -23,6 +23,7 @@ import pytest
 
 from ledgermq.local_cluster import LocalBrokerCluster
 from tests.process.nodeproc import node_process
+from tests.waiting import wait_until
 from tools.browser import Browser
 
 PAGES = {
@@ -127,17 +128,33 @@ def test_topic_message_by_key_and_queue(cluster3: LocalBrokerCluster, browser: B
     browser.fill("#browse input[name=offset]", "0")
     browser.click("#browse button")
     browser.wait_for(
-        f"!!document.querySelector('#results details[data-msg-id=\"{msg_id}\"]')", what="browsed"
+        "(document.querySelector('#results p.muted')?.innerText || '').startsWith('FOUND')"
+        f" && !!document.querySelector('#results details[data-msg-id=\"{msg_id}\"]')",
+        what="browsed",
     )
     assert browser.errors() == []
+
+    # An error answer shows its code and message where the action was taken.
+    browser.fill("#browse input[name=topic]", "no-such-topic")
+    browser.click("#browse button")
+    shown = browser.wait_for("(document.querySelector('.msg.error') || {}).innerText")
+    assert "TOPIC_NOT_FOUND" in shown
+    browser.clear()  # the 404 in the browser's log was the point
 
     browser.open(url + "#/topics")
     browser.wait_for("!!document.querySelector('tr[data-topic=\"console-orders\"]')")
     browser.click('tr[data-topic="console-orders"] button.danger')  # arms it
     browser.click('tr[data-topic="console-orders"] button.danger')  # confirms
     browser.wait_for("!document.querySelector('tr[data-topic=\"console-orders\"]')", what="deleted")
-    topics = httpx.get(cluster3.urls["n2"] + "/v1/topics", timeout=10).json()["topics"]
-    assert "console-orders" not in [t["name"] for t in topics]
+
+    def gone_on_every_node() -> bool:  # a follower applies the delete a moment later
+        return all(
+            "console-orders"
+            not in [t["name"] for t in httpx.get(u + "/v1/topics", timeout=10).json()["topics"]]
+            for u in cluster3.urls.values()
+        )
+
+    wait_until(gone_on_every_node, what="the topic gone on every node")
     assert browser.errors() == []
     assert others(browser.requests()) == []
 
@@ -200,19 +217,31 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
         browser.evaluate("sessionStorage.clear()")
 
 
-def test_kill_9_of_the_master_shows_the_new_one(
+def shown_master(node: str) -> str:
+    return (
+        f"document.querySelector('#banner [data-master]')?.dataset.master === '{node}'"
+        " && document.querySelectorAll('#nodes tr[data-state=up]').length === 3"
+    )
+
+
+def test_transfer_then_kill_9_of_the_master_then_no_master(
     fresh_cluster3: LocalBrokerCluster, browser: Browser
 ) -> None:
     cluster = fresh_cluster3
-    old = cluster.master()
-    assert old is not None
-    watcher = next(n for n in cluster.ids if n != old)
+    first = cluster.master()
+    assert first is not None
+    watcher = next(n for n in cluster.ids if n != first)
+    browser.clear()
     browser.open(cluster.urls[watcher] + "/console/#/cluster")
-    browser.wait_for(
-        f"document.querySelector('#banner [data-master]')?.dataset.master === '{old}'"
-        " && document.querySelectorAll('#nodes tr[data-state=up]').length === 3",
-        what=f"{old} shown as master",
-    )
+    browser.wait_for(shown_master(first), what=f"{first} shown as master")
+
+    # Make master: leadership moves to the chosen follower.
+    old = next(n for n in cluster.ids if n not in (first, watcher))
+    browser.click(f'#nodes tr[data-node="{old}"] button')
+    browser.wait_for(shown_master(old), timeout_s=FAILOVER_S, what=f"{old} master")
+    assert cluster.master() == old
+    assert browser.errors() == []
+
     cluster.kill(old)
     new = browser.wait_for(
         "(() => { const m = document.querySelector('#banner [data-master]')?.dataset.master;"
@@ -227,3 +256,15 @@ def test_kill_9_of_the_master_shows_the_new_one(
         what=f"{old} down and {new} MASTER in the table",
     )
     assert "Down: " + old in browser.text("#banner")
+
+    # One node of three left: no quorum, no master, and the page says so.
+    survivor = next(n for n in cluster.ids if n not in (old, new))
+    cluster.kill(new)
+    browser.wait_for(
+        "!!document.querySelector('#banner [data-state=no-master]')"
+        f" && document.querySelector('#nodes tr[data-node=\"{survivor}\"]')?.dataset.state"
+        " === 'up'",
+        timeout_s=FAILOVER_S,
+        what="no master shown",
+    )
+    assert f"Down: {min(old, new)}, {max(old, new)}" in browser.text("#banner")
