@@ -341,9 +341,10 @@ function groupsPage(main) {
   const box = h("div");
   const list = h("div");
   const detail = h("div", { id: "group-detail" });
+  const resetBox = h("div");
   let selected = null;
   let timer = null;
-  main.append(h("h2", {}, "Consumer groups"), box, list, detail);
+  main.append(h("h2", {}, "Consumer groups"), box, list, detail, resetBox);
 
   async function drawOffsets() {
     if (!selected) return;
@@ -355,12 +356,39 @@ function groupsPage(main) {
     const rows = offsets.map((o) => h("tr", { "data-topic": o.topic, "data-queue": o.queue_id },
       h("td", {}, o.topic), num(o.queue_id), num(pop ? o.next_offset : o.committed_offset),
       pop ? num(o.in_flight) : null, num(o.max_offset), num(o.lag)));
+    const topics = [...new Set(offsets.map((o) => o.topic))];
     detail.replaceChildren(h("h3", {}, `Group ${group}${pop ? " (POP)" : ""}`),
       h("p", {}, "Total lag: ", h("strong", { id: "total-lag", "data-lag": total }, String(total)),
         h("span", { class: "muted" }, ` · refreshed every ${POLL_MS / 1000} s`)),
       table("Lag per queue", ["Topic", { label: "Queue", num: 1 },
         { label: pop ? "Next offset" : "Committed", num: 1 }, pop ? { label: "In flight", num: 1 } : null,
         { label: "Max offset", num: 1 }, { label: "Lag", num: 1 }].filter(Boolean), rows, { id: "lag" }));
+    // Drawn again only for another group or other topics: a refresh keeps its choices.
+    const form = pop ? null : resetForm(group, topics);
+    if (resetBox.firstChild !== form) resetBox.replaceChildren(...(form ? [form] : []));
+  }
+
+  // Kept across the redraws of the table, so that a choice survives the refresh.
+  const reset = { form: null, group: null };
+  function resetForm(group, topics) {
+    if (reset.form && reset.group === group) {
+      const select = reset.form.querySelector("select[name=topic]");
+      const known = [...select.options].map((o) => o.value);
+      if (topics.every((t) => known.includes(t))) return reset.form;
+    }
+    const topic = h("select", { name: "topic" }, topics.map((t) => h("option", { value: t }, t)));
+    const to = h("select", { name: "to" }, h("option", { value: "earliest" }, "earliest"),
+      h("option", { value: "latest" }, "latest"));
+    const go = confirmButton("Reset offsets", (b) => busy(b, box, async () => {
+      const r = await write("POST", `/v1/groups/${enc(group)}/offsets/reset`, { topic: topic.value, to: to.value });
+      say(box, `Group ${group} reset to ${to.value} on ${topic.value}: ${Object.entries(r.offsets).map(([q, o]) => `q${q}=${o}`).join(" ")}.`);
+      await drawOffsets();
+    }));
+    go.type = "button";
+    reset.form = h("form", { class: "inline", id: "reset", onsubmit: (e) => e.preventDefault() },
+      field("Topic", topic), field("To", to), go);
+    reset.group = group;
+    return reset.form;
   }
 
   async function load() {
@@ -375,7 +403,7 @@ function groupsPage(main) {
       : h("p", { class: "muted" }, "No consumer groups yet."));
   }
   load().catch((e) => say(box, e));
-  timer = setInterval(() => drawOffsets().then(() => say(box, null), (e) => say(box, e)), POLL_MS);
+  timer = setInterval(() => drawOffsets().catch((e) => say(box, e)), POLL_MS);
   return () => clearInterval(timer);
 }
 

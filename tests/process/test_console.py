@@ -192,6 +192,13 @@ def test_a_group_s_lag_moves(cluster3: LocalBrokerCluster, browser: Browser) -> 
     )
     assert r.status_code == 200, r.text
     browser.wait_for(f"{lag} === '0'", what="lag 0 after the commit")
+
+    # Reset to earliest from the page: every message of the topic is lag again.
+    browser.evaluate("document.querySelector('#reset select[name=to]').value = 'earliest'")
+    browser.click("#reset button.danger")  # arms it
+    browser.click("#reset button.danger")  # confirms
+    browser.wait_for(f"{lag} === '8'", what="lag 8 after the reset to earliest")
+    assert "reset to earliest" in browser.text("main .msg.ok")
     assert browser.errors() == []
 
 
