@@ -16,6 +16,7 @@ import io
 import json
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import httpx
@@ -73,6 +74,26 @@ def seed(api: str) -> None:
     )
 
 
+def traffic(api: str, browser: Browser, samples: int = 12) -> None:
+    """Produce and pull in waves until the Rates page has drawn ``samples`` samples."""
+    points = "document.querySelector('#rates polyline')?.points.length || 0"
+    wave = 0
+    deadline = time.monotonic() + 120
+    while browser.evaluate(points) < samples:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the Rates page drew no samples in 120 s")
+        wave += 1
+        n = 20 + 15 * (wave % 5)
+        msgs = [{"body": json.dumps({"wave": wave, "i": i})} for i in range(n)]
+        httpx.post(f"{api}/v1/topics/{TOPIC}/messages", json={"messages": msgs}, timeout=30)
+        httpx.get(
+            f"{api}/v1/topics/{TOPIC}/queues/{wave % 4}/messages",
+            params={"offset": 0, "max_messages": 64},
+            timeout=30,
+        )
+        time.sleep(0.4)  # pacing the load; the loop ends on the page's state
+
+
 def shoot(browser: Browser, name: str, out: Path, full_page: bool = False) -> Path:
     path = out / f"{name}.png"
     data = small_png(browser.screenshot(full_page))
@@ -124,6 +145,11 @@ def take(out: Path) -> list[Path]:
             b.click(f"tr[data-group={GROUP}] button")
             b.wait_for("!!document.querySelector('#total-lag')")
             shots.append(shoot(b, "groups", out))
+
+            b.open(url + "#/rates")
+            b.wait_for("!!document.querySelector('#rates figure.chart')")
+            traffic(cluster.urls[master], b)
+            shots.append(shoot(b, "rates", out))
 
             b.open(url + "#/cluster")
             b.wait_for(

@@ -40,8 +40,8 @@ class MasterMoved extends Error {}
 /** One request to `base + path`; the parsed answer, or an ApiError. A write does not
  * follow a redirect: a browser drops the token on a redirect to another origin, so the
  * caller asks the cluster again and sends the write to the new master itself. */
-export async function request(base, method, path, body, timeoutMs = READ_TIMEOUT_MS) {
-  const headers = { Accept: "application/json" };
+export async function request(base, method, path, body, timeoutMs = READ_TIMEOUT_MS, asText = false) {
+  const headers = { Accept: asText ? "text/plain" : "application/json" };
   const t = token();
   if (t) headers.Authorization = `Bearer ${t}`;
   if (body !== undefined) headers["Content-Type"] = "application/json";
@@ -65,6 +65,7 @@ export async function request(base, method, path, body, timeoutMs = READ_TIMEOUT
   }
   if (resp.type === "opaqueredirect") throw new MasterMoved(`${base} is no longer the master`);
   if (resp.status === 204) return null;
+  if (asText && resp.ok) return resp.text();
   let data = null;
   try {
     data = await resp.json();
@@ -160,4 +161,13 @@ export async function write(method, path, body) {
     if (!cluster.master) throw new ApiError(503, "NO_MASTER", "the master moved and no new one is known yet");
     return request(cluster.master.origin, method, path, body, WRITE_TIMEOUT_MS);
   }
+}
+
+/** Every node's /metrics that answered: [{node_id, origin, text}] (Prometheus text). */
+export async function metricsOfEveryNode() {
+  const up = cluster.nodes.filter((n) => n.origin && (viewOf(n.origin) || {}).ok);
+  const answers = await Promise.all(up.map((n) =>
+    request(n.origin, "GET", "/metrics", undefined, READ_TIMEOUT_MS, true).then(
+      (text) => ({ ...n, text }), (error) => ({ ...n, error }))));
+  return answers;
 }

@@ -1,7 +1,8 @@
 // The console's pages (docs/console.md): hash routes, each a function that draws into
 // <main> and returns its cleanup. DOM is built with h(): text is never parsed as HTML.
 import {
-  ApiError, POLL_MS, cluster, onCluster, pollCluster, read, setToken, token, viewOf, write,
+  ApiError, POLL_MS, cluster, metricsOfEveryNode, onCluster, pollCluster, read, setToken, token,
+  viewOf, write,
 } from "./api.js";
 
 const enc = encodeURIComponent;
@@ -407,9 +408,123 @@ function groupsPage(main) {
   return () => clearInterval(timer);
 }
 
+// ---- Rates ---------------------------------------------------------------------------
+
+const SAMPLES = 60; // two minutes at POLL_MS
+const SERIES = [
+  // [metric, label, unit]: counters summed over every node, as a rate per second
+  ["ledgermq_produced_messages_total", "Produced", "msg/s"],
+  ["ledgermq_pulled_messages_total", "Served to consumers", "msg/s"],
+  ["ledgermq_produced_bytes_total", "Produced bytes", "B/s"],
+  ["ledgermq_http_errors_total", "HTTP error answers", "/s"],
+];
+
+/** Prometheus text → [{name, labels, value}] (comments and malformed lines left out). */
+function parseMetrics(text) {
+  const out = [];
+  for (const line of text.split("\n")) {
+    const m = line.match(/^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/);
+    if (!m) continue;
+    const labels = {};
+    for (const l of (m[2] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2];
+    out.push({ name: m[1], labels, value: Number(m[3]) });
+  }
+  return out;
+}
+
+function chart(label, unit, points) {
+  const w = 480, hgt = 110, pad = 4;
+  const max = Math.max(0, ...points.map((p) => p.v));
+  const top = max || 1;
+  const x = (i) => pad + (i * (w - 2 * pad)) / (SAMPLES - 1);
+  const y = (v) => hgt - pad - (v * (hgt - 2 * pad)) / top;
+  const start = SAMPLES - points.length;
+  const line = points.map((p, i) => `${x(start + i).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
+  const last = points.length ? points[points.length - 1].v : 0;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${w} ${hgt}`);
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `${label}: ${last.toFixed(1)} ${unit} now, at most ${max.toFixed(1)}`);
+  const poly = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  poly.setAttribute("points", line);
+  poly.setAttribute("class", "series");
+  svg.append(poly);
+  return h("figure", { class: "chart", "data-series": label, "data-last": last.toFixed(3), "data-max": max.toFixed(3) },
+    h("figcaption", {}, h("strong", {}, label), ` ${last.toFixed(1)} ${unit}`,
+      h("span", { class: "muted" }, ` (max ${max.toFixed(1)})`)), svg);
+}
+
+function ratesPage(main) {
+  const box = h("div");
+  const charts = h("div", { id: "rates", class: "charts" });
+  const perTopic = h("div");
+  main.append(h("h2", {}, "Rates"), box, charts, perTopic,
+    h("p", { class: "muted" }, `Every node's /metrics every ${POLL_MS / 1000} s; the counters`,
+      " summed over the nodes that answer, as a rate per second over the last two minutes."));
+  let previous = null; // {at, totals: Map(key -> value) per node}
+  const history = new Map(SERIES.map(([metric]) => [metric, []]));
+  let stopped = false;
+
+  async function sample() {
+    const answers = await metricsOfEveryNode();
+    const at = Date.now();
+    const totals = new Map(); // `${node}|${metric}|${topic}` -> value
+    for (const a of answers) {
+      if (a.error) {
+        say(box, a.error);
+        continue;
+      }
+      for (const m of parseMetrics(a.text)) {
+        if (history.has(m.name)) totals.set(`${a.node_id}|${m.name}|${m.labels.topic ?? m.labels.code ?? ""}`, m.value);
+      }
+    }
+    if (previous) {
+      const dt = (at - previous.at) / 1000;
+      const topicRates = new Map();
+      const sums = new Map(SERIES.map(([metric]) => [metric, 0]));
+      for (const [key, value] of totals) {
+        const before = previous.totals.get(key);
+        const delta = before === undefined || value < before ? 0 : value - before; // a restart resets
+        const [, metric, topic] = key.split("|");
+        sums.set(metric, sums.get(metric) + delta / dt);
+        if (metric !== "ledgermq_http_errors_total") {
+          const r = topicRates.get(topic) || {};
+          r[metric] = (r[metric] || 0) + delta / dt;
+          topicRates.set(topic, r);
+        }
+      }
+      for (const [metric, v] of sums) {
+        const points = history.get(metric);
+        points.push({ at, v });
+        if (points.length > SAMPLES) points.shift();
+      }
+      charts.replaceChildren(...SERIES.map(([metric, label, unit]) => chart(label, unit, history.get(metric))));
+      const rows = [...topicRates].sort().map(([topic, r]) => h("tr", { "data-topic": topic },
+        h("th", { scope: "row" }, topic), num((r.ledgermq_produced_messages_total || 0).toFixed(1)),
+        num((r.ledgermq_pulled_messages_total || 0).toFixed(1))));
+      perTopic.replaceChildren(rows.length
+        ? table("Per topic, now", ["Topic", { label: "Produced msg/s", num: 1 }, { label: "Served msg/s", num: 1 }], rows)
+        : null);
+    } else {
+      charts.replaceChildren(h("p", { class: "muted" }, "Measuring: the first rates come with the next sample."));
+    }
+    previous = { at, totals };
+  }
+
+  const tick = () => {
+    if (stopped) return;
+    sample().catch((e) => say(box, e)).finally(() => { if (!stopped) setTimeout(tick, POLL_MS); });
+  };
+  if (cluster.polled) tick();
+  else pollCluster().finally(tick);
+  return () => { stopped = true; };
+}
+
 // ---- the router ----------------------------------------------------------------------
 
-const PAGES = { cluster: clusterPage, topics: topicsPage, messages: messagesPage, groups: groupsPage };
+const PAGES = {
+  cluster: clusterPage, topics: topicsPage, messages: messagesPage, groups: groupsPage, rates: ratesPage,
+};
 let cleanup = null;
 
 function route() {

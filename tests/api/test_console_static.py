@@ -31,7 +31,8 @@ def test_every_file_is_served_and_nothing_comes_from_elsewhere() -> None:
     files = {p.name for p in CONSOLE_DIR.iterdir()}
     assert files == set(CONTENT_TYPES), "a new console file: give it its content type here"
     for name in files:
-        text = (CONSOLE_DIR / name).read_text()
+        # The SVG namespace names no host the page asks.
+        text = (CONSOLE_DIR / name).read_text().replace('"http://www.w3.org/2000/svg"', "")
         assert not re.search(r"(?<![\w/])(https?:)?//[a-z0-9.-]+\.[a-z]{2,}", text), (
             f"{name} names another host: the console must work with no internet"
         )

@@ -34,6 +34,7 @@ PAGES = {
     "messages": "!!document.querySelector('#send')"
     " && !!document.querySelector('#banner [data-master]')",
     "groups": "!!document.querySelector('#groups, main p.muted')",
+    "rates": "document.querySelectorAll('#rates figure.chart').length === 4",
 }
 FAILOVER_S = 45.0
 
@@ -200,6 +201,30 @@ def test_a_group_s_lag_moves(cluster3: LocalBrokerCluster, browser: Browser) -> 
     browser.wait_for(f"{lag} === '8'", what="lag 8 after the reset to earliest")
     assert "reset to earliest" in browser.text("main .msg.ok")
     assert browser.errors() == []
+
+
+def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser) -> None:
+    api = master_url(cluster3)
+    r = httpx.post(f"{api}/v1/topics", json={"name": "console-rates", "queues": 1}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    browser.clear()
+    browser.open(cluster3.urls["n0"] + "/console/#/rates")
+    produced = "document.querySelector('#rates figure[data-series=Produced]')"
+    browser.wait_for(f"!!{produced}", what="the first rates")
+    assert browser.evaluate(f"{produced}.dataset.max") == "0.000"
+
+    def produce() -> bool:
+        msgs = [{"body": "x"} for _ in range(100)]
+        r = httpx.post(
+            f"{api}/v1/topics/console-rates/messages", json={"messages": msgs}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        return float(browser.evaluate(f"{produced}.dataset.max")) > 0
+
+    wait_until(produce, timeout_s=30, poll_s=0.5, what="a produce rate above 0 drawn")
+    browser.wait_for("!!document.querySelector('tr[data-topic=\"console-rates\"]')")
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
 
 
 def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
