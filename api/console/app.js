@@ -123,6 +123,11 @@ function clusterPage(main) {
     const masterEnd = masterView ? masterView.ledger_end_index : null;
     const rows = c.nodes.map((n) => {
       const v = viewOf(n.origin);
+      if (!n.origin) {
+        return h("tr", { "data-node": n.node_id, "data-state": "unknown" },
+          h("th", { scope: "row" }, n.node_id), h("td", {}, "—"), h("td", {}, "unknown"),
+          h("td", { colspan: 8 }, "its HTTP URL is not known to the cluster (--peer-urls)"));
+      }
       if (!v || !v.ok) {
         const why = v ? v.error.message : "not asked yet";
         return h("tr", { class: "down", "data-node": n.node_id, "data-state": "down" },

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from ledgermq.local_cluster import LocalBrokerCluster
-from tests.process.nodeproc import node_process
+from tests.api.conftest import CLUSTER_ARGS
 from tests.waiting import wait_until
 from tools.browser import Browser
 
@@ -228,11 +228,20 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
 
 
 def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
+    """A 3-node cluster with a token: the page asks for it, and with it reads every node
+    and writes to the master across origins (CORS preflights carry no token)."""
     token = "console-test-token"
-    with node_process(tmp_path / "n0", "--auth-token", token) as node:
-        browser.open(node.url + "/console/#/topics")
+    cluster = LocalBrokerCluster(
+        3, tmp_path / "auth", extra_args=[*CLUSTER_ARGS, "--auth-token", token], probe_token=token
+    )
+    cluster.start_all()
+    try:
+        master = cluster.wait_ready(timeout_s=90)
+        follower = next(n for n in cluster.ids if n != master)
+        url = cluster.urls[follower] + "/console/"
+        browser.open(url + "#/topics")
         browser.evaluate("sessionStorage.clear()")
-        browser.open(node.url + "/console/#/topics")
+        browser.open(url + "#/topics")
         browser.wait_for(
             "document.querySelector('#banner').innerText.includes('needs a token')",
             what="the page asks for a token",
@@ -243,10 +252,21 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
         browser.wait_for(
             "!!document.querySelector('#banner [data-master]')", what="master with the token"
         )
-        browser.wait_for("!!document.querySelector('#topics, main p.muted')", what="topics read")
         assert browser.evaluate("sessionStorage.getItem('ledgermq.token')") == token
+        browser.fill("#create-topic input[name=name]", "console-auth")
+        browser.click("#create-topic button")
+        browser.wait_for(
+            "!!document.querySelector('tr[data-topic=\"console-auth\"]')", what="created"
+        )
+        browser.open(url + "#/cluster")
+        browser.wait_for(PAGES["cluster"], what="every node read with the token")
+        browser.open(url + "#/rates")
+        browser.wait_for(PAGES["rates"], what="every node's /metrics read with the token")
         assert browser.errors() == []
+        assert others(browser.requests()) == []
         browser.evaluate("sessionStorage.clear()")
+    finally:
+        cluster.stop_all()
 
 
 def shown_master(node: str) -> str:
