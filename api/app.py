@@ -31,7 +31,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
-from starlette.staticfiles import StaticFiles
 
 from broker import errors
 from broker.broker import Broker
@@ -39,7 +38,7 @@ from broker.settings import BrokerSettings
 
 from . import http_protocol, models
 from .auth import TokenTable
-from .cors import ClusterCORS
+from .cors import ClusterCORS, ConsoleFiles
 from .guard import RequestGuard
 from .metrics import METRICS_CACHE_S, NodeMetrics
 from .routes import (
@@ -155,7 +154,7 @@ def create_app(
     # The web console: static files that call the API above from the browser, with the
     # same tokens (docs/console.md); open, like any page: the data is what the API guards.
     app.add_route("/console", _to_console, include_in_schema=False)
-    app.mount("/console", StaticFiles(directory=CONSOLE_DIR, html=True), name="console")
+    app.mount("/console", ConsoleFiles(directory=CONSOLE_DIR, settings=settings), name="console")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

@@ -13,8 +13,11 @@ as any other.
 
 from __future__ import annotations
 
+import os
 from urllib.parse import urlsplit
 
+from starlette.responses import Response
+from starlette.staticfiles import PathLike, StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker.settings import BrokerSettings
@@ -83,3 +86,31 @@ class ClusterCORS:
             await send(message)
 
         await self.app(scope, receive, send_allowed)
+
+
+class ConsoleFiles(StaticFiles):
+    """The console's files, each with a Content-Security-Policy that lets the page load
+    nothing but this node's files and talk to nothing but the cluster's nodes (a
+    script injected some day could not send data elsewhere), never be framed (no
+    clicking **Make master** through another site's frame), and no MIME sniffing."""
+
+    def __init__(self, *, directory: str | os.PathLike[str], settings: BrokerSettings) -> None:
+        super().__init__(directory=directory, html=True)
+        self.settings = settings
+
+    def file_response(
+        self,
+        full_path: PathLike,
+        stat_result: os.stat_result,
+        scope: Scope,
+        status_code: int = 200,
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        connect = " ".join(["'self'", *sorted(cluster_origins(self.settings))])
+        response.headers["content-security-policy"] = (
+            f"default-src 'self'; connect-src {connect}; img-src 'self' data:;"
+            " frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+        )
+        response.headers["x-content-type-options"] = "nosniff"
+        response.headers["referrer-policy"] = "no-referrer"
+        return response

@@ -231,8 +231,15 @@ class Browser:
         ]
 
     def clear(self) -> None:
+        """Forget the events so far (the page goes on)."""
         self.drain()
         self.events.clear()
+
+    def reset(self) -> None:
+        """Leave the page for ``about:blank`` (its timers and requests stop) and forget
+        every event so far: what a test checks next is its own page's."""
+        self.open("about:blank", "location.href === 'about:blank'")
+        self.clear()
 
     def screenshot(self, full_page: bool = False) -> bytes:
         """A PNG of the viewport, or of the whole page's height with ``full_page``."""

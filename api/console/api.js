@@ -1,7 +1,7 @@
 // The console's only way to the broker: the public HTTP API (docs/http.md), with the
-// token of the token field (sessionStorage) as `Authorization: Bearer`. Reads go to the
-// node that served the page while it answers (else to another that does); writes go to
-// the master found by asking every node for GET /v1/cluster.
+// token of the token field (sessionStorage) as `Authorization: Bearer`. Reads and writes
+// go to the master found by asking every node for GET /v1/cluster (reads, with no master,
+// to the node that served the page, else to any that answers).
 
 const TOKEN_KEY = "ledgermq.token";
 export const POLL_MS = 2000;
@@ -134,7 +134,11 @@ export function viewOf(origin) {
   return origin ? cluster.views.get(origin) || null : null;
 }
 
+// Reads go to the master while one is known: a follower serves committed data too, but
+// may not have applied the write this page just made (a created topic missing from the
+// list). Without a master, to the node that served the page, else to any that answers.
 function readBase() {
+  if (cluster.master && (viewOf(cluster.master.origin) || {}).ok) return cluster.master.origin;
   for (const origin of cluster.urls) {
     const v = cluster.views.get(origin);
     if (!v || v.ok) return origin;

@@ -66,6 +66,9 @@ async def test_console_files_with_their_content_types(tmp_path: Path) -> None:
                 "application/javascript" if kind == "text/javascript" else kind,
             ), (name, r.headers["content-type"])
             assert r.content == (CONSOLE_DIR / name).read_bytes()
+            csp = r.headers["content-security-policy"]
+            assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
+            assert r.headers["x-content-type-options"] == "nosniff"
         r = await node.http.get("/console/missing.js")
         assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
         r = await node.http.get("/console/../api/app.py")
@@ -91,6 +94,10 @@ async def test_cors_for_the_cluster_s_origins_only(tmp_path: Path) -> None:
     settings = node_settings(tmp_path / "n0")
     settings.peer_urls["n1"] = PEER + "/"
     async with running_node(settings) as node:
+        # The page may talk to the cluster's nodes, and only to them.
+        csp = (await node.http.get("/console/")).headers["content-security-policy"]
+        connect = next(d for d in csp.split(";") if d.strip().startswith("connect-src"))
+        assert set(connect.split()[1:]) == {"'self'", PEER, settings.advertised_url}
         app = create_app(settings, node.broker, auth_token="s3cret")
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:

@@ -60,7 +60,7 @@ def test_every_page_loads_without_errors_or_outside_requests(
     cluster3: LocalBrokerCluster, browser: Browser
 ) -> None:
     url = cluster3.urls["n0"] + "/console/"
-    browser.clear()
+    browser.reset()
     for page, drawn in PAGES.items():
         browser.open(f"{url}#/{page}")
         browser.wait_for(drawn, what=f"the {page} page drawn")
@@ -80,7 +80,7 @@ def test_every_page_loads_without_errors_or_outside_requests(
 
 def test_topic_message_by_key_and_queue(cluster3: LocalBrokerCluster, browser: Browser) -> None:
     url = cluster3.urls["n1"] + "/console/"
-    browser.clear()
+    browser.reset()
     browser.open(url + "#/topics")
     browser.wait_for("!!document.querySelector('#banner [data-master]')")
     browser.fill("#create-topic input[name=name]", "console-orders")
@@ -178,7 +178,7 @@ def test_a_group_s_lag_moves(cluster3: LocalBrokerCluster, browser: Browser) -> 
     )
     assert r.status_code == 200, r.text
 
-    browser.clear()
+    browser.reset()
     browser.open(cluster3.urls["n2"] + "/console/#/groups")
     browser.wait_for("!!document.querySelector('tr[data-group=\"console-readers\"]')")
     browser.click('tr[data-group="console-readers"] button')
@@ -207,7 +207,7 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
     api = master_url(cluster3)
     r = httpx.post(f"{api}/v1/topics", json={"name": "console-rates", "queues": 1}, timeout=30)
     assert r.status_code in (200, 201), r.text
-    browser.clear()
+    browser.reset()
     browser.open(cluster3.urls["n0"] + "/console/#/rates")
     produced = "document.querySelector('#rates figure[data-series=Produced]')"
     browser.wait_for(f"!!{produced}", what="the first rates")
@@ -239,6 +239,7 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
         master = cluster.wait_ready(timeout_s=90)
         follower = next(n for n in cluster.ids if n != master)
         url = cluster.urls[follower] + "/console/"
+        browser.reset()
         browser.open(url + "#/topics")
         browser.evaluate("sessionStorage.clear()")
         browser.open(url + "#/topics")
@@ -246,12 +247,12 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
             "document.querySelector('#banner').innerText.includes('needs a token')",
             what="the page asks for a token",
         )
-        browser.clear()  # the 401s above are the point; from here on, none
         browser.fill("#token", token)
         browser.click("#token-form button")
         browser.wait_for(
             "!!document.querySelector('#banner [data-master]')", what="master with the token"
         )
+        browser.clear()  # the 401s before the token were the point; from here on, none
         assert browser.evaluate("sessionStorage.getItem('ledgermq.token')") == token
         browser.fill("#create-topic input[name=name]", "console-auth")
         browser.click("#create-topic button")
@@ -283,7 +284,7 @@ def test_transfer_then_kill_9_of_the_master_then_no_master(
     first = cluster.master()
     assert first is not None
     watcher = next(n for n in cluster.ids if n != first)
-    browser.clear()
+    browser.reset()
     browser.open(cluster.urls[watcher] + "/console/#/cluster")
     browser.wait_for(shown_master(first), what=f"{first} shown as master")
 
