@@ -123,6 +123,19 @@ def test_topic_message_by_key_and_queue(cluster3: LocalBrokerCluster, browser: B
     queue = browser.evaluate(
         "document.querySelector('details[data-key=\"order-42\"]').dataset.queue"
     )
+    browser.click("details[data-key='order-42'] .views button:nth-child(3)")  # Hex
+    assert browser.text("details[data-key='order-42'] pre.body").startswith("00000000  7b 22")
+
+    # By message id, with no topic.
+    browser.fill("#find input[name=topic]", "")
+    browser.fill("#find input[name=key]", "")
+    browser.fill("#find input[name=msg_id]", msg_id)
+    browser.evaluate("document.querySelector('#results').replaceChildren()")
+    browser.click("#find button")
+    browser.wait_for(
+        f"!!document.querySelector('#results details[data-msg-id=\"{msg_id}\"]')",
+        what="found by id",
+    )
 
     browser.fill("#browse input[name=topic]", "console-orders")
     browser.fill("#browse input[name=queue_id]", str(queue))
@@ -200,6 +213,35 @@ def test_a_group_s_lag_moves(cluster3: LocalBrokerCluster, browser: Browser) -> 
     browser.click("#reset button.danger")  # confirms
     browser.wait_for(f"{lag} === '8'", what="lag 8 after the reset to earliest")
     assert "reset to earliest" in browser.text("main .msg.ok")
+    assert browser.errors() == []
+
+    # A POP group: what is handed out and not acked shows as in flight.
+    r = httpx.put(
+        f"{api}/v1/groups/console-pop", json={"mode": "pop", "start": "earliest"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    r = httpx.post(
+        f"{api}/v1/groups/console-pop/receive",
+        json={"topic": "console-lag", "max_messages": 2, "invisible_ms": 60000},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    received = len(r.json()["messages"])
+    assert received > 0
+    browser.reset()
+    browser.open(cluster3.urls["n2"] + "/console/#/groups")
+    browser.wait_for("!!document.querySelector('tr[data-group=\"console-pop\"]')")
+    browser.click('tr[data-group="console-pop"] button')
+    browser.wait_for(
+        "(document.querySelector('#group-detail h3') || {}).innerText"
+        " === 'Group console-pop (POP)'",
+        what="the POP group shown",
+    )
+    in_flight = browser.evaluate(
+        "[...document.querySelectorAll('#lag tbody tr')]"
+        ".reduce((s, tr) => s + Number(tr.children[3].innerText), 0)"
+    )
+    assert in_flight == received
     assert browser.errors() == []
 
 
