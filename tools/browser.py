@@ -63,14 +63,12 @@ class BrowserError(Exception):
     """The browser did not start, or a DevTools call failed."""
 
 
-def find_chromium() -> str:
-    """Debian's ``/usr/bin/chromium``, else a ``chromium`` on ``PATH``; AssertionError
-    with how to get one (a missing browser fails a test, it never skips it)."""
-    for candidate in (
-        "/usr/bin/chromium",
-        shutil.which("chromium"),
-        shutil.which("chromium-browser"),
-    ):
+def find_chromium(candidates: tuple[str, ...] = ("/usr/bin/chromium",)) -> str:
+    """Debian's ``/usr/bin/chromium`` (or the first of ``candidates`` there), else a
+    ``chromium`` on ``PATH``; AssertionError with how to get one (a missing browser
+    fails a test, it never skips it)."""
+    found = [*candidates, shutil.which("chromium"), shutil.which("chromium-browser")]
+    for candidate in found:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     raise AssertionError(HINT)

@@ -17,6 +17,7 @@ import pytest
 
 from api.app import CONSOLE_DIR, create_app
 from tests.api.conftest import node_settings, running_node
+from tools.browser import find_chromium
 
 PEER = "http://127.0.0.1:18081"
 CONTENT_TYPES = {
@@ -126,3 +127,11 @@ async def test_cors_for_the_cluster_s_origins_only(tmp_path: Path) -> None:
             assert r.status_code != 204
             r = await http.get("/v1/cluster", headers={"Origin": "http://evil.example"})
             assert "access-control-allow-origin" not in r.headers
+
+
+def test_a_missing_chromium_fails_and_says_how_to_get_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(AssertionError, match=r"Run `make chromium`"):
+        find_chromium((str(tmp_path / "chromium"),))

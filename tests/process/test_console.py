@@ -3,12 +3,15 @@
 Debian's headless chromium, driven over the DevTools protocol (``tools.browser``), opens
 ``/console`` of a 3-node cluster of processes on 127.0.0.1: every page loads with no
 console error and no request to a host other than 127.0.0.1; a topic is created and
-described, a message sent and found by its key and in its queue, the topic deleted; a
-group's lag moves when messages are produced and when it commits; with auth on the page
-asks for the token and works once it is given; after ``kill -9`` of the master the
-Cluster page shows the new master and the dead node. A missing chromium fails these
-tests with the command that installs it (``make chromium``); it never skips them.
-Every wait is a bounded condition.
+described, a message sent, found by its key and by its id, shown in hex and browsed in
+its queue, an error answer shown with its code, the topic deleted; a group's lag moves
+when messages are produced, when it commits and when the page resets it, and a POP
+group's in-flight messages show; the Rates page's produce rate rises with a produce; a
+3-node cluster with auth asks for the token and works once it is given, across origins;
+**Make master** moves leadership, and after ``kill -9`` of the master the Cluster page
+shows the new master and the dead node, after a second one no master. A missing chromium
+fails these tests with the command that installs it (``make chromium``); it never skips
+them. Every wait is a bounded condition.
 """
 
 from __future__ import annotations
