@@ -118,7 +118,14 @@ function clusterPage(main) {
     h("p", { class: "muted" }, "Each row is the node's own answer to GET /v1/cluster, asked every ",
       String(POLL_MS / 1000), " s. Replication lag: the master's last log index minus what the node holds."));
 
+  let drawn = null; // what the table shows: drawn again only when it changes (keeps focus)
   function draw(c) {
+    const shows = JSON.stringify([c.master, c.nodes.map((n) => {
+      const v = viewOf(n.origin);
+      return [n, v && v.ok, v && (v.ok ? v.view : v.error.message)];
+    })]);
+    if (shows === drawn) return;
+    drawn = shows;
     const masterView = c.master ? viewOf(c.master.origin).view : null;
     const masterEnd = masterView ? masterView.ledger_end_index : null;
     const rows = c.nodes.map((n) => {
