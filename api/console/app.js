@@ -539,7 +539,7 @@ const PAGES = {
 };
 let cleanup = null;
 
-function route() {
+function route(event) {
   const name = (location.hash.match(/^#\/(\w+)/) || [])[1];
   const page = PAGES[name] ? name : "cluster";
   if (cleanup) cleanup();
@@ -553,6 +553,7 @@ function route() {
   }
   document.title = `${page[0].toUpperCase()}${page.slice(1)} · LedgerMQ console`;
   cleanup = PAGES[page](main) || null;
+  if (event) main.focus(); // a screen reader starts at the new page, not the nav
 }
 
 function start() {
@@ -561,7 +562,7 @@ function start() {
   document.getElementById("token-form").addEventListener("submit", (e) => {
     e.preventDefault();
     setToken(input.value.trim());
-    pollCluster().then(route);
+    pollCluster().then(() => route());
   });
   onCluster(drawBanner);
   onCluster((c) => {
