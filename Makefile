@@ -5,7 +5,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup promtool demo test test-fast lint fmt bench bench-raft bench-broker bench-topics bench-http bench-delay bench-tx bench-grpc bench-spark bench-failover bench-peers clean
+.PHONY: setup promtool chromium demo test test-fast lint fmt bench bench-raft bench-broker bench-topics bench-http bench-delay bench-tx bench-grpc bench-spark bench-failover bench-peers clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,18 @@ $(PROMTOOL):
 
 promtool: $(PROMTOOL)
 
+# Debian's chromium, headless, for the web console's tests (tests/process/test_console.py
+# drives it over the DevTools protocol: no chromedriver, no browser download) and for
+# `python -m tools.screenshots`. Installed with apt-get only when missing (root, as in CI);
+# a fresh machine's apt has no package lists yet: `apt-get update` then, only if needed.
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get install -y --no-install-recommends chromium \
+	|| { apt-get update && apt-get install -y --no-install-recommends chromium; }
+	$@ --version
+
+chromium: $(CHROMIUM)
+
 demo: setup
 	$(VENV)/bin/ledgermq demo
 
@@ -44,7 +56,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: setup lint $(PROMTOOL)
+test: setup lint $(PROMTOOL) $(CHROMIUM)
 	$(PY) -m pytest
 
 # The tiers that need no node process, no JVM and no root (tests/tiers.py FAST), in

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -28,7 +29,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 from starlette.routing import Route
 
 from broker import errors
@@ -37,6 +38,7 @@ from broker.settings import BrokerSettings
 
 from . import http_protocol, models
 from .auth import TokenTable
+from .cors import ClusterCORS, ConsoleFiles
 from .guard import RequestGuard
 from .metrics import METRICS_CACHE_S, NodeMetrics
 from .routes import (
@@ -63,6 +65,9 @@ from .routes.common import (
 )
 
 log = logging.getLogger(__name__)
+
+CONSOLE_DIR = Path(__file__).resolve().parent / "console"
+"""The web console's files (docs/console.md), served at ``/console/``: package data."""
 
 # The codes the node's connections answer before a request reaches this app (431, 408,
 # 503: api.http_protocol, which ledgermq.node serves it with) are the API's codes too.
@@ -117,6 +122,8 @@ def create_app(
     for exc, handler in ERROR_HANDLERS:
         app.add_exception_handler(exc, handler)
     app.add_middleware(RequestGuard, limits=settings.limits, tokens=tokens, metrics=metrics)
+    # Outermost: a preflight from another node's console is answered before the guard.
+    app.add_middleware(ClusterCORS, settings=settings)
 
     # The routers are the modules' own, shared by every app of the process; what differs
     # between apps is chosen here, where they are included: the token check of /v1 and
@@ -144,8 +151,16 @@ def create_app(
     app.router.routes.insert(
         0, Route("/v1/topics/{topic}/messages", messages.produce_direct, methods=["POST"])
     )
+    # The web console: static files that call the API above from the browser, with the
+    # same tokens (docs/console.md); open, like any page: the data is what the API guards.
+    app.add_route("/console", _to_console, include_in_schema=False)
+    app.mount("/console", ConsoleFiles(directory=CONSOLE_DIR, settings=settings), name="console")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+async def _to_console(request: Request) -> Response:
+    return RedirectResponse("/console/", status_code=307)
 
 
 # ---- error handlers ------------------------------------------------------------------------

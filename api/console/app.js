@@ -1,0 +1,578 @@
+// The console's pages (docs/console.md): hash routes, each a function that draws into
+// <main> and returns its cleanup. DOM is built with h(): text is never parsed as HTML.
+import {
+  ApiError, POLL_MS, cluster, metricsOfEveryNode, onCluster, pollCluster, read, setToken, token,
+  viewOf, write,
+} from "./api.js";
+
+const enc = encodeURIComponent;
+
+function h(tag, attrs = {}, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (k === "class") el.className = v;
+    else el.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+function field(label, input) {
+  return h("label", {}, label, input);
+}
+
+function table(caption, headers, rows, attrs = {}) {
+  return h("table", attrs,
+    caption ? h("caption", {}, caption) : null,
+    h("thead", {}, h("tr", {}, headers.map((x) => h("th", { scope: "col", class: x.num ? "num" : null }, x.label ?? x)))),
+    h("tbody", {}, rows));
+}
+
+function num(v) {
+  return h("td", { class: "num" }, v === null || v === undefined ? "—" : String(v));
+}
+
+/** A message line: an error (with its code) or a success. */
+function say(box, what, kind = "ok") {
+  box.replaceChildren();
+  if (what instanceof ApiError) {
+    box.append(h("div", { class: "msg error", role: "alert" }, `${what.code}: ${what.message}`));
+  } else if (what instanceof Error) {
+    box.append(h("div", { class: "msg error", role: "alert" }, what.message));
+  } else if (what) {
+    box.append(h("div", { class: `msg ${kind}`, role: "status" }, what));
+  }
+}
+
+/** Run `fn` with `button` disabled; its error goes to `box`. */
+async function busy(button, box, fn) {
+  button.disabled = true;
+  try {
+    await fn();
+  } catch (e) {
+    say(box, e);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+/** A button that asks again before it acts: the first click arms it. */
+function confirmButton(label, action) {
+  const b = h("button", { type: "button", class: "danger" }, label);
+  let armed = false;
+  b.addEventListener("click", () => {
+    if (!armed) {
+      armed = true;
+      b.classList.add("armed");
+      b.textContent = `Confirm: ${label.toLowerCase()}`;
+      return;
+    }
+    action(b);
+  });
+  b.addEventListener("blur", () => {
+    armed = false;
+    b.classList.remove("armed");
+    b.textContent = label;
+  });
+  return b;
+}
+
+// ---- the banner: no master, nodes down ------------------------------------------------
+
+function drawBanner(c) {
+  const banner = document.getElementById("banner");
+  if (!c.polled) return;
+  const parts = [];
+  const down = c.nodes.filter((n) => !(viewOf(n.origin) || { ok: true }).ok);
+  const all = [...c.views.values()];
+  const unauthorized = all.find((v) => !v.ok && v.error.status === 401);
+  if (unauthorized) {
+    parts.push(h("span", { class: "bad" }, "This cluster needs a token: enter it in the Token field."));
+  } else if (all.length && all.every((v) => !v.ok)) {
+    parts.push(h("span", { class: "bad" }, "No node answers: the cluster is down or unreachable."));
+  } else if (!c.master) {
+    parts.push(h("span", { class: "bad", "data-state": "no-master" },
+      "No master: writes wait until the nodes elect one."));
+  } else {
+    parts.push(h("span", { "data-master": c.master.node_id },
+      `Master: ${c.master.node_id} (term ${c.master.term})`));
+  }
+  if (down.length && !unauthorized) {
+    parts.push(" · ", h("span", { class: "warn", "data-state": "node-down" },
+      `Down: ${down.map((n) => n.node_id).join(", ")}`));
+  }
+  banner.replaceChildren(...parts);
+}
+
+// ---- Cluster -------------------------------------------------------------------------
+
+function clusterPage(main) {
+  const box = h("div");
+  const tableBox = h("div");
+  main.append(h("h2", {}, "Cluster"), box, tableBox,
+    h("p", { class: "muted" }, "Each row is the node's own answer to GET /v1/cluster, asked every ",
+      String(POLL_MS / 1000), " s. Replication lag: the master's last log index minus what the node holds."));
+
+  let drawn = null; // what the table shows: drawn again only when it changes (keeps focus)
+  function draw(c) {
+    const shows = JSON.stringify([c.master, c.nodes.map((n) => {
+      const v = viewOf(n.origin);
+      return [n, v && v.ok, v && (v.ok ? v.view : v.error.message)];
+    })]);
+    if (shows === drawn) return;
+    drawn = shows;
+    const masterView = c.master ? viewOf(c.master.origin).view : null;
+    const masterEnd = masterView ? masterView.ledger_end_index : null;
+    const rows = c.nodes.map((n) => {
+      const v = viewOf(n.origin);
+      if (!n.origin) {
+        return h("tr", { "data-node": n.node_id, "data-state": "unknown" },
+          h("th", { scope: "row" }, n.node_id), h("td", {}, "—"), h("td", {}, "unknown"),
+          h("td", { colspan: 8 }, "its HTTP URL is not known to the cluster (--peer-urls)"));
+      }
+      if (!v || !v.ok) {
+        const why = v ? v.error.message : "not asked yet";
+        return h("tr", { class: "down", "data-node": n.node_id, "data-state": "down" },
+          h("th", { scope: "row" }, n.node_id), h("td", {}, n.http_url || "—"),
+          h("td", { class: "state-down" }, "down"), h("td", { colspan: 8 }, why));
+      }
+      const s = v.view;
+      const lag = masterEnd === null ? null : Math.max(0, masterEnd - s.ledger_end_index);
+      const canLead = c.master && s.broker_role !== "MASTER" && s.raft_role === "FOLLOWER";
+      const transfer = canLead
+        ? h("button", { type: "button", class: "secondary", "aria-label": `Make ${s.node_id} the master`,
+          onclick: (e) => busy(e.target, box, async () => {
+            say(box, `Transferring leadership to ${s.node_id}…`);
+            await write("POST", "/v1/cluster/leadership", { to: s.node_id });
+            await pollCluster();
+            say(box, `${s.node_id} is the master now.`);
+          }) }, "Make master")
+        : null;
+      return h("tr", { "data-node": s.node_id, "data-role": s.broker_role, "data-state": "up" },
+        h("th", { scope: "row" }, s.node_id), h("td", {}, n.http_url || "—"),
+        h("td", { class: "state-up" }, "up"),
+        h("td", { class: `role-${s.broker_role}` }, `${s.broker_role} / ${s.raft_role}`),
+        num(s.term), num(s.ledger_end_index), num(s.committed_index), num(s.dispatched_index),
+        num(lag), h("td", {}, s.leader_id || "—"), h("td", {}, transfer));
+    });
+    tableBox.replaceChildren(table(null,
+      ["Node", "HTTP URL", "State", "Role", { label: "Term", num: 1 }, { label: "Log end", num: 1 },
+        { label: "Committed", num: 1 }, { label: "Dispatched", num: 1 }, { label: "Lag", num: 1 },
+        "Leader seen", ""], rows, { id: "nodes" }));
+  }
+  if (cluster.polled) draw(cluster);
+  return onCluster(draw);
+}
+
+// ---- Topics --------------------------------------------------------------------------
+
+function topicsPage(main) {
+  const box = h("div");
+  const list = h("div");
+  const detail = h("div", { id: "topic-detail" });
+  const name = h("input", { name: "name", required: true, pattern: "[A-Za-z0-9_%\\|\\-]{1,127}", size: 24 });
+  const queues = h("input", { name: "queues", type: "number", min: 1, max: 1024, value: 8, size: 4 });
+  const create = h("form", { class: "inline", id: "create-topic" },
+    field("Name", name), field("Queues", queues), h("button", { type: "submit" }, "Create topic"));
+  create.addEventListener("submit", (e) => {
+    e.preventDefault();
+    busy(create.querySelector("button"), box, async () => {
+      await write("POST", "/v1/topics", { name: name.value, queues: Number(queues.value) });
+      say(box, `Topic ${name.value} created.`);
+      await load();
+    });
+  });
+  main.append(h("h2", {}, "Topics"), create, box, list, detail);
+
+  async function describe(topic) {
+    const t = await read(`/v1/topics/${enc(topic)}`);
+    const rows = t.queues.map((q) => h("tr", {}, num(q.queue_id), num(q.min_offset), num(q.max_offset),
+      num(q.max_offset - q.min_offset)));
+    detail.replaceChildren(h("h3", {}, `Topic ${t.name}`),
+      table("Offsets per queue (max = the next offset to be written)",
+        [{ label: "Queue", num: 1 }, { label: "Min offset", num: 1 }, { label: "Max offset", num: 1 },
+          { label: "Messages", num: 1 }], rows, { id: "queues" }));
+  }
+
+  async function load() {
+    const { topics } = await read("/v1/topics");
+    const rows = topics.map((t) => h("tr", { "data-topic": t.name },
+      h("th", { scope: "row" }, t.name), num(t.queues),
+      h("td", {},
+        h("button", { type: "button", class: "secondary",
+          onclick: (e) => busy(e.target, box, () => describe(t.name)) }, "Describe"), " ",
+        confirmButton("Delete", (b) => busy(b, box, async () => {
+          await write("DELETE", `/v1/topics/${enc(t.name)}`);
+          say(box, `Topic ${t.name} deleted.`);
+          detail.replaceChildren();
+          await load();
+        })))));
+    list.replaceChildren(topics.length
+      ? table(`${topics.length} topic(s)`, ["Name", { label: "Queues", num: 1 }, ""], rows, { id: "topics" })
+      : h("p", { class: "muted" }, "No topics yet."));
+  }
+  load().catch((e) => say(box, e));
+}
+
+// ---- Messages ------------------------------------------------------------------------
+
+function bytesOf(m) {
+  if (m.encoding === "base64") {
+    const bin = atob(m.body);
+    return Uint8Array.from(bin, (ch) => ch.charCodeAt(0));
+  }
+  return new TextEncoder().encode(m.body);
+}
+
+function hexdump(bytes, limit = 4096) {
+  const lines = [];
+  for (let i = 0; i < Math.min(bytes.length, limit); i += 16) {
+    const row = [...bytes.slice(i, i + 16)];
+    const hex = row.map((b) => b.toString(16).padStart(2, "0")).join(" ");
+    const text = row.map((b) => (b >= 32 && b < 127 ? String.fromCharCode(b) : ".")).join("");
+    lines.push(`${i.toString(16).padStart(8, "0")}  ${hex.padEnd(47)}  ${text}`);
+  }
+  if (bytes.length > limit) lines.push(`… ${bytes.length - limit} more bytes`);
+  return lines.join("\n");
+}
+
+function bodyViews(m) {
+  const bytes = bytesOf(m);
+  let text = null;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch {
+    text = null;
+  }
+  let json = null;
+  if (text !== null) {
+    try {
+      json = JSON.stringify(JSON.parse(text), null, 2);
+    } catch {
+      json = null;
+    }
+  }
+  const views = { Text: text ?? "(not UTF-8 text: see Hex)", JSON: json ?? "(not JSON)", Hex: hexdump(bytes) };
+  const pre = h("pre", { class: "body" }, json ?? views.Text);
+  const buttons = Object.keys(views).map((k) => h("button", { type: "button", class: "secondary",
+    onclick: () => { pre.textContent = views[k]; } }, k));
+  return [h("div", { class: "views", role: "group", "aria-label": "Show the body as" }, buttons), pre];
+}
+
+function messageList(messages) {
+  if (!messages.length) return h("p", { class: "muted", "data-empty": "" }, "No messages.");
+  return h("div", { class: "messages" }, messages.map((m) => {
+    const props = Object.entries(m.properties || {});
+    return h("details", { "data-msg-id": m.msg_id, "data-key": m.key || "", "data-queue": m.queue_id },
+      h("summary", {}, `${m.topic} q${m.queue_id} @${m.queue_offset}  key=${m.key ?? "—"}  tags=${m.tags ?? "—"}  ${m.msg_id}`),
+      h("p", { class: "muted" }, `Stored ${new Date(m.store_timestamp).toISOString()}, born ${new Date(m.born_timestamp).toISOString()}, ${bytesOf(m).length} bytes`),
+      props.length ? table("Properties", ["Name", "Value"], props.map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v)))) : null,
+      bodyViews(m));
+  }));
+}
+
+function messagesPage(main) {
+  const box = h("div");
+  const out = h("div", { id: "results" });
+  const topicOpts = h("datalist", { id: "topic-names" });
+  read("/v1/topics").then(({ topics }) => topicOpts.replaceChildren(...topics.map((t) => h("option", { value: t.name }))), () => {});
+  const topic = () => h("input", { name: "topic", required: true, list: "topic-names", size: 18 });
+
+  const sTopic = topic();
+  const sKey = h("input", { name: "key", size: 12 });
+  const sTags = h("input", { name: "tags", size: 10 });
+  const sBody = h("textarea", { name: "body", rows: 2 }, "hello from the console");
+  const send = h("form", { class: "inline", id: "send" }, field("Topic", sTopic), field("Key", sKey),
+    field("Tags", sTags), field("Body (UTF-8)", sBody), h("button", { type: "submit" }, "Send"));
+  send.addEventListener("submit", (e) => {
+    e.preventDefault();
+    busy(send.querySelector("button"), box, async () => {
+      const msg = { body: sBody.value };
+      if (sKey.value) msg.key = sKey.value;
+      if (sTags.value) msg.tags = sTags.value;
+      const r = await write("POST", `/v1/topics/${enc(sTopic.value)}/messages`, { messages: [msg] });
+      const x = r.results[0];
+      say(box, `Sent: ${x.msg_id} to queue ${x.queue_id} at offset ${x.queue_offset}.`);
+    });
+  });
+
+  const fTopic = topic();
+  const fKey = h("input", { name: "key", size: 14 });
+  const fId = h("input", { name: "msg_id", size: 34 });
+  const find = h("form", { class: "inline", id: "find" }, field("Topic", fTopic), field("Key", fKey),
+    h("span", { class: "muted" }, "or"), field("Message id (no topic needed)", fId),
+    h("button", { type: "submit" }, "Find"));
+  fTopic.required = false;
+  find.addEventListener("submit", (e) => {
+    e.preventDefault();
+    busy(find.querySelector("button"), box, async () => {
+      say(box, null);
+      if (fId.value) {
+        const m = await read(`/v1/messages/${enc(fId.value.trim())}?encoding=base64`);
+        out.replaceChildren(messageList([m]));
+      } else if (fTopic.value && fKey.value) {
+        const r = await read(`/v1/topics/${enc(fTopic.value)}/messages?key=${enc(fKey.value)}&max=64&encoding=base64`);
+        out.replaceChildren(messageList(r.messages));
+      } else {
+        throw new Error("Give a topic and a key, or a message id.");
+      }
+    });
+  });
+
+  const bTopic = topic();
+  const bQueue = h("input", { name: "queue_id", type: "number", min: 0, value: 0, size: 4 });
+  const bOffset = h("input", { name: "offset", type: "number", min: 0, value: 0, size: 8 });
+  const bMax = h("input", { name: "max_messages", type: "number", min: 1, max: 256, value: 32, size: 4 });
+  const browse = h("form", { class: "inline", id: "browse" }, field("Topic", bTopic), field("Queue", bQueue),
+    field("From offset", bOffset), field("At most", bMax), h("button", { type: "submit" }, "Browse"));
+  browse.addEventListener("submit", (e) => {
+    e.preventDefault();
+    busy(browse.querySelector("button"), box, async () => {
+      say(box, null);
+      const r = await read(`/v1/topics/${enc(bTopic.value)}/queues/${enc(bQueue.value)}/messages?offset=${enc(bOffset.value)}&max_messages=${enc(bMax.value)}&encoding=base64`);
+      out.replaceChildren(h("p", { class: "muted" },
+        `${r.status}: queue offsets ${r.min_offset} to ${r.max_offset}; next offset ${r.next_offset}`),
+      messageList(r.messages));
+      if (r.messages.length) bOffset.value = r.next_offset;
+    });
+  });
+
+  main.append(h("h2", {}, "Messages"), topicOpts,
+    h("h3", {}, "Send a test message"), send,
+    h("h3", {}, "Find by key or message id"), find,
+    h("h3", {}, "Browse a queue"), browse, box, out);
+}
+
+// ---- Groups --------------------------------------------------------------------------
+
+function groupsPage(main) {
+  const box = h("div");
+  const list = h("div");
+  const detail = h("div", { id: "group-detail" });
+  const resetBox = h("div");
+  let selected = null;
+  let timer = null;
+  main.append(h("h2", {}, "Consumer groups"), box, list, detail, resetBox);
+
+  async function drawOffsets() {
+    if (!selected) return;
+    const group = selected;
+    const { offsets } = await read(`/v1/groups/${enc(group)}/offsets`);
+    if (group !== selected) return;
+    const pop = offsets.some((o) => "in_flight" in o);
+    const total = offsets.reduce((s, o) => s + (o.lag || 0), 0);
+    const rows = offsets.map((o) => h("tr", { "data-topic": o.topic, "data-queue": o.queue_id },
+      h("td", {}, o.topic), num(o.queue_id), num(pop ? o.next_offset : o.committed_offset),
+      pop ? num(o.in_flight) : null, num(o.max_offset), num(o.lag)));
+    const topics = [...new Set(offsets.map((o) => o.topic))];
+    detail.replaceChildren(h("h3", {}, `Group ${group}${pop ? " (POP)" : ""}`),
+      h("p", {}, "Total lag: ", h("strong", { id: "total-lag", "data-lag": total }, String(total)),
+        h("span", { class: "muted" }, ` · refreshed every ${POLL_MS / 1000} s`)),
+      table("Lag per queue", ["Topic", { label: "Queue", num: 1 },
+        { label: pop ? "Next offset" : "Committed", num: 1 }, pop ? { label: "In flight", num: 1 } : null,
+        { label: "Max offset", num: 1 }, { label: "Lag", num: 1 }].filter(Boolean), rows, { id: "lag" }));
+    // Drawn again only for another group or other topics: a refresh keeps its choices.
+    const form = pop ? null : resetForm(group, topics);
+    if (resetBox.firstChild !== form) resetBox.replaceChildren(...(form ? [form] : []));
+  }
+
+  // Kept across the redraws of the table, so that a choice survives the refresh.
+  const reset = { form: null, group: null };
+  function resetForm(group, topics) {
+    if (reset.form && reset.group === group) {
+      const select = reset.form.querySelector("select[name=topic]");
+      const known = [...select.options].map((o) => o.value);
+      if (topics.every((t) => known.includes(t))) return reset.form;
+    }
+    const topic = h("select", { name: "topic" }, topics.map((t) => h("option", { value: t }, t)));
+    const to = h("select", { name: "to" }, h("option", { value: "earliest" }, "earliest"),
+      h("option", { value: "latest" }, "latest"));
+    const go = confirmButton("Reset offsets", (b) => busy(b, box, async () => {
+      const r = await write("POST", `/v1/groups/${enc(group)}/offsets/reset`, { topic: topic.value, to: to.value });
+      say(box, `Group ${group} reset to ${to.value} on ${topic.value}: ${Object.entries(r.offsets).map(([q, o]) => `q${q}=${o}`).join(" ")}.`);
+      await drawOffsets();
+    }));
+    go.type = "button";
+    reset.form = h("form", { class: "inline", id: "reset", onsubmit: (e) => e.preventDefault() },
+      field("Topic", topic), field("To", to), go);
+    reset.group = group;
+    return reset.form;
+  }
+
+  async function load() {
+    const { groups } = await read("/v1/groups");
+    list.replaceChildren(groups.length
+      ? table(`${groups.length} group(s)`, ["Group", ""], groups.map((g) => h("tr", { "data-group": g },
+        h("th", { scope: "row" }, g),
+        h("td", {}, h("button", { type: "button", class: "secondary", onclick: (e) => busy(e.target, box, async () => {
+          selected = g;
+          await drawOffsets();
+        }) }, "Show lag")))), { id: "groups" })
+      : h("p", { class: "muted" }, "No consumer groups yet."));
+  }
+  load().catch((e) => say(box, e));
+  timer = setInterval(() => drawOffsets().catch((e) => say(box, e)), POLL_MS);
+  return () => clearInterval(timer);
+}
+
+// ---- Rates ---------------------------------------------------------------------------
+
+const SAMPLES = 60; // two minutes at POLL_MS
+const SERIES = [
+  // [metric, label, unit]: counters summed over every node, as a rate per second
+  ["ledgermq_produced_messages_total", "Produced", "msg/s"],
+  ["ledgermq_pulled_messages_total", "Served to consumers", "msg/s"],
+  ["ledgermq_produced_bytes_total", "Produced bytes", "B/s"],
+  ["ledgermq_http_errors_total", "HTTP error answers", "/s"],
+];
+
+/** Prometheus text → [{name, labels, value}] (comments and malformed lines left out). */
+function parseMetrics(text) {
+  const out = [];
+  for (const line of text.split("\n")) {
+    const m = line.match(/^([a-zA-Z_:][\w:]*)(?:\{(.*)\})?\s+(\S+)/);
+    if (!m) continue;
+    const labels = {};
+    for (const l of (m[2] || "").matchAll(/(\w+)="((?:[^"\\]|\\.)*)"/g)) labels[l[1]] = l[2];
+    out.push({ name: m[1], labels, value: Number(m[3]) });
+  }
+  return out;
+}
+
+function chart(label, unit, points) {
+  const w = 480, hgt = 110, pad = 4;
+  const max = Math.max(0, ...points.map((p) => p.v));
+  const top = max || 1;
+  const x = (i) => pad + (i * (w - 2 * pad)) / (SAMPLES - 1);
+  const y = (v) => hgt - pad - (v * (hgt - 2 * pad)) / top;
+  const start = SAMPLES - points.length;
+  const line = points.map((p, i) => `${x(start + i).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
+  const last = points.length ? points[points.length - 1].v : 0;
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", `0 0 ${w} ${hgt}`);
+  svg.setAttribute("role", "img");
+  svg.setAttribute("aria-label", `${label}: ${last.toFixed(1)} ${unit} now, at most ${max.toFixed(1)}`);
+  const poly = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
+  poly.setAttribute("points", line);
+  poly.setAttribute("class", "series");
+  svg.append(poly);
+  return h("figure", { class: "chart", "data-series": label, "data-last": last.toFixed(3), "data-max": max.toFixed(3) },
+    h("figcaption", {}, h("strong", {}, label), ` ${last.toFixed(1)} ${unit}`,
+      h("span", { class: "muted" }, ` (max ${max.toFixed(1)})`)), svg);
+}
+
+function ratesPage(main) {
+  const box = h("div");
+  const charts = h("div", { id: "rates", class: "charts" });
+  const perTopic = h("div");
+  main.append(h("h2", {}, "Rates"), box, charts, perTopic,
+    h("p", { class: "muted" }, `Every node's /metrics every ${POLL_MS / 1000} s; the counters`,
+      " summed over the nodes that answer, as a rate per second over the last two minutes."));
+  let previous = null; // {at, totals: Map(key -> value) per node}
+  const history = new Map(SERIES.map(([metric]) => [metric, []]));
+  let stopped = false;
+
+  async function sample() {
+    const answers = await metricsOfEveryNode();
+    const at = Date.now();
+    const totals = new Map(); // `${node}|${metric}|${topic}` -> value
+    for (const a of answers) {
+      if (a.error) {
+        say(box, a.error);
+        continue;
+      }
+      for (const m of parseMetrics(a.text)) {
+        if (history.has(m.name)) totals.set(`${a.node_id}|${m.name}|${m.labels.topic ?? m.labels.code ?? ""}`, m.value);
+      }
+    }
+    if (previous) {
+      const dt = (at - previous.at) / 1000;
+      const topicRates = new Map();
+      const sums = new Map(SERIES.map(([metric]) => [metric, 0]));
+      for (const [key, value] of totals) {
+        const before = previous.totals.get(key);
+        const delta = before === undefined || value < before ? 0 : value - before; // a restart resets
+        const [, metric, topic] = key.split("|");
+        sums.set(metric, sums.get(metric) + delta / dt);
+        if (metric !== "ledgermq_http_errors_total") {
+          const r = topicRates.get(topic) || {};
+          r[metric] = (r[metric] || 0) + delta / dt;
+          topicRates.set(topic, r);
+        }
+      }
+      for (const [metric, v] of sums) {
+        const points = history.get(metric);
+        points.push({ at, v });
+        if (points.length > SAMPLES) points.shift();
+      }
+      charts.replaceChildren(...SERIES.map(([metric, label, unit]) => chart(label, unit, history.get(metric))));
+      const rows = [...topicRates].sort().map(([topic, r]) => h("tr", { "data-topic": topic },
+        h("th", { scope: "row" }, topic), num((r.ledgermq_produced_messages_total || 0).toFixed(1)),
+        num((r.ledgermq_pulled_messages_total || 0).toFixed(1))));
+      perTopic.replaceChildren(rows.length
+        ? table("Per topic, now", ["Topic", { label: "Produced msg/s", num: 1 }, { label: "Served msg/s", num: 1 }], rows)
+        : null);
+    } else {
+      charts.replaceChildren(h("p", { class: "muted" }, "Measuring: the first rates come with the next sample."));
+    }
+    previous = { at, totals };
+  }
+
+  const tick = () => {
+    if (stopped) return;
+    sample().catch((e) => say(box, e)).finally(() => { if (!stopped) setTimeout(tick, POLL_MS); });
+  };
+  if (cluster.polled) tick();
+  else pollCluster().finally(tick);
+  return () => { stopped = true; };
+}
+
+// ---- the router ----------------------------------------------------------------------
+
+const PAGES = {
+  cluster: clusterPage, topics: topicsPage, messages: messagesPage, groups: groupsPage, rates: ratesPage,
+};
+let cleanup = null;
+
+function route(event) {
+  const name = (location.hash.match(/^#\/(\w+)/) || [])[1];
+  const page = PAGES[name] ? name : "cluster";
+  if (cleanup) cleanup();
+  cleanup = null;
+  const main = document.getElementById("page");
+  main.replaceChildren();
+  main.dataset.page = page;
+  for (const a of document.querySelectorAll("nav a")) {
+    if (a.dataset.page === page) a.setAttribute("aria-current", "page");
+    else a.removeAttribute("aria-current");
+  }
+  document.title = `${page[0].toUpperCase()}${page.slice(1)} · LedgerMQ console`;
+  cleanup = PAGES[page](main) || null;
+  if (event) main.focus(); // a screen reader starts at the new page, not the nav
+}
+
+function start() {
+  const input = document.getElementById("token");
+  input.value = token();
+  document.getElementById("token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    setToken(input.value.trim());
+    pollCluster().then(() => route());
+  });
+  onCluster(drawBanner);
+  onCluster((c) => {
+    document.getElementById("footer").textContent =
+      `Served by ${location.origin} · ${c.urls.length} node URL(s) known · last poll ${new Date().toLocaleTimeString()}`;
+  });
+  window.addEventListener("hashchange", route);
+  route();
+  const tick = () => pollCluster().finally(() => setTimeout(tick, POLL_MS));
+  tick();
+}
+
+start();

@@ -1,0 +1,126 @@
+"""Cross-origin reads and writes between the nodes of one cluster (the web console).
+
+The console (``/console``, docs/console.md) served by one node asks every node of the
+group for its ``/v1/cluster`` and sends writes to the master: requests from one node's
+origin to another's. Browsers allow them only when the other node says so, so this
+middleware answers CORS for exactly the origins of the cluster's own HTTP URLs
+(``--peer-urls`` and ``--advertised-url``): a page from anywhere else gets no CORS
+headers and the browser keeps it out, as before. It answers a preflight (``OPTIONS``
+with ``Access-Control-Request-Method``) from such an origin itself, before the token
+check, which a preflight never carries a token for; the request that follows is checked
+as any other.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+from starlette.responses import Response
+from starlette.staticfiles import PathLike, StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from broker.settings import BrokerSettings
+
+ALLOW_METHODS = b"GET, POST, PUT, DELETE"
+ALLOW_HEADERS = b"authorization, content-type"
+EXPOSE_HEADERS = b"retry-after, location"
+PREFLIGHT_MAX_AGE_S = 600
+PATHS = ("/v1/", "/metrics", "/healthz", "/readyz")
+
+
+def origin_of(url: str) -> str:
+    """``scheme://host[:port]`` of an URL, lower-cased, as a browser's ``Origin`` is."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}".lower()
+
+
+def cluster_origins(settings: BrokerSettings) -> set[str]:
+    """The origins of the cluster's nodes' HTTP URLs known to this node."""
+    urls = list(settings.peer_urls.values())
+    if settings.advertised_url:
+        urls.append(settings.advertised_url)
+    return {origin_of(u) for u in urls if u}
+
+
+class ClusterCORS:
+    """CORS for the cluster's own origins on the API's paths; nothing for others."""
+
+    def __init__(self, app: ASGIApp, settings: BrokerSettings) -> None:
+        self.app = app
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Every request passes here, produces too: a client that is not a browser sends
+        # no Origin, and costs one look through the header names.
+        raw = None
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == b"origin":
+                    raw = value
+                    break
+        if raw is None or not scope["path"].startswith(PATHS):
+            await self.app(scope, receive, send)
+            return
+        origin = raw.decode("latin-1").lower()
+        if origin not in cluster_origins(self.settings):
+            await self.app(scope, receive, send)
+            return
+        allow = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
+        preflight = scope["method"] == "OPTIONS" and any(
+            name == b"access-control-request-method" for name, _ in scope["headers"]
+        )
+        if preflight:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 204,
+                    "headers": [
+                        *allow,
+                        (b"access-control-allow-methods", ALLOW_METHODS),
+                        (b"access-control-allow-headers", ALLOW_HEADERS),
+                        (b"access-control-max-age", str(PREFLIGHT_MAX_AGE_S).encode()),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def send_allowed(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [
+                    *message.get("headers", []),
+                    *allow,
+                    (b"access-control-expose-headers", EXPOSE_HEADERS),
+                ]
+            await send(message)
+
+        await self.app(scope, receive, send_allowed)
+
+
+class ConsoleFiles(StaticFiles):
+    """The console's files, each with a Content-Security-Policy that lets the page load
+    nothing but this node's files and talk to nothing but the cluster's nodes (a
+    script injected some day could not send data elsewhere), never be framed (no
+    clicking **Make master** through another site's frame), and no MIME sniffing."""
+
+    def __init__(self, *, directory: str | os.PathLike[str], settings: BrokerSettings) -> None:
+        super().__init__(directory=directory, html=True)
+        self.settings = settings
+
+    def file_response(
+        self,
+        full_path: PathLike,
+        stat_result: os.stat_result,
+        scope: Scope,
+        status_code: int = 200,
+    ) -> Response:
+        response = super().file_response(full_path, stat_result, scope, status_code)
+        connect = " ".join(["'self'", *sorted(cluster_origins(self.settings))])
+        response.headers["content-security-policy"] = (
+            f"default-src 'self'; connect-src {connect}; img-src 'self' data:;"
+            " frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+        )
+        response.headers["x-content-type-options"] = "nosniff"
+        response.headers["referrer-policy"] = "no-referrer"
+        return response

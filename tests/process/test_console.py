@@ -1,0 +1,368 @@
+"""The web console in a real browser against real nodes (issue 34, docs/console.md).
+
+Debian's headless chromium, driven over the DevTools protocol (``tools.browser``), opens
+``/console`` of a 3-node cluster of processes on 127.0.0.1: every page loads with no
+console error and no request to a host other than 127.0.0.1; a topic is created and
+described, a message sent, found by its key and by its id, shown in hex and browsed in
+its queue, an error answer shown with its code, the topic deleted; a group's lag moves
+when messages are produced, when it commits and when the page resets it, and a POP
+group's in-flight messages show; the Rates page's produce rate rises with a produce; a
+3-node cluster with auth asks for the token and works once it is given, across origins;
+**Make master** moves leadership, and after ``kill -9`` of the master the Cluster page
+shows the new master and the dead node, after a second one no master. A missing chromium
+fails these tests with the command that installs it (``make chromium``); it never skips
+them. Every wait is a bounded condition.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from ledgermq.local_cluster import LocalBrokerCluster
+from tests.api.conftest import CLUSTER_ARGS
+from tests.waiting import wait_until
+from tools.browser import Browser
+
+PAGES = {
+    # page: what shows that it is drawn with the cluster's data
+    "cluster": "document.querySelectorAll('#nodes tr[data-state=up]').length === 3"
+    " && !!document.querySelector('#banner [data-master]')",
+    "topics": "!!document.querySelector('#topics, main p.muted')",
+    "messages": "!!document.querySelector('#send')"
+    " && !!document.querySelector('#banner [data-master]')",
+    "groups": "!!document.querySelector('#groups, main p.muted')",
+    "rates": "document.querySelectorAll('#rates figure.chart').length === 4",
+}
+FAILOVER_S = 45.0
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with Browser() as b:
+        yield b
+
+
+def others(urls: list[str]) -> list[str]:
+    """The requests among ``urls`` that went to a host other than 127.0.0.1."""
+    return [u for u in urls if urlsplit(u).scheme != "data" and urlsplit(u).hostname != "127.0.0.1"]
+
+
+def master_url(cluster: LocalBrokerCluster) -> str:
+    master = cluster.master()
+    assert master is not None
+    return cluster.urls[master]
+
+
+def test_every_page_loads_without_errors_or_outside_requests(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    url = cluster3.urls["n0"] + "/console/"
+    browser.reset()
+    for page, drawn in PAGES.items():
+        browser.open(f"{url}#/{page}")
+        browser.wait_for(drawn, what=f"the {page} page drawn")
+        assert (
+            browser.evaluate("document.querySelector('nav a[aria-current=page]').dataset.page")
+            == page
+        )
+    # A full poll of every node after the last page, then: nothing went wrong, nothing left.
+    browser.wait_for("document.querySelectorAll('#banner [data-master]').length === 1")
+    assert browser.errors() == []
+    requests = browser.requests()
+    assert others(requests) == []
+    # The console learned the other nodes from /v1/cluster and asked them (CORS works).
+    for node_url in cluster3.urls.values():
+        assert any(r.startswith(node_url + "/v1/cluster") for r in requests), node_url
+
+
+def test_topic_message_by_key_and_queue(cluster3: LocalBrokerCluster, browser: Browser) -> None:
+    url = cluster3.urls["n1"] + "/console/"
+    browser.reset()
+    browser.open(url + "#/topics")
+    browser.wait_for("!!document.querySelector('#banner [data-master]')")
+    browser.fill("#create-topic input[name=name]", "console-orders")
+    browser.fill("#create-topic input[name=queues]", "4")
+    browser.click("#create-topic button")
+    browser.wait_for(
+        "!!document.querySelector('tr[data-topic=\"console-orders\"]')", what="topic listed"
+    )
+    browser.click('tr[data-topic="console-orders"] button.secondary')
+    browser.wait_for("document.querySelectorAll('#queues tbody tr').length === 4", what="4 queues")
+
+    browser.open(url + "#/messages")
+    browser.wait_for(
+        "!!document.querySelector('#send') && !!document.querySelector('#banner [data-master]')"
+    )
+    body = json.dumps({"order": 42, "item": "book"})
+    browser.fill("#send input[name=topic]", "console-orders")
+    browser.fill("#send input[name=key]", "order-42")
+    browser.fill("#send input[name=tags]", "TagA")
+    browser.fill("#send textarea[name=body]", body)
+    browser.click("#send button")
+    sent = browser.wait_for(
+        "(document.querySelector('.msg.ok') || {}).innerText", what="the message sent"
+    )
+    assert sent.startswith("Sent: ")
+
+    browser.fill("#find input[name=topic]", "console-orders")
+    browser.fill("#find input[name=key]", "order-42")
+    browser.click("#find button")
+    browser.wait_for(
+        "!!document.querySelector('details[data-key=\"order-42\"]')", what="found by key"
+    )
+    browser.click("details[data-key='order-42'] summary")  # opens it
+    shown = browser.text("details[data-key='order-42'] pre.body")
+    assert json.loads(shown) == json.loads(body)
+    msg_id = browser.evaluate(
+        "document.querySelector('details[data-key=\"order-42\"]').dataset.msgId"
+    )
+    assert msg_id in sent
+    queue = browser.evaluate(
+        "document.querySelector('details[data-key=\"order-42\"]').dataset.queue"
+    )
+    browser.click("details[data-key='order-42'] .views button:nth-child(3)")  # Hex
+    assert browser.text("details[data-key='order-42'] pre.body").startswith("00000000  7b 22")
+
+    # By message id, with no topic.
+    browser.fill("#find input[name=topic]", "")
+    browser.fill("#find input[name=key]", "")
+    browser.fill("#find input[name=msg_id]", msg_id)
+    browser.evaluate("document.querySelector('#results').replaceChildren()")
+    browser.click("#find button")
+    browser.wait_for(
+        f"!!document.querySelector('#results details[data-msg-id=\"{msg_id}\"]')",
+        what="found by id",
+    )
+
+    browser.fill("#browse input[name=topic]", "console-orders")
+    browser.fill("#browse input[name=queue_id]", str(queue))
+    browser.fill("#browse input[name=offset]", "0")
+    browser.click("#browse button")
+    browser.wait_for(
+        "(document.querySelector('#results p.muted')?.innerText || '').startsWith('FOUND')"
+        f" && !!document.querySelector('#results details[data-msg-id=\"{msg_id}\"]')",
+        what="browsed",
+    )
+    assert browser.errors() == []
+
+    # An error answer shows its code and message where the action was taken.
+    browser.fill("#browse input[name=topic]", "no-such-topic")
+    browser.click("#browse button")
+    shown = browser.wait_for("(document.querySelector('.msg.error') || {}).innerText")
+    assert "TOPIC_NOT_FOUND" in shown
+    browser.clear()  # the 404 in the browser's log was the point
+
+    browser.open(url + "#/topics")
+    browser.wait_for("!!document.querySelector('tr[data-topic=\"console-orders\"]')")
+    browser.click('tr[data-topic="console-orders"] button.danger')  # arms it
+    browser.click('tr[data-topic="console-orders"] button.danger')  # confirms
+    browser.wait_for("!document.querySelector('tr[data-topic=\"console-orders\"]')", what="deleted")
+
+    def gone_on_every_node() -> bool:  # a follower applies the delete a moment later
+        return all(
+            "console-orders"
+            not in [t["name"] for t in httpx.get(u + "/v1/topics", timeout=10).json()["topics"]]
+            for u in cluster3.urls.values()
+        )
+
+    wait_until(gone_on_every_node, what="the topic gone on every node")
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_a_group_s_lag_moves(cluster3: LocalBrokerCluster, browser: Browser) -> None:
+    api = master_url(cluster3)
+
+    def produce(n: int) -> None:
+        msgs = [{"body": f"m{i}", "queue_id": 0} for i in range(n)]
+        r = httpx.post(f"{api}/v1/topics/console-lag/messages", json={"messages": msgs}, timeout=30)
+        assert r.status_code == 200, r.text
+
+    r = httpx.post(f"{api}/v1/topics", json={"name": "console-lag", "queues": 2}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    produce(3)
+    r = httpx.put(
+        f"{api}/v1/groups/console-readers/offsets",
+        json={"topic": "console-lag", "offsets": {"0": 1, "1": 0}},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+
+    browser.reset()
+    browser.open(cluster3.urls["n2"] + "/console/#/groups")
+    browser.wait_for("!!document.querySelector('tr[data-group=\"console-readers\"]')")
+    browser.click('tr[data-group="console-readers"] button')
+    lag = "(document.querySelector('#total-lag') || {dataset: {}}).dataset.lag"
+    browser.wait_for(f"{lag} === '2'", what="lag 2")
+    produce(5)
+    browser.wait_for(f"{lag} === '7'", what="lag 7 after 5 more messages")
+    r = httpx.put(
+        f"{api}/v1/groups/console-readers/offsets",
+        json={"topic": "console-lag", "offsets": {"0": 8}},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    browser.wait_for(f"{lag} === '0'", what="lag 0 after the commit")
+
+    # Reset to earliest from the page: every message of the topic is lag again.
+    browser.evaluate("document.querySelector('#reset select[name=to]').value = 'earliest'")
+    browser.click("#reset button.danger")  # arms it
+    browser.click("#reset button.danger")  # confirms
+    browser.wait_for(f"{lag} === '8'", what="lag 8 after the reset to earliest")
+    assert "reset to earliest" in browser.text("main .msg.ok")
+    assert browser.errors() == []
+
+    # A POP group: what is handed out and not acked shows as in flight.
+    r = httpx.put(
+        f"{api}/v1/groups/console-pop", json={"mode": "pop", "start": "earliest"}, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    r = httpx.post(
+        f"{api}/v1/groups/console-pop/receive",
+        json={"topic": "console-lag", "max_messages": 2, "invisible_ms": 60000},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    received = len(r.json()["messages"])
+    assert received > 0
+    browser.reset()
+    browser.open(cluster3.urls["n2"] + "/console/#/groups")
+    browser.wait_for("!!document.querySelector('tr[data-group=\"console-pop\"]')")
+    browser.click('tr[data-group="console-pop"] button')
+    browser.wait_for(
+        "(document.querySelector('#group-detail h3') || {}).innerText"
+        " === 'Group console-pop (POP)'",
+        what="the POP group shown",
+    )
+    in_flight = browser.evaluate(
+        "[...document.querySelectorAll('#lag tbody tr')]"
+        ".reduce((s, tr) => s + Number(tr.children[3].innerText), 0)"
+    )
+    assert in_flight == received
+    assert browser.errors() == []
+
+
+def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser) -> None:
+    api = master_url(cluster3)
+    r = httpx.post(f"{api}/v1/topics", json={"name": "console-rates", "queues": 1}, timeout=30)
+    assert r.status_code in (200, 201), r.text
+    browser.reset()
+    browser.open(cluster3.urls["n0"] + "/console/#/rates")
+    produced = "document.querySelector('#rates figure[data-series=Produced]')"
+    browser.wait_for(f"!!{produced}", what="the first rates")
+    assert browser.evaluate(f"{produced}.dataset.max") == "0.000"
+
+    def produce() -> bool:
+        msgs = [{"body": "x"} for _ in range(100)]
+        r = httpx.post(
+            f"{api}/v1/topics/console-rates/messages", json={"messages": msgs}, timeout=30
+        )
+        assert r.status_code == 200, r.text
+        return float(browser.evaluate(f"{produced}.dataset.max")) > 0
+
+    wait_until(produce, timeout_s=30, poll_s=0.5, what="a produce rate above 0 drawn")
+    browser.wait_for("!!document.querySelector('tr[data-topic=\"console-rates\"]')")
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
+    """A 3-node cluster with a token: the page asks for it, and with it reads every node
+    and writes to the master across origins (CORS preflights carry no token)."""
+    token = "console-test-token"
+    cluster = LocalBrokerCluster(
+        3, tmp_path / "auth", extra_args=[*CLUSTER_ARGS, "--auth-token", token], probe_token=token
+    )
+    cluster.start_all()
+    try:
+        master = cluster.wait_ready(timeout_s=90)
+        follower = next(n for n in cluster.ids if n != master)
+        url = cluster.urls[follower] + "/console/"
+        browser.reset()
+        browser.open(url + "#/topics")
+        browser.evaluate("sessionStorage.clear()")
+        browser.open(url + "#/topics")
+        browser.wait_for(
+            "document.querySelector('#banner').innerText.includes('needs a token')",
+            what="the page asks for a token",
+        )
+        browser.fill("#token", token)
+        browser.click("#token-form button")
+        browser.wait_for(
+            "!!document.querySelector('#banner [data-master]')", what="master with the token"
+        )
+        browser.clear()  # the 401s before the token were the point; from here on, none
+        assert browser.evaluate("sessionStorage.getItem('ledgermq.token')") == token
+        browser.fill("#create-topic input[name=name]", "console-auth")
+        browser.click("#create-topic button")
+        browser.wait_for(
+            "!!document.querySelector('tr[data-topic=\"console-auth\"]')", what="created"
+        )
+        browser.open(url + "#/cluster")
+        browser.wait_for(PAGES["cluster"], what="every node read with the token")
+        browser.open(url + "#/rates")
+        browser.wait_for(PAGES["rates"], what="every node's /metrics read with the token")
+        assert browser.errors() == []
+        assert others(browser.requests()) == []
+        browser.evaluate("sessionStorage.clear()")
+    finally:
+        cluster.stop_all()
+
+
+def shown_master(node: str) -> str:
+    return (
+        f"document.querySelector('#banner [data-master]')?.dataset.master === '{node}'"
+        " && document.querySelectorAll('#nodes tr[data-state=up]').length === 3"
+    )
+
+
+def test_transfer_then_kill_9_of_the_master_then_no_master(
+    fresh_cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    cluster = fresh_cluster3
+    first = cluster.master()
+    assert first is not None
+    watcher = next(n for n in cluster.ids if n != first)
+    browser.reset()
+    browser.open(cluster.urls[watcher] + "/console/#/cluster")
+    browser.wait_for(shown_master(first), what=f"{first} shown as master")
+
+    # Make master: leadership moves to the chosen follower.
+    old = next(n for n in cluster.ids if n not in (first, watcher))
+    browser.click(f'#nodes tr[data-node="{old}"] button')
+    browser.wait_for(shown_master(old), timeout_s=FAILOVER_S, what=f"{old} master")
+    assert cluster.master() == old
+    assert browser.errors() == []
+
+    cluster.kill(old)
+    new = browser.wait_for(
+        "(() => { const m = document.querySelector('#banner [data-master]')?.dataset.master;"
+        f" return m && m !== '{old}' ? m : null; }})()",
+        timeout_s=FAILOVER_S,
+        what="a new master shown",
+    )
+    assert new == cluster.master()
+    browser.wait_for(
+        f"document.querySelector('#nodes tr[data-node=\"{old}\"]')?.dataset.state === 'down'"
+        f" && document.querySelector('#nodes tr[data-node=\"{new}\"]')?.dataset.role === 'MASTER'",
+        what=f"{old} down and {new} MASTER in the table",
+    )
+    assert "Down: " + old in browser.text("#banner")
+
+    # One node of three left: no quorum, no master, and the page says so.
+    survivor = next(n for n in cluster.ids if n not in (old, new))
+    cluster.kill(new)
+    browser.wait_for(
+        "!!document.querySelector('#banner [data-state=no-master]')"
+        f" && document.querySelector('#nodes tr[data-node=\"{survivor}\"]')?.dataset.state"
+        " === 'up'",
+        timeout_s=FAILOVER_S,
+        what="no master shown",
+    )
+    assert f"Down: {min(old, new)}, {max(old, new)}" in browser.text("#banner")
