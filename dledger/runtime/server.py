@@ -284,13 +284,25 @@ class DLedgerServer:
         elif not home.is_closed():
             home.call_soon_threadsafe(fn, *args)
 
+    def _on_node_thread(self) -> bool:
+        """Whether the caller runs on the node loop's thread (always, without one)."""
+        return self._thread is None or threading.get_ident() == self._thread.ident
+
+    def _node_soon(self, fn: Callable[[], None]) -> None:
+        """Call ``fn`` on the node loop in its next turn (from any thread)."""
+        loop = self._loop
+        assert loop is not None
+        if self._on_node_thread():
+            loop.call_soon(fn)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(fn)
+
     def _poke(self) -> None:
         """Wake the Ready task (from any thread)."""
-        loop = self._loop
-        if self._thread is None or loop is None or threading.get_ident() == self._thread.ident:
+        if self._on_node_thread():
             self._kick.set()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(self._kick.set)
+        else:
+            self._node_soon(self._kick.set)
 
     async def _start_here(self) -> None:
         cfg = self.config
@@ -664,12 +676,7 @@ class DLedgerServer:
             self._proposal_started[p.proposal_id] = time.monotonic()
         if not self._pump_scheduled:  # one push per follower for this loop turn's appends
             self._pump_scheduled = True
-            loop = self._loop
-            assert loop is not None
-            if loop is asyncio.get_running_loop():
-                loop.call_soon(self._pump_proposals)
-            else:
-                loop.call_soon_threadsafe(self._pump_proposals)
+            self._node_soon(self._pump_proposals)
         self._poke()
         return fut
 
