@@ -48,7 +48,7 @@ class ClusterCORS:
 
     def __init__(self, app: ASGIApp, settings: BrokerSettings) -> None:
         self.app = app
-        self.settings = settings
+        self.origins = cluster_origins(settings)  # the settings do not change
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Every request passes here, produces too: a client that is not a browser sends
@@ -63,7 +63,7 @@ class ClusterCORS:
             await self.app(scope, receive, send)
             return
         origin = raw.decode("latin-1").lower()
-        if origin not in cluster_origins(self.settings):
+        if origin not in self.origins:
             await self.app(scope, receive, send)
             return
         allow = [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin")]
@@ -106,7 +106,11 @@ class ConsoleFiles(StaticFiles):
 
     def __init__(self, *, directory: str | os.PathLike[str], settings: BrokerSettings) -> None:
         super().__init__(directory=directory, html=True)
-        self.settings = settings
+        connect = " ".join(["'self'", *sorted(cluster_origins(settings))])
+        self.policy = (
+            f"default-src 'self'; connect-src {connect}; img-src 'self' data:;"
+            " frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+        )
 
     def file_response(
         self,
@@ -116,11 +120,7 @@ class ConsoleFiles(StaticFiles):
         status_code: int = 200,
     ) -> Response:
         response = super().file_response(full_path, stat_result, scope, status_code)
-        connect = " ".join(["'self'", *sorted(cluster_origins(self.settings))])
-        response.headers["content-security-policy"] = (
-            f"default-src 'self'; connect-src {connect}; img-src 'self' data:;"
-            " frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
-        )
+        response.headers["content-security-policy"] = self.policy
         response.headers["x-content-type-options"] = "nosniff"
         response.headers["referrer-policy"] = "no-referrer"
         return response
