@@ -127,7 +127,8 @@ class EntryDispatcher:
         self.quota_bytes = 0
         self.snapshot_wait: tuple[str, int] | None = None  # why we cannot send (logged once)
         self.snapshots_sent = 0
-        # the snapshot being sent to this peer, and where its next chunk starts
+        # the snapshot being sent to this peer, and where its next chunk starts (only in
+        # INSTALL_SNAPSHOT: every change of state drops it)
         self.sending: Snapshot | None = None
         self.send_offset = 0
         self.peer_storage_refused = False  # its last append failed for its disk
@@ -141,9 +142,10 @@ class EntryDispatcher:
             self.pending.clear()
         elif target is DispatcherState.INSTALL_SNAPSHOT:
             self.pending.clear()  # their answers no longer matter
-            self.sending, self.send_offset = None, 0
         self.control = None
         self.snapshot_wait = None
+        # a transfer is this state's alone: leaving it (an error, a new term) ends it
+        self.sending, self.send_offset = None, 0
         self.state = target
 
     def _fresh(self) -> bool:
@@ -512,7 +514,6 @@ class EntryDispatcher:
             self.send_offset = max(0, resp.received)
             self._do_install(now_ms)
             return
-        self.sending, self.send_offset = None, 0
         if c.index > self.match_index:
             self.match_index = c.index
             self.host.update_peer_watermark(c.term, self.peer_id, c.index)
