@@ -11,6 +11,7 @@ command line. A local cluster of processes with a secret is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
@@ -117,6 +118,14 @@ def _refused(server: DLedgerServer) -> int:
 async def _hello(reader: asyncio.StreamReader) -> bytes:
     async with asyncio.timeout(5):
         return await reader.readexactly(HELLO_BYTES)
+
+
+async def _close(writer: asyncio.StreamWriter) -> None:
+    """Close our end and wait until the transport is gone: a transport left to the
+    garbage collector warns (ResourceWarning) in whichever test runs next."""
+    writer.close()
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.wait_closed()
 
 
 async def _until_closed(reader: asyncio.StreamReader, timeout_s: float = 10.0) -> bytes:
@@ -306,7 +315,7 @@ async def test_a_raw_frame_without_the_handshake_is_never_processed(
                 return
             assert await _until_closed(reader) == b""  # nothing after the hello: closed
         finally:
-            writer.close()
+            await _close(writer)
         assert _refused(n0) == 1
         assert all(_max_term(s) < HUGE_TERM for s in servers.values())
         assert n0.transport is not None and n0.transport.bad_frames == 0  # never decoded
@@ -328,7 +337,7 @@ async def _bad_client(
             writer.write_eof()
         got = await _until_closed(reader)
     finally:
-        writer.close()
+        await _close(writer)
     return got, time.monotonic() - started
 
 
@@ -371,10 +380,10 @@ async def test_connections_in_the_handshake_are_bounded(tmp_path: Path) -> None:
             await _hello(r)
         reader, writer = await asyncio.open_connection(*_addr(node))
         assert await _until_closed(reader) == b""  # over the bound: closed without a hello
-        writer.close()
+        await _close(writer)
         for r, w in stalled:
             assert await _until_closed(r) == b""  # the stalled ones time out in turn
-            w.close()
+            await _close(w)
         assert _refused(node) == 3
         async with DLedgerClient(node.config.peers, "g0", peer_secret=SECRET) as client:
             await client.append([b"after the flood"], timeout_s=10)
@@ -397,7 +406,7 @@ async def test_a_proof_made_for_the_other_direction_or_node_is_refused(tmp_path:
                 writer.write(MAGIC + nc + make(hello[len(MAGIC) :], nc))
                 assert await _until_closed(reader) == b""  # no server proof: closed
             finally:
-                writer.close()
+                await _close(writer)
         assert _refused(node) == 2
 
 
@@ -417,7 +426,7 @@ async def test_an_impostor_that_reflects_the_clients_mac_gets_no_raft_data() -> 
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
-            writer.close()
+            await _close(writer)
 
     server = await asyncio.start_server(impostor, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
@@ -425,7 +434,7 @@ async def test_an_impostor_that_reflects_the_clients_mac_gets_no_raft_data() -> 
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         with pytest.raises(PeerAuthError, match="server proof does not verify"):
             await authenticate_to(reader, writer, secret=SECRET, node_id="n1", timeout_s=5)
-        writer.close()
+        await _close(writer)
 
         link = PeerLink("n1", f"127.0.0.1:{port}", _settings(SECRET, reconnect_min_ms=1))
         link.start()
