@@ -24,7 +24,7 @@ import logging
 from collections.abc import Sequence
 
 from dledger.runtime.watermark import Watermark
-from dledger.store import MAGIC_NOOP, FileStore
+from dledger.store import MAGIC_NORMAL, FileStore
 
 from ..message import MessageFormatError
 from ..metadata import MetadataState
@@ -113,8 +113,8 @@ class ReputMessageService:
         fresh = index > meta.applied_index
         if fresh:
             meta.applied_index = index
-        if magic == MAGIC_NOOP:
-            return
+        if magic != MAGIC_NORMAL:
+            return  # a NOOP or a cluster configuration: nothing to dispatch
         try:
             e = decode(raw, off, magic, index, pos, size)
         except MessageFormatError as err:

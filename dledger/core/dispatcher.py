@@ -483,6 +483,9 @@ class EntryDispatcher:
             commit_index=member_state.committed_index,
             offset=offset,
             total=len(snap.data),
+            config_index=snap.config.index if snap.config else -1,
+            config_term=snap.config.term if snap.config else 0,
+            config=snap.config.body.decode() if snap.config else "",
             data=snap.data[offset : offset + s.snapshot_chunk_bytes],
         )
         self.control = PendingControl(

@@ -170,6 +170,8 @@ class LeaderElector:
         self.early_pre_vote_ms = -1
 
     def _maintain_as_follower(self, now_ms: int) -> None:
+        if not self.member_state.is_voter:
+            return  # a learner waits for a leader: it never campaigns
         if now_ms - self.last_leader_heartbeat_ms > self.settings.election_timeout_ms:
             self.change_role_to_candidate(self.member_state.curr_term, now_ms)
             # textbook Raft: the next round is in a new term (see the module docstring)
@@ -189,6 +191,8 @@ class LeaderElector:
         jitter. Changes neither term, vote nor role."""
         member_state, s = self.member_state, self.settings
         if not (s.pre_vote and s.early_pre_vote) or member_state.role is not Role.FOLLOWER:
+            return
+        if not member_state.is_voter:
             return
         if peer_id != member_state.leader_id:
             return
@@ -224,6 +228,15 @@ class LeaderElector:
     # ---- candidate -------------------------------------------------------
 
     def _maintain_as_candidate(self, now_ms: int) -> None:
+        if not self.member_state.is_voter:
+            # A learner (or a removed member) adopts a higher term it heard of, so the
+            # leader of that term finds it ready, and never asks for a vote.
+            self.vote_round = self.pre_vote_round = None
+            if self.need_increase_term_immediately:
+                self.need_increase_term_immediately = False
+                if self.member_state.known_max_term > self.member_state.curr_term:
+                    self.member_state.next_term()
+            return
         if self.need_increase_term_immediately:
             # a higher term is known: any round in flight is moot; adopt the term now
             # (a pre-vote waiting on a dead peer would otherwise keep answering
@@ -301,6 +314,8 @@ class LeaderElector:
         r = self.vote_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
             return
+        if resp.local_id not in self.member_state.peer_ids:
+            return  # a learner's (or a removed member's) vote counts for nothing
         self._tally(r, resp.local_id, resp.vote_result, resp.term, now_ms)
 
     def _tally(self, r: VoteRound, voter: str, result: VoteResult, term: int, now_ms: int) -> None:
@@ -375,6 +390,8 @@ class LeaderElector:
         r = self.pre_vote_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
             return
+        if resp.local_id not in self.member_state.peer_ids:
+            return  # a learner's (or a removed member's) answer counts for nothing
         r.count(resp.local_id, resp.vote_result, resp.term)
         self._check_pre_vote_round(now_ms)
 
@@ -554,6 +571,8 @@ class LeaderElector:
             self.peer_heard_ms[resp.local_id] = now_ms
         r = self.heartbeat_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
+            return
+        if resp.local_id not in self.member_state.peer_ids:
             return
         r.count(resp.local_id, resp.code, resp.term)
         if r.complete(self.member_state.is_quorum, len(self.member_state.peer_ids)):

@@ -42,6 +42,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..codes import DLedgerCode, DLedgerError
+from ..store.entry import ConfigRecord
 from .messages import (
     InstallSnapshotRequest,
     InstallSnapshotResponse,
@@ -188,7 +189,14 @@ class EntryHandler:
         data = self._assemble(req)
         if data is None:
             return  # answered: more chunks to come
-        snap = Snapshot(last, req.last_included_term, req.before_begin_chain, req.next_pos, data)
+        config = (
+            ConfigRecord(req.config_index, req.config_term, req.config.encode())
+            if req.config
+            else None
+        )
+        snap = Snapshot(
+            last, req.last_included_term, req.before_begin_chain, req.next_pos, data, config
+        )
         host.begin_install(snap)
         self.respond_install(req, DLedgerCode.SUCCESS, snap)
 

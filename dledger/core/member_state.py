@@ -9,6 +9,10 @@ Invariants:
   truncate can not leave them stale for votes (DLedger's bug).
 - A higher term never makes a node FOLLOWER directly: it becomes CANDIDATE first and
   adopts the term in its candidate loop; ``known_max_term`` carries it there.
+- ``config`` is the newest configuration of the log (``membership``); ``peers`` are all
+  its members (voters and learners), ``peer_ids`` its voters, self included when it
+  votes, ``other_ids`` the other voters and ``replica_ids`` every other member (what a
+  leader replicates to). A node that is not a voter never campaigns.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from .membership import Configuration
 from .messages import Role
 
 if TYPE_CHECKING:
@@ -36,17 +41,13 @@ class MemberState:
         self,
         group: str,
         self_id: str,
-        peers: dict[str, str],
+        config: Configuration,
         store: LogStore,
         hard_state: HardState | TermVote,
     ) -> None:
-        if self_id not in peers:
-            raise ValueError(f"self id {self_id!r} is not among the peers {sorted(peers)}")
         self.group = group
         self.self_id = self_id
-        self.peers = dict(sorted(peers.items()))  # id -> address, sorted: deterministic
-        self.peer_ids = tuple(self.peers)
-        self.other_ids = tuple(p for p in self.peer_ids if p != self_id)
+        self.set_config(config)
         self.store = store
         self.role = Role.CANDIDATE  # a node starts as CANDIDATE
         self.curr_term = hard_state.term
@@ -56,6 +57,14 @@ class MemberState:
         self.transferee: str | None = None  # leader side: leadership is being handed over
         self.term_to_take_leadership = -1  # transferee side
         self.hard_state_dirty = False
+
+    def set_config(self, config: Configuration) -> None:
+        self.config = config
+        self.peers = config.addresses  # id -> address, sorted: deterministic
+        self.peer_ids = config.voters
+        self.other_ids = tuple(p for p in self.peer_ids if p != self.self_id)
+        self.replica_ids = tuple(p for p in self.peers if p != self.self_id)
+        self.is_voter = config.is_voter(self.self_id)
 
     # ---- derived -----------------------------------------------------------------------
 
@@ -72,7 +81,7 @@ class MemberState:
         return self.store.committed_index
 
     def is_quorum(self, n: int) -> bool:
-        """More than half of all configured peers, self included."""
+        """More than half of the configuration's voters."""
         return n >= len(self.peer_ids) // 2 + 1
 
     def is_leader(self) -> bool:

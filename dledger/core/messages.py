@@ -221,6 +221,11 @@ class InstallSnapshotRequest:
     commit_index: int
     offset: int = 0
     total: int = 0
+    # the configuration in force at the snapshot: its entry's index and term, and its
+    # body (``membership.Configuration.encode``); "" for none
+    config_index: int = -1
+    config_term: int = 0
+    config: str = ""
     data: bytes = b""
 
 

@@ -34,11 +34,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..codes import DLedgerCode, DLedgerError
-from ..store.entry import MAGIC_NOOP
+from ..store.entry import MAGIC_CONFIG, MAGIC_NOOP
 from .dispatcher import EntryDispatcher
 from .elector import LeaderElector
 from .handler import EntryHandler
 from .member_state import HardState, MemberState
+from .membership import Configuration, MembershipChange, check_change
 from .messages import (
     MAX_TERM,
     HeartBeatRequest,
@@ -117,10 +118,14 @@ class Ready:
     # Follower: install this snapshot (the application first, then store.reset) before
     # any message of this Ready is sent; then call core.on_snapshot_installed.
     install_snapshot: Snapshot | None = None
+    # The configuration changed (an entry appended or truncated, a snapshot installed):
+    # the runtime connects to its members and no others.
+    config: Configuration | None = None
 
     def __bool__(self) -> bool:
         return bool(
             self.hard_state is not None
+            or self.config is not None
             or self.install_snapshot is not None
             or self.must_sync
             or self.messages
@@ -166,11 +171,25 @@ class DLedgerCore:
         settings: CoreSettings | None = None,
         now_ms: int = 0,
         event_log: EventLog | None = None,
+        learners: dict[str, str] | None = None,
     ) -> None:
+        """``peers`` (the voters) and ``learners`` bootstrap the configuration: they
+        count on the first start only; after it the log's configuration rules
+        (``membership``)."""
         self.settings = settings or CoreSettings()
         self.store = store
         self.rng = rng
-        self.member_state = MemberState(group, self_id, peers, store, store.load_term_vote())
+        bootstrap = Configuration.of(
+            {i: a for i, a in peers.items() if i not in (learners or {})}, learners
+        )
+        if self_id not in bootstrap.members:
+            raise ValueError(f"self id {self_id!r} is not among the peers {sorted(peers)}")
+        store.bootstrap_config(bootstrap.encode())
+        self._config_version = store.config_version
+        config, self.config_index = self._log_config()
+        if config.addresses != bootstrap.addresses and event_log is not None:
+            event_log("config_from_log", {"index": self.config_index, **config.describe()})
+        self.member_state = MemberState(group, self_id, config, store, store.load_term_vote())
         self.now_ms = now_ms
         self._event_log = event_log
         self._req_seq = 0
@@ -190,7 +209,7 @@ class DLedgerCore:
         self.handler = EntryHandler(self.member_state, store, self.settings, self)
         self.dispatchers = {
             p: EntryDispatcher(p, self.member_state, store, self.settings, self)
-            for p in self.member_state.other_ids
+            for p in self.member_state.replica_ids
         }
         self._proposals: deque[tuple[Proposal, int]] = deque()  # (proposal, deadline)
         self._proposal_seq = 0
@@ -273,6 +292,7 @@ class DLedgerCore:
         self.handler.drain(now_ms)
         self._pump(now_ms, idle_commit=True)
         self._expire_proposals(now_ms)
+        self._refresh_config()
 
     def step(self, msg: RaftMessage, now_ms: int) -> None:
         """Take one message from a peer. Requests are answered into ``ready().messages``."""
@@ -316,6 +336,7 @@ class DLedgerCore:
             self._on_take_leadership(msg, now_ms)
         elif isinstance(msg, LeadershipTransferResponse):
             self._on_transfer_response(msg)
+        self._refresh_config()
         self._pump(now_ms, idle_commit=False)
 
     def peer_connection_lost(self, peer_id: str, now_ms: int) -> None:
@@ -414,6 +435,7 @@ class DLedgerCore:
         self.snapshots_installed += 1
         if self.snapshot is None or snap.last_index >= self.snapshot.last_index:
             self.snapshot = snap
+        self._refresh_config()
         self._pump(self.now_ms, idle_commit=False)
 
     def _on_install_snapshot(self, req: InstallSnapshotRequest, now_ms: int) -> None:
@@ -489,6 +511,81 @@ class DLedgerCore:
             self._pump(now_ms, idle_commit=False)
         return p
 
+    # ---- membership (``membership``) --------------------------------------------------
+
+    def _log_config(self) -> tuple[Configuration, int]:
+        """The newest configuration the log holds, and its entry's index (-1: the one
+        the node bootstrapped with)."""
+        rec = self.store.config_records()[-1]
+        return Configuration.decode(rec.body), rec.index
+
+    def _refresh_config(self) -> None:
+        """Take the log's newest configuration if it changed (an entry appended or
+        truncated, a snapshot installed): members, voters, dispatchers, the runtime."""
+        version = self.store.config_version
+        if version == self._config_version:
+            return
+        self._config_version = version
+        config, self.config_index = self._log_config()
+        member_state = self.member_state
+        if config == member_state.config:
+            return
+        member_state.set_config(config)
+        self.checker.peer_ids = member_state.peer_ids
+        for p in [p for p in self.dispatchers if p not in member_state.replica_ids]:
+            del self.dispatchers[p]
+        for p in member_state.replica_ids:
+            if p not in self.dispatchers:
+                self.dispatchers[p] = EntryDispatcher(
+                    p, member_state, self.store, self.settings, self
+                )
+        self._ready.config = config
+        self.log_event("config", index=self.config_index, **config.describe())
+
+    def change_membership(self, change: MembershipChange, now_ms: int) -> Proposal:
+        """Append the configuration ``change`` makes (one member at a time); a
+        :class:`ProposalDone` reports its commit like any proposal's. Refused
+        (``DLedgerError``) unless this node leads, no transfer runs, an entry of its
+        term is committed and the previous change is, and the change is allowed
+        (``membership.check_change``); a learner is promoted only within
+        ``max_learner_lag`` entries of the log's end."""
+        self.now_ms = now_ms
+        member_state, store = self.member_state, self.store
+        if member_state.role is not Role.LEADER:
+            raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {member_state.leader_id}")
+        if member_state.transferee is not None:
+            raise DLedgerError(
+                DLedgerCode.LEADER_TRANSFERRING, f"handing leadership to {member_state.transferee}"
+            )
+        committed = store.committed_index
+        if committed < 0 or store.term_at(committed) != member_state.curr_term:
+            raise DLedgerError(
+                DLedgerCode.LEADER_NOT_READY, "no entry of this term is committed yet: retry"
+            )
+        if self.config_index > committed:
+            raise DLedgerError(
+                DLedgerCode.LEADER_PENDING_FULL,
+                f"the change at index {self.config_index} is not committed yet: retry",
+            )
+        new = check_change(member_state.config, change, member_state.self_id)
+        if new.is_voter(change.node_id) and not member_state.config.is_voter(change.node_id):
+            lag = store.ledger_end_index - self.dispatchers[change.node_id].match_index
+            if lag > self.settings.max_learner_lag:
+                raise DLedgerError(
+                    DLedgerCode.FALL_BEHIND_TOO_MUCH,
+                    f"{change.node_id} is {lag} entries behind (at most"
+                    f" {self.settings.max_learner_lag} to be promoted): retry once it caught up",
+                )
+        metas = store.append_as_leader(member_state.curr_term, [new.encode()], MAGIC_CONFIG)
+        self.wrote_entries()
+        self._proposal_seq += 1
+        p = Proposal(self._proposal_seq, member_state.curr_term, metas[0].index, (metas[0].pos,))
+        self._proposals.append((p, now_ms + self.settings.max_wait_ack_ms))
+        self.log_event("config_change", change=repr(change), index=metas[0].index)
+        self._refresh_config()
+        self._pump(now_ms, idle_commit=False)
+        return p
+
     def pump(self, now_ms: int) -> None:
         """Push what the proposals since the last push appended (see ``propose``)."""
         self.now_ms = now_ms
@@ -532,8 +629,8 @@ class DLedgerCore:
         request is the transfer's TimeoutNow; it is sent again every heartbeat interval
         while unanswered, so one lost frame costs a beat, not the deadline."""
         member_state, s = self.member_state, self.settings
-        if to not in member_state.peers:
-            raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{to!r} is not a peer")
+        if to not in member_state.peer_ids:
+            raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{to!r} is not a voter")
         if member_state.role is not Role.LEADER:
             raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {member_state.leader_id}")
         if to == member_state.self_id:
@@ -763,6 +860,10 @@ class DLedgerCore:
             "snapshots_sent": self.snapshot_stats["sent"],
             "snapshots_installed": self.snapshot_stats["installed"],
             "diverged": None if self.divergence is None else dict(self.divergence),
+            "config_index": self.config_index,
+            "voters": list(member_state.peer_ids),
+            "learners": list(member_state.config.learners),
+            "members": member_state.config.addresses,
             "peers": {
                 p: {
                     "state": d.state.value,

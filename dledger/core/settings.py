@@ -77,6 +77,9 @@ class CoreSettings:
     # answered for this long (paused, cut off): 2.5 heartbeats, well below the 2 s
     # deadline. A refused or lost connection ends it at once (peer_connection_lost).
     leadership_transfer_silence_ms: int = 500
+    # membership: a learner is promoted to voter only this close to the leader's log end
+    # (a voter far behind would hold commits back until it caught up)
+    max_learner_lag: int = 1000
     preferred_leader_ids: tuple[str, ...] = ()
     preferred_leader_check_ms: int = 1000
     # durability: "sync" = entries and term/vote are synced before any reply leaves

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..codes import DLedgerCode, DLedgerError
+from ..store.entry import ConfigRecord
 
 if TYPE_CHECKING:
     from ..store.base import LogStore
@@ -39,6 +40,7 @@ class Snapshot:
     last_chain: int
     next_pos: int
     data: bytes
+    config: ConfigRecord | None = None  # the configuration in force at ``last_index``
 
     def __repr__(self) -> str:  # the data may be megabytes: never print it
         return (
@@ -75,4 +77,6 @@ def snapshot_of(store: LogStore, last_index: int, data: bytes) -> Snapshot:
         next_pos = m.pos + m.size
     else:
         next_pos = store.ledger_begin_pos
-    return Snapshot(last_index, term, chain, next_pos, bytes(data))
+    in_force = [r for r in store.config_records() if r.index <= last_index]
+    config = in_force[-1] if in_force else None
+    return Snapshot(last_index, term, chain, next_pos, bytes(data), config)

@@ -43,7 +43,9 @@ def persist_ready(
     if snap is not None:
         if install is not None:
             install(snap)
-        store.reset(snap.last_index + 1, snap.next_pos, snap.last_term, snap.last_chain)
+        store.reset(
+            snap.last_index + 1, snap.next_pos, snap.last_term, snap.last_chain, snap.config
+        )
     if ready.must_sync and sync_log:
         end = store.ledger_end_index
         store.sync()

@@ -55,6 +55,7 @@ from typing import Any
 import orjson
 
 from ..codes import DLedgerCode, DLedgerError
+from ..core.membership import MembershipChange
 from ..core.messages import (
     PEER_MESSAGE_TYPES,
     AppendRequest,
@@ -135,6 +136,9 @@ class ServerConfig:
     client_requests: frozenset[str] = CLIENT_REQUESTS_ALL
     # Run the node loop on an event loop and thread of its own (see the module docstring)
     own_thread: bool = False
+    # Ids among ``peers`` that start as learners (a node joining a running cluster names
+    # itself here); like ``peers``, this counts on the first start only
+    learners: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         unknown = self.client_requests - CLIENT_REQUESTS_ALL
@@ -317,11 +321,13 @@ class DLedgerServer:
             settings=cfg.core,
             now_ms=_now_ms(),
             event_log=self._event,
+            learners={i: cfg.peers[i] for i in cfg.learners},
         )
         self.transport = Transport(
             cfg.self_id,
-            cfg.peers,
+            {**self.core.member_state.peers, cfg.self_id: cfg.peers[cfg.self_id]},
             group=cfg.group,
+            listen=cfg.peers[cfg.self_id],
             on_peer_message=self._on_peer_message,
             on_client_request=self._on_client_request,
             is_peer_message=lambda m: isinstance(m, PEER_MESSAGE_TYPES),
@@ -529,6 +535,8 @@ class DLedgerServer:
             self.transport.send(m)
 
     def _on_ready(self, ready: Ready) -> None:
+        if ready.config is not None and self.transport is not None:
+            self.transport.set_peers(ready.config.addresses)
         if (
             ready.committed_index is not None
             or ready.proposals
@@ -769,6 +777,48 @@ class DLedgerServer:
             return TransferDone(tid, DLedgerCode.TIMEOUT, f"no outcome within {timeout_s:g} s")
         finally:
             self._transfer_futs.pop(tid, None)
+
+    async def change_membership(self, change: MembershipChange, timeout_s: float = 10.0) -> int:
+        """Append the configuration ``change`` makes (``DLedgerCore.change_membership``)
+        and wait until it commits; its entry's index. A refusal raises ``DLedgerError``
+        (``NotLeaderError`` with the leader's id) before anything is in the log; after
+        that, ``AppendOutcomeUnknownError`` when the outcome is not known in time."""
+        core = self._live_core()
+        if self.failed is not None:
+            raise DLedgerError(DLedgerCode.ILLEGAL_MEMBER_STATE, f"node failed: {self.failed!r}")
+        try:
+            with self._lock:
+                p = core.change_membership(change, _now_ms())
+        except DLedgerError as e:
+            if e.code in (DLedgerCode.NOT_LEADER, DLedgerCode.LEADER_TRANSFERRING):
+                raise NotLeaderError(e.code, e.message, core.member_state.leader_id) from None
+            raise
+        fut: asyncio.Future[list[tuple[int, int]]] = asyncio.get_running_loop().create_future()
+        self._proposal_futs[p.proposal_id] = fut
+        self._poke()
+        try:
+            async with asyncio.timeout(timeout_s):
+                await fut
+        except TimeoutError:
+            raise AppendOutcomeUnknownError(
+                DLedgerCode.WAIT_QUORUM_ACK_TIMEOUT, f"not committed within {timeout_s:g} s"
+            ) from None
+        finally:
+            self._proposal_futs.pop(p.proposal_id, None)
+        return p.first_index
+
+    @property
+    def members(self) -> dict[str, Any]:
+        """The configuration in force: voters and learners with their addresses."""
+        core = self._live_core()
+        with self._lock:
+            config = core.member_state.config
+            return {
+                "config_index": core.config_index,
+                "members": {
+                    i: {"addr": m.addr, "voter": m.voter} for i, m in config.members.items()
+                },
+            }
 
     @property
     def transferee(self) -> str | None:

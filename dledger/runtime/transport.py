@@ -211,6 +211,7 @@ class PeerLink:
     ) -> None:
         self.peer_id = peer_id
         self._on_lost = on_lost  # the connection failed or ended (see the module doc)
+        self.addr = address
         self.host, self.port = parse_address(address)
         self.settings = settings
         self._queue: deque[list[bytes]] = deque()
@@ -427,6 +428,7 @@ class Transport:
         self._handshakes = 0  # inbound connections in the handshake now
         self._auth_logged_at = -AUTH_LOG_INTERVAL_S
         self._auth_failures_logged = 0
+        self._closing_links: set[asyncio.Future[None]] = set()  # removed members' links
 
     async def start(self) -> None:
         host, port = parse_address(self.listen)
@@ -440,6 +442,8 @@ class Transport:
             self._server.close()
         for link in self.links.values():
             await link.close()
+        if self._closing_links:
+            await asyncio.wait(list(self._closing_links), timeout=2.0)
         for c in list(self._conns.values()):
             c.writer.close()  # the serving task sees EOF and returns
         if self._conns:
@@ -447,6 +451,26 @@ class Transport:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
+
+    def set_peers(self, peers: dict[str, str]) -> None:
+        """The configuration changed (``membership``): a link to each new member, none
+        to a removed one (its link closes), a moved member's link anew. Frames from a
+        member no longer listed are refused from now on (``_stranger``). Call on the
+        transport's loop, after ``start``."""
+        peers = {p: a for p, a in peers.items() if p != self.self_id}
+        for p, link in list(self.links.items()):
+            if peers.get(p) != link.addr:
+                del self.links[p]
+                self._resolved.pop(p, None)
+                task = asyncio.ensure_future(link.close())
+                self._closing_links.add(task)
+                task.add_done_callback(self._closing_links.discard)
+        for p, addr in sorted(peers.items()):
+            if p not in self.links:
+                self.links[p] = PeerLink(p, addr, self.settings, self._peer_lost)
+                if self._server is not None:
+                    self.links[p].start()
+        self.peers = {**peers, self.self_id: self.listen}
 
     def _peer_lost(self, peer_id: str) -> None:
         """A member's connection ended or failed (not by our own doing): report it."""

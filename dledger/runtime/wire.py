@@ -32,7 +32,7 @@ The fixed struct of each class (field: struct code; ``q`` i64, ``i`` i32, ``h`` 
     LeadershipTransferResponse code h
     InstallSnapshotRequest     last_included_index q, last_included_term q,
                                before_begin_chain I, next_pos q, commit_index q,
-                               offset q, total q
+                               offset q, total q, config_index q, config_term q
     InstallSnapshotResponse    code h, last_included_index q, begin_index q, end_index q,
                                received q
     AppendRequest              -
@@ -44,7 +44,8 @@ The fixed struct of each class (field: struct code; ``q`` i64, ``i`` i32, ``h`` 
 
 and the extra strings are: VoteRequest, HeartBeatRequest, PushEntryRequest,
 InstallSnapshotRequest, AppendResponse and GetResponse ``leader_id``;
-LeadershipTransferRequest ``transfer_id``, ``transferee_id``.
+LeadershipTransferRequest ``transfer_id``, ``transferee_id``; InstallSnapshotRequest
+then ``config`` (the configuration in force at the snapshot, JSON; empty: none).
 
 Request codes are DLedger's (``RequestCode``) except INSTALL_SNAPSHOT = 51006, which is
 ours: DLedger gives it no number (DLedger sends it as a PUSH type).
@@ -316,8 +317,10 @@ _SPECS: Final = (
             ("commit_index", "q", None),
             ("offset", "q", None),
             ("total", "q", None),
+            ("config_index", "q", None),
+            ("config_term", "q", None),
         ],
-        ["leader_id"],
+        ["leader_id", "config"],
         tail=_Tail.BYTES,
         tail_name="data",
     ),

@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from ..codes import DLedgerCode, DLedgerError
-from .entry import ENTRY_MAGICS, INDEX_UNIT_SIZE, MIN_BLANK_LEN, Entry, EntryMeta, place_entry
+from .entry import (
+    ENTRY_MAGICS,
+    INDEX_UNIT_SIZE,
+    MIN_BLANK_LEN,
+    ConfigRecord,
+    Entry,
+    EntryMeta,
+    place_entry,
+)
 from .meta import TermVote
 
 __all__ = ["place_entry"]  # re-exported: the placement rule lives with the codec
@@ -149,7 +157,12 @@ class LogStore(Protocol):
         begin_pos: int,
         before_begin_term: int,
         before_begin_chain: int = ...,
+        config: ConfigRecord | None = ...,
     ) -> None: ...
+    @property
+    def config_version(self) -> int: ...
+    def config_records(self) -> list[ConfigRecord]: ...
+    def bootstrap_config(self, body: bytes) -> None: ...
     def first_index_of_term(self, term: int, end_index: int) -> int: ...
     def update_committed(self, index: int) -> None: ...
     def load_term_vote(self) -> TermVote: ...

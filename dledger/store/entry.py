@@ -32,6 +32,7 @@ import mmap
 import struct
 import zlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Final, NamedTuple, TypeAlias, overload
 
 from ..codes import DLedgerCode
@@ -40,8 +41,9 @@ Buffer: TypeAlias = bytes | bytearray | memoryview | mmap.mmap
 
 MAGIC_NORMAL: Final = 1
 MAGIC_NOOP: Final = 2
+MAGIC_CONFIG: Final = 3  # a cluster configuration (dledger.core.membership); ours
 MAGIC_BLANK: Final = -1
-ENTRY_MAGICS: Final = frozenset({MAGIC_NORMAL, MAGIC_NOOP})
+ENTRY_MAGICS: Final = frozenset({MAGIC_NORMAL, MAGIC_NOOP, MAGIC_CONFIG})
 
 HEADER = struct.Struct(">iiqqqiIIi")
 """magic, size, index, term, pos, channel, chain_crc, body_crc, body_size."""
@@ -170,6 +172,17 @@ class EntryMeta(NamedTuple):
     pos: int
     size: int
     magic: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigRecord:
+    """Configuration entry ``index`` of ``term`` with ``body`` (``dledger.core.membership``);
+    index -1 is the bootstrap configuration (the ``--peers`` a node first started with).
+    The store keeps them (``configs``); a snapshot carries the one in force."""
+
+    index: int
+    term: int
+    body: bytes
 
 
 class EntryMetas(Sequence[EntryMeta]):

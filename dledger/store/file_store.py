@@ -47,10 +47,13 @@ from typing import NoReturn
 
 from ..codes import DLedgerCode
 from .base import AppendHook, StoreError, StoreFailedError, StoreSettings, check_leader_bodies
+from .configs import ConfigJournal, config_records
 from .entry import (
     BODY_OFFSET,
     INDEX_UNIT_SIZE,
+    MAGIC_CONFIG,
     MAGIC_NORMAL,
+    ConfigRecord,
     Entry,
     EntryHeader,
     EntryMeta,
@@ -110,6 +113,7 @@ class FileStore:
         self._index = MmapFileList(self.dir / "index", s.index_file_size)
         self._term_vote = TermVoteFile(self.dir / "currterm")
         self._checkpoint = CheckpointFile(self.dir / "checkpoint")
+        self._configs = ConfigJournal(self.dir / "members")
         self._disk = DiskFullCheck(disk_usage or (lambda: disk_usage_ratio(self.dir)), s)
         self._clock = clock
         self._lock = threading.RLock()
@@ -235,6 +239,14 @@ class FileStore:
                 segment_size=self.settings.data_file_size,
                 hooks=self._hooks,
             )
+            if magic == MAGIC_CONFIG:  # noted durably before its bytes go in (``configs``)
+                self._configs.add(
+                    [
+                        ConfigRecord(m.index, m.term, bytes(b))
+                        for m, b in zip(metas, bodies, strict=True)
+                    ],
+                    self._committed_index,
+                )
             self._write_runs(runs, metas, units, chain)
         if self.settings.flush == "sync":
             self._sync_data()  # durable before we return; readers are not blocked meanwhile
@@ -288,6 +300,7 @@ class FileStore:
                 max_entry_bytes=self.settings.max_entry_bytes,
             )
             if metas:
+                self._configs.add(config_records(view, metas), self._committed_index)
                 self._write_runs(runs, metas, units, chain)
         if metas and self.settings.flush == "sync":
             self._sync_data()
@@ -445,19 +458,28 @@ class FileStore:
             self._end_index = from_index - 1
             self._durable_index = min(self._durable_index, self._end_index)
             self._generation += 1
+            self._configs.truncated(from_index)
             return self._end_index
 
     def reset(
-        self, begin_index: int, begin_pos: int, before_begin_term: int, before_begin_chain: int = 0
+        self,
+        begin_index: int,
+        begin_pos: int,
+        before_begin_term: int,
+        before_begin_chain: int = 0,
+        config: ConfigRecord | None = None,
     ) -> None:
         """Drop the whole log; the next entry is ``begin_index`` at ``begin_pos``.
 
         For a follower behind the leader's head (after INSTALL_SNAPSHOT). Everything up to
-        ``begin_index - 1`` counts as committed: the snapshot covers it."""
+        ``begin_index - 1`` counts as committed: the snapshot covers it. ``config``: the
+        configuration in force at the snapshot (``config_records``)."""
         if begin_index < 0 or begin_pos < 0:
             raise StoreError(DLedgerCode.UNEXPECTED_ARGUMENT, "negative begin index or pos")
         with self._checkpoint_lock, self._lock:
             self._check_open()
+            if config is not None:
+                self._configs.reset(config)
             head = LogHead(begin_index, begin_pos, before_begin_term, before_begin_chain)
             reset_files(self._data, self._index, self._checkpoint, head)
             self._head = head
@@ -494,6 +516,26 @@ class FileStore:
 
     def save_term_vote(self, tv: TermVote) -> None:
         self._term_vote.save(tv)
+
+    # ---- configuration entries (``configs``) -------------------------------------------
+
+    @property
+    def config_version(self) -> int:
+        return self._configs.version
+
+    def config_records(self) -> list[ConfigRecord]:
+        """The configuration entries the log holds, oldest first, after the newest one
+        before its head (the bootstrap configuration's index is -1)."""
+        with self._lock:
+            return self._configs.valid(
+                self._end_index, self._head.begin_index, lambda i: self._unit(i).term
+            )
+
+    def bootstrap_config(self, body: bytes) -> None:
+        """Keep ``body`` as the configuration before the first entry, unless there is
+        one already (a node's ``--peers`` count on its first start only)."""
+        with self._lock:
+            self._configs.bootstrap(body)
 
     # ---- durability --------------------------------------------------------------------
 

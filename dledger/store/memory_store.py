@@ -21,13 +21,16 @@ from .base import (
     check_leader_bodies,
     place_entry,
 )
+from .configs import ConfigJournal, config_records
 from .entry import (
     BODY_CRC_OFFSET,
     BODY_OFFSET,
     CHAIN_CRC_OFFSET,
     HEADER,
+    MAGIC_CONFIG,
     MAGIC_NORMAL,
     CodecError,
+    ConfigRecord,
     Entry,
     EntryMeta,
     EntryRejectedError,
@@ -58,6 +61,7 @@ class MemoryStore:
         self._committed_index = -1
         self._committed_pos = 0
         self._term_vote = TermVote()
+        self._configs = ConfigJournal(None)
 
     @property
     def ledger_begin_index(self) -> int:
@@ -137,6 +141,14 @@ class MemoryStore:
             buf[CHAIN_CRC_OFFSET : CHAIN_CRC_OFFSET + 4] = chain.to_bytes(4, "big")
             encoded.append((bytes(buf), pos, meta))
             end_pos, index = pos + size, index + 1
+        if magic == MAGIC_CONFIG:
+            self._configs.add(
+                [
+                    ConfigRecord(m.index, m.term, bytes(b))
+                    for (_, _, m), b in zip(encoded, bodies, strict=True)
+                ],
+                self._committed_index,
+            )
         for raw, pos, meta in encoded:
             self._push(raw, pos, meta.term, int.from_bytes(raw[CHAIN_CRC_OFFSET:BODY_CRC_OFFSET]))
         return [m for _, _, m in encoded]
@@ -166,6 +178,7 @@ class MemoryStore:
             staged.append((bytes(view[off : off + h.size]), meta))
             end_pos, index, term, chain = h.pos + h.size, index + 1, h.term, h.chain_crc
             off += h.size
+        self._configs.add(config_records(view, [m for _, m in staged]), self._committed_index)
         for raw, meta in staged:
             self._push(
                 raw, meta.pos, meta.term, int.from_bytes(raw[CHAIN_CRC_OFFSET:BODY_CRC_OFFSET])
@@ -237,11 +250,19 @@ class MemoryStore:
         k = self._slot(from_index)
         self._end_pos = self._pos[k - 1] + len(self._entries[k - 1]) if k else self._begin_pos
         del self._entries[k:], self._pos[k:], self._terms[k:], self._chains[k:]
+        self._configs.truncated(from_index)
         return self.ledger_end_index
 
     def reset(
-        self, begin_index: int, begin_pos: int, before_begin_term: int, before_begin_chain: int = 0
+        self,
+        begin_index: int,
+        begin_pos: int,
+        before_begin_term: int,
+        before_begin_chain: int = 0,
+        config: ConfigRecord | None = None,
     ) -> None:
+        if config is not None:
+            self._configs.reset(config)
         self._entries, self._pos, self._terms, self._chains = [], [], [], []
         self._before_begin_chain = before_begin_chain
         self._begin_index, self._begin_pos = begin_index, begin_pos
@@ -275,6 +296,16 @@ class MemoryStore:
 
     def save_term_vote(self, tv: TermVote) -> None:
         self._term_vote = tv
+
+    @property
+    def config_version(self) -> int:
+        return self._configs.version
+
+    def config_records(self) -> list[ConfigRecord]:
+        return self._configs.valid(self.ledger_end_index, self._begin_index, self.term_at)
+
+    def bootstrap_config(self, body: bytes) -> None:
+        self._configs.bootstrap(body)
 
     @property
     def durable_index(self) -> int:

@@ -73,6 +73,7 @@ class Cluster:
         self.sent_at_install: dict[str, list[int]] = {i: [] for i in self.ids}
         self.events: list[tuple[str, str, dict[str, Any]]] = []  # (node, name, fields)
         self.cores: dict[str, DLedgerCore] = {}
+        self.learners_of: dict[str, dict[str, str]] = {}  # a joining node's bootstrap
         for i in self.ids:
             self._start(i)
 
@@ -89,7 +90,23 @@ class Cluster:
             settings=self.settings,
             now_ms=self.now_ms,
             event_log=lambda name, fields: self.events.append((nid, name, fields)),
+            learners=self.learners_of.get(nid),
         )
+
+    def add_node(self, nid: str, store: MemoryStore | None = None) -> DLedgerCore:
+        """Start ``nid`` as a joining node: it knows the cluster's voters and itself as a
+        learner, until the log (or a snapshot) tells it more."""
+        addr = f"mem://{nid}"
+        voters = {i: a for i, a in self.peers.items() if i not in self.learners_of}
+        self.ids.append(nid)
+        self.peers = {**voters, nid: addr}
+        self.learners_of[nid] = {nid: addr}
+        self.stores[nid] = store or MemoryStore()
+        self.generation[nid] = 0
+        for d in (self.commits, self.done, self.transfers, self.installed, self.sent_at_install):
+            d[nid] = []  # type: ignore[index]
+        self._start(nid)
+        return self.cores[nid]
 
     def events_of(self, name: str, nid: str | None = None) -> list[dict[str, Any]]:
         return [f for n, e, f in self.events if e == name and (nid is None or n == nid)]
@@ -240,7 +257,9 @@ class Cluster:
             if snap is not None:
                 self.installed[nid].append(snap)
                 self.sent_at_install[nid].append(len(self.sent))
-                store.reset(snap.last_index + 1, snap.next_pos, snap.last_term, snap.last_chain)
+                store.reset(
+                    snap.last_index + 1, snap.next_pos, snap.last_term, snap.last_chain, snap.config
+                )
                 core.on_snapshot_installed(snap)
             if r.must_sync:
                 store.sync()

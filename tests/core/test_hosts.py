@@ -14,6 +14,7 @@ from dledger.core.dispatcher import DispatcherState, EntryDispatcher
 from dledger.core.elector import LeaderElector
 from dledger.core.handler import EntryHandler
 from dledger.core.member_state import MemberState
+from dledger.core.membership import Configuration
 from dledger.core.messages import (
     PushEntryRequest,
     PushEntryResponse,
@@ -79,7 +80,7 @@ class FakeHost:
 
 
 def _member_state(self_id: str, store: MemoryStore) -> MemberState:
-    return MemberState(GROUP, self_id, PEERS, store, store.load_term_vote())
+    return MemberState(GROUP, self_id, Configuration.of(PEERS), store, store.load_term_vote())
 
 
 def test_elector_campaigns_through_its_host() -> None:

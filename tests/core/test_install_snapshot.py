@@ -220,10 +220,10 @@ def test_raft7_the_ready_contract_installs_then_resets_then_sends() -> None:
 
     class Recording(MemoryStore):
         def reset(
-            self, begin: int, pos: int, term: int, chain: int = 0
+            self, begin: int, pos: int, term: int, chain: int = 0, config: Any = None
         ) -> None:  # the log restarts
             log.append(f"reset {begin}@{pos}")
-            super().reset(begin, pos, term, chain)
+            super().reset(begin, pos, term, chain, config)
 
     store = Recording()
     store.save_term_vote(TermVote(2, None))
@@ -471,7 +471,8 @@ def test_set_snapshot_takes_term_chain_and_next_pos_from_the_store() -> None:
     core = c.cores["n0"]
     snap = core.set_snapshot(1, b"x")
     e1, m1 = s.get(1), s.get_meta(1)
-    assert snap == Snapshot(1, 1, e1.chain_crc, m1.pos + m1.size, b"x")  # where 1 ends
+    config = s.config_records()[-1]  # the bootstrap configuration, in force at 1
+    assert snap == Snapshot(1, 1, e1.chain_crc, m1.pos + m1.size, b"x", config)  # where 1 ends
     last = core.set_snapshot(3, b"y")  # the newest entry: next_pos is where it ends
     m3 = s.get_meta(3)
     assert (last.last_term, last.next_pos) == (2, m3.pos + m3.size)

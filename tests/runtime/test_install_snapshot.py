@@ -73,13 +73,21 @@ async def test_a_follower_behind_the_log_head_catches_up_through_a_snapshot(
         for k in range(20):  # ~ 11 segments of 4 KiB while it is down
             await lead.append([bytes([65 + k % 26]) * 200 for _ in range(10)])
         assert lead.store is not None and len(lead.store.data_files()) >= 8
-        state = b"app state after %d" % lead.committed_index
-        snap = lead.set_snapshot(lead.committed_index, state)
-        lead.store.set_retention_floor(snap.next_pos)
-        assert lead.store.clean(force=True) > 0
-        head = lead.store.ledger_begin_index
-        assert head > lag_end + 1, "the follower's next entry is gone from the leader"
-        assert head - 1 <= snap.last_index
+        # Both live nodes snapshot and drop their log heads: on a loaded machine the
+        # other one may win an election meanwhile, and a leader that kept its head
+        # would catch the follower up without a snapshot (CI saw it).
+        last = lead.committed_index
+        live = [s for n, s in servers.items() if n != lag_id]
+        await _until(lambda: all(s.committed_index >= last for s in live))
+        state = b"app state after %d" % last
+        for s in live:
+            snap = s.set_snapshot(last, state)
+            assert s.store is not None
+            s.store.set_retention_floor(snap.next_pos)
+            assert s.store.clean(force=True) > 0
+            head = s.store.ledger_begin_index
+            assert head > lag_end + 1, "the follower's next entry is gone from the leader"
+            assert head - 1 <= snap.last_index
 
         installed: list[tuple[int, bytes]] = []
 
@@ -105,6 +113,9 @@ async def test_a_follower_behind_the_log_head_catches_up_through_a_snapshot(
             await _until(lambda: restarted.failed is not None)
             assert restarted.store is not None and restarted.store.ledger_begin_index == 0
             assert "disk on fire" in restarted.status()["failed"]
+            await _until(lambda: _leader(servers) is not None)
+            lead = _leader(servers)
+            assert lead is not None
             assert lead.status()["peers"][lag_id]["state"] == "INSTALL_SNAPSHOT"
             return
         await _until(lambda: restarted.committed_index >= snap.last_index)
@@ -114,8 +125,11 @@ async def test_a_follower_behind_the_log_head_catches_up_through_a_snapshot(
         # The install runs in a thread and the store's reset moves the commit index
         # there; the loop counts the install once the thread has returned.
         await _until(lambda: restarted.status()["stats"]["snapshot_installs"] == 1)
+        await _until(lambda: _leader(servers) is not None)
+        lead = _leader(servers)
+        assert lead is not None and lead.store is not None
         await _until(lambda: lead.status()["peers"][lag_id]["state"] == "APPEND")
-        assert lead.status()["peers"][lag_id]["snapshots_sent"] >= 1
+        assert sum(s.status()["snapshots_sent"] for s in live) >= 1  # whoever led then
 
         (last, _), *_ = reversed(await lead.append([b"after-1", b"after-2"]))
         await _until(lambda: restarted.committed_index >= last)
