@@ -613,7 +613,7 @@ class LeaderElector:
 
     def _heartbeat_code(self, req: HeartBeatRequest, now_ms: int) -> DLedgerCode:
         member_state = self.member_state
-        if req.leader_id not in member_state.peers:
+        if req.leader_id not in member_state.known:
             return DLedgerCode.UNKNOWN_MEMBER
         if req.leader_id == member_state.self_id:
             return DLedgerCode.UNEXPECTED_MEMBER

@@ -12,7 +12,9 @@ Invariants:
 - ``config`` is the newest configuration of the log (``membership``); ``peers`` are all
   its members (voters and learners), ``peer_ids`` its voters, self included when it
   votes, ``other_ids`` the other voters and ``replica_ids`` every other member (what a
-  leader replicates to). A node that is not a voter never campaigns.
+  leader replicates to). A node that is not a voter never campaigns. ``known``: every
+  member of any configuration the log holds; a leader among them that the newest
+  configuration leaves out is still followed (its entries may replace that one).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class MemberState:
     ) -> None:
         self.group = group
         self.self_id = self_id
+        self.known: dict[str, str] = dict(config.addresses)  # the core keeps it (node)
         self.set_config(config)
         self.store = store
         self.role = Role.CANDIDATE  # a node starts as CANDIDATE

@@ -65,6 +65,7 @@ if TYPE_CHECKING:
     from ..store.base import LogStore
 
 EventLog = Callable[[str, dict[str, Any]], None]
+_LEADER_FRAMES = (HeartBeatRequest, PushEntryRequest, InstallSnapshotRequest)
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,14 +119,17 @@ class Ready:
     # Follower: install this snapshot (the application first, then store.reset) before
     # any message of this Ready is sent; then call core.on_snapshot_installed.
     install_snapshot: Snapshot | None = None
-    # The configuration changed (an entry appended or truncated, a snapshot installed):
-    # the runtime connects to its members and no others.
+    # The configuration changed (an entry appended or truncated, a snapshot installed);
+    # ``addresses``: every member of any configuration the log holds, whose frames
+    # this node takes (``MemberState.known``): the runtime connects to them, no others.
     config: Configuration | None = None
+    addresses: dict[str, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(
             self.hard_state is not None
             or self.config is not None
+            or self.addresses is not None
             or self.install_snapshot is not None
             or self.must_sync
             or self.messages
@@ -186,10 +190,11 @@ class DLedgerCore:
             raise ValueError(f"self id {self_id!r} is not among the peers {sorted(peers)}")
         store.bootstrap_config(bootstrap.encode())
         self._config_version = store.config_version
-        config, self.config_index = self._log_config()
+        config, self.config_index, known = self._log_config()
         if config.addresses != bootstrap.addresses and event_log is not None:
             event_log("config_from_log", {"index": self.config_index, **config.describe()})
         self.member_state = MemberState(group, self_id, config, store, store.load_term_vote())
+        self.member_state.known = known
         self.now_ms = now_ms
         self._event_log = event_log
         self._req_seq = 0
@@ -301,8 +306,15 @@ class DLedgerCore:
         if (
             msg.group != member_state.group
             or msg.remote_id != member_state.self_id
-            or msg.local_id not in member_state.peers
             or msg.local_id == member_state.self_id
+            or (
+                msg.local_id not in member_state.peers
+                # A leader this node's newest configuration leaves out: the entry that
+                # does may be one the leader truncates (Raft takes a current leader's
+                # entries whatever the configuration says). Only its pushes, only if
+                # some configuration of the log names it; never its votes.
+                and not (msg.local_id in member_state.known and isinstance(msg, _LEADER_FRAMES))
+            )
         ):
             self.log_event("dropped", kind=type(msg).__name__, sender=msg.local_id)
             return
@@ -513,11 +525,16 @@ class DLedgerCore:
 
     # ---- membership (``membership``) --------------------------------------------------
 
-    def _log_config(self) -> tuple[Configuration, int]:
-        """The newest configuration the log holds, and its entry's index (-1: the one
-        the node bootstrapped with)."""
-        rec = self.store.config_records()[-1]
-        return Configuration.decode(rec.body), rec.index
+    def _log_config(self) -> tuple[Configuration, int, dict[str, str]]:
+        """The newest configuration the log holds, its entry's index (-1: the one the
+        node bootstrapped with), and the address of every member of any configuration
+        the log holds (``MemberState.known``)."""
+        records = self.store.config_records()
+        configs = [Configuration.decode(r.body) for r in records]
+        known: dict[str, str] = {}
+        for c in configs:
+            known.update(c.addresses)
+        return configs[-1], records[-1].index, known
 
     def _refresh_config(self) -> None:
         """Take the log's newest configuration if it changed (an entry appended or
@@ -526,8 +543,11 @@ class DLedgerCore:
         if version == self._config_version:
             return
         self._config_version = version
-        config, self.config_index = self._log_config()
+        config, self.config_index, known = self._log_config()
         member_state = self.member_state
+        if known != member_state.known:
+            member_state.known = known
+            self._ready.addresses = dict(known)
         if config == member_state.config:
             return
         member_state.set_config(config)
@@ -540,6 +560,7 @@ class DLedgerCore:
                     p, member_state, self.store, self.settings, self
                 )
         self._ready.config = config
+        self._ready.addresses = dict(known)
         self.log_event("config", index=self.config_index, **config.describe())
 
     def change_membership(self, change: MembershipChange, now_ms: int) -> Proposal:

@@ -325,7 +325,7 @@ class DLedgerServer:
         )
         self.transport = Transport(
             cfg.self_id,
-            {**self.core.member_state.peers, cfg.self_id: cfg.peers[cfg.self_id]},
+            {**self.core.member_state.known, cfg.self_id: cfg.peers[cfg.self_id]},
             group=cfg.group,
             listen=cfg.peers[cfg.self_id],
             on_peer_message=self._on_peer_message,
@@ -535,8 +535,8 @@ class DLedgerServer:
             self.transport.send(m)
 
     def _on_ready(self, ready: Ready) -> None:
-        if ready.config is not None and self.transport is not None:
-            self.transport.set_peers(ready.config.addresses)
+        if ready.addresses is not None and self.transport is not None:
+            self.transport.set_peers(ready.addresses)
         if (
             ready.committed_index is not None
             or ready.proposals

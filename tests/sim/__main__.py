@@ -38,6 +38,11 @@ def main() -> int:
         help="leadership transfers in the fault phase (default: as the seed draws)",
     )
     ap.add_argument(
+        "--membership",
+        action="store_true",
+        help="membership changes in the fault phase, with spare nodes (issue 33)",
+    )
+    ap.add_argument(
         "--pop",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -77,12 +82,13 @@ def main() -> int:
             send_window=a.send_window,
         )
         if a.broker
-        else functools.partial(run_seed, transfers=a.transfers)
+        else functools.partial(run_seed, transfers=a.transfers, membership=a.membership)
     )
     fault_ms = a.fault_ms if a.fault_ms is not None else (FAULT_MS if a.broker else 8_000)
     failed = 0
     totals: dict[str, int] = {}  # broker runs: seeds with retention, installs, ...
     transfers: dict[str, int] = {}  # leadership transfers by kind and outcome
+    members: dict[str, int] = {}  # membership changes by kind, refusals by code
     for s in seeds:
         t0 = time.monotonic()
         try:
@@ -99,6 +105,8 @@ def main() -> int:
         took = time.monotonic() - t0
         for k, v in sim.transfers.items():
             transfers[k] = transfers.get(k, 0) + v
+        for k, v in sim.member_changes.items():
+            members[k] = members.get(k, 0) + v
         more = ""
         if isinstance(sim, BrokerSimulation):
             counts = {
@@ -119,6 +127,8 @@ def main() -> int:
         print(f"{len(seeds)} seeds, {failed} failed; {totals}", flush=True)
     if transfers:
         print(f"leadership transfers: {dict(sorted(transfers.items()))}", flush=True)
+    if members:
+        print(f"membership changes: {dict(sorted(members.items()))}", flush=True)
     return 1 if failed else 0
 
 

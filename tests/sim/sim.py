@@ -42,6 +42,16 @@ after healing catch (``plant_stuck_transferee`` plants that bug for the tests). 
 draws come from streams of their own (``transfer-<seed>``); a seed drawn without
 transfers, or run with ``transfers=False`` (the seeds pinned for a behaviour of their
 exact trace), runs as it did before them.
+
+Membership changes (issue 33), with ``membership=True`` (``MemberKnobs``, their own
+streams; off by default, so every other seed runs as it did): one or two spare nodes run
+from the start as joining learners, and in the fault phase the leader is asked, at a
+seeded rate, to add a node that is not a member as a learner, promote a learner, or
+remove a learner or another voter; removed nodes run on (a member's frames from them are
+dropped) and may be added back later, with their old logs. Every committed configuration
+entry must differ from the one committed before it by at most one voter (``Checker``),
+on top of every check above; convergence and the final checks are over the members of
+the last leader's configuration.
 """
 
 from __future__ import annotations
@@ -63,6 +73,15 @@ from pathlib import Path
 from typing import Any
 
 from dledger.codes import DLedgerCode, DLedgerError
+from dledger.core import node as core_node
+from dledger.core.membership import (
+    AddLearner,
+    Configuration,
+    MembershipChange,
+    Promote,
+    Remove,
+    changed_voters,
+)
 from dledger.core.messages import (
     InstallSnapshotRequest,
     LeadershipTransferRequest,
@@ -74,7 +93,7 @@ from dledger.core.node import DLedgerCore, Ready
 from dledger.core.settings import CoreSettings
 from dledger.core.snapshot import Snapshot
 from dledger.runtime.ready import deliver_ready, persist_ready
-from dledger.store import MAGIC_NORMAL, Entry, FileStore, StoreSettings
+from dledger.store import MAGIC_CONFIG, MAGIC_NORMAL, Entry, FileStore, StoreSettings
 
 TICK_MS = 10
 STORE = StoreSettings(
@@ -96,9 +115,12 @@ ACK_WITHIN_MS = 6_000
 LIVENESS = "liveness:"  # every liveness failure's message starts so
 
 
-def replay_command(seed: int, fault_ms: int = 8_000, transfers: bool = True) -> str:
+def replay_command(
+    seed: int, fault_ms: int = 8_000, transfers: bool = True, membership: bool = False
+) -> str:
     more = f" --fault-ms {fault_ms}" if fault_ms != 8_000 else ""
     more += "" if transfers else " --no-transfers"
+    more += " --membership" if membership else ""
     return f".venv/bin/python -m tests.sim --seed {seed}{more} --verbose"
 
 
@@ -215,6 +237,23 @@ class TransferKnobs:
         return cls(per_s if enabled else 0.0, weights)
 
 
+@dataclass
+class MemberKnobs:
+    """Membership changes in the fault phase (issue 33), from a stream of their own
+    (``member-<seed>``): how often the leader is asked for a change, and how many spare
+    nodes (not members at first) run beside the cluster. ``enabled=False`` (the
+    default of ``Simulation``): none of it."""
+
+    per_s: float
+    spares: int
+
+    @classmethod
+    def from_seed(cls, seed: int, enabled: bool = False) -> MemberKnobs:
+        rng = random.Random(f"member-{seed}")
+        per_s, spares = rng.choice((0.5, 1.0, 2.0, 4.0)), rng.choice((1, 2))
+        return cls(per_s, spares) if enabled else cls(0.0, 0)
+
+
 class CrashAfterInstallError(Exception):
     """The seeded power loss right after the application installed a snapshot."""
 
@@ -258,6 +297,12 @@ class SimNode:
     app: SimApp | None = None  # in memory: lost in a crash
     app_snapshot: bytes | None = None  # durable: the application's snapshot file
     installs: int = 0
+    # membership (issue 33): a spare starts only when it is first added, with the
+    # configuration of that moment as its bootstrap (voters, learners: the operator's
+    # ``--peers``); None for the cluster's first nodes
+    bootstrap: tuple[dict[str, str], dict[str, str]] | None = None
+    joined: bool = True
+    wipes: int = 0  # how many times its data directory was wiped to join again
 
     @property
     def alive(self) -> bool:
@@ -277,6 +322,9 @@ class Checker:
         self.leader_mark: dict[str, tuple[int, int, int]] = {}  # node -> (term, idx, chain)
         self.acked: dict[int, bytes] = {}  # index -> body of an acknowledged append
         self.committed_body: dict[int, bytes | None] = {}  # None: not a NORMAL entry
+        # committed configuration entries by index, and the configuration before them
+        self.configs: dict[int, Configuration] = {}
+        self.first_config = Configuration.of(sim.peers)
 
     def fail(self, what: str) -> None:
         raise InvariantViolationError(f"seed {self.sim.seed} t={self.sim.now_ms}: {what}")
@@ -297,9 +345,27 @@ class Checker:
             if seen != (e.term, e.chain_crc):
                 self.fail(f"{node.node_id} applied {e.term}/{e.chain_crc} at {i}, seen {seen}")
             self.committed_body.setdefault(i, e.body if e.magic == MAGIC_NORMAL else None)
+            if e.magic == MAGIC_CONFIG and i not in self.configs:
+                self._check_config(i, Configuration.decode(e.body))
         self.max_committed = max(self.max_committed, new)
         term = node.core.member_state.curr_term if node.core is not None else -1
         self.committed_in_term[term] = max(self.committed_in_term.get(term, -1), new)
+
+    def _check_config(self, index: int, config: Configuration) -> None:
+        """Single-server changes: a committed configuration differs from the one
+        committed before it (and the next one committed after it) by at most one voter,
+        so any majority of one overlaps any majority of the other."""
+        self.configs[index] = config
+        before = [i for i in self.configs if i < index]
+        after = [i for i in self.configs if i > index]
+        prev = self.configs[max(before)] if before else self.first_config
+        pairs = [(prev, config)] + ([(config, self.configs[min(after)])] if after else [])
+        for a, b in pairs:
+            if changed_voters(a, b) > 1:
+                self.fail(
+                    f"committed configuration at {index} moves {changed_voters(a, b)} voters:"
+                    f" {a.voters} -> {b.voters}"
+                )
 
     def on_acked(self, first_index: int, bodies: Iterable[bytes]) -> None:
         for k, body in enumerate(bodies):
@@ -368,6 +434,7 @@ class Simulation:
         verbose: bool = False,
         app: bool = False,
         transfers: bool = True,
+        membership: bool = False,
     ):
         self.seed = seed
         self.rng = random.Random(seed)
@@ -391,7 +458,19 @@ class Simulation:
         k = self.knobs.n_nodes
         ids = [f"n{i}" for i in range(k)]
         self.peers = {i: f"127.0.0.1:{20000 + j}" for j, i in enumerate(ids)}
-        self.nodes = [SimNode(i, root / i) for i in ids]
+        # Membership (issue 33): spare nodes, not members at first (see the docstring)
+        self.member_knobs = MemberKnobs.from_seed(seed, membership)
+        self.member_rng = random.Random(f"member-events-{seed}")
+        self.member_changes: Counter[str] = Counter()
+        spares = [f"n{k + j}" for j in range(self.member_knobs.spares)]
+        self.addresses = {
+            **self.peers,
+            **{i: f"127.0.0.1:{20000 + k + j}" for j, i in enumerate(spares)},
+        }
+        self.spare_ids = frozenset(spares)
+        self.nodes = [SimNode(i, root / i) for i in ids] + [
+            SimNode(i, root / i, joined=False) for i in spares
+        ]
         self.by_id = {n.node_id: n for n in self.nodes}
         self.cut: set[tuple[str, str]] = set()
         self.clog: dict[tuple[str, str], int] = {}
@@ -441,15 +520,17 @@ class Simulation:
 
     def start(self, n: SimNode) -> None:
         n.store = FileStore(n.directory, self.store_settings, background=False)
+        voters, learners = n.bootstrap or (self.peers, {})
         n.core = DLedgerCore(
             group="g0",
             self_id=n.node_id,
-            peers=self.peers,
+            peers={**voters, **learners},
             store=n.store,
-            rng=random.Random(self.rng.getrandbits(64)),
+            rng=random.Random((self.member_rng if n.bootstrap else self.rng).getrandbits(64)),
             settings=self.settings,
             now_ms=self.now_ms,
             event_log=lambda name, fields: self._core_event(n, name, fields),
+            learners=learners,
         )
         self.trace(
             f"start {n.node_id} end={n.store.ledger_end_index} term={n.core.member_state.curr_term}"
@@ -530,7 +611,9 @@ class Simulation:
                 return result
             if ready.hard_state is not None:
                 hs = ready.hard_state
-                self.checker.on_hard_state(n.node_id, hs.term, hs.voted_for)
+                # a node wiped and added back is another voter (its votes are new)
+                who = n.node_id if not n.wipes else f"{n.node_id}#{n.wipes}"
+                self.checker.on_hard_state(who, hs.term, hs.voted_for)
             old_commit = n.applied
             try:
                 synced = persist_ready(
@@ -791,7 +874,71 @@ class Simulation:
             self._fault_flap()
         if self.transfer_rng.random() < self.transfer_knobs.per_s * 0.1:
             self._fault_transfer()
+        if self.member_rng.random() < self.member_knobs.per_s * 0.1:
+            self._fault_member()
         self.at(self.now_ms + 100, "fault", self._fault)
+
+    # ---- membership changes (issue 33) -------------------------------------------------
+
+    def _fault_member(self) -> None:
+        """Ask the leader for one membership change, drawn from those its configuration
+        allows: add a node that is not a member (a spare, or one removed before) as a
+        learner, promote or remove a learner, remove another voter. Refusals (the last
+        change not committed yet, a learner too far behind) are counted and traced."""
+        rng = self.member_rng
+        sources = self._transfer_sources()
+        if not sources:
+            return
+        src = rng.choice(sources)
+        assert src.core is not None
+        config = src.core.member_state.config
+        options: list[MembershipChange] = [
+            AddLearner(n.node_id, self.addresses[n.node_id])
+            for n in self.nodes
+            if n.node_id not in config.members
+        ]
+        for learner in config.learners:
+            options += [Promote(learner), Promote(learner), Remove(learner)]
+        options += [Remove(v) for v in config.voters if v != src.node_id]
+        if not options:
+            return
+        change = rng.choice(options)
+        what = f"{type(change).__name__} {change.node_id}"
+        try:
+            p = self.run(src, lambda c: c.change_membership(change, self.now_ms))
+        except DLedgerError as e:
+            self.member_changes[f"refused {e.code.name}"] += 1
+            self.trace(f"member {src.node_id} {what} refused {e.code.name}")
+            return
+        self.member_changes[type(change).__name__] += 1
+        self.trace(f"member {src.node_id} {what} at {p.first_index}")
+        if isinstance(change, AddLearner):
+            self._join(self.by_id[change.node_id], config)
+
+    def _join(self, n: SimNode, config: Configuration) -> None:
+        """Start ``n`` as the operator starts a joining node: an empty data directory
+        (a removed node's is wiped first) and ``--peers`` naming the configuration's
+        members, itself as a learner."""
+        if n.core is not None:
+            assert n.store is not None
+            n.store.abandon()
+            n.store = n.core = None
+            n.app = None
+            n.paused = False
+            n.inbox.clear()
+            n.closed.clear()
+            n.restarts += 1
+        if n.directory.exists():
+            n.wipes += 1
+        shutil.rmtree(n.directory, ignore_errors=True)
+        n.app_snapshot = None
+        n.applied = -1
+        voters = {i: m.addr for i, m in config.members.items() if m.voter}
+        learners = {i: m.addr for i, m in config.members.items() if not m.voter}
+        n.bootstrap = (voters, {**learners, n.node_id: self.addresses[n.node_id]})
+        n.joined = True
+        self.trace(f"join {n.node_id}")
+        self.start(n)
 
     # ---- leadership transfers (issue 26) ----------------------------------------------
 
@@ -1030,8 +1177,11 @@ class Simulation:
             self.trace(f"app {self.app_knobs}")
         self.trace(f"connections {self.conn_knobs}")
         self.trace(f"transfers {self.transfer_knobs}")
+        if self.member_knobs.per_s:
+            self.trace(f"membership {self.member_knobs}")
         for n in self.nodes:
-            self.start(n)
+            if n.joined:
+                self.start(n)
         self.at(1, "propose", self._propose)
         self.at(100, "fault", self._fault)
         self._advance(k.fault_ms)
@@ -1040,7 +1190,7 @@ class Simulation:
         self.cut.clear()
         self.clog.clear()
         for n in self.nodes:
-            if n.core is None:
+            if n.core is None and n.joined:
                 self.start(n)
             elif n.paused:
                 self._resume(n, n.restarts)
@@ -1062,14 +1212,15 @@ class Simulation:
     def converged(self) -> bool:
         if self.first_ack_ms is None:
             return False  # the workload goes on until then
-        cores = [n.core for n in self.nodes]
-        if any(c is None for c in cores):
-            return False
+        cores = [n.core for n in self.nodes if n.joined]
         leaders = [c for c in cores if c is not None and c.member_state.role is Role.LEADER]
         if len(leaders) != 1:
             return False
         lead = leaders[0]
         end = lead.store.ledger_end_index
+        cores = [n.core for n in self.members()]
+        if any(c is None for c in cores):
+            return False
         return all(
             c is not None
             and c.member_state.curr_term == lead.member_state.curr_term
@@ -1079,8 +1230,18 @@ class Simulation:
             for c in cores
         )
 
+    def members(self) -> list[SimNode]:
+        """The nodes of the leader's configuration (all of them without membership
+        changes): removed nodes run on, and are neither converged nor compared."""
+        lead = self._live_leader()
+        if lead is None or lead.core is None:
+            return list(self.nodes)
+        config = lead.core.member_state.config
+        return [n for n in self.nodes if n.node_id in config.members]
+
     def final_checks(self) -> None:
-        stores = [n.store for n in self.nodes]
+        members = self.members()
+        stores = [n.store for n in members]
         assert all(s is not None for s in stores)
         first = stores[0]
         assert first is not None
@@ -1097,11 +1258,11 @@ class Simulation:
         # Byte-identical from the highest log begin on (positions are the same everywhere)
         begin = max(s.ledger_begin_pos for s in stores if s is not None)
         end = first.ledger_end_pos
-        images = [_data_image(n.directory, begin) for n in self.nodes]
-        for n, img in zip(self.nodes, images, strict=True):
+        images = [_data_image(n.directory, begin) for n in members]
+        for n, img in zip(members, images, strict=True):
             if img[: end - begin] != images[0][: end - begin] or len(img) < end - begin:
                 self.checker.fail(
-                    f"{n.node_id}'s data files differ from {self.nodes[0].node_id}'s"
+                    f"{n.node_id}'s data files differ from {members[0].node_id}'s"
                     f" in [{begin}, {end})"
                 )
             if img[end - begin :].count(0) != len(img) - (end - begin):
@@ -1112,7 +1273,8 @@ class Simulation:
     def _final_app_checks(self) -> None:
         """Every application applied every committed entry, to the same state, and that
         state is the fold of the committed bodies (an install carried it correctly)."""
-        committed = self.nodes[0].store.committed_index if self.nodes[0].store else -1
+        members = self.members()
+        committed = members[0].store.committed_index if members[0].store else -1
         ref = SimApp()
         bodies = self.checker.committed_body
         for i in range(committed + 1):
@@ -1122,7 +1284,7 @@ class Simulation:
             ref = SimApp(i, ref.count + (body is not None), ref.digest)
             if body is not None:
                 ref = replace(ref, digest=zlib.crc32(body, ref.digest))
-        for n in self.nodes:
+        for n in members:
             if n.app != ref:
                 self.checker.fail(f"{n.node_id}'s application is {n.app}, the log gives {ref}")
 
@@ -1199,6 +1361,22 @@ def plant_stuck_transferee(setattr_: Callable[[Any, str, Any], None]) -> None:
     setattr_(DLedgerCore, "ready", ready)
 
 
+def plant_promote_every_learner(setattr_: Callable[[Any, str, Any], None]) -> None:
+    """A bug in the change rule, for tests (pass ``monkeypatch.setattr``): promoting one
+    learner promotes every learner, so one change can add two voters and a majority of
+    the old configuration need not overlap one of the new."""
+    real = core_node.check_change
+
+    def check_change(config: Configuration, change: MembershipChange, leader_id: str) -> Any:
+        new = real(config, change, leader_id)
+        if isinstance(change, Promote):
+            members = {i: replace(m, voter=True) for i, m in new.members.items()}
+            new = Configuration.checked(members)
+        return new
+
+    setattr_(core_node, "check_change", check_change)
+
+
 def sim_root() -> Path:
     """A scratch directory on tmpfs when there is one: fsync there costs nothing."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -1212,14 +1390,24 @@ def run_seed(
     verbose: bool = False,
     app: bool = True,
     transfers: bool = True,
+    membership: bool = False,
 ) -> Simulation:
-    """Run one seed; ``transfers=False``: no leadership transfers (``TransferKnobs``)."""
+    """Run one seed; ``transfers=False``: no leadership transfers (``TransferKnobs``);
+    ``membership=True``: membership changes (``MemberKnobs``)."""
     root = sim_root()
-    sim = Simulation(seed, root, fault_ms=fault_ms, verbose=verbose, app=app, transfers=transfers)
+    sim = Simulation(
+        seed,
+        root,
+        fault_ms=fault_ms,
+        verbose=verbose,
+        app=app,
+        transfers=transfers,
+        membership=membership,
+    )
     try:
         sim.execute()
     except BaseException as e:
-        e.add_note(f"replay: {replay_command(seed, fault_ms, transfers)}")
+        e.add_note(f"replay: {replay_command(seed, fault_ms, transfers, membership)}")
         raise
     finally:
         sim.close()

@@ -29,6 +29,7 @@ from .sim import (
     InvariantViolationError,
     Knobs,
     TransferKnobs,
+    plant_promote_every_learner,
     plant_stuck_transferee,
     run_seed,
 )
@@ -188,3 +189,48 @@ def test_issue_32_a_follower_that_ignores_chunk_offsets_fails_a_seed(
     monkeypatch.setattr(EntryHandler, "_assemble", every_chunk)
     with pytest.raises(InvariantViolationError, match="application is SimApp"):
         run_seed(PLANTED_CHUNK_SEED)
+
+
+# ---- issue 33: membership changes ------------------------------------------------------------
+
+MEMBERSHIP_SEEDS = range(40)
+PLANTED_MEMBERSHIP_SEED = 27
+_MEMBERS: dict[int, Counter[str]] = {}  # what each membership seed changed
+
+
+@pytest.mark.parametrize("seed", MEMBERSHIP_SEEDS)
+def test_membership_seed_keeps_raft_safety_and_converges(seed: int) -> None:
+    """Learners added, promoted and removed, voters removed, removed nodes wiped and
+    added back, at random points among the crashes, partitions, pauses and leadership
+    transfers of the seed; every check after every event, one voter moved per committed
+    configuration, convergence of the last configuration's members."""
+    sim = run_seed(seed, membership=True)
+    assert sim.checker.max_committed >= 0, "nothing was ever committed"
+    _MEMBERS[seed] = sim.member_changes + Counter(
+        {"committed configurations": len(sim.checker.configs)}
+    )
+
+
+def test_the_membership_seeds_change_membership() -> None:
+    """Across the membership seeds (run above) every kind of change is made and
+    committed many times, and the rule refuses a change while the last one is
+    uncommitted."""
+    if _MEMBERS.keys() != set(MEMBERSHIP_SEEDS):
+        pytest.skip("needs every membership seed run in this session")
+    total = sum(_MEMBERS.values(), Counter[str]())
+    for kind in ("AddLearner", "Promote", "Remove"):
+        assert total[kind] > 20, (kind, total)
+    assert total["committed configurations"] > 100, total
+    assert total["refused LEADER_PENDING_FULL"] > 10, total
+    assert sum(c["committed configurations"] > 0 for c in _MEMBERS.values()) > 30
+
+
+def test_issue_33_a_change_that_moves_two_voters_fails_a_seed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Plant a change rule that promotes every learner at once: a committed
+    configuration moves two voters, and the seed fails by name."""
+    run_seed(PLANTED_MEMBERSHIP_SEED, membership=True)  # passes as it is
+    plant_promote_every_learner(monkeypatch.setattr)
+    with pytest.raises(InvariantViolationError, match="moves 2 voters"):
+        run_seed(PLANTED_MEMBERSHIP_SEED, membership=True)
