@@ -83,6 +83,36 @@ class LeadershipResult(BaseModel):
     term: int
 
 
+class MemberAdd(_Request):
+    node_id: str = Field(pattern=NODE_ID_PATTERN, examples=["n3"])
+    raft_addr: str = Field(
+        pattern=r"^[^\s:]+:[0-9]{1,5}$", max_length=300, examples=["10.0.0.4:20911"]
+    )
+    http_url: str | None = Field(
+        default=None, pattern=r"^https?://\S+$", max_length=300, examples=["http://10.0.0.4:8080"]
+    )
+
+
+class Member(BaseModel):
+    node_id: str
+    role: Literal["voter", "learner"]
+    raft_addr: str
+    http_url: str | None = None
+    match_index: int | None = Field(
+        default=None, description="how far it has the log (on the master; None elsewhere)"
+    )
+
+
+class Members(BaseModel):
+    config_index: int = Field(description="the configuration's log entry (-1: the first)")
+    leader_id: str | None
+    members: list[Member]
+
+
+class MembershipResult(BaseModel):
+    config_index: int = Field(description="the committed entry of the new configuration")
+
+
 class Readiness(BaseModel):
     ready: bool
     reason: str | None = None

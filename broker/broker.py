@@ -14,6 +14,7 @@ is handed its parts), then joins the Raft group. Nothing calls back into the
   message id and key;
 - ``ConsumerGroups`` (``broker/groups.py``): committed offsets and group pulls;
 - ``Leadership`` (``broker/leadership.py``): leadership transfer;
+- ``Membership`` (``broker/membership.py``): adding, promoting and removing members;
 - ``Dispatch`` (``broker/dispatch/``): committed entries → consume queues, key
   index, metadata; snapshots, checkpoints, long-poll wake-ups.
 
@@ -42,6 +43,7 @@ from .dispatch import Dispatch
 from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
 from .leadership import Leadership
+from .membership import Membership
 from .metadata import MetadataState, SnapshotFiles
 from .pop.applier import PopApplier
 from .pop.service import PopGroups
@@ -111,6 +113,7 @@ class Broker:
     reads: Reads
     groups: ConsumerGroups
     leadership: Leadership
+    membership: Membership
     pop: PopGroups
 
     def __init__(self, settings: BrokerSettings) -> None:
@@ -211,6 +214,7 @@ class Broker:
             dispatch=dispatch,
         )
         self.leadership = Leadership(s, gate, server)
+        self.membership = Membership(s, gate, server, self.leadership)
         self.pop = PopGroups(
             settings=s,
             gate=gate,
@@ -360,7 +364,7 @@ class Broker:
             broker_role=self.gate.role.value,
             term=core.member_state.curr_term if core is not None else -1,
             leader_id=leader,
-            leader_url=self.settings.peer_urls.get(leader) if leader else None,
+            leader_url=self.membership.url_of(leader) if leader else None,
             ledger_begin_index=store.ledger_begin_index,
             ledger_end_index=store.ledger_end_index,
             committed_index=store.committed_index,

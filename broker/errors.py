@@ -137,6 +137,15 @@ class TransferFailedError(BrokerError):
     http_status = 409
 
 
+class MembershipRefusedError(BrokerError):
+    """A membership change is not allowed as asked (``reason``: DLedger's code): the
+    member exists already, is unknown, its address is another's, or it is the last
+    voter. Nothing changed."""
+
+    code = "MEMBERSHIP_REFUSED"
+    http_status = 409
+
+
 class NotMasterError(BrokerError):
     """This broker is a SLAVE; writes go to the master (``leader_id``, ``leader_addr``,
     ``leader_url`` when known)."""

@@ -134,9 +134,20 @@ class WriteGate:
         return errors.NotMasterError(
             f"this broker is a SLAVE; the master is {leader}",
             leader_id=leader,
-            leader_addr=self.settings.peer_map.get(leader),
-            leader_url=self.settings.peer_urls.get(leader),
+            leader_addr=self._members().get(leader, self.settings.peer_map.get(leader)),
+            leader_url=self.url_of(leader),
         )
+
+    def _members(self) -> dict[str, str]:
+        core = self.server.core
+        return core.member_state.config.addresses if core is not None else {}
+
+    def url_of(self, node_id: str) -> str | None:
+        """The node's HTTP URL: its configuration's (a member added while running),
+        else ``--peer-urls``'."""
+        core = self.server.core
+        m = core.member_state.config.members.get(node_id) if core is not None else None
+        return m.url if m is not None and m.url else self.settings.peer_urls.get(node_id)
 
     @property
     def leader_id(self) -> str | None:

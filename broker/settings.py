@@ -99,6 +99,10 @@ class BrokerSettings:
     # The Raft runtime on an event loop and thread of its own, where no HTTP request can
     # stall its heartbeats and votes (``dledger.runtime.server``); off: on the HTTP loop
     raft_thread: bool = True
+    # Joining a running group: this node starts as a learner of the members ``peers``
+    # names (every current member, and itself); the master adds it (``cluster add``).
+    # Like ``peers``, it counts on the first start only: then the log's configuration rules.
+    join: bool = False
     default_queues: int = 8
     # A produce request's messages for one queue are stored as one batch record
     # (``broker.batch``): one log entry, one append, one dispatch step for all of them.
@@ -193,7 +197,9 @@ class BrokerSettings:
             self_id=self.node_id,
             peers=self.peer_map,
             data_dir=self.data_dir,
-            core=replace(self.core, flush=self.flush),
+            # the first members' incarnations go into the log (``membership``): a node
+            # whose data directory was lost cannot vote as the member it was
+            core=replace(self.core, flush=self.flush, seal_members=True),
             store=self.store,
             transport=self.transport,
             seed=self.seed,
@@ -202,4 +208,5 @@ class BrokerSettings:
             # queue offset into every replica, and a raw read bypasses the HTTP tokens.
             client_requests=frozenset({"metadata"}),
             own_thread=self.raft_thread,
+            learners=frozenset({self.node_id}) if self.join else frozenset(),
         )

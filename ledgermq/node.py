@@ -490,6 +490,13 @@ def add_broker_options(p: argparse.ArgumentParser) -> None:
     _add_transaction_options(p)
     add_option(
         p,
+        "--join",
+        action="store_true",
+        help="join a running group as a learner: --peers names its current members and"
+        " this node; then run `ledgermq cluster add` (docs/operations.md)",
+    )
+    add_option(
+        p,
         "--raft-thread",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -930,6 +937,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         advertised_url=advertised.rstrip("/"),
         auto_create_topics=args.auto_create_topics,
         raft_thread=args.raft_thread,
+        join=args.join,
         default_queues=args.default_queues,
         batch_records=args.batch_records,
         core=core,

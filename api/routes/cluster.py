@@ -1,11 +1,25 @@
 """``/v1/cluster`` (this node's view of its group) and leadership transfer."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from .. import models
 from ..version import VERSION
-from .common import AccessDep, BrokerDep, JSONBytes, LeadershipDep, SettingsDep, error_docs
+from .common import (
+    AccessDep,
+    BrokerDep,
+    JSONBytes,
+    LeadershipDep,
+    MembershipDep,
+    NodeIdPath,
+    SettingsDep,
+    error_docs,
+)
+
+# How long a membership change may take (a promotion waits for its learner to catch up)
+ChangeTimeout = Query(
+    default=30.0, gt=0, le=600, description="seconds to wait for the change to commit"
+)
 
 router = APIRouter(tags=["cluster"])
 
@@ -14,8 +28,8 @@ router = APIRouter(tags=["cluster"])
 async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
     st = broker.status()
     nodes = []
-    for node_id, addr in sorted(settings.peer_map.items()):
-        url = settings.peer_urls.get(node_id)
+    for node_id, addr in sorted(broker.membership.addresses().items()):
+        url = broker.membership.url_of(node_id)
         if node_id == settings.node_id and settings.advertised_url:
             url = settings.advertised_url
         peer = st.peers.get(node_id)
@@ -72,3 +86,60 @@ async def leadership(
     await leadership.transfer(body.to)
     st = broker.status()
     return JSONBytes({"leader_id": st.leader_id or body.to, "term": st.term})
+
+
+# ---- membership (issue 33; docs/operations.md "Changing the members") -----------------------
+
+
+@router.get("/v1/cluster/members", response_model=models.Members)
+async def members(membership: MembershipDep) -> Response:
+    return JSONBytes(membership.members())
+
+
+@router.post(
+    "/v1/cluster/members",
+    summary="add a learner: it receives the log and does not vote",
+    response_model=models.MembershipResult,
+    responses=error_docs(307, 409, 429, 503),
+)
+async def add_member(
+    body: models.MemberAdd,
+    membership: MembershipDep,
+    access: AccessDep,
+    timeout_s: float = ChangeTimeout,
+) -> Response:
+    access.need("admin")
+    index = await membership.add(body.node_id, body.raft_addr, body.http_url, timeout_s)
+    return JSONBytes({"config_index": index})
+
+
+@router.post(
+    "/v1/cluster/members/{node_id}/promote",
+    summary="make a learner a voter once it caught up",
+    response_model=models.MembershipResult,
+    responses=error_docs(307, 409, 429, 503),
+)
+async def promote_member(
+    node_id: NodeIdPath,
+    membership: MembershipDep,
+    access: AccessDep,
+    timeout_s: float = ChangeTimeout,
+) -> Response:
+    access.need("admin")
+    return JSONBytes({"config_index": await membership.promote(node_id, timeout_s)})
+
+
+@router.delete(
+    "/v1/cluster/members/{node_id}",
+    summary="remove a member (the master hands leadership over first)",
+    response_model=models.MembershipResult,
+    responses=error_docs(307, 409, 429, 503),
+)
+async def remove_member(
+    node_id: NodeIdPath,
+    membership: MembershipDep,
+    access: AccessDep,
+    timeout_s: float = ChangeTimeout,
+) -> Response:
+    access.need("admin")
+    return JSONBytes({"config_index": await membership.remove(node_id, timeout_s)})

@@ -31,6 +31,7 @@ from broker import errors
 from broker.broker import Broker
 from broker.groups import ConsumerGroups
 from broker.leadership import Leadership
+from broker.membership import Membership
 from broker.pop.service import PopGroups
 from broker.produce import Producer
 from broker.reads import Reads
@@ -168,6 +169,7 @@ def node_maxima(schema: dict[str, Any], limits: Limits) -> None:
 
 TopicPath = Annotated[str, Path(pattern=models.TOPIC_PATTERN, examples=["orders"])]
 GroupPath = Annotated[str, Path(pattern=models.GROUP_PATTERN, examples=["billing"])]
+NodeIdPath = Annotated[str, Path(pattern=models.NODE_ID_PATTERN, examples=["n3"])]
 QueuePath = Annotated[int, Path(ge=0, le=65_535)]
 EncodingQuery = Annotated[models.Encoding, Query()]
 
@@ -227,6 +229,11 @@ async def _leadership(request: Request) -> Leadership:
     return leadership
 
 
+async def _membership(request: Request) -> Membership:
+    membership: Membership = request.app.state.broker.membership
+    return membership
+
+
 async def _settings(request: Request) -> BrokerSettings:
     settings: BrokerSettings = request.app.state.settings
     return settings
@@ -248,6 +255,7 @@ ReadsDep = Annotated[Reads, Depends(_reads)]
 TopicsDep = Annotated[Topics, Depends(_topics)]
 GroupsDep = Annotated[ConsumerGroups, Depends(_groups)]
 LeadershipDep = Annotated[Leadership, Depends(_leadership)]
+MembershipDep = Annotated[Membership, Depends(_membership)]
 PopDep = Annotated[PopGroups, Depends(_pop)]
 TimersDep = Annotated[Timers, Depends(_timers)]
 TransactionsDep = Annotated[Transactions, Depends(_transactions)]

@@ -80,6 +80,13 @@ class LeaderElector:
             # We may have led this term before a restart. A leader must create at most
             # one entry per (index, term) (Raft §5.3), so campaign in a new term.
             self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
+        elif member_state.config_index >= 0:
+            # DLedger's first round in the current term is safe for a fixed voter set
+            # only: a majority that elected this term's leader overlaps any majority of
+            # the same voters, each of which voted in it. After membership changes the
+            # voters of now may never have voted in this term (new members, data
+            # directories replaced), and a second leader of it could win (simulator).
+            self.last_parse_result = ParseResult.WAIT_TO_VOTE_NEXT
         self.vote_round: VoteRound | None = None
         self.pre_vote_round: PreVoteRound | None = None
         self.heartbeat_round: HeartbeatRound | None = None
@@ -314,9 +321,20 @@ class LeaderElector:
         r = self.vote_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
             return
-        if resp.local_id not in self.member_state.peer_ids:
+        if not self._counts(resp.local_id, resp.incarnation):
             return  # a learner's (or a removed member's) vote counts for nothing
         self._tally(r, resp.local_id, resp.vote_result, resp.term, now_ms)
+
+    def _counts(self, voter: str, incarnation: str) -> bool:
+        """Does this answer count in a round: a voter's, from the incarnation its
+        configuration names (not a lost data directory's, come back under its id)?"""
+        member_state = self.member_state
+        if voter not in member_state.peer_ids:
+            return False
+        if not member_state.answered_as_member(voter, incarnation):
+            self.host.log_event("stranger_incarnation", node=voter, incarnation=incarnation)
+            return False
+        return True
 
     def _tally(self, r: VoteRound, voter: str, result: VoteResult, term: int, now_ms: int) -> None:
         r.count(voter, result, term)
@@ -390,7 +408,7 @@ class LeaderElector:
         r = self.pre_vote_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
             return
-        if resp.local_id not in self.member_state.peer_ids:
+        if not self._counts(resp.local_id, resp.incarnation):
             return  # a learner's (or a removed member's) answer counts for nothing
         r.count(resp.local_id, resp.vote_result, resp.term)
         self._check_pre_vote_round(now_ms)
@@ -512,6 +530,7 @@ class LeaderElector:
             req_id=req.req_id,
             vote_result=result,
             pre_vote=req.pre_vote,
+            incarnation=self.member_state.incarnation,
         )
 
     # ---- leader heartbeats ---------------------------------------------------
@@ -567,12 +586,12 @@ class LeaderElector:
             self._finish_heartbeat_round(now_ms)
 
     def on_heartbeat_response(self, resp: HeartBeatResponse, now_ms: int) -> None:
+        if not self._counts(resp.local_id, resp.incarnation):
+            return  # not a voter's, or a lost data directory's: it is not heard from
         if resp.code is not DLedgerCode.NETWORK_ERROR:
             self.peer_heard_ms[resp.local_id] = now_ms
         r = self.heartbeat_round
         if r is None or resp.req_id != r.req_id or resp.local_id in r.answered:
-            return
-        if resp.local_id not in self.member_state.peer_ids:
             return
         r.count(resp.local_id, resp.code, resp.term)
         if r.complete(self.member_state.is_quorum, len(self.member_state.peer_ids)):
@@ -609,6 +628,7 @@ class LeaderElector:
             term=member_state.curr_term,
             req_id=req.req_id,
             code=code,
+            incarnation=member_state.incarnation,
         )
 
     def _heartbeat_code(self, req: HeartBeatRequest, now_ms: int) -> DLedgerCode:

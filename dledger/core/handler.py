@@ -92,6 +92,7 @@ class EntryHandler:
                 count=req.count if req.type is PushType.APPEND else 0,
                 begin_index=store.ledger_begin_index,
                 end_index=store.ledger_end_index,
+                incarnation=member_state.incarnation,
                 **kw,
             )
         )
@@ -259,6 +260,7 @@ class EntryHandler:
                 begin_index=begin,
                 end_index=end,
                 received=received,
+                incarnation=member_state.incarnation,
             )
         )
 

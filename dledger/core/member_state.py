@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .membership import Configuration
+from .membership import Configuration, same_member
 from .messages import Role
 
 if TYPE_CHECKING:
@@ -50,6 +50,14 @@ class MemberState:
         self.group = group
         self.self_id = self_id
         self.known: dict[str, str] = dict(config.addresses)  # the core keeps it (node)
+        self.incarnation = store.incarnation
+        # the configuration names this id with another incarnation: this data directory
+        # is not the member's (lost, replaced); it never votes nor campaigns
+        self.stale_identity: str | None = None
+        self.heard_incarnations: dict[str, str] = {}  # what peers' answers said
+        # peers whose last answer came from another incarnation than their member's
+        self.stale_peers: set[str] = set()
+        self.config_index = -1  # the configuration's entry (-1: the bootstrap one)
         self.set_config(config)
         self.store = store
         self.role = Role.CANDIDATE  # a node starts as CANDIDATE
@@ -67,7 +75,18 @@ class MemberState:
         self.peer_ids = config.voters
         self.other_ids = tuple(p for p in self.peer_ids if p != self.self_id)
         self.replica_ids = tuple(p for p in self.peers if p != self.self_id)
-        self.is_voter = config.is_voter(self.self_id)
+        # what a removed member's answers said is forgotten: added back, it may be
+        # another data directory
+        for gone in [p for p in self.heard_incarnations if p not in config.members]:
+            del self.heard_incarnations[gone]
+        self.stale_peers &= set(config.members)
+        me = config.members.get(self.self_id)
+        self.stale_identity = (
+            me.incarnation
+            if me is not None and me.incarnation and me.incarnation != self.incarnation
+            else None
+        )
+        self.is_voter = config.is_voter(self.self_id) and self.stale_identity is None
 
     # ---- derived -----------------------------------------------------------------------
 
@@ -82,6 +101,17 @@ class MemberState:
     @property
     def committed_index(self) -> int:
         return self.store.committed_index
+
+    def answered_as_member(self, node_id: str, incarnation: str) -> bool:
+        """Does an answer from ``node_id`` count as its member's (``membership
+        .same_member``)? Remembers the incarnation it gave, for the leader to seal."""
+        if not same_member(self.config, node_id, incarnation):
+            self.stale_peers.add(node_id)
+            return False
+        self.stale_peers.discard(node_id)
+        if incarnation:
+            self.heard_incarnations[node_id] = incarnation
+        return True
 
     def is_quorum(self, n: int) -> bool:
         """More than half of the configuration's voters."""

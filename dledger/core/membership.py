@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..codes import DLedgerCode, DLedgerError
 
@@ -40,8 +40,13 @@ MAX_MEMBERS = 64
 
 @dataclass(frozen=True, slots=True)
 class Member:
-    addr: str
+    addr: str  # Raft host:port
     voter: bool = True
+    url: str = ""  # the application's own address for it (the broker's HTTP URL), or ""
+    # Its data directory's incarnation (``LogStore.incarnation``), once the leader has
+    # heard it: an answer from another incarnation of this id (the directory was lost or
+    # replaced) is not this member's and counts for nothing. "": not known yet.
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,12 @@ class Configuration:
     def encode(self) -> bytes:
         doc = {
             "version": CONFIG_VERSION,
-            "members": {i: {"addr": m.addr, "voter": m.voter} for i, m in self.members.items()},
+            "members": {
+                i: {"addr": m.addr, "voter": m.voter}
+                | ({"url": m.url} if m.url else {})
+                | ({"incarnation": m.incarnation} if m.incarnation else {})
+                for i, m in self.members.items()
+            },
         }
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
@@ -101,7 +111,13 @@ class Configuration:
             if doc["version"] != CONFIG_VERSION:
                 raise ValueError(f"configuration version {doc['version']!r}")
             members = {
-                str(i): Member(str(m["addr"]), bool(m["voter"])) for i, m in doc["members"].items()
+                str(i): Member(
+                    str(m["addr"]),
+                    bool(m["voter"]),
+                    str(m.get("url", "")),
+                    str(m.get("incarnation", "")),
+                )
+                for i, m in doc["members"].items()
             }
             return Configuration.checked(members)
         except (KeyError, TypeError, AttributeError, ValueError, DLedgerError) as e:
@@ -115,6 +131,7 @@ class Configuration:
 class AddLearner:
     node_id: str
     addr: str
+    url: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,13 +163,13 @@ def check_change(config: Configuration, change: MembershipChange, leader_id: str
             raise DLedgerError(
                 DLedgerCode.UNEXPECTED_ARGUMENT, f"{change.addr} is another member's address"
             )
-        members[node_id] = Member(change.addr, voter=False)
+        members[node_id] = Member(change.addr, voter=False, url=change.url)
     elif isinstance(change, Promote):
         if m is None:
             raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{node_id!r} is not a member")
         if m.voter:
             raise DLedgerError(DLedgerCode.UNEXPECTED_ARGUMENT, f"{node_id!r} already votes")
-        members[node_id] = Member(m.addr, voter=True)
+        members[node_id] = Member(m.addr, voter=True, url=m.url, incarnation=m.incarnation)
     else:
         if m is None:
             raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{node_id!r} is not a member")
@@ -165,6 +182,25 @@ def check_change(config: Configuration, change: MembershipChange, leader_id: str
     new = Configuration.checked(members)
     assert changed_voters(config, new) <= 1
     return new
+
+
+def sealed(config: Configuration, heard: dict[str, str]) -> Configuration:
+    """``config`` with the incarnations ``heard`` filled in for voters that have none
+    yet (no voter moves: a change any time the rule allows one)."""
+    members = {
+        i: replace(m, incarnation=heard[i]) if m.voter and not m.incarnation and heard.get(i) else m
+        for i, m in config.members.items()
+    }
+    return Configuration.checked(members)
+
+
+def same_member(config: Configuration, node_id: str, incarnation: str) -> bool:
+    """Is an answer from ``node_id``'s ``incarnation`` one of the member's? Unknown on
+    either side ("") counts as the same (a member not sealed yet, an older node)."""
+    m = config.members.get(node_id)
+    if m is None:
+        return False
+    return not m.incarnation or not incarnation or m.incarnation == incarnation
 
 
 def changed_voters(old: Configuration, new: Configuration) -> int:

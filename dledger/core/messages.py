@@ -114,6 +114,7 @@ class VoteResponse:
     req_id: int
     vote_result: VoteResult
     pre_vote: bool = False
+    incarnation: str = ""  # the voter's data directory's (``membership``); "" unknown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +135,7 @@ class HeartBeatResponse:
     term: int
     req_id: int
     code: DLedgerCode
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -171,6 +173,7 @@ class PushEntryResponse:
     end_index: int = -1
     x_term: int = -1  # follower's term at the conflict point (COMPARE), -1 if none
     x_index: int = -1  # first index of x_term on the follower
+    incarnation: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -246,6 +249,7 @@ class InstallSnapshotResponse:
     begin_index: int = -1
     end_index: int = -1
     received: int = 0
+    incarnation: str = ""
 
 
 # ---- client protocol (served by the runtime, not the core) -------------------------

@@ -39,7 +39,7 @@ from .dispatcher import EntryDispatcher
 from .elector import LeaderElector
 from .handler import EntryHandler
 from .member_state import HardState, MemberState
-from .membership import Configuration, MembershipChange, check_change
+from .membership import Configuration, MembershipChange, check_change, sealed
 from .messages import (
     MAX_TERM,
     HeartBeatRequest,
@@ -66,6 +66,11 @@ if TYPE_CHECKING:
 
 EventLog = Callable[[str, dict[str, Any]], None]
 _LEADER_FRAMES = (HeartBeatRequest, PushEntryRequest, InstallSnapshotRequest)
+STALE_IDENTITY_TODO = (
+    "its data directory is not the member's (lost or replaced), so it neither votes nor"
+    " counts for commits: remove the member and add the node back as a new one"
+    " (`ledgermq cluster replace`)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +200,7 @@ class DLedgerCore:
             event_log("config_from_log", {"index": self.config_index, **config.describe()})
         self.member_state = MemberState(group, self_id, config, store, store.load_term_vote())
         self.member_state.known = known
+        self.member_state.config_index = self.config_index
         self.now_ms = now_ms
         self._event_log = event_log
         self._req_seq = 0
@@ -219,6 +225,7 @@ class DLedgerCore:
         self._proposals: deque[tuple[Proposal, int]] = deque()  # (proposal, deadline)
         self._proposal_seq = 0
         self._transfers: list[_Transfer] = []
+        self.transfers_started = 0
         self._take: _TakeLeadership | None = None
         # Transferee: the last take answered, (leader, term, req_id) and the answer,
         # so a request the leader sent again gets the same answer.
@@ -277,7 +284,8 @@ class DLedgerCore:
         self.log_event("commit", index=index)
 
     def update_peer_watermark(self, term: int, peer_id: str, index: int) -> None:
-        self.checker.update_peer_watermark(term, peer_id, index)
+        if peer_id not in self.member_state.stale_peers:
+            self.checker.update_peer_watermark(term, peer_id, index)
 
     @property
     def snapshot_stats(self) -> dict[str, int]:
@@ -297,6 +305,8 @@ class DLedgerCore:
         self.handler.drain(now_ms)
         self._pump(now_ms, idle_commit=True)
         self._expire_proposals(now_ms)
+        if self.settings.seal_members:
+            self._seal(now_ms)
         self._refresh_config()
 
     def step(self, msg: RaftMessage, now_ms: int) -> None:
@@ -468,7 +478,18 @@ class DLedgerCore:
             return None
         if member_state.role is not Role.LEADER:
             return None
-        self.elector.peer_heard_ms[resp.local_id] = now_ms
+        if not member_state.answered_as_member(resp.local_id, resp.incarnation):
+            # A lost data directory come back under a member's id: it gets the log
+            # (where it reads that it is not the member), but neither its acks nor
+            # its answers count as the member's (``update_peer_watermark``).
+            self.log_event(
+                "stranger_incarnation",
+                node=resp.local_id,
+                incarnation=resp.incarnation,
+                what_to_do=STALE_IDENTITY_TODO,
+            )
+        else:
+            self.elector.peer_heard_ms[resp.local_id] = now_ms
         return self.dispatchers.get(resp.local_id)
 
     def _on_install_snapshot_response(self, resp: InstallSnapshotResponse, now_ms: int) -> None:
@@ -545,6 +566,7 @@ class DLedgerCore:
         self._config_version = version
         config, self.config_index, known = self._log_config()
         member_state = self.member_state
+        member_state.config_index = self.config_index
         if known != member_state.known:
             member_state.known = known
             self._ready.addresses = dict(known)
@@ -562,15 +584,19 @@ class DLedgerCore:
         self._ready.config = config
         self._ready.addresses = dict(known)
         self.log_event("config", index=self.config_index, **config.describe())
+        if member_state.stale_identity is not None:
+            self.log_event(
+                "stale_identity",
+                node=member_state.self_id,
+                ours=member_state.incarnation,
+                members=member_state.stale_identity,
+                index=self.config_index,
+                what_to_do=STALE_IDENTITY_TODO,
+            )
 
-    def change_membership(self, change: MembershipChange, now_ms: int) -> Proposal:
-        """Append the configuration ``change`` makes (one member at a time); a
-        :class:`ProposalDone` reports its commit like any proposal's. Refused
-        (``DLedgerError``) unless this node leads, no transfer runs, an entry of its
-        term is committed and the previous change is, and the change is allowed
-        (``membership.check_change``); a learner is promoted only within
-        ``max_learner_lag`` entries of the log's end."""
-        self.now_ms = now_ms
+    def _change_allowed(self) -> None:
+        """A configuration entry may be appended now (the rule of ``membership``), else
+        ``DLedgerError`` saying why."""
         member_state, store = self.member_state, self.store
         if member_state.role is not Role.LEADER:
             raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {member_state.leader_id}")
@@ -588,23 +614,76 @@ class DLedgerCore:
                 DLedgerCode.LEADER_PENDING_FULL,
                 f"the change at index {self.config_index} is not committed yet: retry",
             )
-        new = check_change(member_state.config, change, member_state.self_id)
-        if new.is_voter(change.node_id) and not member_state.config.is_voter(change.node_id):
-            lag = store.ledger_end_index - self.dispatchers[change.node_id].match_index
+
+    def _append_config(self, new: Configuration, now_ms: int) -> Proposal:
+        member_state = self.member_state
+        metas = self.store.append_as_leader(member_state.curr_term, [new.encode()], MAGIC_CONFIG)
+        self.wrote_entries()
+        self._proposal_seq += 1
+        p = Proposal(self._proposal_seq, member_state.curr_term, metas[0].index, (metas[0].pos,))
+        self._proposals.append((p, now_ms + self.settings.max_wait_ack_ms))
+        self._refresh_config()
+        self._pump(now_ms, idle_commit=False)
+        return p
+
+    def _heard_incarnations(self) -> dict[str, str]:
+        member_state = self.member_state
+        return {**member_state.heard_incarnations, member_state.self_id: member_state.incarnation}
+
+    def _seal(self, now_ms: int) -> None:
+        """Leader: record the incarnations of voters the configuration has none for
+        (the first nodes, bootstrapped from ``--peers``) once it heard them, so a lost
+        data directory come back under a member's id is told apart (``membership``)."""
+        member_state = self.member_state
+        if member_state.role is not Role.LEADER:
+            return
+        new = sealed(member_state.config, self._heard_incarnations())
+        if new == member_state.config:
+            return
+        try:
+            self._change_allowed()
+        except DLedgerError:
+            return  # later: the rule's conditions come true by themselves
+        p = self._append_config(new, now_ms)
+        self.log_event("config_seal", index=p.first_index)
+
+    def change_membership(self, change: MembershipChange, now_ms: int) -> Proposal:
+        """Append the configuration ``change`` makes (one member at a time); a
+        :class:`ProposalDone` reports its commit like any proposal's. Refused
+        (``DLedgerError``) unless this node leads, no transfer runs, an entry of its
+        term is committed and the previous change is, and the change is allowed
+        (``membership.check_change``); a learner is promoted only within
+        ``max_learner_lag`` entries of the log's end, and with the incarnation it
+        answers from (a stale one, ``MemberState.stale_peers``, is refused)."""
+        self.now_ms = now_ms
+        member_state, store = self.member_state, self.store
+        self._change_allowed()
+        new = sealed(
+            check_change(member_state.config, change, member_state.self_id),
+            self._heard_incarnations(),
+        )
+        promoted = new.is_voter(change.node_id) and not member_state.config.is_voter(change.node_id)
+        if promoted:
+            if change.node_id in member_state.stale_peers:
+                raise DLedgerError(
+                    DLedgerCode.UNKNOWN_MEMBER,
+                    f"{change.node_id} answers from another data directory than its member's",
+                )
+            match = self.dispatchers[change.node_id].match_index
+            lag = store.ledger_end_index - match
+            if match < 0 <= store.ledger_end_index:
+                raise DLedgerError(
+                    DLedgerCode.FALL_BEHIND_TOO_MUCH,
+                    f"{change.node_id} has acknowledged no entry yet: retry once it caught up",
+                )
             if lag > self.settings.max_learner_lag:
                 raise DLedgerError(
                     DLedgerCode.FALL_BEHIND_TOO_MUCH,
                     f"{change.node_id} is {lag} entries behind (at most"
                     f" {self.settings.max_learner_lag} to be promoted): retry once it caught up",
                 )
-        metas = store.append_as_leader(member_state.curr_term, [new.encode()], MAGIC_CONFIG)
-        self.wrote_entries()
-        self._proposal_seq += 1
-        p = Proposal(self._proposal_seq, member_state.curr_term, metas[0].index, (metas[0].pos,))
-        self._proposals.append((p, now_ms + self.settings.max_wait_ack_ms))
-        self.log_event("config_change", change=repr(change), index=metas[0].index)
-        self._refresh_config()
-        self._pump(now_ms, idle_commit=False)
+        p = self._append_config(new, now_ms)
+        self.log_event("config_change", change=repr(change), index=p.first_index)
         return p
 
     def pump(self, now_ms: int) -> None:
@@ -650,7 +729,7 @@ class DLedgerCore:
         request is the transfer's TimeoutNow; it is sent again every heartbeat interval
         while unanswered, so one lost frame costs a beat, not the deadline."""
         member_state, s = self.member_state, self.settings
-        if to not in member_state.peer_ids:
+        if to not in member_state.peer_ids or to in member_state.stale_peers:
             raise DLedgerError(DLedgerCode.UNKNOWN_MEMBER, f"{to!r} is not a voter")
         if member_state.role is not Role.LEADER:
             raise DLedgerError(DLedgerCode.NOT_LEADER, f"leader is {member_state.leader_id}")
@@ -678,6 +757,7 @@ class DLedgerCore:
             now_ms,
         )
         self._transfers.append(t)
+        self.transfers_started += 1
         self._send_transfer(t)
         self.log_event("transfer", to=to, term=member_state.curr_term)
         return t.transfer_id

@@ -80,6 +80,10 @@ class CoreSettings:
     # membership: a learner is promoted to voter only this close to the leader's log end
     # (a voter far behind would hold commits back until it caught up)
     max_learner_lag: int = 1000
+    # the leader records the first voters' incarnations in the log once it heard them
+    # (``membership.sealed``): the broker turns it on; off, a group without membership
+    # changes writes no configuration entry at all (the simulator's pinned traces)
+    seal_members: bool = False
     preferred_leader_ids: tuple[str, ...] = ()
     preferred_leader_check_ms: int = 1000
     # durability: "sync" = entries and term/vote are synced before any reply leaves

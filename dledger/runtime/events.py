@@ -30,6 +30,9 @@ WARNING_EVENTS = frozenset(
         "term_space_exhausted",
         "client_request_refused",
         "loop_stall",
+        # a member's id answers from another data directory than the member's (issue 33)
+        "stranger_incarnation",
+        "stale_identity",
     }
 )
 INFO_EVENTS = frozenset(
@@ -48,6 +51,10 @@ INFO_EVENTS = frozenset(
         "install_snapshot_done",
         "peer_storage_recovered",
         "peer_append_recovered",
+        "config",
+        "config_change",
+        "config_seal",
+        "config_from_log",
     }
 )
 

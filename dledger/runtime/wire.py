@@ -45,7 +45,9 @@ The fixed struct of each class (field: struct code; ``q`` i64, ``i`` i32, ``h`` 
 and the extra strings are: VoteRequest, HeartBeatRequest, PushEntryRequest,
 InstallSnapshotRequest, AppendResponse and GetResponse ``leader_id``;
 LeadershipTransferRequest ``transfer_id``, ``transferee_id``; InstallSnapshotRequest
-then ``config`` (the configuration in force at the snapshot, JSON; empty: none).
+then ``config`` (the configuration in force at the snapshot, JSON; empty: none);
+VoteResponse, HeartBeatResponse, PushEntryResponse and InstallSnapshotResponse
+``incarnation`` (the answering node's data directory's, ``membership``).
 
 Request codes are DLedger's (``RequestCode``) except INSTALL_SNAPSHOT = 51006, which is
 ours: DLedger gives it no number (DLedger sends it as a PUSH type).
@@ -267,9 +269,14 @@ _SPECS: Final = (
         ],
         ["leader_id"],
     ),
-    _spec(VoteResponse, _RESP, [("vote_result", "B", _VOTE_RESULT), ("pre_vote", "B", _to_bool)]),
+    _spec(
+        VoteResponse,
+        _RESP,
+        [("vote_result", "B", _VOTE_RESULT), ("pre_vote", "B", _to_bool)],
+        ["incarnation"],
+    ),
     _spec(HeartBeatRequest, _REQ, strs=["leader_id"]),
-    _spec(HeartBeatResponse, _RESP, [("code", "h", _CODE)]),
+    _spec(HeartBeatResponse, _RESP, [("code", "h", _CODE)], ["incarnation"]),
     _spec(
         PushEntryRequest,
         _REQ,
@@ -298,6 +305,7 @@ _SPECS: Final = (
             ("x_term", "q", None),
             ("x_index", "q", None),
         ],
+        ["incarnation"],
     ),
     _spec(
         LeadershipTransferRequest,
@@ -334,6 +342,7 @@ _SPECS: Final = (
             ("end_index", "q", None),
             ("received", "q", None),
         ],
+        ["incarnation"],
     ),
     _spec(AppendRequest, _REQ, tail=_Tail.BODIES, tail_name="bodies"),
     _spec(

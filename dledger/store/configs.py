@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -94,6 +96,29 @@ class ConfigJournal:
         older = [i for i, r in enumerate(self.records) if r.index <= floor_index]
         if len(older) > 1:
             del self.records[: older[-1]]
+
+
+INCARNATION_PATTERN = re.compile(r"[0-9A-Za-z._-]{1,64}")
+
+
+def new_incarnation_id() -> str:
+    return os.urandom(8).hex()
+
+
+def load_incarnation(path: Path, new: Callable[[], str]) -> str:
+    """The data directory's incarnation: made once, when the directory is first used,
+    and kept in ``path``. A node whose directory was lost comes back with another one:
+    its group tells it from the member it was (``dledger.core.membership``)."""
+    try:
+        raw = path.read_text().strip()
+    except FileNotFoundError:
+        raw = new()
+        write_atomic(path, raw + "\n")
+    except UnicodeDecodeError:
+        raise MetaFileError(f"{path}: not text") from None
+    if not INCARNATION_PATTERN.fullmatch(raw):
+        raise MetaFileError(f"{path}: {raw[:80]!r} is not an incarnation id")
+    return raw
 
 
 def config_records(data: memoryview, metas: Sequence[EntryMeta]) -> list[ConfigRecord]:

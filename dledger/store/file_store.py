@@ -47,7 +47,7 @@ from typing import NoReturn
 
 from ..codes import DLedgerCode
 from .base import AppendHook, StoreError, StoreFailedError, StoreSettings, check_leader_bodies
-from .configs import ConfigJournal, config_records
+from .configs import ConfigJournal, config_records, load_incarnation, new_incarnation_id
 from .entry import (
     BODY_OFFSET,
     INDEX_UNIT_SIZE,
@@ -104,6 +104,7 @@ class FileStore:
         disk_usage: Callable[[], float] | None = None,
         clock: Callable[[], float] = time.time,
         background: bool = True,
+        new_incarnation: Callable[[], str] = new_incarnation_id,
     ) -> None:
         self.dir = Path(directory)
         self.settings = s = settings or StoreSettings()
@@ -114,6 +115,8 @@ class FileStore:
         self._term_vote = TermVoteFile(self.dir / "currterm")
         self._checkpoint = CheckpointFile(self.dir / "checkpoint")
         self._configs = ConfigJournal(self.dir / "members")
+        # this data directory's identity (``configs.load_incarnation``)
+        self.incarnation = load_incarnation(self.dir / "incarnation", new_incarnation)
         self._disk = DiskFullCheck(disk_usage or (lambda: disk_usage_ratio(self.dir)), s)
         self._clock = clock
         self._lock = threading.RLock()

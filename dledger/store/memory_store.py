@@ -46,8 +46,9 @@ from .meta import TermVote
 class MemoryStore:
     """Entries as encoded ``bytes`` in a list; ``_pos[i]`` is entry ``begin + i``'s pos."""
 
-    def __init__(self, settings: StoreSettings | None = None) -> None:
+    def __init__(self, settings: StoreSettings | None = None, incarnation: str = "mem") -> None:
         self.settings = settings or StoreSettings()
+        self.incarnation = incarnation  # a test that wipes a store gives each its own
         self._hooks: list[AppendHook] = []
         self._entries: list[bytes] = []
         self._pos: list[int] = []

@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict
+from dataclasses import replace as with_fields
 from pathlib import Path
 from typing import IO, Any
 
@@ -273,6 +274,131 @@ def _add_leader_commands(sub: Any) -> None:
     _common(p, _leader_transfer)
 
 
+def add_member_commands(csub: Any) -> None:
+    """``ledgermq cluster members|add|promote|remove|replace`` on the ``cluster``
+    subparsers (docs/operations.md "Changing the members")."""
+    p = csub.add_parser("members", help="the group's voters and learners")
+    _common(p, _members)
+    p = csub.add_parser("add", help="add a node as a learner (it receives the log, no vote)")
+    _member_node_options(p)
+    _common(p, _member_add)
+    p = csub.add_parser("promote", help="make a learner a voter once it caught up")
+    p.add_argument("node_id")
+    _member_wait_option(p)
+    _common(p, _member_promote)
+    p = csub.add_parser("remove", help="remove a member (the master hands over first)")
+    p.add_argument("node_id")
+    _member_wait_option(p)
+    _common(p, _member_remove)
+    p = csub.add_parser(
+        "replace", help="add a new node, wait for it to catch up, promote it, remove the old one"
+    )
+    p.add_argument("old_node_id")
+    _member_node_options(p)
+    _common(p, _member_replace)
+
+
+_MEMBER_TIMEOUT_S = 60.0
+
+
+def _member_wait_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--wait", type=float, default=_MEMBER_TIMEOUT_S, help="seconds the change may take"
+    )
+
+
+def _member_node_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("node_id", help="the new node's id, e.g. n3")
+    p.add_argument("--raft-addr", required=True, help="its Raft host:port")
+    p.add_argument("--http-url", default=None, help="its HTTP URL, e.g. http://10.0.0.4:8080")
+    _member_wait_option(p)
+
+
+def _members(args: argparse.Namespace) -> int:
+    with _admin(args) as admin:
+        d = admin.members()
+    if args.json:
+        _json_line(d)
+        return 0
+    rows = [
+        (
+            m["node_id"] + (" *" if m["node_id"] == d.get("leader_id") else ""),
+            m["role"],
+            m["raft_addr"],
+            m.get("http_url"),
+            m.get("match_index"),
+        )
+        for m in d["members"]
+    ]
+    print(table(("node (* master)", "role", "raft", "http", "match"), rows))
+    return 0
+
+
+def _member_done(args: argparse.Namespace, what: str, index: int) -> int:
+    if args.json:
+        _json_line({"change": what, "config_index": index})
+    else:
+        print(f"{what}: committed at index {index}")
+    return 0
+
+
+def _member_admin(args: argparse.Namespace) -> Admin:
+    """A client whose requests may take as long as ``--wait`` (a promotion waits for
+    its learner to catch up)."""
+    settings = with_fields(
+        _settings(args),
+        timeout_s=max(args.timeout, args.wait + 10),
+        deadline_s=max(args.deadline, args.wait + 20),
+    )
+    return Admin(args.brokers, settings=settings)
+
+
+def _member_add(args: argparse.Namespace) -> int:
+    with _member_admin(args) as admin:
+        index = admin.add_member(args.node_id, args.raft_addr, args.http_url, args.wait)
+    return _member_done(args, f"{args.node_id} added as a learner", index)
+
+
+def _member_promote(args: argparse.Namespace) -> int:
+    with _member_admin(args) as admin:
+        index = admin.promote_member(args.node_id, args.wait)
+    return _member_done(args, f"{args.node_id} votes", index)
+
+
+def _member_remove(args: argparse.Namespace) -> int:
+    with _member_admin(args) as admin:
+        index = admin.remove_member(args.node_id, args.wait)
+    return _member_done(args, f"{args.node_id} removed", index)
+
+
+def _member_replace(args: argparse.Namespace) -> int:
+    """Add, catch up and promote the new node, then remove the old one: each step is
+    one change through the log, and the group keeps its size but for the step between."""
+    with _member_admin(args) as admin:
+        steps = []
+        members = {m["node_id"]: m for m in admin.members()["members"]}
+        if args.old_node_id not in members:
+            print(f"ledgermq cluster replace: {args.old_node_id} is not a member", file=sys.stderr)
+            return 1
+        if args.node_id not in members:
+            index = admin.add_member(args.node_id, args.raft_addr, args.http_url, args.wait)
+            steps.append((f"{args.node_id} added as a learner", index))
+            if not args.json:
+                print(f"{steps[-1][0]}: committed at index {index}", flush=True)
+        if members.get(args.node_id, {}).get("role") != "voter":
+            index = admin.promote_member(args.node_id, args.wait)
+            steps.append((f"{args.node_id} votes", index))
+            if not args.json:
+                print(f"{steps[-1][0]}: committed at index {index}", flush=True)
+        index = admin.remove_member(args.old_node_id, args.wait)
+        steps.append((f"{args.old_node_id} removed", index))
+    if args.json:
+        _json_line({"steps": [{"change": w, "config_index": i} for w, i in steps]})
+    else:
+        print(f"{steps[-1][0]}: committed at index {index}")
+    return 0
+
+
 def run_client_command(args: argparse.Namespace) -> int:
     """Run a command registered by ``add_client_commands``; the exit code."""
     handler: Handler | None = getattr(args, "client_handler", None)
@@ -286,7 +412,8 @@ def run_client_command(args: argparse.Namespace) -> int:
             getattr(args, "topic_command", None)
             or getattr(args, "group_command", None)
             or getattr(args, "dlq_command", None)
-            or getattr(args, "leader_command", None),
+            or getattr(args, "leader_command", None)
+            or getattr(args, "cluster_command", None),
         )
         if v
     )

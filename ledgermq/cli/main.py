@@ -27,7 +27,7 @@ from ledgermq.processes import ChildNodes
 
 from ..demo import add_demo_options, run_demo
 from ..node import add_broker_options, run_broker
-from .client import add_client_commands, run_client_command
+from .client import add_client_commands, add_member_commands, run_client_command
 from .util import add_option, hoist_client_options
 
 SERVER_COMMANDS = ("broker", "cluster", "demo", "bench")
@@ -43,8 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"ledgermq {VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_broker_options(sub.add_parser("broker", help="run one broker node"))
-    cluster = sub.add_parser("cluster", help="a local cluster of child processes")
-    csub = cluster.add_subparsers(dest="cluster_command", required=True)
+    cluster = sub.add_parser(
+        "cluster", help="a local cluster of child processes; a running group's members"
+    )
+    csub = cluster.add_subparsers(dest="cluster_command", required=True, metavar="ACTION")
     up = csub.add_parser("up", help="start N nodes on 127.0.0.1; Ctrl-C stops them")
     add_option(up, "--nodes", type=int, default=3)
     add_option(up, "--base-port", type=int, default=8080, help="HTTP ports from here")
@@ -61,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="restart a node that died (kill -9 it to see a failover) after this many "
         "seconds; 0: never",
     )
+    add_member_commands(csub)
     add_demo_options(
         sub.add_parser(
             "demo",
@@ -190,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(hoist_client_options(argv))
     if args.command == "broker":
         return run_broker(args)
-    if args.command not in SERVER_COMMANDS:
+    if args.command not in SERVER_COMMANDS or getattr(args, "client_handler", None):
         return run_client_command(args)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

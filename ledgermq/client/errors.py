@@ -208,6 +208,7 @@ UNTYPED_CODES = frozenset(
         "STORAGE_ERROR",  # the store refused a write (a full disk is DISK_FULL)
         "UNKNOWN_NODE",  # a leadership transfer to a node outside the group
         "TRANSFER_FAILED",  # a leadership transfer did not happen; the master serves on
+        "MEMBERSHIP_REFUSED",  # a membership change not allowed as asked; nothing changed
         "NOT_ACCEPTABLE",  # an Arrow pull from a node without pyarrow
         "NOT_FOUND",  # the HTTP layer's: no such path
         "METHOD_NOT_ALLOWED",  # nor such method

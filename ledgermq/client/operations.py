@@ -129,6 +129,40 @@ class AdminOps:
         self.ex.master = None  # it moved: rediscover
         return dict(reply.body or {})
 
+    # ---- membership (docs/operations.md "Changing the members") ----------------------------
+
+    def members(self) -> Gen[dict[str, Any]]:
+        """The group's configuration: ``members`` (node id, role ``voter`` or
+        ``learner``, addresses, and on the master ``match_index``), ``leader_id``."""
+        d = yield from self.ex.get("/v1/cluster/members")
+        return dict(d)
+
+    def add_member(
+        self, node_id: str, raft_addr: str, http_url: str | None = None, timeout_s: float = 30.0
+    ) -> Gen[int]:
+        """Add a learner (it receives the log, does not vote); the configuration's
+        committed entry."""
+        body = {"node_id": node_id, "raft_addr": raft_addr, "http_url": http_url}
+        return (yield from self._member_change("POST", "/v1/cluster/members", body, timeout_s))
+
+    def promote_member(self, node_id: str, timeout_s: float = 30.0) -> Gen[int]:
+        """Make a learner a voter; the master waits (up to ``timeout_s``) for it to
+        catch up first."""
+        path = api_path("cluster", "members", node_id, "promote")
+        return (yield from self._member_change("POST", path, None, timeout_s))
+
+    def remove_member(self, node_id: str, timeout_s: float = 30.0) -> Gen[int]:
+        """Remove a member, a dead one too; the master itself hands leadership over
+        first (the call follows it to the new master)."""
+        path = api_path("cluster", "members", node_id)
+        return (yield from self._member_change("DELETE", path, None, timeout_s))
+
+    def _member_change(self, method: str, path: str, body: Any, timeout_s: float) -> Gen[int]:
+        call = Call(method, path, {"timeout_s": f"{timeout_s:g}"}, body=body, write=True)
+        reply = yield from self.ex.exchange(call)
+        self.ex.master = None  # a removed master moved leadership: rediscover
+        return int((reply.body or {})["config_index"])
+
     def groups(self) -> Gen[list[str]]:
         d = yield from self.ex.get("/v1/groups")
         return [str(g) for g in d["groups"]]

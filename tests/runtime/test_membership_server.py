@@ -42,7 +42,7 @@ async def _leader(servers: dict[str, DLedgerServer]) -> DLedgerServer:
 
 async def _change(servers: dict[str, DLedgerServer], change: object) -> int:
     """Retry while the leader is not ready for a change (its term's first entry, or the
-    previous change, not committed yet); bounded."""
+    previous change, not committed yet, a learner's acks not in yet); bounded."""
     for _ in range(100):
         leader = await _leader(servers)
         try:
@@ -50,7 +50,12 @@ async def _change(servers: dict[str, DLedgerServer], change: object) -> int:
         except NotLeaderError:
             pass
         except DLedgerError as e:
-            if e.code not in (DLedgerCode.LEADER_NOT_READY, DLedgerCode.LEADER_PENDING_FULL):
+            retry = (
+                DLedgerCode.LEADER_NOT_READY,
+                DLedgerCode.LEADER_PENDING_FULL,
+                DLedgerCode.FALL_BEHIND_TOO_MUCH,  # a promotion: the learner's acks are coming
+            )
+            if e.code not in retry:
                 raise
         await asyncio.sleep(0.05)
     raise AssertionError(f"{change} was never taken")

@@ -478,7 +478,9 @@ class Simulation:
         self.proposals: dict[tuple[str, int, int], list[bytes]] = {}
         self._body_seq = itertools.count()
         self.faults_on = True
-        self.settings = CoreSettings(snapshot_chunk_bytes=self.app_knobs.snapshot_chunk_bytes)
+        self.settings = CoreSettings(
+            snapshot_chunk_bytes=self.app_knobs.snapshot_chunk_bytes, seal_members=membership
+        )
         self.conn_knobs = ConnKnobs.from_seed(seed)
         self.conn_rng = random.Random(f"conn-events-{seed}")  # the connections' own draws
         self.early_pre_votes = 0  # started (a follower saw its leader's connection close)
@@ -519,7 +521,12 @@ class Simulation:
     # ---- nodes -------------------------------------------------------------------------
 
     def start(self, n: SimNode) -> None:
-        n.store = FileStore(n.directory, self.store_settings, background=False)
+        n.store = FileStore(
+            n.directory,
+            self.store_settings,
+            background=False,
+            new_incarnation=lambda: f"{n.node_id}.{self.member_rng.getrandbits(32):08x}",
+        )
         voters, learners = n.bootstrap or (self.peers, {})
         n.core = DLedgerCore(
             group="g0",

@@ -194,7 +194,7 @@ def test_issue_32_a_follower_that_ignores_chunk_offsets_fails_a_seed(
 # ---- issue 33: membership changes ------------------------------------------------------------
 
 MEMBERSHIP_SEEDS = range(40)
-PLANTED_MEMBERSHIP_SEED = 27
+PLANTED_MEMBERSHIP_SEED = 2
 _MEMBERS: dict[int, Counter[str]] = {}  # what each membership seed changed
 
 
@@ -219,7 +219,7 @@ def test_the_membership_seeds_change_membership() -> None:
         pytest.skip("needs every membership seed run in this session")
     total = sum(_MEMBERS.values(), Counter[str]())
     for kind in ("AddLearner", "Promote", "Remove"):
-        assert total[kind] > 20, (kind, total)
+        assert total[kind] > 10, (kind, total)
     assert total["committed configurations"] > 100, total
     assert total["refused LEADER_PENDING_FULL"] > 10, total
     assert sum(c["committed configurations"] > 0 for c in _MEMBERS.values()) > 30
