@@ -125,6 +125,9 @@ class BrokerSettings:
     snapshot_interval_ms: int = 60_000
     snapshots_kept: int = 2
     master_catch_up_timeout_ms: int = 30_000  # a new leader's wait for NOOP + dispatch
+    # The last role changes a node keeps in memory for GET /v1/cluster/history (the
+    # console's master history): elections, leaders learned, promotions, transfers.
+    role_history_size: int = 200
     append_timeout_ms: int = 10_000  # produce waits this long for commit + dispatch
     # Transactions (docs/http.md): RocketMQ's check schedule (transactionTimeOut 6 s,
     # transactionCheckInterval 30 s, transactionCheckMax 15, then rollback); at most so
