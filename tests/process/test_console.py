@@ -17,6 +17,7 @@ them. Every wait is a bounded condition.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -272,6 +273,256 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
     assert others(browser.requests()) == []
 
 
+def api_ok(r: httpx.Response) -> httpx.Response:
+    assert r.status_code < 300, f"{r.request.method} {r.request.url}: {r.status_code} {r.text}"
+    return r
+
+
+def test_cluster_page_shows_disk_and_the_master_s_history(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    master = cluster3.master()
+    assert master is not None
+    browser.reset()
+    browser.open(cluster3.urls["n0"] + "/console/#/cluster")
+    browser.wait_for(PAGES["cluster"], what="the cluster page")
+    browser.wait_for("document.querySelectorAll('#nodes td.disk meter').length === 3", what="disks")
+    used = browser.evaluate(
+        "[...document.querySelectorAll('#nodes td.disk')].map((td) => Number(td.dataset.used))"
+    )
+    assert all(0 < u < 1 for u in used), used
+    # The newest term's leader is the master, elected, and every node saw it.
+    term = httpx.get(cluster3.urls[master] + "/v1/cluster", timeout=10).json()["term"]
+    row = f'#history tr[data-term="{term}"]'
+    browser.wait_for(
+        f"document.querySelector('{row}')?.dataset.leader === '{master}'"
+        f" && document.querySelector('{row} td:last-child')?.innerText === 'n0, n1, n2'",
+        what="the current term in the history, seen by every node",
+    )
+    assert browser.evaluate(f"document.querySelector('{row}').dataset.how") == "election"
+    assert browser.evaluate("document.querySelector('#history tbody tr').dataset.term") == str(term)
+    for url in cluster3.urls.values():
+        assert any(r == url + "/v1/cluster/history" for r in browser.requests()), url
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_send_with_properties_a_sharding_key_and_a_delay(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    api = master_url(cluster3)
+    api_ok(httpx.post(f"{api}/v1/topics", json={"name": "console-send", "queues": 8}, timeout=30))
+    url = cluster3.urls["n1"] + "/console/#/messages"
+    browser.reset()
+    browser.open(url)
+    browser.wait_for(PAGES["messages"])
+
+    def send(**fields: str) -> str:
+        """Fill the send form with ``fields`` (the others emptied), send, and wait."""
+        browser.evaluate("document.querySelector('#sent').removeAttribute('data-msg-id')")
+        browser.fill("#send input[name=topic]", "console-send")
+        for name in ("key", "tags", "sharding_key", "delay_s"):
+            browser.fill(f"#send input[name={name}]", fields.get(name, ""))
+        browser.fill("#send textarea[name=properties]", fields.get("properties", ""))
+        browser.fill("#send textarea[name=body]", fields.get("body", "hello"))
+        browser.click("#send button")
+        return str(
+            browser.wait_for("document.querySelector('#sent').dataset.msgId", what=f"sent {fields}")
+        )
+
+    # Properties: shown with the message found by its key.
+    send(key="k-props", properties="source=console\ncolor=blue=ish", body='{"a": 1}')
+    browser.fill("#find input[name=topic]", "console-send")
+    browser.fill("#find input[name=key]", "k-props")
+    browser.click("#find button")
+    found = "#results details[data-key='k-props']"
+    browser.wait_for(f'!!document.querySelector("{found}")', what="found by key")
+    props = browser.evaluate(
+        f'Object.fromEntries([...document.querySelectorAll("{found} table tbody tr")]'
+        ".map((tr) => [tr.children[0].textContent, tr.children[1].textContent]))"
+    )
+    assert props["source"] == "console" and props["color"] == "blue=ish", props
+
+    # A sharding key: every message of it goes to one queue.
+    queues = set()
+    for i in range(4):
+        send(sharding_key="user-7", body=f"s{i}")
+        queues.add(browser.evaluate("document.querySelector('#sent').dataset.queue"))
+    assert len(queues) == 1 and queues != {""}, queues
+
+    # A bad properties line is refused in the page, before any request.
+    browser.fill("#send textarea[name=properties]", "no equals sign")
+    browser.click("#send button")
+    shown = browser.wait_for("(document.querySelector('.msg.error') || {}).innerText")
+    assert "write name=value" in shown
+
+    # A delay message: not in its topic before its time, then there with its time.
+    started_ms = time.time() * 1000
+    send(key="k-delay", delay_s="2", body="later")
+    due = int(browser.evaluate("document.querySelector('#sent p[data-due]').dataset.due"))
+    assert started_ms + 1500 <= due <= time.time() * 1000 + 2500
+    assert "a delay message due at" in browser.text("main .msg.ok")
+
+    def delivered() -> list[dict[str, object]]:
+        r = api_ok(
+            httpx.get(
+                f"{api}/v1/topics/console-send/messages", params={"key": "k-delay"}, timeout=10
+            )
+        )
+        return list(r.json()["messages"])
+
+    if time.time() * 1000 < due - 200:
+        assert delivered() == []
+    wait_until(delivered, timeout_s=30, what="the delay message delivered")
+    assert int(str(delivered()[0]["properties"]["TIMER_DELIVER_MS"])) == due  # type: ignore[index]
+
+    # A delay message cancelled from the page is never delivered.
+    send(key="k-cancel", delay_s="600", body="never")
+    browser.click("#sent button.danger")  # arms it
+    browser.click("#sent button.danger")  # confirms
+    browser.wait_for(
+        "(document.querySelector('main .msg.ok') || {}).innerText?.includes('cancelled')",
+        what="cancelled",
+    )
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_a_group_commits_one_queue_and_resets_to_a_time(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    api = master_url(cluster3)
+    topic, group = "console-time", "console-timers"
+    api_ok(httpx.post(f"{api}/v1/topics", json={"name": topic, "queues": 2}, timeout=30))
+
+    def produce(n: int) -> None:
+        msgs = [{"body": f"m{i}", "queue_id": 0} for i in range(n)]
+        api_ok(httpx.post(f"{api}/v1/topics/{topic}/messages", json={"messages": msgs}, timeout=30))
+
+    produce(3)
+    # The next whole second: the page's time field has seconds, so the second batch is
+    # stored after it and the first before it.
+    boundary_ms = (int(time.time()) + 1) * 1000
+    time.sleep(max(0.0, boundary_ms / 1000 - time.time()) + 0.05)
+    produce(2)
+    api_ok(
+        httpx.put(
+            f"{api}/v1/groups/{group}/offsets",
+            json={"topic": topic, "offsets": {"0": 0}},
+            timeout=30,
+        )
+    )
+    browser.reset()
+    browser.open(cluster3.urls["n2"] + "/console/#/groups")
+    browser.wait_for(f"!!document.querySelector('tr[data-group=\"{group}\"]')")
+    browser.click(f'tr[data-group="{group}"] button')
+    lag = "(document.querySelector('#total-lag') || {dataset: {}}).dataset.lag"
+    browser.wait_for(f"{lag} === '5'", what="lag 5")
+
+    # Commit queue 0 at 4 from the page, then a commit behind it leaves it there.
+    browser.fill("#commit input[name=queue_id]", "0")
+    browser.fill("#commit input[name=offset]", "4")
+    browser.click("#commit button")
+    browser.wait_for(f"{lag} === '1'", what="lag 1 after the commit")
+    assert "committed 4" in browser.text("main .msg.ok")
+    browser.fill("#commit input[name=offset]", "1")
+    browser.click("#commit button")
+    browser.wait_for(
+        "(document.querySelector('main .msg.ok') || {}).innerText?.includes('stays at 4')",
+        what="a commit does not move back",
+    )
+
+    # Reset to the boundary's time: the first message stored at or after it, offset 3.
+    browser.evaluate(
+        "(() => { const to = document.querySelector('#reset select[name=to]');"
+        " to.value = 'time'; to.dispatchEvent(new Event('change')); })()"
+    )
+    local = browser.evaluate(
+        f"(() => {{ const d = new Date({boundary_ms});"
+        " return new Date(d - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19); })()"
+    )
+    browser.fill("#reset input[name=at]", local)
+    browser.click("#reset button.danger")  # arms it
+    browser.click("#reset button.danger")  # confirms
+    browser.wait_for(f"{lag} === '2'", what="lag 2 after the reset to the time")
+    assert "q0=3" in browser.text("main .msg.ok")
+    r = api_ok(httpx.get(f"{api}/v1/groups/{group}/offsets", timeout=10)).json()
+    assert {o["queue_id"]: o["committed_offset"] for o in r["offsets"]}[0] == 3
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_a_pop_group_s_configuration_dead_letters_and_redrive(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    api = master_url(cluster3)
+    topic, group = "console-jobs", "console-workers"
+    api_ok(httpx.post(f"{api}/v1/topics", json={"name": topic, "queues": 1}, timeout=30))
+    msgs = [{"body": f"job {i}", "key": f"job-{i}"} for i in range(3)]
+    api_ok(httpx.post(f"{api}/v1/topics/{topic}/messages", json={"messages": msgs}, timeout=30))
+    api_ok(
+        httpx.put(f"{api}/v1/groups/{group}", json={"mode": "pop", "start": "earliest"}, timeout=30)
+    )
+    got = api_ok(
+        httpx.post(
+            f"{api}/v1/groups/{group}/receive",
+            json={"topic": topic, "max_messages": 3, "invisible_ms": 60000},
+            timeout=30,
+        )
+    ).json()["messages"]
+    assert len(got) == 3
+    handles = [m["receipt_handle"] for m in got[:2]]
+    api_ok(
+        httpx.post(
+            f"{api}/v1/groups/{group}/dlq",
+            json={"topic": topic, "receipt_handles": handles},
+            timeout=30,
+        )
+    )
+
+    browser.reset()
+    browser.open(cluster3.urls["n0"] + "/console/#/groups")
+    browser.wait_for(f"!!document.querySelector('tr[data-group=\"{group}\"]')")
+    browser.click(f'tr[data-group="{group}"] button')
+    stats = f"#pop-stats tr[data-topic='{topic}']"
+    browser.wait_for(f'!!document.querySelector("{stats}")', what="the POP counters")
+    cells = browser.evaluate(
+        f'[...document.querySelector("{stats}").children].map((c) => c.innerText)'
+    )
+    assert cells == [topic, "1", "3", "0", "0", "0", "0", "2"], cells  # 1 in flight, 2 dead
+    summary = "document.querySelector('#dlq-summary')?.dataset"
+    browser.wait_for(f"{summary}?.dead === '2' && {summary}?.waiting === '2'", what="2 dead")
+    assert browser.evaluate("document.querySelectorAll('#pop-box details').length") == 2
+    assert "DLQ_ORIGIN_TOPIC" in browser.evaluate(
+        "document.querySelector('#pop-box details table').textContent"
+    )
+    assert not browser.evaluate("document.querySelector('#reset')")  # no reset of a POP group
+
+    # Redrive: the two dead letters go back to their topic, once.
+    browser.click("#dlq-summary button.danger")  # arms it
+    browser.click("#dlq-summary button.danger")  # confirms
+    browser.wait_for(f"{summary}?.waiting === '0'", what="nothing left to redrive")
+    assert "2 dead letter(s) produced back" in browser.text("main .msg.ok")
+    r = api_ok(
+        httpx.get(f"{api}/v1/topics/{topic}/queues/0/messages", params={"offset": 0}, timeout=10)
+    )
+    assert r.json()["max_offset"] == 5
+
+    # The configuration: saved from the page, read back from the API.
+    browser.fill("#pop-config input[name=max_delivery_attempts]", "5")
+    browser.fill("#pop-config input[name=delays_ms]", "1000, 2000")
+    browser.click("#pop-config button")
+    browser.wait_for(
+        "(document.querySelector('#pop-config-now') || {}).innerText?.includes('at most 5')",
+        what="the configuration saved",
+    )
+    d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
+    assert d["max_delivery_attempts"] == 5 and d["retry"]["delays_ms"] == [1000, 2000], d
+    assert d["start"] == "earliest" and d["fifo"] is False
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
 def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
     """A 3-node cluster with a token: the page asks for it, and with it reads every node
     and writes to the master across origins (CORS preflights carry no token)."""
@@ -338,6 +589,16 @@ def test_transfer_then_kill_9_of_the_master_then_no_master(
     browser.click(f'#nodes tr[data-node="{old}"] button')
     browser.wait_for(shown_master(old), timeout_s=FAILOVER_S, what=f"{old} master")
     assert cluster.master() == old
+    # The master's history: the newest term is old's, by a transfer; the one before, first's.
+    newest = "document.querySelector('#history tbody tr')?.dataset"
+    browser.wait_for(
+        f"{newest}?.leader === '{old}' && {newest}?.how === 'transfer'",
+        what=f"the transfer to {old} in the history",
+    )
+    assert (
+        browser.evaluate("document.querySelector('#history tbody tr:nth-child(2)').dataset.leader")
+        == first
+    )
     assert browser.errors() == []
 
     cluster.kill(old)
@@ -354,6 +615,10 @@ def test_transfer_then_kill_9_of_the_master_then_no_master(
         what=f"{old} down and {new} MASTER in the table",
     )
     assert "Down: " + old in browser.text("#banner")
+    browser.wait_for(
+        f"{newest}?.leader === '{new}' && {newest}?.how === 'election'",
+        what=f"the election of {new} in the history",
+    )
 
     # One node of three left: no quorum, no master, and the page says so.
     survivor = next(n for n in cluster.ids if n not in (old, new))
