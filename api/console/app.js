@@ -706,52 +706,109 @@ function parseMetrics(text) {
   return out;
 }
 
-function chart(label, unit, points) {
+function chart(label, unit, points, digits = 1) {
   const w = 480, hgt = 110, pad = 4;
-  const max = Math.max(0, ...points.map((p) => p.v));
+  const known = points.filter((p) => p.v !== null);
+  const max = Math.max(0, ...known.map((p) => p.v));
   const top = max || 1;
   const x = (i) => pad + (i * (w - 2 * pad)) / (SAMPLES - 1);
   const y = (v) => hgt - pad - (v * (hgt - 2 * pad)) / top;
   const start = SAMPLES - points.length;
-  const line = points.map((p, i) => `${x(start + i).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
-  const last = points.length ? points[points.length - 1].v : 0;
+  const line = points.map((p, i) => (p.v === null ? null : `${x(start + i).toFixed(1)},${y(p.v).toFixed(1)}`))
+    .filter(Boolean).join(" ");
+  const lastPoint = points.length ? points[points.length - 1].v : 0;
+  const last = lastPoint ?? 0;
+  const now = lastPoint === null ? "none now" : `${last.toFixed(digits)} ${unit}`;
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${w} ${hgt}`);
   svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `${label}: ${last.toFixed(1)} ${unit} now, at most ${max.toFixed(1)}`);
+  svg.setAttribute("aria-label", `${label}: ${now}, at most ${max.toFixed(digits)}`);
   const poly = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   poly.setAttribute("points", line);
   poly.setAttribute("class", "series");
   svg.append(poly);
   return h("figure", { class: "chart", "data-series": label, "data-last": last.toFixed(3), "data-max": max.toFixed(3) },
-    h("figcaption", {}, h("strong", {}, label), ` ${last.toFixed(1)} ${unit}`,
-      h("span", { class: "muted" }, ` (max ${max.toFixed(1)})`)), svg);
+    h("figcaption", {}, h("strong", {}, label), ` ${now}`,
+      h("span", { class: "muted" }, ` (max ${max.toFixed(digits)})`)), svg);
 }
+
+/** The q-quantile (0..1) of a histogram's cumulative buckets [[le, count]] sorted by le,
+ * as Prometheus's histogram_quantile: linear within the bucket; null with no count. */
+function quantile(q, buckets) {
+  if (!buckets.length) return null;
+  const total = buckets[buckets.length - 1][1];
+  if (total <= 0) return null;
+  const rank = q * total;
+  let prevLe = 0, prevCount = 0;
+  for (const [le, count] of buckets) {
+    if (count >= rank) {
+      if (le === Infinity) return prevLe; // past the last bound: its lower edge
+      const inBucket = count - prevCount;
+      return prevLe + (le - prevLe) * (inBucket > 0 ? (rank - prevCount) / inBucket : 1);
+    }
+    prevLe = le;
+    prevCount = count;
+  }
+  return prevLe;
+}
+
+const LATENCY = "ledgermq_produce_latency_seconds_bucket";
+const BACKLOGS = [
+  // [gauge, label, counter of its events]: replicated state, the same on every node
+  ["ledgermq_delay_pending", "Delay messages pending", "ledgermq_delay_messages_total"],
+  ["ledgermq_transactions_pending", "Transactions pending", "ledgermq_transactions_total"],
+];
 
 function ratesPage(main) {
   const box = h("div");
   const charts = h("div", { id: "rates", class: "charts" });
   const perTopic = h("div");
+  const latency = h("div", { id: "latency", class: "charts" });
+  const backlogs = h("div", { id: "backlogs", class: "charts" });
+  const backlogCounts = h("div");
   main.append(h("h2", {}, "Rates"), box, charts, perTopic,
+    h("h3", {}, "Produce latency"), latency,
+    h("h3", {}, "Delay and transaction backlogs"), backlogs, backlogCounts,
     h("p", { class: "muted" }, `Every node's /metrics every ${POLL_MS / 1000} s; the counters`,
-      " summed over the nodes that answer, as a rate per second over the last two minutes."));
-  let previous = null; // {at, totals: Map(key -> value) per node}
+      " summed over the nodes that answer, as a rate per second over the last two minutes.",
+      " Produce p99: from the nodes' produce latency histograms (received to committed and dispatched),",
+      " over each interval, as Prometheus's histogram_quantile. Backlogs: what is pending now",
+      " (replicated: every node says the same; the master's, or any node's with none)."));
+  let previous = null; // {at, totals: Map(key -> value) per node, buckets: Map(le -> count)}
   const history = new Map(SERIES.map(([metric]) => [metric, []]));
+  const p99 = [];
+  const pending = new Map(BACKLOGS.map(([gauge]) => [gauge, []]));
   let stopped = false;
+
+  function push(points, v) {
+    points.push(v);
+    if (points.length > SAMPLES) points.shift();
+  }
 
   async function sample() {
     const answers = await metricsOfEveryNode();
     const at = Date.now();
     const totals = new Map(); // `${node}|${metric}|${topic}` -> value
+    const buckets = new Map(); // le -> count, summed over the nodes
+    let state = null; // the backlog gauges and counters of the master (else any node)
     for (const a of answers) {
       if (a.error) {
         say(box, a.error);
         continue;
       }
-      for (const m of parseMetrics(a.text)) {
+      const parsed = parseMetrics(a.text);
+      const mine = { gauges: new Map(), events: new Map() };
+      for (const m of parsed) {
         if (history.has(m.name)) totals.set(`${a.node_id}|${m.name}|${m.labels.topic ?? m.labels.code ?? ""}`, m.value);
+        else if (m.name === LATENCY) {
+          const le = m.labels.le === "+Inf" ? Infinity : Number(m.labels.le);
+          buckets.set(le, (buckets.get(le) || 0) + m.value);
+        } else if (pending.has(m.name)) mine.gauges.set(m.name, m.value);
+        else if (m.labels.event !== undefined) mine.events.set(`${m.name}|${m.labels.event}`, m.value);
       }
+      if (!state || (cluster.master && cluster.master.node_id === a.node_id)) state = mine;
     }
+    for (const [gauge] of BACKLOGS) push(pending.get(gauge), { at, v: state ? (state.gauges.get(gauge) ?? null) : null });
     if (previous) {
       const dt = (at - previous.at) / 1000;
       const topicRates = new Map();
@@ -767,12 +824,14 @@ function ratesPage(main) {
           topicRates.set(topic, r);
         }
       }
-      for (const [metric, v] of sums) {
-        const points = history.get(metric);
-        points.push({ at, v });
-        if (points.length > SAMPLES) points.shift();
-      }
+      for (const [metric, v] of sums) push(history.get(metric), { at, v });
+      // The interval's histogram: this sample's buckets minus the last (a restart: none).
+      const window = [...buckets].sort((x, y) => x[0] - y[0])
+        .map(([le, count]) => [le, count - (previous.buckets.get(le) ?? count)]);
+      const q = window.some(([, c]) => c < 0) ? null : quantile(0.99, window);
+      push(p99, { at, v: q === null ? null : q * 1000 });
       charts.replaceChildren(...SERIES.map(([metric, label, unit]) => chart(label, unit, history.get(metric))));
+      latency.replaceChildren(chart("Produce p99", "ms", p99));
       const rows = [...topicRates].sort().map(([topic, r]) => h("tr", { "data-topic": topic },
         h("th", { scope: "row" }, topic), num((r.ledgermq_produced_messages_total || 0).toFixed(1)),
         num((r.ledgermq_pulled_messages_total || 0).toFixed(1))));
@@ -782,7 +841,17 @@ function ratesPage(main) {
     } else {
       charts.replaceChildren(h("p", { class: "muted" }, "Measuring: the first rates come with the next sample."));
     }
-    previous = { at, totals };
+    backlogs.replaceChildren(...BACKLOGS.map(([gauge, label]) => chart(label, "", pending.get(gauge), 0)));
+    backlogCounts.replaceChildren(state
+      ? table("Since the group's start (replicated counters)", ["Backlog", "Events"], BACKLOGS.map(([gauge, label, counter]) => {
+        const events = [...state.events].filter(([k]) => k.startsWith(`${counter}|`))
+          .map(([k, v]) => `${k.slice(counter.length + 1)} ${v}`);
+        return h("tr", { "data-backlog": gauge, "data-pending": state.gauges.get(gauge) ?? "" },
+          h("th", { scope: "row" }, `${label}: ${state.gauges.get(gauge) ?? "—"}`),
+          h("td", {}, events.join(" · ") || "none yet"));
+      }), { id: "backlog-counts" })
+      : null);
+    previous = { at, totals, buckets };
   }
 
   const tick = () => {

@@ -38,7 +38,8 @@ PAGES = {
     "messages": "!!document.querySelector('#send')"
     " && !!document.querySelector('#banner [data-master]')",
     "groups": "!!document.querySelector('#groups, main p.muted')",
-    "rates": "document.querySelectorAll('#rates figure.chart').length === 4",
+    "rates": "document.querySelectorAll('#rates figure.chart').length === 4"
+    " && document.querySelectorAll('#latency figure.chart, #backlogs figure.chart').length === 3",
 }
 FAILOVER_S = 45.0
 
@@ -256,8 +257,10 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
     browser.reset()
     browser.open(cluster3.urls["n0"] + "/console/#/rates")
     produced = "document.querySelector('#rates figure[data-series=Produced]')"
-    browser.wait_for(f"!!{produced}", what="the first rates")
+    p99 = "document.querySelector('#latency figure[data-series=\"Produce p99\"]')"
+    browser.wait_for(f"!!{produced} && !!{p99}", what="the first rates")
     assert browser.evaluate(f"{produced}.dataset.max") == "0.000"
+    assert browser.evaluate(f"{p99}.dataset.max") == "0.000"
 
     def produce() -> bool:
         msgs = [{"body": "x"} for _ in range(100)]
@@ -265,10 +268,37 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
             f"{api}/v1/topics/console-rates/messages", json={"messages": msgs}, timeout=30
         )
         assert r.status_code == 200, r.text
-        return float(browser.evaluate(f"{produced}.dataset.max")) > 0
+        return (
+            float(browser.evaluate(f"{produced}.dataset.max")) > 0
+            and float(browser.evaluate(f"{p99}.dataset.max")) > 0
+        )
 
-    wait_until(produce, timeout_s=30, poll_s=0.5, what="a produce rate above 0 drawn")
+    wait_until(produce, timeout_s=30, poll_s=0.5, what="a produce rate and a p99 above 0 drawn")
+    # The p99 drawn is within the histogram's bounds (10 s at most) and in ms.
+    assert 0 < float(browser.evaluate(f"{p99}.dataset.max")) <= 10_000
     browser.wait_for("!!document.querySelector('tr[data-topic=\"console-rates\"]')")
+
+    # The backlogs: a delay message far ahead and an open transaction stay pending.
+    delay = [{"body": "later", "delay_ms": 600_000}]
+    api_ok(
+        httpx.post(f"{api}/v1/topics/console-rates/messages", json={"messages": delay}, timeout=30)
+    )
+    api_ok(
+        httpx.post(
+            f"{api}/v1/topics/console-rates/messages",
+            json={"messages": [{"body": "half"}], "transaction": {"producer_group": "pg"}},
+            timeout=30,
+        )
+    )
+    for gauge, label in (
+        ("ledgermq_delay_pending", "Delay messages pending"),
+        ("ledgermq_transactions_pending", "Transactions pending"),
+    ):
+        row = f"document.querySelector('#backlog-counts tr[data-backlog={gauge}]')"
+        browser.wait_for(f"Number({row}?.dataset.pending) >= 1", what=f"{gauge} >= 1")
+        chart = f"document.querySelector('#backlogs figure[data-series=\"{label}\"]')"
+        assert float(browser.evaluate(f"{chart}.dataset.last")) >= 1
+    assert "scheduled" in browser.text("#backlog-counts tr[data-backlog=ledgermq_delay_pending]")
     assert browser.errors() == []
     assert others(browser.requests()) == []
 
