@@ -137,11 +137,11 @@ function diskCell(d) {
   const near = d.full || d.used_ratio >= d.full_ratio - 0.05;
   return h("td", { class: d.full ? "disk bad" : near ? "disk warn" : "disk", "data-used": d.used_ratio,
     title: `${bytes(d.free_bytes)} free of ${bytes(d.total_bytes)}; the log refuses appends above `
-      + `${Math.round(d.full_ratio * 100)} %, a master writes under ${bytes(d.reserve_bytes)} free` },
+      + `${Math.round(d.full_ratio * 100)} %, a master refuses writes under ${bytes(d.reserve_bytes)} free` },
   h("meter", { min: 0, max: 1, low: d.full_ratio - 0.05, high: d.full_ratio, optimum: 0, value: d.used_ratio,
     "aria-label": `disk ${pct} % used` }),
-  ` ${pct} % of ${bytes(d.total_bytes)}`, h("br"),
-  h("span", { class: "muted" }, `log ${bytes(d.log_bytes)}`), d.full ? h("strong", {}, " FULL") : null);
+  ` ${pct} %`, d.full ? h("strong", {}, " FULL") : null, h("br"),
+  h("span", { class: "muted" }, `of ${bytes(d.total_bytes)} · log ${bytes(d.log_bytes)}`));
 }
 
 /** Every node's role history → the master's history, newest term first:
@@ -175,7 +175,7 @@ function masterHistory(histories) {
 
 function clusterPage(main) {
   const box = h("div");
-  const tableBox = h("div");
+  const tableBox = h("div", { class: "scroll" });
   const historyBox = h("div", { id: "history-box" });
   main.append(h("h2", {}, "Cluster"), box, tableBox,
     h("p", { class: "muted" }, "Each row is the node's own answer to GET /v1/cluster, asked every ",
@@ -228,7 +228,7 @@ function clusterPage(main) {
     tableBox.replaceChildren(table(null,
       ["Node", "HTTP URL", "State", "Role", { label: "Term", num: 1 }, { label: "Log end", num: 1 },
         { label: "Committed", num: 1 }, { label: "Dispatched", num: 1 }, { label: "Lag", num: 1 },
-        "Disk", "Leader seen", ""], rows, { id: "nodes" }));
+        "Disk", "Leader", ""], rows, { id: "nodes" }));
   }
 
   // The master's history: every node that answers is asked for its role history, each
@@ -608,7 +608,7 @@ function groupsPage(main) {
     const attempts = h("input", { name: "max_delivery_attempts", type: "number", min: 1, max: 1000,
       value: d.max_delivery_attempts, size: 4 });
     const retryNow = d.retry ? JSON.stringify(d.retry) : "the default";
-    const delays = h("input", { name: "delays_ms", size: 24, placeholder: "keep: " + retryNow });
+    const delays = h("input", { name: "delays_ms", size: 24, placeholder: "empty: keep the current" });
     const form = h("form", { class: "inline", id: "pop-config" },
       field("FIFO (one message of a sharding key at a time)", fifo),
       field("Max delivery attempts", attempts), field("Retry delays, ms (comma-separated)", delays),
