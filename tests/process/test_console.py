@@ -260,7 +260,7 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
     p99 = "document.querySelector('#latency figure[data-series=\"Produce p99\"]')"
     browser.wait_for(f"!!{produced} && !!{p99}", what="the first rates")
     assert browser.evaluate(f"{produced}.dataset.max") == "0.000"
-    assert browser.evaluate(f"{p99}.dataset.max") == "0.000"
+    # (The p99 may be above 0 already: the module's earlier tests wrote to this cluster.)
 
     def produce() -> bool:
         msgs = [{"body": "x"} for _ in range(100)]
