@@ -169,6 +169,8 @@ class BrokerSettings:
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
         if self.dispatch_checkpoint_interval_ms < 1:
             raise ValueError("dispatch_checkpoint_interval_ms must be >= 1")
+        if self.role_history_size < 1:
+            raise ValueError("role_history_size must be >= 1")
         if self.send_window_ids < 1 or self.send_window_ms < 1:
             raise ValueError("send_window_ids, send_window_ms: >= 1")
         if min(self.tx_first_check_ms, self.tx_check_interval_ms, self.tx_max_checks) < 0:
