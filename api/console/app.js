@@ -766,9 +766,11 @@ function ratesPage(main) {
   const latency = h("div", { id: "latency", class: "charts" });
   const backlogs = h("div", { id: "backlogs", class: "charts" });
   const backlogCounts = h("div");
+  const txBox = h("div", { id: "transactions" });
   main.append(h("h2", {}, "Rates"), box, charts, perTopic,
     h("h3", {}, "Produce latency"), latency,
     h("h3", {}, "Delay and transaction backlogs"), backlogs, backlogCounts,
+    h("h3", {}, "Transactions not resolved yet"), txBox,
     h("p", { class: "muted" }, `Every node's /metrics every ${POLL_MS / 1000} s; the counters`,
       " summed over the nodes that answer, as a rate per second over the last two minutes.",
       " Produce p99: from the nodes' produce latency histograms (received to committed and dispatched),",
@@ -852,6 +854,34 @@ function ratesPage(main) {
       }), { id: "backlog-counts" })
       : null);
     previous = { at, totals, buckets };
+    await drawTransactions();
+  }
+
+  // The unresolved transactions, oldest first (GET /v1/transactions, an admin's read):
+  // drawn again only when they change, so that an armed button stays armed.
+  let txDrawn = null;
+  async function drawTransactions() {
+    const { transactions } = await read("/v1/transactions");
+    const key = JSON.stringify(transactions);
+    if (key === txDrawn || stopped) return;
+    txDrawn = key;
+    const end = (t, action, label) => confirmButton(label, (b) => busy(b, box, async () => {
+      const r = await write("POST", `/v1/transactions/${enc(t.transaction_id)}`, { action });
+      say(box, `Transaction ${t.transaction_id} of ${t.topic}: ${r.state}.`);
+      txDrawn = null;
+      await drawTransactions();
+    }));
+    const shown = transactions.slice(0, 50);
+    txBox.replaceChildren(transactions.length
+      ? table(`${transactions.length} unresolved, oldest first${transactions.length > shown.length ? " (the first 50)" : ""}:`
+        + " commit delivers the half messages, roll back drops them",
+      ["Transaction", "Topic", "Producer group", { label: "Messages", num: 1 }, "Stored", { label: "Checks", num: 1 },
+        "Next check", ""],
+      shown.map((t) => h("tr", { "data-tx": t.transaction_id }, h("th", { scope: "row" }, t.transaction_id),
+        h("td", {}, t.topic), h("td", {}, t.producer_group), num(t.messages), h("td", {}, when(t.born)),
+        num(t.check_count), h("td", {}, when(t.next_check)),
+        h("td", {}, end(t, "commit", "Commit"), " ", end(t, "rollback", "Roll back")))), { id: "tx-list" })
+      : h("p", { class: "muted", id: "tx-none" }, "None."));
   }
 
   const tick = () => {

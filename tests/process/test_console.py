@@ -299,6 +299,19 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
         chart = f"document.querySelector('#backlogs figure[data-series=\"{label}\"]')"
         assert float(browser.evaluate(f"{chart}.dataset.last")) >= 1
     assert "scheduled" in browser.text("#backlog-counts tr[data-backlog=ledgermq_delay_pending]")
+
+    # The open transaction, listed and rolled back from the page.
+    pending = api_ok(httpx.get(f"{api}/v1/transactions", timeout=10)).json()["transactions"]
+    assert [t["producer_group"] for t in pending] == ["pg"]
+    tx = pending[0]["transaction_id"]
+    row = f'#tx-list tr[data-tx="{tx}"]'
+    browser.wait_for(f"!!document.querySelector('{row}')", what="the transaction listed")
+    assert browser.evaluate(f"document.querySelector('{row} td').innerText") == "console-rates"
+    browser.click(f"{row} button.danger:last-child")  # arms Roll back
+    browser.click(f"{row} button.danger:last-child")  # confirms
+    browser.wait_for("!!document.querySelector('#tx-none')", what="no transaction left")
+    assert "rolled_back" in browser.text("main .msg.ok")
+    assert api_ok(httpx.get(f"{api}/v1/transactions", timeout=10)).json()["transactions"] == []
     assert browser.errors() == []
     assert others(browser.requests()) == []
 
