@@ -860,8 +860,19 @@ function ratesPage(main) {
   // The unresolved transactions, oldest first (GET /v1/transactions, an admin's read):
   // drawn again only when they change, so that an armed button stays armed.
   let txDrawn = null;
+  let txForbidden = false; // a token without the admin scope: said once, not asked again
   async function drawTransactions() {
-    const { transactions } = await read("/v1/transactions");
+    if (txForbidden) return;
+    let transactions;
+    try {
+      ({ transactions } = await read("/v1/transactions"));
+    } catch (e) {
+      if (!(e instanceof ApiError && e.status === 403)) throw e;
+      txForbidden = true;
+      txBox.replaceChildren(h("p", { class: "muted", id: "tx-forbidden" },
+        `Listing transactions needs a token with the admin scope (${e.code}: ${e.message}).`));
+      return;
+    }
     const key = JSON.stringify(transactions);
     if (key === txDrawn || stopped) return;
     txDrawn = key;

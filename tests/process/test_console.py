@@ -570,8 +570,13 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
     """A 3-node cluster with a token: the page asks for it, and with it reads every node
     and writes to the master across origins (CORS preflights carry no token)."""
     token = "console-test-token"
+    tokens = tmp_path / "tokens"
+    tokens.write_text("console-reader-token consume\n")
     cluster = LocalBrokerCluster(
-        3, tmp_path / "auth", extra_args=[*CLUSTER_ARGS, "--auth-token", token], probe_token=token
+        3,
+        tmp_path / "auth",
+        extra_args=[*CLUSTER_ARGS, "--auth-token", token, "--auth-tokens-file", str(tokens)],
+        probe_token=token,
     )
     cluster.start_all()
     try:
@@ -602,8 +607,29 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
         browser.wait_for(PAGES["cluster"], what="every node read with the token")
         browser.open(url + "#/rates")
         browser.wait_for(PAGES["rates"], what="every node's /metrics read with the token")
+        browser.wait_for("!!document.querySelector('#tx-none')", what="no transactions")
         assert browser.errors() == []
         assert others(browser.requests()) == []
+
+        # A token that may consume but not administer: the Rates page says what it cannot
+        # list, once, and draws the rest.
+        browser.fill("#token", "console-reader-token")
+        browser.click("#token-form button")
+        browser.wait_for(
+            "document.querySelector('main').dataset.page === 'rates'"
+            " && !!document.querySelector('#tx-forbidden')"
+            " && document.querySelectorAll('#rates figure.chart').length === 4",
+            what="the transactions refused, the rates drawn",
+        )
+        assert "admin scope" in browser.text("#tx-forbidden")
+        refused = [r for r in browser.requests() if "/v1/transactions" in r]
+        browser.clear()  # the one 403 was the point
+        wait_until(
+            lambda: sum(r.endswith("/metrics") for r in browser.requests()) >= 6,
+            what="two more samples of every node's /metrics",
+        )
+        assert [r for r in browser.requests() if "/v1/transactions" in r] == []
+        assert refused and browser.errors() == []
         browser.evaluate("sessionStorage.clear()")
     finally:
         cluster.stop_all()
