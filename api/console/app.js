@@ -752,7 +752,11 @@ function quantile(q, buckets) {
   return prevLe;
 }
 
-const LATENCY = "ledgermq_produce_latency_seconds_bucket";
+const LATENCIES = [
+  // [histogram buckets, label]: the p99 of each interval, the nodes' histograms summed
+  ["ledgermq_produce_latency_seconds_bucket", "Produce p99"],
+  ["ledgermq_raft_commit_latency_seconds_bucket", "Raft commit p99"],
+];
 const BACKLOGS = [
   // [gauge, label, counter of its events]: replicated state, the same on every node
   ["ledgermq_delay_pending", "Delay messages pending", "ledgermq_delay_messages_total"],
@@ -768,17 +772,18 @@ function ratesPage(main) {
   const backlogCounts = h("div");
   const txBox = h("div", { id: "transactions" });
   main.append(h("h2", {}, "Rates"), box, charts, perTopic,
-    h("h3", {}, "Produce latency"), latency,
+    h("h3", {}, "Latency"), latency,
     h("h3", {}, "Delay and transaction backlogs"), backlogs, backlogCounts,
     h("h3", {}, "Transactions not resolved yet"), txBox,
     h("p", { class: "muted" }, `Every node's /metrics every ${POLL_MS / 1000} s; the counters`,
       " summed over the nodes that answer, as a rate per second over the last two minutes.",
-      " Produce p99: from the nodes' produce latency histograms (received to committed and dispatched),",
+      " Produce p99: from the nodes' produce latency histograms (received to committed and dispatched);",
+      " Raft commit p99: proposal to quorum commit;",
       " over each interval, as Prometheus's histogram_quantile. Backlogs: what is pending now",
       " (replicated: every node says the same; the master's, or any node's with none)."));
   let previous = null; // {at, totals: Map(key -> value) per node, buckets: Map(le -> count)}
   const history = new Map(SERIES.map(([metric]) => [metric, []]));
-  const p99 = [];
+  const p99 = new Map(LATENCIES.map(([metric]) => [metric, []]));
   const pending = new Map(BACKLOGS.map(([gauge]) => [gauge, []]));
   let stopped = false;
 
@@ -791,7 +796,7 @@ function ratesPage(main) {
     const answers = await metricsOfEveryNode();
     const at = Date.now();
     const totals = new Map(); // `${node}|${metric}|${topic}` -> value
-    const buckets = new Map(); // le -> count, summed over the nodes
+    const buckets = new Map(); // `${metric}|${le}` -> count, summed over the nodes
     let state = null; // the backlog gauges and counters of the master (else any node)
     for (const a of answers) {
       if (a.error) {
@@ -802,9 +807,9 @@ function ratesPage(main) {
       const mine = { gauges: new Map(), events: new Map() };
       for (const m of parsed) {
         if (history.has(m.name)) totals.set(`${a.node_id}|${m.name}|${m.labels.topic ?? m.labels.code ?? ""}`, m.value);
-        else if (m.name === LATENCY) {
-          const le = m.labels.le === "+Inf" ? Infinity : Number(m.labels.le);
-          buckets.set(le, (buckets.get(le) || 0) + m.value);
+        else if (p99.has(m.name)) {
+          const key = `${m.name}|${m.labels.le}`;
+          buckets.set(key, (buckets.get(key) || 0) + m.value);
         } else if (pending.has(m.name)) mine.gauges.set(m.name, m.value);
         else if (m.labels.event !== undefined) mine.events.set(`${m.name}|${m.labels.event}`, m.value);
       }
@@ -827,13 +832,19 @@ function ratesPage(main) {
         }
       }
       for (const [metric, v] of sums) push(history.get(metric), { at, v });
-      // The interval's histogram: this sample's buckets minus the last (a restart: none).
-      const window = [...buckets].sort((x, y) => x[0] - y[0])
-        .map(([le, count]) => [le, count - (previous.buckets.get(le) ?? count)]);
-      const q = window.some(([, c]) => c < 0) ? null : quantile(0.99, window);
-      push(p99, { at, v: q === null ? null : q * 1000 });
+      // Each interval's histogram: this sample's buckets minus the last (a restart: none).
+      for (const [metric, points] of p99) {
+        const window = [...buckets].filter(([k]) => k.startsWith(`${metric}|`))
+          .map(([k, count]) => {
+            const le = k.slice(metric.length + 1);
+            return [le === "+Inf" ? Infinity : Number(le), count - (previous.buckets.get(k) ?? count)];
+          })
+          .sort((x, y) => x[0] - y[0]);
+        const q = window.some(([, c]) => c < 0) ? null : quantile(0.99, window);
+        push(points, { at, v: q === null ? null : q * 1000 });
+      }
       charts.replaceChildren(...SERIES.map(([metric, label, unit]) => chart(label, unit, history.get(metric))));
-      latency.replaceChildren(chart("Produce p99", "ms", p99));
+      latency.replaceChildren(...LATENCIES.map(([metric, label]) => chart(label, "ms", p99.get(metric))));
       const rows = [...topicRates].sort().map(([topic, r]) => h("tr", { "data-topic": topic },
         h("th", { scope: "row" }, topic), num((r.ledgermq_produced_messages_total || 0).toFixed(1)),
         num((r.ledgermq_pulled_messages_total || 0).toFixed(1))));
