@@ -51,6 +51,16 @@ class ClusterNode(BaseModel):
     match_index: int | None = None
 
 
+class DiskInfo(BaseModel):
+    total_bytes: int = Field(description="the size of the data directory's file system")
+    free_bytes: int = Field(description="free space there (for this node's user)")
+    used_ratio: float = Field(description="used / total, as the store's full check reads it")
+    full_ratio: float = Field(description="--disk-full-ratio: the log refuses appends above it")
+    reserve_bytes: int = Field(description="a master refuses writes with less free than this")
+    log_bytes: int = Field(description="bytes of Raft log this node keeps (end - begin)")
+    full: bool = Field(description="this node refuses writes for lack of disk now")
+
+
 class ClusterInfo(BaseModel):
     group: str
     node_id: str
@@ -72,6 +82,30 @@ class ClusterInfo(BaseModel):
         " (the group lost acknowledged data): what and where",
     )
     version: str = Field(description="this node's LedgerMQ version", examples=["0.2.0"])
+    disk: DiskInfo | None = Field(
+        default=None, description="the data directory's file system; null if unreadable"
+    )
+
+
+class RoleEventInfo(BaseModel):
+    at_ms: int = Field(description="when, by this node's clock (Unix ms)")
+    event: Literal["role", "master", "transfer"] = Field(
+        description="role: this node's Raft role or known leader changed; master: this"
+        " node became MASTER, caught up; transfer: this node handed leadership to"
+        " leader_id on request"
+    )
+    term: int
+    raft_role: Literal["LEADER", "FOLLOWER", "CANDIDATE"] = Field(
+        description="this node's Raft role then"
+    )
+    leader_id: str | None = Field(description="the leader known then (a transfer: its target)")
+
+
+class ClusterHistory(BaseModel):
+    node_id: str
+    size: int = Field(description="how many events the node keeps (role_history_size)")
+    recorded: int = Field(description="events recorded since the node started, dropped included")
+    events: list[RoleEventInfo] = Field(description="oldest first")
 
 
 class LeadershipRequest(_Request):

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,6 +43,7 @@ from .copies import first_pinned
 from .dispatch import Dispatch
 from .gate import BrokerRole, WriteGate
 from .groups import ConsumerGroups, GroupPullResult
+from .history import RoleHistory
 from .leadership import Leadership
 from .membership import Membership
 from .metadata import MetadataState, SnapshotFiles
@@ -140,6 +142,8 @@ class Broker:
         # else what the one before wrote (``ledgermq_last_failure_timestamp_seconds``).
         self.last_failure_at = read_last_failure(root)
         self.server.add_failure_handler(self._record_failure)
+        # The last role changes this node saw (GET /v1/cluster/history), in memory.
+        self.history = RoleHistory(settings.role_history_size, now_ms)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
@@ -178,8 +182,15 @@ class Broker:
             commitlog.reset_queue_table(table)
             return len(table)
 
+        history = self.history
+        server.add_role_change_handler(history.role_changed)  # first: its time is the change's
         self.role_handler = RoleChangeHandler(
-            gate, server, dispatch, rebuild_queue_table, s.master_catch_up_timeout_ms
+            gate,
+            server,
+            dispatch,
+            rebuild_queue_table,
+            s.master_catch_up_timeout_ms,
+            on_master=lambda term: history.became_master(term, s.node_id),
         )
         server.add_role_change_handler(self.role_handler)
         self.metalog = MetadataLog(s, gate, commitlog, dispatch, now_ms)
@@ -213,7 +224,7 @@ class Broker:
             reads=self.reads,
             dispatch=dispatch,
         )
-        self.leadership = Leadership(s, gate, server)
+        self.leadership = Leadership(s, gate, server, history)
         self.membership = Membership(s, gate, server, self.leadership)
         self.pop = PopGroups(
             settings=s,
@@ -391,6 +402,24 @@ class Broker:
         except OSError as e:  # the data directory went away: the store fails on its own
             log.warning("cannot read the disk usage of %s: %s", self.settings.data_dir, e)
             return False
+
+    def disk(self) -> dict[str, Any] | None:
+        """The data directory's file system and this node's log on it (GET /v1/cluster),
+        or None when it cannot be read."""
+        s, store = self.settings, self.store
+        try:
+            u = shutil.disk_usage(s.data_dir)
+        except OSError:
+            return None
+        return {
+            "total_bytes": u.total,
+            "free_bytes": u.free,
+            "used_ratio": round((u.total - u.free) / u.total, 4) if u.total else 0.0,
+            "full_ratio": s.store.disk_full_ratio,
+            "reserve_bytes": s.disk_reserve,
+            "log_bytes": max(0, store.ledger_end_pos - store.ledger_begin_pos),
+            "full": self.disk_full(),
+        }
 
     @property
     def is_master(self) -> bool:

@@ -13,14 +13,29 @@ from dledger.runtime.server import DLedgerServer
 
 from . import errors
 from .gate import WriteGate
+from .history import RoleHistory
 from .settings import BrokerSettings
 
 
 class Leadership:
-    def __init__(self, settings: BrokerSettings, gate: WriteGate, server: DLedgerServer) -> None:
+    def __init__(
+        self,
+        settings: BrokerSettings,
+        gate: WriteGate,
+        server: DLedgerServer,
+        history: RoleHistory | None = None,
+    ) -> None:
         self.settings = settings
         self.gate = gate
         self.server = server
+        self.history = history  # where a done transfer is recorded (GET /v1/cluster/history)
+
+    def _done(self, to: str) -> None:
+        if self.history is not None:
+            core = self.server.core
+            term = core.member_state.curr_term if core is not None else -1
+            role = core.member_state.role.value.upper() if core is not None else "FOLLOWER"
+            self.history.transferred(term, to, role)
 
     async def transfer(self, to: str, timeout_s: float = 5.0) -> None:
         """Returns once ``to`` leads (at once when ``to`` is this master). Otherwise
@@ -42,10 +57,12 @@ class Leadership:
             code, reason = e.code, e.message
         else:
             if done.code is DLedgerCode.SUCCESS:
+                self._done(to)
                 return
             code, reason = done.code, done.reason
         leader = self.gate.leader_id
         if leader == to:
+            self._done(to)
             return  # it leads all the same (its answer was lost, say)
         now = f"{leader} leads" if leader is not None else "no leader at the moment"
         raise errors.TransferFailedError(

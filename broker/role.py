@@ -43,8 +43,11 @@ class RoleChangeHandler:
         dispatch: Dispatch,
         rebuild_queue_table: Callable[[], int],
         catch_up_warn_ms: int,
+        *,
+        on_master: Callable[[int], None] | None = None,
     ) -> None:
         self.gate = gate
+        self.on_master = on_master  # called with the term once this node is MASTER
         self.server = server
         self.dispatch = dispatch
         # Step 3: the next-queue-offset table from the consume queues; how many queues.
@@ -150,3 +153,5 @@ class RoleChangeHandler:
             f"caught up: NOOP committed in {noop_ms:.0f} ms, dispatched to {p.catch_up_target},"
             f" {queues} queues, {total_ms:.0f} ms in all",
         )
+        if self.on_master is not None:
+            self.on_master(term)

@@ -129,6 +129,9 @@ class BrokerSettings:
     snapshot_interval_ms: int = 60_000
     snapshots_kept: int = 2
     master_catch_up_timeout_ms: int = 30_000  # a new leader's wait for NOOP + dispatch
+    # The last role changes a node keeps in memory for GET /v1/cluster/history (the
+    # console's master history): elections, leaders learned, promotions, transfers.
+    role_history_size: int = 200
     append_timeout_ms: int = 10_000  # produce waits this long for commit + dispatch
     # Transactions (docs/http.md): RocketMQ's check schedule (transactionTimeOut 6 s,
     # transactionCheckInterval 30 s, transactionCheckMax 15, then rollback); at most so
@@ -170,6 +173,8 @@ class BrokerSettings:
             raise ValueError(f"flush must be 'async' or 'sync', not {self.flush!r}")
         if self.dispatch_checkpoint_interval_ms < 1:
             raise ValueError("dispatch_checkpoint_interval_ms must be >= 1")
+        if self.role_history_size < 1:
+            raise ValueError("role_history_size must be >= 1")
         if self.send_window_ids < 1 or self.send_window_ms < 1:
             raise ValueError("send_window_ids, send_window_ms: >= 1")
         if min(self.tx_first_check_ms, self.tx_check_interval_ms, self.tx_max_checks) < 0:

@@ -745,6 +745,14 @@ def _add_disk_options(p: argparse.ArgumentParser) -> None:
     )
     add_option(
         p,
+        "--role-history-size",
+        type=int,
+        default=BrokerSettings.__dataclass_fields__["role_history_size"].default,
+        help="role changes kept in memory for GET /v1/cluster/history (the console's"
+        " master history): elections, leaders learned, promotions, transfers",
+    )
+    add_option(
+        p,
         "--queue-reserve-units",
         type=int,
         default=ConsumeQueueSettings().max_reserve_units,
@@ -948,6 +956,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         ),
         disk_reserve_bytes=None if args.disk_reserve_mb is None else args.disk_reserve_mb * MiB,
         dispatch_checkpoint_interval_ms=args.dispatch_checkpoint_interval_ms,
+        role_history_size=args.role_history_size,
         consume_queue=ConsumeQueueSettings(
             max_open_queues=args.max_open_queues, max_reserve_units=args.queue_reserve_units
         ),

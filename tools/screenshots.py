@@ -2,10 +2,12 @@
 
 Starts a 3-node cluster of processes on 127.0.0.1 (free ports, a temporary directory),
 puts a little data in it through the HTTP API (a topic, keyed JSON messages, a consumer
-group behind by a few messages), opens each page of ``/console`` in headless chromium
-(``tools.browser``; ``make chromium``), and writes ``docs/console/<page>.png``: the
-viewport, reduced to a 256-colour palette so that each stays well under 100 KB. The last
-one is the Cluster page after ``kill -9`` of the master: the new master and the node down.
+group behind by a few messages, a POP group with dead letters, a delay message and a
+transaction pending, a leadership transfer for the master's history), opens each page of
+``/console`` in headless chromium (``tools.browser``; ``make chromium``), and writes
+``docs/console/<page>.png``: the viewport or the whole page, reduced to a 256-colour
+palette so that each stays well under 100 KB. The last one is the Cluster page after
+``kill -9`` of the master: the new master, the node down, the election in the history.
 Every wait is bounded; the cluster and the browser are stopped on the way out.
 """
 
@@ -30,6 +32,7 @@ OUT = ROOT / "docs" / "console"
 WIDTH, HEIGHT = 1100, 600
 TOPIC = "orders"
 GROUP = "billing"
+POP_GROUP = "mailer"
 MAX_PNG_BYTES = 100_000
 FAILOVER_S = 45.0
 
@@ -72,6 +75,30 @@ def seed(api: str) -> None:
             timeout=30,
         )
     )
+    # A POP group that received the audit messages and dead-lettered two of them.
+    audit = [{"body": json.dumps({"event": e}), "key": e} for e in ("login", "logout", "reset")]
+    ok(httpx.post(f"{api}/v1/topics/audit/messages", json={"messages": audit}, timeout=30))
+    pop = {"mode": "pop", "start": "earliest", "max_delivery_attempts": 5}
+    ok(httpx.put(f"{api}/v1/groups/{POP_GROUP}", json=pop, timeout=30))
+    r = httpx.post(
+        f"{api}/v1/groups/{POP_GROUP}/receive",
+        json={"topic": "audit", "max_messages": 3, "invisible_ms": 600_000},
+        timeout=30,
+    )
+    ok(r)
+    handles = [m["receipt_handle"] for m in r.json()["messages"][:2]]
+    ok(
+        httpx.post(
+            f"{api}/v1/groups/{POP_GROUP}/dlq",
+            json={"topic": "audit", "receipt_handles": handles},
+            timeout=30,
+        )
+    )
+    # A delay message and a transaction, pending: the Rates page's backlogs.
+    later = [{"body": "remind", "delay_ms": 3_600_000}]
+    ok(httpx.post(f"{api}/v1/topics/{TOPIC}/messages", json={"messages": later}, timeout=30))
+    half = {"messages": [{"body": "half"}], "transaction": {"producer_group": "checkout"}}
+    ok(httpx.post(f"{api}/v1/topics/{TOPIC}/messages", json=half, timeout=30))
 
 
 def traffic(api: str, browser: Browser, samples: int = 12) -> None:
@@ -104,6 +131,27 @@ def shoot(browser: Browser, name: str, out: Path, full_page: bool = False) -> Pa
     return path
 
 
+def pop_group(b: Browser, url: str, out: Path) -> Path:
+    """The Groups page of the POP group: its counters, configuration and dead letters."""
+    b.open(url + "#/groups")
+    b.wait_for(f"!!document.querySelector('tr[data-group={POP_GROUP}]')")
+    b.click(f"tr[data-group={POP_GROUP}] button")
+    b.wait_for("document.querySelector('#dlq-summary')?.dataset.dead === '2'")
+    return shoot(b, "groups-pop", out, full_page=True)
+
+
+def transfer(cluster: LocalBrokerCluster, first: str) -> str:
+    """Leadership from ``first`` to another node (the master's history shows an election
+    and a transfer); the new master's id."""
+    to = next(n for n in cluster.ids if n != first)
+    r = httpx.post(f"{cluster.urls[first]}/v1/cluster/leadership", json={"to": to}, timeout=30)
+    if r.status_code != 200:
+        raise RuntimeError(f"leadership transfer: {r.status_code} {r.text}")
+    if cluster.wait_ready(timeout_s=90) != to:
+        raise RuntimeError(f"{to} is not the master after the transfer")
+    return to
+
+
 def take(out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     data_dir = Path(tempfile.mkdtemp(prefix="ledgermq-screenshots-"))
@@ -111,8 +159,9 @@ def take(out: Path) -> list[Path]:
     shots = []
     try:
         cluster.start_all()
-        master = cluster.wait_ready(timeout_s=90)
-        seed(cluster.urls[master])
+        first = cluster.wait_ready(timeout_s=90)
+        seed(cluster.urls[first])
+        master = transfer(cluster, first)
         watcher = next(n for n in cluster.ids if n != master)
         url = cluster.urls[watcher] + "/console/"
         with Browser(WIDTH, HEIGHT) as b:
@@ -120,9 +169,12 @@ def take(out: Path) -> list[Path]:
             b.open(url + "#/cluster")
             b.wait_for(
                 master_shown + " && document.querySelectorAll('#nodes tr[data-state=up]')"
-                ".length === 3"
+                ".length === 3 && document.querySelectorAll('#history tbody tr').length >= 2"
+                " && document.querySelector('#history tbody tr')?.dataset.how === 'transfer'"
+                " && document.querySelector('#history tbody tr td:last-child')?.innerText"
+                " === 'n0, n1, n2'"
             )
-            shots.append(shoot(b, "cluster", out))
+            shots.append(shoot(b, "cluster", out, full_page=True))
 
             b.open(url + "#/topics")
             b.wait_for(f"!!document.querySelector('tr[data-topic={TOPIC}]')")
@@ -133,6 +185,9 @@ def take(out: Path) -> list[Path]:
             b.open(url + "#/messages")
             b.wait_for(master_shown)
             b.fill("#send input[name=topic]", TOPIC)
+            b.fill("#send input[name=sharding_key]", "customer-7")
+            b.fill("#send input[name=delay_s]", "30")
+            b.fill("#send textarea[name=properties]", "source=console")
             b.fill("#find input[name=topic]", TOPIC)
             b.fill("#find input[name=key]", "order-42")
             b.click("#find button")
@@ -143,13 +198,17 @@ def take(out: Path) -> list[Path]:
             b.open(url + "#/groups")
             b.wait_for(f"!!document.querySelector('tr[data-group={GROUP}]')")
             b.click(f"tr[data-group={GROUP}] button")
-            b.wait_for("!!document.querySelector('#total-lag')")
-            shots.append(shoot(b, "groups", out))
+            b.wait_for(
+                "!!document.querySelector('#total-lag') && !!document.querySelector('#reset')"
+            )
+            shots.append(shoot(b, "groups", out, full_page=True))
+
+            shots.append(pop_group(b, url, out))
 
             b.open(url + "#/rates")
             b.wait_for("!!document.querySelector('#rates figure.chart')")
             traffic(cluster.urls[master], b)
-            shots.append(shoot(b, "rates", out))
+            shots.append(shoot(b, "rates", out, full_page=True))
 
             b.open(url + "#/cluster")
             b.wait_for(
@@ -164,7 +223,14 @@ def take(out: Path) -> list[Path]:
                 " === 'down'; })()",
                 timeout_s=FAILOVER_S,
             )
-            shots.append(shoot(b, "cluster-failover", out))
+            b.wait_for(
+                "document.querySelector('#history tbody tr')?.dataset.how === 'election'"
+                f" && document.querySelector('#history tbody tr')?.dataset.leader !== '{master}'"
+                " && document.querySelector('#history tbody tr td:last-child')?.innerText"
+                ".split(', ').length === 2",
+                timeout_s=FAILOVER_S,
+            )
+            shots.append(shoot(b, "cluster-failover", out, full_page=True))
             errors = b.errors()
             # The dead node's refused connections are the point of the last picture.
             unexpected = [e for e in errors if "ERR_CONNECTION_REFUSED" not in e]

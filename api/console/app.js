@@ -1,8 +1,8 @@
 // The console's pages (docs/console.md): hash routes, each a function that draws into
 // <main> and returns its cleanup. DOM is built with h(): text is never parsed as HTML.
 import {
-  ApiError, POLL_MS, cluster, metricsOfEveryNode, onCluster, pollCluster, read, setToken, token,
-  viewOf, write,
+  ApiError, POLL_MS, cluster, metricsOfEveryNode, onCluster, pollCluster, read, request, setToken,
+  token, viewOf, write,
 } from "./api.js";
 
 const enc = encodeURIComponent;
@@ -35,6 +35,26 @@ function table(caption, headers, rows, attrs = {}) {
 
 function num(v) {
   return h("td", { class: "num" }, v === null || v === undefined ? "—" : String(v));
+}
+
+/** Bytes as a short human number (binary units). */
+function bytes(n) {
+  if (n === null || n === undefined) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  let v = n;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i += 1;
+  }
+  return `${v >= 100 || i === 0 ? v.toFixed(0) : v.toFixed(1)} ${units[i]}`;
+}
+
+/** Unix ms as a local date and time (seconds shown). */
+function when(ms) {
+  if (ms === null || ms === undefined) return "—";
+  const d = new Date(ms);
+  return `${d.toLocaleDateString()} ${d.toLocaleTimeString()}`;
 }
 
 /** A message line: an error (with its code) or a success. */
@@ -111,12 +131,57 @@ function drawBanner(c) {
 
 // ---- Cluster -------------------------------------------------------------------------
 
+function diskCell(d) {
+  if (!d) return h("td", {}, "—");
+  const pct = Math.round(d.used_ratio * 100);
+  const near = d.full || d.used_ratio >= d.full_ratio - 0.05;
+  return h("td", { class: d.full ? "disk bad" : near ? "disk warn" : "disk", "data-used": d.used_ratio,
+    title: `${bytes(d.free_bytes)} free of ${bytes(d.total_bytes)}; the log refuses appends above `
+      + `${Math.round(d.full_ratio * 100)} %, a master refuses writes under ${bytes(d.reserve_bytes)} free` },
+  h("meter", { min: 0, max: 1, low: d.full_ratio - 0.05, high: d.full_ratio, optimum: 0, value: d.used_ratio,
+    "aria-label": `disk ${pct} % used` }),
+  ` ${pct} %`, d.full ? h("strong", {}, " FULL") : null, h("br"),
+  h("span", { class: "muted" }, `of ${bytes(d.total_bytes)} · log ${bytes(d.log_bytes)}`));
+}
+
+/** Every node's role history → the master's history, newest term first:
+ * [{term, leader, since, master_at, how, seen_by}]. A term's leader is what the nodes
+ * that saw it say (its own LEADER event, a follower's leader_id); "since" the earliest
+ * of their clocks; "how" transfer when the old master recorded a transfer to it. */
+function masterHistory(histories) {
+  const terms = new Map();
+  const transfers = new Set();
+  for (const hist of histories) {
+    for (const e of hist.events) {
+      if (e.event === "transfer") {
+        transfers.add(`${e.term}|${e.leader_id}`);
+        continue;
+      }
+      if (!e.leader_id) continue;
+      let t = terms.get(e.term);
+      if (!t) {
+        t = { term: e.term, leader: e.leader_id, since: e.at_ms, master_at: null, seen_by: new Set() };
+        terms.set(e.term, t);
+      }
+      t.since = Math.min(t.since, e.at_ms);
+      t.seen_by.add(hist.node_id);
+      if (e.event === "master") t.master_at = e.at_ms;
+    }
+  }
+  return [...terms.values()].sort((a, b) => b.term - a.term).map((t) => ({
+    ...t, seen_by: [...t.seen_by].sort(), how: transfers.has(`${t.term}|${t.leader}`) ? "transfer" : "election",
+  }));
+}
+
 function clusterPage(main) {
   const box = h("div");
-  const tableBox = h("div");
+  const tableBox = h("div", { class: "scroll" });
+  const historyBox = h("div", { id: "history-box" });
   main.append(h("h2", {}, "Cluster"), box, tableBox,
     h("p", { class: "muted" }, "Each row is the node's own answer to GET /v1/cluster, asked every ",
-      String(POLL_MS / 1000), " s. Replication lag: the master's last log index minus what the node holds."));
+      String(POLL_MS / 1000), " s. Replication lag: the master's last log index minus what the node holds.",
+      " Disk: the data directory's file system (the nodes of one machine share it) and the Raft log the node keeps."),
+    h("h3", {}, "Master history"), historyBox);
 
   let drawn = null; // what the table shows: drawn again only when it changes (keeps focus)
   function draw(c) {
@@ -133,13 +198,13 @@ function clusterPage(main) {
       if (!n.origin) {
         return h("tr", { "data-node": n.node_id, "data-state": "unknown" },
           h("th", { scope: "row" }, n.node_id), h("td", {}, "—"), h("td", {}, "unknown"),
-          h("td", { colspan: 8 }, "its HTTP URL is not known to the cluster (--peer-urls)"));
+          h("td", { colspan: 9 }, "its HTTP URL is not known to the cluster (--peer-urls)"));
       }
       if (!v || !v.ok) {
         const why = v ? v.error.message : "not asked yet";
         return h("tr", { class: "down", "data-node": n.node_id, "data-state": "down" },
           h("th", { scope: "row" }, n.node_id), h("td", {}, n.http_url || "—"),
-          h("td", { class: "state-down" }, "down"), h("td", { colspan: 8 }, why));
+          h("td", { class: "state-down" }, "down"), h("td", { colspan: 9 }, why));
       }
       const s = v.view;
       const lag = masterEnd === null ? null : Math.max(0, masterEnd - s.ledger_end_index);
@@ -158,15 +223,56 @@ function clusterPage(main) {
         h("td", { class: "state-up" }, "up"),
         h("td", { class: `role-${s.broker_role}` }, `${s.broker_role} / ${s.raft_role}`),
         num(s.term), num(s.ledger_end_index), num(s.committed_index), num(s.dispatched_index),
-        num(lag), h("td", {}, s.leader_id || "—"), h("td", {}, transfer));
+        num(lag), diskCell(s.disk), h("td", {}, s.leader_id || "—"), h("td", {}, transfer));
     });
     tableBox.replaceChildren(table(null,
       ["Node", "HTTP URL", "State", "Role", { label: "Term", num: 1 }, { label: "Log end", num: 1 },
         { label: "Committed", num: 1 }, { label: "Dispatched", num: 1 }, { label: "Lag", num: 1 },
-        "Leader seen", ""], rows, { id: "nodes" }));
+        "Disk", "Leader", ""], rows, { id: "nodes" }));
   }
+
+  // The master's history: every node that answers is asked for its role history, each
+  // poll; the table is drawn again only when it changes.
+  let stopped = false;
+  let historyDrawn = null;
+  async function drawHistory() {
+    const up = cluster.nodes.filter((n) => n.origin && (viewOf(n.origin) || {}).ok);
+    const answers = await Promise.all(up.map((n) => request(n.origin, "GET", "/v1/cluster/history")
+      .then((r) => r, () => null)));
+    if (stopped) return;
+    const histories = answers.filter(Boolean);
+    const terms = masterHistory(histories).slice(0, 20);
+    const key = JSON.stringify([terms, histories.map((x) => x.node_id)]);
+    if (key === historyDrawn) return;
+    historyDrawn = key;
+    if (!histories.length) {
+      historyBox.replaceChildren(h("p", { class: "muted" }, "No node answers: no history to show."));
+      return;
+    }
+    const rows = terms.map((t) => h("tr", { "data-term": t.term, "data-leader": t.leader, "data-how": t.how },
+      num(t.term), h("th", { scope: "row" }, t.leader), h("td", {}, when(t.since)),
+      h("td", {}, t.master_at === null ? "—" : `${Math.max(0, t.master_at - t.since)} ms`),
+      h("td", { class: t.how === "transfer" ? "how-transfer" : "how-election" }, t.how),
+      h("td", {}, t.seen_by.join(", "))));
+    historyBox.replaceChildren(terms.length
+      ? table(`The last ${terms.length} term(s) with a leader, newest first, from the role history of `
+        + `${histories.map((x) => x.node_id).join(", ")} (GET /v1/cluster/history; kept in memory since each node's start)`,
+      [{ label: "Term", num: 1 }, "Master", "Since", "Became MASTER after", "How", "Seen by"], rows, { id: "history" })
+      : h("p", { class: "muted" }, "No leader seen yet."));
+  }
+  const tick = () => {
+    if (stopped) return;
+    drawHistory().catch((e) => say(box, e)).finally(() => { if (!stopped) setTimeout(tick, POLL_MS); });
+  };
+
   if (cluster.polled) draw(cluster);
-  return onCluster(draw);
+  const off = onCluster(draw);
+  if (cluster.polled) tick();
+  else pollCluster().finally(tick);
+  return () => {
+    stopped = true;
+    off();
+  };
 }
 
 // ---- Topics --------------------------------------------------------------------------
@@ -286,18 +392,48 @@ function messagesPage(main) {
   const sTopic = topic();
   const sKey = h("input", { name: "key", size: 12 });
   const sTags = h("input", { name: "tags", size: 10 });
+  const sShard = h("input", { name: "sharding_key", size: 10 });
+  const sDelay = h("input", { name: "delay_s", type: "number", min: 0, step: "any", size: 6,
+    placeholder: "none" });
+  const sProps = h("textarea", { name: "properties", rows: 2, placeholder: "name=value, one a line" });
   const sBody = h("textarea", { name: "body", rows: 2 }, "hello from the console");
   const send = h("form", { class: "inline", id: "send" }, field("Topic", sTopic), field("Key", sKey),
-    field("Tags", sTags), field("Body (UTF-8)", sBody), h("button", { type: "submit" }, "Send"));
+    field("Tags", sTags), field("Sharding key (FIFO)", sShard), field("Delay (s)", sDelay),
+    field("Properties", sProps), field("Body (UTF-8)", sBody), h("button", { type: "submit" }, "Send"));
+  const sent = h("div", { id: "sent" });
   send.addEventListener("submit", (e) => {
     e.preventDefault();
     busy(send.querySelector("button"), box, async () => {
       const msg = { body: sBody.value };
       if (sKey.value) msg.key = sKey.value;
       if (sTags.value) msg.tags = sTags.value;
+      if (sShard.value) msg.sharding_key = sShard.value;
+      if (sDelay.value !== "") msg.delay_ms = Math.round(Number(sDelay.value) * 1000);
+      const props = {};
+      for (const [i, line] of sProps.value.split("\n").entries()) {
+        if (!line.trim()) continue;
+        const at = line.indexOf("=");
+        if (at < 1) throw new Error(`Properties, line ${i + 1}: write name=value`);
+        props[line.slice(0, at).trim()] = line.slice(at + 1);
+      }
+      if (Object.keys(props).length) msg.properties = props;
       const r = await write("POST", `/v1/topics/${enc(sTopic.value)}/messages`, { messages: [msg] });
       const x = r.results[0];
-      say(box, `Sent: ${x.msg_id} to queue ${x.queue_id} at offset ${x.queue_offset}.`);
+      sent.replaceChildren();
+      sent.dataset.msgId = x.msg_id;
+      sent.dataset.queue = x.queue_id ?? "";
+      if (x.deliver_at_ms !== undefined && x.deliver_at_ms !== null) {
+        say(box, `Sent: ${x.msg_id}, a delay message due at ${when(x.deliver_at_ms)} (recall handle ${x.recall_handle}).`);
+        const topicName = sTopic.value;
+        const cancel = confirmButton("Cancel it", (b) => busy(b, box, async () => {
+          await write("DELETE", `/v1/delayed/${enc(x.recall_handle)}`);
+          say(box, `Delay message ${x.recall_handle} of ${topicName} cancelled: it will not be delivered.`);
+          sent.replaceChildren();
+        }));
+        sent.append(h("p", { "data-recall": x.recall_handle, "data-due": x.deliver_at_ms }, cancel));
+      } else {
+        say(box, `Sent: ${x.msg_id} to queue ${x.queue_id} at offset ${x.queue_offset}.`);
+      }
     });
   });
 
@@ -343,21 +479,27 @@ function messagesPage(main) {
   });
 
   main.append(h("h2", {}, "Messages"), topicOpts,
-    h("h3", {}, "Send a test message"), send,
+    h("h3", {}, "Send a test message"), send, sent,
     h("h3", {}, "Find by key or message id"), find,
     h("h3", {}, "Browse a queue"), browse, box, out);
 }
 
 // ---- Groups --------------------------------------------------------------------------
 
+/** A datetime-local input's value as Unix ms (the browser's time zone), or NaN. */
+function localMs(value) {
+  return value ? new Date(value).getTime() : NaN;
+}
+
 function groupsPage(main) {
   const box = h("div");
   const list = h("div");
   const detail = h("div", { id: "group-detail" });
-  const resetBox = h("div");
+  const actions = h("div", { id: "group-actions" });
+  const popBox = h("div", { id: "pop-box" });
   let selected = null;
   let timer = null;
-  main.append(h("h2", {}, "Consumer groups"), box, list, detail, resetBox);
+  main.append(h("h2", {}, "Consumer groups"), box, list, detail, actions, popBox);
 
   async function drawOffsets() {
     if (!selected) return;
@@ -376,32 +518,148 @@ function groupsPage(main) {
       table("Lag per queue", ["Topic", { label: "Queue", num: 1 },
         { label: pop ? "Next offset" : "Committed", num: 1 }, pop ? { label: "In flight", num: 1 } : null,
         { label: "Max offset", num: 1 }, { label: "Lag", num: 1 }].filter(Boolean), rows, { id: "lag" }));
+    if (pop) {
+      if (actions.firstChild) actions.replaceChildren();
+      await drawPopStats(group);
+      return;
+    }
     // Drawn again only for another group or other topics: a refresh keeps its choices.
-    const form = pop ? null : resetForm(group, topics);
-    if (resetBox.firstChild !== form) resetBox.replaceChildren(...(form ? [form] : []));
+    const forms = offsetForms(group, topics);
+    if (actions.firstChild !== forms) actions.replaceChildren(forms);
   }
 
   // Kept across the redraws of the table, so that a choice survives the refresh.
-  const reset = { form: null, group: null };
-  function resetForm(group, topics) {
-    if (reset.form && reset.group === group) {
-      const select = reset.form.querySelector("select[name=topic]");
-      const known = [...select.options].map((o) => o.value);
-      if (topics.every((t) => known.includes(t))) return reset.form;
-    }
-    const topic = h("select", { name: "topic" }, topics.map((t) => h("option", { value: t }, t)));
-    const to = h("select", { name: "to" }, h("option", { value: "earliest" }, "earliest"),
-      h("option", { value: "latest" }, "latest"));
+  const kept = { forms: null, group: null, topics: "" };
+  function offsetForms(group, topics) {
+    if (kept.forms && kept.group === group && kept.topics === JSON.stringify(topics)) return kept.forms;
+    const options = () => topics.map((t) => h("option", { value: t }, t));
+
+    // Commit one queue's offset (a commit moves a group forward only; a reset moves it anywhere).
+    const cTopic = h("select", { name: "topic" }, options());
+    const cQueue = h("input", { name: "queue_id", type: "number", min: 0, value: 0, size: 4 });
+    const cOffset = h("input", { name: "offset", type: "number", min: 0, value: 0, size: 8 });
+    const commit = h("form", { class: "inline", id: "commit" },
+      field("Topic", cTopic), field("Queue", cQueue), field("Next offset", cOffset),
+      h("button", { type: "submit" }, "Commit"));
+    commit.addEventListener("submit", (e) => {
+      e.preventDefault();
+      busy(commit.querySelector("button"), box, async () => {
+        const r = await write("PUT", `/v1/groups/${enc(group)}/offsets`,
+          { topic: cTopic.value, offsets: { [String(cQueue.value)]: Number(cOffset.value) } });
+        const now = r.offsets[String(cQueue.value)];
+        say(box, now === Number(cOffset.value)
+          ? `Group ${group} committed ${now} on ${cTopic.value} q${cQueue.value}.`
+          : `Group ${group} stays at ${now} on ${cTopic.value} q${cQueue.value}: a commit only moves forward (reset to move back).`);
+        await drawOffsets();
+      });
+    });
+
+    const topic = h("select", { name: "topic" }, options());
+    const at = h("input", { name: "at", type: "datetime-local", step: 1, "aria-label": "the time to reset to" });
+    const to = h("select", { name: "to", onchange: () => { at.disabled = to.value !== "time"; } },
+      h("option", { value: "earliest" }, "earliest"), h("option", { value: "latest" }, "latest"),
+      h("option", { value: "time" }, "a time…"));
+    at.disabled = true;
     const go = confirmButton("Reset offsets", (b) => busy(b, box, async () => {
-      const r = await write("POST", `/v1/groups/${enc(group)}/offsets/reset`, { topic: topic.value, to: to.value });
-      say(box, `Group ${group} reset to ${to.value} on ${topic.value}: ${Object.entries(r.offsets).map(([q, o]) => `q${q}=${o}`).join(" ")}.`);
+      let target = to.value;
+      if (target === "time") {
+        target = localMs(at.value);
+        if (Number.isNaN(target)) throw new Error("Choose the time to reset to.");
+      }
+      const r = await write("POST", `/v1/groups/${enc(group)}/offsets/reset`, { topic: topic.value, to: target });
+      const said = typeof target === "number" ? `the first message stored at or after ${when(target)}` : target;
+      say(box, `Group ${group} reset to ${said} on ${topic.value}: ${Object.entries(r.offsets).map(([q, o]) => `q${q}=${o}`).join(" ")}.`);
       await drawOffsets();
     }));
     go.type = "button";
-    reset.form = h("form", { class: "inline", id: "reset", onsubmit: (e) => e.preventDefault() },
-      field("Topic", topic), field("To", to), go);
-    reset.group = group;
-    return reset.form;
+    const reset = h("form", { class: "inline", id: "reset", onsubmit: (e) => e.preventDefault() },
+      field("Topic", topic), field("To", to), field("Time (store time, local)", at), go);
+    kept.forms = h("div", {}, h("h3", {}, "Commit a queue's offset"), commit,
+      h("h3", {}, "Reset to earliest, latest or a time"), reset);
+    kept.group = group;
+    kept.topics = JSON.stringify(topics);
+    return kept.forms;
+  }
+
+  // ---- a POP group: its configuration, counters, dead letters and redrive ----------
+  const popKept = { group: null, stats: h("div"), config: h("div"), dlq: h("div") };
+
+  async function drawPopStats(group) {
+    const d = await read(`/v1/groups/${enc(group)}`);
+    if (group !== selected) return;
+    const rows = d.topics.map((t) => h("tr", { "data-topic": t.topic }, h("th", { scope: "row" }, t.topic),
+      num(t.in_flight), num(t.delivered), num(t.redelivered), num(t.acked), num(t.nacked), num(t.expired),
+      num(t.dead_lettered)));
+    popKept.stats.replaceChildren(table("Since the group began (replicated: the same on every node)",
+      ["Topic", { label: "In flight", num: 1 }, { label: "Delivered", num: 1 }, { label: "Redelivered", num: 1 },
+        { label: "Acked", num: 1 }, { label: "Nacked", num: 1 }, { label: "Expired", num: 1 },
+        { label: "Dead letters", num: 1 }], rows, { id: "pop-stats" }));
+    if (popKept.group !== group) {
+      popKept.group = group;
+      popBox.replaceChildren(h("h3", {}, "Deliveries"), popKept.stats,
+        h("h3", {}, "Configuration"), popKept.config, h("h3", {}, `Dead letters (%DLQ%${group})`), popKept.dlq);
+      drawConfig(group, d);
+      await drawDeadLetters(group, d.redrive_next_offset);
+    }
+  }
+
+  function drawConfig(group, d) {
+    const fifo = h("input", { name: "fifo", type: "checkbox", checked: d.fifo ? true : null });
+    const attempts = h("input", { name: "max_delivery_attempts", type: "number", min: 1, max: 1000,
+      value: d.max_delivery_attempts, size: 4 });
+    const retryNow = d.retry ? JSON.stringify(d.retry) : "the default";
+    const delays = h("input", { name: "delays_ms", size: 24, placeholder: "empty: keep the current" });
+    const form = h("form", { class: "inline", id: "pop-config" },
+      field("FIFO (one message of a sharding key at a time)", fifo),
+      field("Max delivery attempts", attempts), field("Retry delays, ms (comma-separated)", delays),
+      h("button", { type: "submit" }, "Save"));
+    form.addEventListener("submit", (e) => {
+      e.preventDefault();
+      busy(form.querySelector("button"), box, async () => {
+        const body = { mode: "pop", fifo: fifo.checked, max_delivery_attempts: Number(attempts.value), start: d.start };
+        if (delays.value.trim()) {
+          body.retry = { policy: "list", delays_ms: delays.value.split(",").map((x) => Number(x.trim())) };
+        } else if (d.retry) {
+          body.retry = d.retry;
+        }
+        const saved = await write("PUT", `/v1/groups/${enc(group)}`, body);
+        say(box, `Group ${group} saved: fifo ${saved.fifo}, ${saved.max_delivery_attempts} attempts, retry ${JSON.stringify(saved.retry)}.`);
+        drawConfig(group, saved);
+      });
+    });
+    popKept.config.replaceChildren(h("p", { class: "muted", id: "pop-config-now" },
+      `Now: ${d.fifo ? "FIFO" : "not FIFO"}, at most ${d.max_delivery_attempts} delivery attempts, retry ${retryNow},`
+      + ` started at ${d.start}.`), form);
+  }
+
+  async function drawDeadLetters(group, redriveNext) {
+    const topic = `%DLQ%${group}`;
+    const { topics } = await read("/v1/topics"); // asked first: a 404 would be an error in the page
+    if (!topics.some((t) => t.name === topic)) {
+      popKept.dlq.replaceChildren(h("p", { class: "muted", id: "dlq-none" }, "No dead letters: the group has never written one."));
+      return;
+    }
+    const r = await read(`/v1/topics/${enc(topic)}/queues/0/messages?offset=0&max_messages=1&encoding=base64`);
+    const from = Math.max(r.min_offset, r.max_offset - 20);
+    const page = await read(`/v1/topics/${enc(topic)}/queues/0/messages?offset=${from}&max_messages=20&encoding=base64`);
+    if (group !== selected) return;
+    const waiting = Math.max(0, r.max_offset - Math.max(redriveNext ?? 0, r.min_offset));
+    const redrive = confirmButton("Redrive", (b) => busy(b, box, async () => {
+      const x = await write("POST", `/v1/groups/${enc(group)}/dlq/redrive`, {});
+      say(box, `Redrive: ${x.redriven} dead letter(s) produced back to their topics, ${x.skipped} skipped (topic gone); next ${x.next_offset}.`);
+      await drawDeadLetters(group, x.next_offset);
+    }));
+    popKept.dlq.replaceChildren(
+      h("p", { id: "dlq-summary", "data-dead": r.max_offset - r.min_offset, "data-waiting": waiting },
+        `${r.max_offset - r.min_offset} dead letter(s) kept (offsets ${r.min_offset} to ${r.max_offset}); `,
+        h("strong", {}, `${waiting} not produced back yet`), ` (redrive position ${redriveNext ?? 0}). `, redrive,
+        " ", h("button", { type: "button", class: "secondary",
+          onclick: (e) => busy(e.target, box, async () => {
+            const d = await read(`/v1/groups/${enc(group)}`);
+            await drawDeadLetters(group, d.redrive_next_offset);
+          }) }, "Refresh")),
+      h("p", { class: "muted" }, `The last ${page.messages.length} (each with its origin in DLQ_ORIGIN_* and DELIVERY_ATTEMPTS):`),
+      messageList(page.messages));
   }
 
   async function load() {
@@ -411,8 +669,12 @@ function groupsPage(main) {
         h("th", { scope: "row" }, g),
         h("td", {}, h("button", { type: "button", class: "secondary", onclick: (e) => busy(e.target, box, async () => {
           selected = g;
+          popKept.group = null;
+          popBox.replaceChildren();
+          actions.replaceChildren();
+          say(box, null);
           await drawOffsets();
-        }) }, "Show lag")))), { id: "groups" })
+        }) }, "Show")))), { id: "groups" })
       : h("p", { class: "muted" }, "No consumer groups yet."));
   }
   load().catch((e) => say(box, e));
@@ -444,52 +706,116 @@ function parseMetrics(text) {
   return out;
 }
 
-function chart(label, unit, points) {
+function chart(label, unit, points, digits = 1) {
   const w = 480, hgt = 110, pad = 4;
-  const max = Math.max(0, ...points.map((p) => p.v));
+  const known = points.filter((p) => p.v !== null);
+  const max = Math.max(0, ...known.map((p) => p.v));
   const top = max || 1;
   const x = (i) => pad + (i * (w - 2 * pad)) / (SAMPLES - 1);
   const y = (v) => hgt - pad - (v * (hgt - 2 * pad)) / top;
   const start = SAMPLES - points.length;
-  const line = points.map((p, i) => `${x(start + i).toFixed(1)},${y(p.v).toFixed(1)}`).join(" ");
-  const last = points.length ? points[points.length - 1].v : 0;
+  const line = points.map((p, i) => (p.v === null ? null : `${x(start + i).toFixed(1)},${y(p.v).toFixed(1)}`))
+    .filter(Boolean).join(" ");
+  const lastPoint = points.length ? points[points.length - 1].v : 0;
+  const last = lastPoint ?? 0;
+  const now = lastPoint === null ? "none now" : `${last.toFixed(digits)} ${unit}`;
   const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
   svg.setAttribute("viewBox", `0 0 ${w} ${hgt}`);
   svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", `${label}: ${last.toFixed(1)} ${unit} now, at most ${max.toFixed(1)}`);
+  svg.setAttribute("aria-label", `${label}: ${now}, at most ${max.toFixed(digits)}`);
   const poly = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   poly.setAttribute("points", line);
   poly.setAttribute("class", "series");
   svg.append(poly);
   return h("figure", { class: "chart", "data-series": label, "data-last": last.toFixed(3), "data-max": max.toFixed(3) },
-    h("figcaption", {}, h("strong", {}, label), ` ${last.toFixed(1)} ${unit}`,
-      h("span", { class: "muted" }, ` (max ${max.toFixed(1)})`)), svg);
+    h("figcaption", {}, h("strong", {}, label), ` ${now}`,
+      h("span", { class: "muted" }, ` (max ${max.toFixed(digits)})`)), svg);
 }
+
+/** The q-quantile (0..1) of a histogram's cumulative buckets [[le, count]] sorted by le,
+ * as Prometheus's histogram_quantile: linear within the bucket; null with no count. */
+function quantile(q, buckets) {
+  if (!buckets.length) return null;
+  const total = buckets[buckets.length - 1][1];
+  if (total <= 0) return null;
+  const rank = q * total;
+  let prevLe = 0, prevCount = 0;
+  for (const [le, count] of buckets) {
+    if (count >= rank) {
+      if (le === Infinity) return prevLe; // past the last bound: its lower edge
+      const inBucket = count - prevCount;
+      return prevLe + (le - prevLe) * (inBucket > 0 ? (rank - prevCount) / inBucket : 1);
+    }
+    prevLe = le;
+    prevCount = count;
+  }
+  return prevLe;
+}
+
+const LATENCIES = [
+  // [histogram buckets, label]: the p99 of each interval, the nodes' histograms summed
+  ["ledgermq_produce_latency_seconds_bucket", "Produce p99"],
+  ["ledgermq_raft_commit_latency_seconds_bucket", "Raft commit p99"],
+];
+const BACKLOGS = [
+  // [gauge, label, counter of its events]: replicated state, the same on every node
+  ["ledgermq_delay_pending", "Delay messages pending", "ledgermq_delay_messages_total"],
+  ["ledgermq_transactions_pending", "Transactions pending", "ledgermq_transactions_total"],
+];
 
 function ratesPage(main) {
   const box = h("div");
   const charts = h("div", { id: "rates", class: "charts" });
   const perTopic = h("div");
+  const latency = h("div", { id: "latency", class: "charts" });
+  const backlogs = h("div", { id: "backlogs", class: "charts" });
+  const backlogCounts = h("div");
+  const txBox = h("div", { id: "transactions" });
   main.append(h("h2", {}, "Rates"), box, charts, perTopic,
+    h("h3", {}, "Latency"), latency,
+    h("h3", {}, "Delay and transaction backlogs"), backlogs, backlogCounts,
+    h("h3", {}, "Transactions not resolved yet"), txBox,
     h("p", { class: "muted" }, `Every node's /metrics every ${POLL_MS / 1000} s; the counters`,
-      " summed over the nodes that answer, as a rate per second over the last two minutes."));
-  let previous = null; // {at, totals: Map(key -> value) per node}
+      " summed over the nodes that answer, as a rate per second over the last two minutes.",
+      " Produce p99: from the nodes' produce latency histograms (received to committed and dispatched);",
+      " Raft commit p99: proposal to quorum commit;",
+      " over each interval, as Prometheus's histogram_quantile. Backlogs: what is pending now",
+      " (replicated: every node says the same; the master's, or any node's with none)."));
+  let previous = null; // {at, totals: Map(key -> value) per node, buckets: Map(le -> count)}
   const history = new Map(SERIES.map(([metric]) => [metric, []]));
+  const p99 = new Map(LATENCIES.map(([metric]) => [metric, []]));
+  const pending = new Map(BACKLOGS.map(([gauge]) => [gauge, []]));
   let stopped = false;
+
+  function push(points, v) {
+    points.push(v);
+    if (points.length > SAMPLES) points.shift();
+  }
 
   async function sample() {
     const answers = await metricsOfEveryNode();
     const at = Date.now();
     const totals = new Map(); // `${node}|${metric}|${topic}` -> value
+    const buckets = new Map(); // `${metric}|${le}` -> count, summed over the nodes
+    let state = null; // the backlog gauges and counters of the master (else any node)
     for (const a of answers) {
       if (a.error) {
         say(box, a.error);
         continue;
       }
-      for (const m of parseMetrics(a.text)) {
+      const parsed = parseMetrics(a.text);
+      const mine = { gauges: new Map(), events: new Map() };
+      for (const m of parsed) {
         if (history.has(m.name)) totals.set(`${a.node_id}|${m.name}|${m.labels.topic ?? m.labels.code ?? ""}`, m.value);
+        else if (p99.has(m.name)) {
+          const key = `${m.name}|${m.labels.le}`;
+          buckets.set(key, (buckets.get(key) || 0) + m.value);
+        } else if (pending.has(m.name)) mine.gauges.set(m.name, m.value);
+        else if (m.labels.event !== undefined) mine.events.set(`${m.name}|${m.labels.event}`, m.value);
       }
+      if (!state || (cluster.master && cluster.master.node_id === a.node_id)) state = mine;
     }
+    for (const [gauge] of BACKLOGS) push(pending.get(gauge), { at, v: state ? (state.gauges.get(gauge) ?? null) : null });
     if (previous) {
       const dt = (at - previous.at) / 1000;
       const topicRates = new Map();
@@ -505,12 +831,20 @@ function ratesPage(main) {
           topicRates.set(topic, r);
         }
       }
-      for (const [metric, v] of sums) {
-        const points = history.get(metric);
-        points.push({ at, v });
-        if (points.length > SAMPLES) points.shift();
+      for (const [metric, v] of sums) push(history.get(metric), { at, v });
+      // Each interval's histogram: this sample's buckets minus the last (a restart: none).
+      for (const [metric, points] of p99) {
+        const window = [...buckets].filter(([k]) => k.startsWith(`${metric}|`))
+          .map(([k, count]) => {
+            const le = k.slice(metric.length + 1);
+            return [le === "+Inf" ? Infinity : Number(le), count - (previous.buckets.get(k) ?? count)];
+          })
+          .sort((x, y) => x[0] - y[0]);
+        const q = window.some(([, c]) => c < 0) ? null : quantile(0.99, window);
+        push(points, { at, v: q === null ? null : q * 1000 });
       }
       charts.replaceChildren(...SERIES.map(([metric, label, unit]) => chart(label, unit, history.get(metric))));
+      latency.replaceChildren(...LATENCIES.map(([metric, label]) => chart(label, "ms", p99.get(metric))));
       const rows = [...topicRates].sort().map(([topic, r]) => h("tr", { "data-topic": topic },
         h("th", { scope: "row" }, topic), num((r.ledgermq_produced_messages_total || 0).toFixed(1)),
         num((r.ledgermq_pulled_messages_total || 0).toFixed(1))));
@@ -520,7 +854,56 @@ function ratesPage(main) {
     } else {
       charts.replaceChildren(h("p", { class: "muted" }, "Measuring: the first rates come with the next sample."));
     }
-    previous = { at, totals };
+    backlogs.replaceChildren(...BACKLOGS.map(([gauge, label]) => chart(label, "", pending.get(gauge), 0)));
+    backlogCounts.replaceChildren(state
+      ? table("Since the group's start (replicated counters)", ["Backlog", "Events"], BACKLOGS.map(([gauge, label, counter]) => {
+        const events = [...state.events].filter(([k]) => k.startsWith(`${counter}|`))
+          .map(([k, v]) => `${k.slice(counter.length + 1)} ${v}`);
+        return h("tr", { "data-backlog": gauge, "data-pending": state.gauges.get(gauge) ?? "" },
+          h("th", { scope: "row" }, `${label}: ${state.gauges.get(gauge) ?? "—"}`),
+          h("td", {}, events.join(" · ") || "none yet"));
+      }), { id: "backlog-counts" })
+      : null);
+    previous = { at, totals, buckets };
+    await drawTransactions();
+  }
+
+  // The unresolved transactions, oldest first (GET /v1/transactions, an admin's read):
+  // drawn again only when they change, so that an armed button stays armed.
+  let txDrawn = null;
+  let txForbidden = false; // a token without the admin scope: said once, not asked again
+  async function drawTransactions() {
+    if (txForbidden) return;
+    let transactions;
+    try {
+      ({ transactions } = await read("/v1/transactions"));
+    } catch (e) {
+      if (!(e instanceof ApiError && e.status === 403)) throw e;
+      txForbidden = true;
+      txBox.replaceChildren(h("p", { class: "muted", id: "tx-forbidden" },
+        `Listing transactions needs a token with the admin scope (${e.code}: ${e.message}).`));
+      return;
+    }
+    const key = JSON.stringify(transactions);
+    if (key === txDrawn || stopped) return;
+    txDrawn = key;
+    const end = (t, action, label) => confirmButton(label, (b) => busy(b, box, async () => {
+      const r = await write("POST", `/v1/transactions/${enc(t.transaction_id)}`, { action });
+      say(box, `Transaction ${t.transaction_id} of ${t.topic}: ${r.state}.`);
+      txDrawn = null;
+      await drawTransactions();
+    }));
+    const shown = transactions.slice(0, 50);
+    txBox.replaceChildren(transactions.length
+      ? table(`${transactions.length} unresolved, oldest first${transactions.length > shown.length ? " (the first 50)" : ""}:`
+        + " commit delivers the half messages, roll back drops them",
+      ["Transaction", "Topic", "Producer group", { label: "Messages", num: 1 }, "Stored", { label: "Checks", num: 1 },
+        "Next check", ""],
+      shown.map((t) => h("tr", { "data-tx": t.transaction_id }, h("th", { scope: "row" }, t.transaction_id),
+        h("td", {}, t.topic), h("td", {}, t.producer_group), num(t.messages), h("td", {}, when(t.born)),
+        num(t.check_count), h("td", {}, when(t.next_check)),
+        h("td", {}, end(t, "commit", "Commit"), " ", end(t, "rollback", "Roll back")))), { id: "tx-list" })
+      : h("p", { class: "muted", id: "tx-none" }, "None."));
   }
 
   const tick = () => {

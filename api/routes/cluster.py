@@ -1,4 +1,5 @@
-"""``/v1/cluster`` (this node's view of its group) and leadership transfer."""
+"""``/v1/cluster`` (this node's view of its group), its role history, and leadership
+transfer."""
 
 from fastapi import APIRouter, Query
 from starlette.responses import Response
@@ -66,6 +67,24 @@ async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
             "snapshots_installed": st.snapshots_installed,
             "diverged": st.diverged,
             "version": VERSION,
+            "disk": broker.disk(),
+        }
+    )
+
+
+@router.get(
+    "/v1/cluster/history",
+    summary="the last role changes this node saw (elections, leaders, transfers)",
+    response_model=models.ClusterHistory,
+)
+async def cluster_history(broker: BrokerDep, settings: SettingsDep) -> Response:
+    h = broker.history
+    return JSONBytes(
+        {
+            "node_id": settings.node_id,
+            "size": h.size,
+            "recorded": h.recorded,
+            "events": [e.to_dict() for e in h.entries()],
         }
     )
 

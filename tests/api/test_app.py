@@ -131,6 +131,37 @@ async def test_cluster_describes_this_node(node: Node) -> None:
     assert c["committed_index"] == c["dispatched_index"] >= 0
 
 
+async def test_cluster_shows_the_disk(node: Node) -> None:
+    d = (await node.http.get("/v1/cluster")).json()["disk"]
+    assert d["total_bytes"] > 0 and 0 <= d["free_bytes"] <= d["total_bytes"]
+    assert 0 <= d["used_ratio"] <= 1 and d["full_ratio"] == 0.90
+    assert d["reserve_bytes"] == node.broker.settings.disk_reserve and d["full"] is False
+    before = d["log_bytes"]
+    r = await node.http.post("/v1/topics/disk/messages", json={"messages": [{"body": "x" * 5000}]})
+    assert r.status_code == 200, r.text
+    after = (await node.http.get("/v1/cluster")).json()["disk"]["log_bytes"]
+    assert after >= before + 5000
+
+
+async def test_cluster_history_tells_the_elections_and_the_promotion(node: Node) -> None:
+    h = (await node.http.get("/v1/cluster/history")).json()
+    assert h["node_id"] == "n0" and h["size"] == 200 and h["recorded"] == len(h["events"])
+    events = h["events"]
+    # A single node (it starts as a candidate): it leads, then is MASTER once caught up.
+    assert [(e["event"], e["raft_role"]) for e in events] == [
+        ("role", "LEADER"),
+        ("master", "LEADER"),
+    ]
+    assert all(e["term"] == events[-1]["term"] >= 0 for e in events)
+    assert events[-1]["leader_id"] == "n0"
+    times = [e["at_ms"] for e in events]
+    assert times == sorted(times) and abs(times[-1] - time.time() * 1000) < 60_000
+    # A transfer to itself is no transfer: nothing recorded.
+    r = await node.http.post("/v1/cluster/leadership", json={"to": "n0"})
+    assert r.status_code == 200
+    assert (await node.http.get("/v1/cluster/history")).json()["recorded"] == len(events)
+
+
 async def test_leadership_to_self_and_to_a_stranger(node: Node) -> None:
     r = await node.http.post("/v1/cluster/leadership", json={"to": "n0"})
     assert r.status_code == 200 and r.json()["leader_id"] == "n0"
@@ -488,6 +519,7 @@ async def test_openapi_document_is_complete(node: Node) -> None:
     expected = {
         ("get", "/v1/cluster"),
         ("post", "/v1/cluster/leadership"),
+        ("get", "/v1/cluster/history"),
         ("get", "/healthz"),
         ("get", "/readyz"),
         ("get", "/metrics"),

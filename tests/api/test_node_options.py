@@ -104,3 +104,15 @@ def test_the_transaction_check_schedule_is_an_option(monkeypatch: pytest.MonkeyP
     )
     with pytest.raises(ValueError, match="tx_max_checks"):
         settings_from_args(parser.parse_args(["--tx-max-checks", "-1"]))
+
+
+def test_the_role_history_size_is_an_option(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GET /v1/cluster/history keeps this many role changes (the console's master history)."""
+    monkeypatch.delenv("LEDGERMQ_ROLE_HISTORY_SIZE", raising=False)
+    parser = argparse.ArgumentParser()
+    add_broker_options(parser)
+    assert settings_from_args(parser.parse_args([]))[0].role_history_size == 200
+    parsed = settings_from_args(parser.parse_args(["--role-history-size", "7"]))[0]
+    assert parsed.role_history_size == 7
+    with pytest.raises(ValueError, match="role_history_size"):
+        settings_from_args(parser.parse_args(["--role-history-size", "0"]))

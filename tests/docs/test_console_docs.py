@@ -11,7 +11,7 @@ from tools.screenshots import MAX_PNG_BYTES, OUT
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "console.md"
-SHOTS = ("cluster", "topics", "messages", "groups", "rates", "cluster-failover")
+SHOTS = ("cluster", "topics", "messages", "groups", "groups-pop", "rates", "cluster-failover")
 
 
 def test_every_screenshot_is_linked_small_and_made_by_the_tool() -> None:

@@ -190,3 +190,22 @@ def test_leadership_transfer_over_http(cluster3: LocalBrokerCluster, http: Any) 
     assert cluster3.wait_ready(timeout_s=30) == slaves[0]
     for url in cluster3.urls.values():
         wait_until(lambda u=url: http.get(u + "/v1/cluster").json()["leader_id"] == slaves[0])
+    # Each node's role history (GET /v1/cluster/history) tells it: the old master recorded
+    # the transfer in the term the target leads, every node that term's leader, and the
+    # target that it became MASTER in it.
+    term = http.get(cluster3.urls[slaves[0]] + "/v1/cluster").json()["term"]
+    history = {n: http.get(u + "/v1/cluster/history").json() for n, u in cluster3.urls.items()}
+    transfers = [
+        (e["term"], e["leader_id"]) for e in history[master]["events"] if e["event"] == "transfer"
+    ]
+    assert transfers[-1] == (term, slaves[0])
+    for node, h in history.items():
+        assert h["node_id"] == node
+        seen = [
+            e["leader_id"]
+            for e in h["events"]
+            if e["event"] == "role" and e["term"] == term and e["leader_id"] is not None
+        ]
+        assert seen and set(seen) == {slaves[0]}, (node, h)
+    promoted = [e["term"] for e in history[slaves[0]]["events"] if e["event"] == "master"]
+    assert promoted[-1] == term

@@ -17,6 +17,7 @@ them. Every wait is a bounded condition.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -37,7 +38,8 @@ PAGES = {
     "messages": "!!document.querySelector('#send')"
     " && !!document.querySelector('#banner [data-master]')",
     "groups": "!!document.querySelector('#groups, main p.muted')",
-    "rates": "document.querySelectorAll('#rates figure.chart').length === 4",
+    "rates": "document.querySelectorAll('#rates figure.chart').length === 4"
+    " && document.querySelectorAll('#latency figure.chart, #backlogs figure.chart').length === 4",
 }
 FAILOVER_S = 45.0
 
@@ -255,8 +257,11 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
     browser.reset()
     browser.open(cluster3.urls["n0"] + "/console/#/rates")
     produced = "document.querySelector('#rates figure[data-series=Produced]')"
-    browser.wait_for(f"!!{produced}", what="the first rates")
+    p99 = "document.querySelector('#latency figure[data-series=\"Produce p99\"]')"
+    commit99 = "document.querySelector('#latency figure[data-series=\"Raft commit p99\"]')"
+    browser.wait_for(f"!!{produced} && !!{p99}", what="the first rates")
     assert browser.evaluate(f"{produced}.dataset.max") == "0.000"
+    # (The p99 may be above 0 already: the module's earlier tests wrote to this cluster.)
 
     def produce() -> bool:
         msgs = [{"body": "x"} for _ in range(100)]
@@ -264,10 +269,302 @@ def test_rates_move_with_produces(cluster3: LocalBrokerCluster, browser: Browser
             f"{api}/v1/topics/console-rates/messages", json={"messages": msgs}, timeout=30
         )
         assert r.status_code == 200, r.text
-        return float(browser.evaluate(f"{produced}.dataset.max")) > 0
+        return (
+            float(browser.evaluate(f"{produced}.dataset.max")) > 0
+            and float(browser.evaluate(f"{p99}.dataset.max")) > 0
+        )
 
-    wait_until(produce, timeout_s=30, poll_s=0.5, what="a produce rate above 0 drawn")
+    wait_until(produce, timeout_s=30, poll_s=0.5, what="a produce rate and a p99 above 0 drawn")
+    browser.wait_for(f"Number({commit99}.dataset.max) > 0", what="a Raft commit p99 drawn")
+    assert float(browser.evaluate(f"{commit99}.dataset.max")) <= 10_000
+    # The p99 drawn is within the histogram's bounds (10 s at most) and in ms.
+    assert 0 < float(browser.evaluate(f"{p99}.dataset.max")) <= 10_000
     browser.wait_for("!!document.querySelector('tr[data-topic=\"console-rates\"]')")
+
+    # The backlogs: a delay message far ahead and an open transaction stay pending.
+    delay = [{"body": "later", "delay_ms": 600_000}]
+    api_ok(
+        httpx.post(f"{api}/v1/topics/console-rates/messages", json={"messages": delay}, timeout=30)
+    )
+    api_ok(
+        httpx.post(
+            f"{api}/v1/topics/console-rates/messages",
+            json={"messages": [{"body": "half"}], "transaction": {"producer_group": "pg"}},
+            timeout=30,
+        )
+    )
+    for gauge, label in (
+        ("ledgermq_delay_pending", "Delay messages pending"),
+        ("ledgermq_transactions_pending", "Transactions pending"),
+    ):
+        row = f"document.querySelector('#backlog-counts tr[data-backlog={gauge}]')"
+        browser.wait_for(f"Number({row}?.dataset.pending) >= 1", what=f"{gauge} >= 1")
+        chart = f"document.querySelector('#backlogs figure[data-series=\"{label}\"]')"
+        assert float(browser.evaluate(f"{chart}.dataset.last")) >= 1
+    assert "scheduled" in browser.text("#backlog-counts tr[data-backlog=ledgermq_delay_pending]")
+
+    # The open transaction, listed and rolled back from the page.
+    pending = api_ok(httpx.get(f"{api}/v1/transactions", timeout=10)).json()["transactions"]
+    assert [t["producer_group"] for t in pending] == ["pg"]
+    tx = pending[0]["transaction_id"]
+    row = f'#tx-list tr[data-tx="{tx}"]'
+    browser.wait_for(f"!!document.querySelector('{row}')", what="the transaction listed")
+    assert browser.evaluate(f"document.querySelector('{row} td').innerText") == "console-rates"
+    browser.click(f"{row} button.danger:last-child")  # arms Roll back
+    browser.click(f"{row} button.danger:last-child")  # confirms
+    browser.wait_for("!!document.querySelector('#tx-none')", what="no transaction left")
+    assert "rolled_back" in browser.text("main .msg.ok")
+    assert api_ok(httpx.get(f"{api}/v1/transactions", timeout=10)).json()["transactions"] == []
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def api_ok(r: httpx.Response) -> httpx.Response:
+    assert r.status_code < 300, f"{r.request.method} {r.request.url}: {r.status_code} {r.text}"
+    return r
+
+
+def test_cluster_page_shows_disk_and_the_master_s_history(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    master = cluster3.master()
+    assert master is not None
+    browser.reset()
+    browser.open(cluster3.urls["n0"] + "/console/#/cluster")
+    browser.wait_for(PAGES["cluster"], what="the cluster page")
+    browser.wait_for("document.querySelectorAll('#nodes td.disk meter').length === 3", what="disks")
+    used = browser.evaluate(
+        "[...document.querySelectorAll('#nodes td.disk')].map((td) => Number(td.dataset.used))"
+    )
+    assert all(0 < u < 1 for u in used), used
+    # The newest term's leader is the master, elected, and every node saw it.
+    term = httpx.get(cluster3.urls[master] + "/v1/cluster", timeout=10).json()["term"]
+    row = f'#history tr[data-term="{term}"]'
+    browser.wait_for(
+        f"document.querySelector('{row}')?.dataset.leader === '{master}'"
+        f" && document.querySelector('{row} td:last-child')?.innerText === 'n0, n1, n2'",
+        what="the current term in the history, seen by every node",
+    )
+    assert browser.evaluate(f"document.querySelector('{row}').dataset.how") == "election"
+    assert browser.evaluate("document.querySelector('#history tbody tr').dataset.term") == str(term)
+    for url in cluster3.urls.values():
+        assert any(r == url + "/v1/cluster/history" for r in browser.requests()), url
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_send_with_properties_a_sharding_key_and_a_delay(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    api = master_url(cluster3)
+    api_ok(httpx.post(f"{api}/v1/topics", json={"name": "console-send", "queues": 8}, timeout=30))
+    url = cluster3.urls["n1"] + "/console/#/messages"
+    browser.reset()
+    browser.open(url)
+    browser.wait_for(PAGES["messages"])
+
+    def send(**fields: str) -> str:
+        """Fill the send form with ``fields`` (the others emptied), send, and wait."""
+        browser.evaluate("document.querySelector('#sent').removeAttribute('data-msg-id')")
+        browser.fill("#send input[name=topic]", "console-send")
+        for name in ("key", "tags", "sharding_key", "delay_s"):
+            browser.fill(f"#send input[name={name}]", fields.get(name, ""))
+        browser.fill("#send textarea[name=properties]", fields.get("properties", ""))
+        browser.fill("#send textarea[name=body]", fields.get("body", "hello"))
+        browser.click("#send button")
+        return str(
+            browser.wait_for("document.querySelector('#sent').dataset.msgId", what=f"sent {fields}")
+        )
+
+    # Properties: shown with the message found by its key.
+    send(key="k-props", properties="source=console\ncolor=blue=ish", body='{"a": 1}')
+    browser.fill("#find input[name=topic]", "console-send")
+    browser.fill("#find input[name=key]", "k-props")
+    browser.click("#find button")
+    found = "#results details[data-key='k-props']"
+    browser.wait_for(f'!!document.querySelector("{found}")', what="found by key")
+    props = browser.evaluate(
+        f'Object.fromEntries([...document.querySelectorAll("{found} table tbody tr")]'
+        ".map((tr) => [tr.children[0].textContent, tr.children[1].textContent]))"
+    )
+    assert props["source"] == "console" and props["color"] == "blue=ish", props
+
+    # A sharding key: every message of it goes to one queue.
+    queues = set()
+    for i in range(4):
+        send(sharding_key="user-7", body=f"s{i}")
+        queues.add(browser.evaluate("document.querySelector('#sent').dataset.queue"))
+    assert len(queues) == 1 and queues != {""}, queues
+
+    # A bad properties line is refused in the page, before any request.
+    browser.fill("#send textarea[name=properties]", "no equals sign")
+    browser.click("#send button")
+    shown = browser.wait_for("(document.querySelector('.msg.error') || {}).innerText")
+    assert "write name=value" in shown
+
+    # A delay message: not in its topic before its time, then there with its time.
+    started_ms = time.time() * 1000
+    send(key="k-delay", delay_s="2", body="later")
+    due = int(browser.evaluate("document.querySelector('#sent p[data-due]').dataset.due"))
+    assert started_ms + 1500 <= due <= time.time() * 1000 + 2500
+    assert "a delay message due at" in browser.text("main .msg.ok")
+
+    def delivered() -> list[dict[str, object]]:
+        r = api_ok(
+            httpx.get(
+                f"{api}/v1/topics/console-send/messages", params={"key": "k-delay"}, timeout=10
+            )
+        )
+        return list(r.json()["messages"])
+
+    if time.time() * 1000 < due - 200:
+        assert delivered() == []
+    wait_until(delivered, timeout_s=30, what="the delay message delivered")
+    assert int(str(delivered()[0]["properties"]["TIMER_DELIVER_MS"])) == due  # type: ignore[index]
+
+    # A delay message cancelled from the page is never delivered.
+    send(key="k-cancel", delay_s="600", body="never")
+    browser.click("#sent button.danger")  # arms it
+    browser.click("#sent button.danger")  # confirms
+    browser.wait_for(
+        "(document.querySelector('main .msg.ok') || {}).innerText?.includes('cancelled')",
+        what="cancelled",
+    )
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_a_group_commits_one_queue_and_resets_to_a_time(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    api = master_url(cluster3)
+    topic, group = "console-time", "console-timers"
+    api_ok(httpx.post(f"{api}/v1/topics", json={"name": topic, "queues": 2}, timeout=30))
+
+    def produce(n: int) -> None:
+        msgs = [{"body": f"m{i}", "queue_id": 0} for i in range(n)]
+        api_ok(httpx.post(f"{api}/v1/topics/{topic}/messages", json={"messages": msgs}, timeout=30))
+
+    produce(3)
+    # The next whole second: the page's time field has seconds, so the second batch is
+    # stored after it and the first before it.
+    boundary_ms = (int(time.time()) + 1) * 1000
+    time.sleep(max(0.0, boundary_ms / 1000 - time.time()) + 0.05)
+    produce(2)
+    api_ok(
+        httpx.put(
+            f"{api}/v1/groups/{group}/offsets",
+            json={"topic": topic, "offsets": {"0": 0}},
+            timeout=30,
+        )
+    )
+    browser.reset()
+    browser.open(cluster3.urls["n2"] + "/console/#/groups")
+    browser.wait_for(f"!!document.querySelector('tr[data-group=\"{group}\"]')")
+    browser.click(f'tr[data-group="{group}"] button')
+    lag = "(document.querySelector('#total-lag') || {dataset: {}}).dataset.lag"
+    browser.wait_for(f"{lag} === '5'", what="lag 5")
+
+    # Commit queue 0 at 4 from the page, then a commit behind it leaves it there.
+    browser.fill("#commit input[name=queue_id]", "0")
+    browser.fill("#commit input[name=offset]", "4")
+    browser.click("#commit button")
+    browser.wait_for(f"{lag} === '1'", what="lag 1 after the commit")
+    assert "committed 4" in browser.text("main .msg.ok")
+    browser.fill("#commit input[name=offset]", "1")
+    browser.click("#commit button")
+    browser.wait_for(
+        "(document.querySelector('main .msg.ok') || {}).innerText?.includes('stays at 4')",
+        what="a commit does not move back",
+    )
+
+    # Reset to the boundary's time: the first message stored at or after it, offset 3.
+    browser.evaluate(
+        "(() => { const to = document.querySelector('#reset select[name=to]');"
+        " to.value = 'time'; to.dispatchEvent(new Event('change')); })()"
+    )
+    local = browser.evaluate(
+        f"(() => {{ const d = new Date({boundary_ms});"
+        " return new Date(d - d.getTimezoneOffset() * 60000).toISOString().slice(0, 19); })()"
+    )
+    browser.fill("#reset input[name=at]", local)
+    browser.click("#reset button.danger")  # arms it
+    browser.click("#reset button.danger")  # confirms
+    browser.wait_for(f"{lag} === '2'", what="lag 2 after the reset to the time")
+    assert "q0=3" in browser.text("main .msg.ok")
+    r = api_ok(httpx.get(f"{api}/v1/groups/{group}/offsets", timeout=10)).json()
+    assert {o["queue_id"]: o["committed_offset"] for o in r["offsets"]}[0] == 3
+    assert browser.errors() == []
+    assert others(browser.requests()) == []
+
+
+def test_a_pop_group_s_configuration_dead_letters_and_redrive(
+    cluster3: LocalBrokerCluster, browser: Browser
+) -> None:
+    api = master_url(cluster3)
+    topic, group = "console-jobs", "console-workers"
+    api_ok(httpx.post(f"{api}/v1/topics", json={"name": topic, "queues": 1}, timeout=30))
+    msgs = [{"body": f"job {i}", "key": f"job-{i}"} for i in range(3)]
+    api_ok(httpx.post(f"{api}/v1/topics/{topic}/messages", json={"messages": msgs}, timeout=30))
+    api_ok(
+        httpx.put(f"{api}/v1/groups/{group}", json={"mode": "pop", "start": "earliest"}, timeout=30)
+    )
+    got = api_ok(
+        httpx.post(
+            f"{api}/v1/groups/{group}/receive",
+            json={"topic": topic, "max_messages": 3, "invisible_ms": 60000},
+            timeout=30,
+        )
+    ).json()["messages"]
+    assert len(got) == 3
+    handles = [m["receipt_handle"] for m in got[:2]]
+    api_ok(
+        httpx.post(
+            f"{api}/v1/groups/{group}/dlq",
+            json={"topic": topic, "receipt_handles": handles},
+            timeout=30,
+        )
+    )
+
+    browser.reset()
+    browser.open(cluster3.urls["n0"] + "/console/#/groups")
+    browser.wait_for(f"!!document.querySelector('tr[data-group=\"{group}\"]')")
+    browser.click(f'tr[data-group="{group}"] button')
+    stats = f"#pop-stats tr[data-topic='{topic}']"
+    browser.wait_for(f'!!document.querySelector("{stats}")', what="the POP counters")
+    cells = browser.evaluate(
+        f'[...document.querySelector("{stats}").children].map((c) => c.innerText)'
+    )
+    assert cells == [topic, "1", "3", "0", "0", "0", "0", "2"], cells  # 1 in flight, 2 dead
+    summary = "document.querySelector('#dlq-summary')?.dataset"
+    browser.wait_for(f"{summary}?.dead === '2' && {summary}?.waiting === '2'", what="2 dead")
+    assert browser.evaluate("document.querySelectorAll('#pop-box details').length") == 2
+    assert "DLQ_ORIGIN_TOPIC" in browser.evaluate(
+        "document.querySelector('#pop-box details table').textContent"
+    )
+    assert not browser.evaluate("document.querySelector('#reset')")  # no reset of a POP group
+
+    # Redrive: the two dead letters go back to their topic, once.
+    browser.click("#dlq-summary button.danger")  # arms it
+    browser.click("#dlq-summary button.danger")  # confirms
+    browser.wait_for(f"{summary}?.waiting === '0'", what="nothing left to redrive")
+    assert "2 dead letter(s) produced back" in browser.text("main .msg.ok")
+    r = api_ok(
+        httpx.get(f"{api}/v1/topics/{topic}/queues/0/messages", params={"offset": 0}, timeout=10)
+    )
+    assert r.json()["max_offset"] == 5
+
+    # The configuration: saved from the page, read back from the API.
+    browser.fill("#pop-config input[name=max_delivery_attempts]", "5")
+    browser.fill("#pop-config input[name=delays_ms]", "1000, 2000")
+    browser.click("#pop-config button")
+    browser.wait_for(
+        "(document.querySelector('#pop-config-now') || {}).innerText?.includes('at most 5')",
+        what="the configuration saved",
+    )
+    d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
+    assert d["max_delivery_attempts"] == 5 and d["retry"]["delays_ms"] == [1000, 2000], d
+    assert d["start"] == "earliest" and d["fifo"] is False
     assert browser.errors() == []
     assert others(browser.requests()) == []
 
@@ -276,8 +573,13 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
     """A 3-node cluster with a token: the page asks for it, and with it reads every node
     and writes to the master across origins (CORS preflights carry no token)."""
     token = "console-test-token"
+    tokens = tmp_path / "tokens"
+    tokens.write_text("console-reader-token consume\n")
     cluster = LocalBrokerCluster(
-        3, tmp_path / "auth", extra_args=[*CLUSTER_ARGS, "--auth-token", token], probe_token=token
+        3,
+        tmp_path / "auth",
+        extra_args=[*CLUSTER_ARGS, "--auth-token", token, "--auth-tokens-file", str(tokens)],
+        probe_token=token,
     )
     cluster.start_all()
     try:
@@ -308,8 +610,29 @@ def test_with_auth_on_the_token_field(tmp_path: Path, browser: Browser) -> None:
         browser.wait_for(PAGES["cluster"], what="every node read with the token")
         browser.open(url + "#/rates")
         browser.wait_for(PAGES["rates"], what="every node's /metrics read with the token")
+        browser.wait_for("!!document.querySelector('#tx-none')", what="no transactions")
         assert browser.errors() == []
         assert others(browser.requests()) == []
+
+        # A token that may consume but not administer: the Rates page says what it cannot
+        # list, once, and draws the rest.
+        browser.fill("#token", "console-reader-token")
+        browser.click("#token-form button")
+        browser.wait_for(
+            "document.querySelector('main').dataset.page === 'rates'"
+            " && !!document.querySelector('#tx-forbidden')"
+            " && document.querySelectorAll('#rates figure.chart').length === 4",
+            what="the transactions refused, the rates drawn",
+        )
+        assert "admin scope" in browser.text("#tx-forbidden")
+        refused = [r for r in browser.requests() if "/v1/transactions" in r]
+        browser.clear()  # the one 403 was the point
+        wait_until(
+            lambda: sum(r.endswith("/metrics") for r in browser.requests()) >= 6,
+            what="two more samples of every node's /metrics",
+        )
+        assert [r for r in browser.requests() if "/v1/transactions" in r] == []
+        assert refused and browser.errors() == []
         browser.evaluate("sessionStorage.clear()")
     finally:
         cluster.stop_all()
@@ -338,6 +661,16 @@ def test_transfer_then_kill_9_of_the_master_then_no_master(
     browser.click(f'#nodes tr[data-node="{old}"] button')
     browser.wait_for(shown_master(old), timeout_s=FAILOVER_S, what=f"{old} master")
     assert cluster.master() == old
+    # The master's history: the newest term is old's, by a transfer; the one before, first's.
+    newest = "document.querySelector('#history tbody tr')?.dataset"
+    browser.wait_for(
+        f"{newest}?.leader === '{old}' && {newest}?.how === 'transfer'",
+        what=f"the transfer to {old} in the history",
+    )
+    assert (
+        browser.evaluate("document.querySelector('#history tbody tr:nth-child(2)').dataset.leader")
+        == first
+    )
     assert browser.errors() == []
 
     cluster.kill(old)
@@ -354,6 +687,10 @@ def test_transfer_then_kill_9_of_the_master_then_no_master(
         what=f"{old} down and {new} MASTER in the table",
     )
     assert "Down: " + old in browser.text("#banner")
+    browser.wait_for(
+        f"{newest}?.leader === '{new}' && {newest}?.how === 'election'",
+        what=f"the election of {new} in the history",
+    )
 
     # One node of three left: no quorum, no master, and the page says so.
     survivor = next(n for n in cluster.ids if n not in (old, new))
