@@ -43,6 +43,9 @@ class ErrorBody(BaseModel):
 
 class ClusterNode(BaseModel):
     node_id: str
+    role: Literal["voter", "learner"] = Field(
+        default="voter", description="a learner receives the log and does not vote"
+    )
     raft_addr: str
     http_url: str | None = None
     grpc_addr: str | None = Field(

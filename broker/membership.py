@@ -55,6 +55,12 @@ class Membership:
         core = self.server.core
         return core.member_state.config.addresses if core is not None else self.settings.peer_map
 
+    def voters(self) -> frozenset[str]:
+        core = self.server.core
+        if core is None:
+            return frozenset(self.settings.peer_map)
+        return frozenset(core.member_state.config.voters)
+
     def members(self) -> dict[str, Any]:
         """The configuration in force, as this node sees it: every member with its
         role, addresses and, on the master, how far it has the log."""

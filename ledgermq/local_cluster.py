@@ -71,9 +71,11 @@ class LocalBrokerCluster(ChildNodes):
         self.urls = {
             i: f"{scheme}://127.0.0.1:{p}" for i, p in zip(self.ids, self.http_ports, strict=True)
         }
-        self.peer_spec = ";".join(
-            f"{i}-127.0.0.1:{p}" for i, p in zip(self.ids, self.raft_ports, strict=True)
-        )
+        self.raft_addrs = {
+            i: f"127.0.0.1:{p}" for i, p in zip(self.ids, self.raft_ports, strict=True)
+        }
+        self.joining: set[str] = set()  # nodes started with --join (``add_node``)
+        self.peer_spec = ";".join(f"{i}-{a}" for i, a in self.raft_addrs.items())
         self.peer_urls = ",".join(f"{i}={u}" for i, u in self.urls.items())
         self.data_dir = data_dir
         self.group = group
@@ -87,6 +89,29 @@ class LocalBrokerCluster(ChildNodes):
             self.extra_args += ["--ssl-certfile", cert, "--ssl-keyfile", key, "--peer-ca-file", ca]
         # the bearer token the probes (/v1/cluster) send to nodes that require tokens
         self.probe_token = probe_token
+
+    def add_node(self, node: str) -> None:
+        """Make room for ``node``, a node that joins the running group (``--join``): its
+        ports, and ``--peers`` naming every node here, itself too. Start it with
+        ``start``; the master adds it (``ledgermq cluster add``)."""
+        if node in self.ids:
+            raise ValueError(f"{node} is here already")
+        http, raft, grpc = free_ports(3)
+        self.ids.append(node)
+        self.http_ports.append(http)
+        self.raft_ports.append(raft)
+        self.grpc_ports.append(grpc)
+        self.grpc_addrs[node] = f"127.0.0.1:{grpc}"
+        scheme = self.urls[self.ids[0]].split("://", 1)[0]
+        self.urls[node] = f"{scheme}://127.0.0.1:{http}"
+        self.raft_addrs[node] = f"127.0.0.1:{raft}"
+        self.joining.add(node)
+        self._specs()
+
+    def _specs(self) -> None:
+        self.peer_spec = ";".join(f"{i}-{a}" for i, a in self.raft_addrs.items())
+        self.peer_urls = ",".join(f"{i}={u}" for i, u in self.urls.items())
+        self.peer_grpc = ",".join(f"{i}={a}" for i, a in self.grpc_addrs.items())
 
     @property
     def grpc_endpoints(self) -> str:
@@ -120,6 +145,7 @@ class LocalBrokerCluster(ChildNodes):
             "--data-dir",
             str(self.data_dir / node),
             "--exit-with-parent",
+            *(["--join"] if node in self.joining else []),
             *self.extra_args,
         ]
 

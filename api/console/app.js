@@ -221,7 +221,8 @@ function clusterPage(main) {
       return h("tr", { "data-node": s.node_id, "data-role": s.broker_role, "data-state": "up" },
         h("th", { scope: "row" }, s.node_id), h("td", {}, n.http_url || "—"),
         h("td", { class: "state-up" }, "up"),
-        h("td", { class: `role-${s.broker_role}` }, `${s.broker_role} / ${s.raft_role}`),
+        h("td", { class: `role-${s.broker_role}` },
+          `${s.broker_role} / ${s.raft_role}${n.role === "learner" ? " (learner)" : ""}`),
         num(s.term), num(s.ledger_end_index), num(s.committed_index), num(s.dispatched_index),
         num(lag), diskCell(s.disk), h("td", {}, s.leader_id || "—"), h("td", {}, transfer));
     });

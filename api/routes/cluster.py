@@ -29,6 +29,7 @@ router = APIRouter(tags=["cluster"])
 async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
     st = broker.status()
     nodes = []
+    voters = broker.membership.voters()
     for node_id, addr in sorted(broker.membership.addresses().items()):
         url = broker.membership.url_of(node_id)
         if node_id == settings.node_id and settings.advertised_url:
@@ -40,6 +41,7 @@ async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
         nodes.append(
             {
                 "node_id": node_id,
+                "role": "voter" if node_id in voters else "learner",
                 "raft_addr": addr,
                 "http_url": url,
                 "grpc_addr": settings.peer_grpc.get(node_id),

@@ -148,6 +148,11 @@ class EntryDispatcher:
         self.sending, self.send_offset = None, 0
         self.state = target
 
+    def leadership_lost(self) -> None:
+        """This node no longer leads: a snapshot it was sending ends here (its answers
+        no longer matter; a new term starts over with COMPARE, ``_fresh``)."""
+        self.sending, self.send_offset = None, 0
+
     def _fresh(self) -> bool:
         """``checkNotLeaderAndFreshState``: a new term starts with COMPARE."""
         member_state = self.member_state

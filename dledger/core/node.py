@@ -269,6 +269,8 @@ class DLedgerCore:
         )
         if was is Role.LEADER and member_state.role is not Role.LEADER:
             self._fail_proposals(DLedgerCode.TERM_CHANGED)
+            for d in self.dispatchers.values():
+                d.leadership_lost()
         if member_state.role is not Role.FOLLOWER:
             self.handler.clear(DLedgerCode.NOT_FOLLOWER)
             self.handler.drop_assembly()
@@ -510,6 +512,15 @@ class DLedgerCore:
             d.term = -1  # start over with COMPARE
         self.store.append_as_leader(self.member_state.curr_term, [b""], MAGIC_NOOP)
         self.wrote_entries()
+        if self.settings.seal_members:
+            # The voters that elected it answered with their incarnations: record them
+            # right after the NOOP, before any client's entry. No voter moves, so the
+            # rule's wait for this term's first commit is not needed (``_seal`` does
+            # the rest later, as more voters answer).
+            new = sealed(self.member_state.config, self._heard_incarnations())
+            if new != self.member_state.config:
+                self._append_config(new, now_ms)
+                self.log_event("config_seal", index=self.store.ledger_end_index)
 
     def propose(
         self, bodies: Sequence[bytes | bytearray | memoryview], now_ms: int, *, pump: bool = True

@@ -737,6 +737,13 @@ def status_table(views: Sequence[NodeView]) -> str:
         ),
         None,
     )
+    learners = {
+        n.get("node_id")
+        for v in views
+        if v.status is not None
+        for n in v.status.raw.get("nodes", [])
+        if n.get("role") == "learner"
+    }
     rows: list[Sequence[object]] = []
     for v in views:
         s = v.status
@@ -749,7 +756,7 @@ def status_table(views: Sequence[NodeView]) -> str:
                 s.node_id,
                 v.url,
                 s.raft_role,
-                s.broker_role,
+                s.broker_role + (" (learner)" if s.node_id in learners else ""),
                 s.term,
                 s.leader_id,
                 s.ledger_end_index,
