@@ -564,19 +564,25 @@ class Simulation:
         assert store is not None
         synced_data, synced_index = store.data_flushed_pos, store.index_flushed_pos
         end_pos = store.ledger_end_pos
-        store.abandon()
-        n.store = n.core = None
-        n.app = None
-        n.paused = False
-        n.inbox.clear()
-        n.closed.clear()
-        n.restarts += 1
+        self._end_process(n)
         torn = self._lose_unsynced(n.directory, synced_data, end_pos, synced_index)
         self.trace(f"crash {n.node_id} mid_ready={mid_ready} torn={torn}")
         if self.conn_rng.random() < self.conn_knobs.process_crash_share:
             for other in self.nodes:
                 if other is not n:
                     self._close(n.node_id, other)
+
+    @staticmethod
+    def _end_process(n: SimNode) -> None:
+        """``n``'s process is gone: its files let go unsynced, its memory lost."""
+        assert n.store is not None
+        n.store.abandon()
+        n.store = n.core = None
+        n.app = None
+        n.paused = False
+        n.inbox.clear()
+        n.closed.clear()
+        n.restarts += 1
 
     def _lose_unsynced(self, d: Path, synced: int, end_pos: int, synced_index: int) -> int:
         """The seeded disk: bytes past the synced point are lost, but a random prefix of
@@ -927,14 +933,7 @@ class Simulation:
         (a removed node's is wiped first) and ``--peers`` naming the configuration's
         members, itself as a learner."""
         if n.core is not None:
-            assert n.store is not None
-            n.store.abandon()
-            n.store = n.core = None
-            n.app = None
-            n.paused = False
-            n.inbox.clear()
-            n.closed.clear()
-            n.restarts += 1
+            self._end_process(n)
         if n.directory.exists():
             n.wipes += 1
         shutil.rmtree(n.directory, ignore_errors=True)
