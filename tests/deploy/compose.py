@@ -144,10 +144,12 @@ def validate_compose(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def resolve_compose(path: Path) -> dict[str, Any]:
-    """The compose file as a compose implementation resolves it (no engine needed)."""
+def resolve_compose(path: Path, profiles: Sequence[str] = ()) -> dict[str, Any]:
+    """The compose file as a compose implementation resolves it (no engine needed), with
+    the services of ``profiles`` too."""
+    chosen = [w for p in profiles for w in ("--profile", p)]
     r = subprocess.run(
-        [venv_tool("podman-compose"), "--dry-run", "-f", str(path), "config"],
+        [venv_tool("podman-compose"), *chosen, "--dry-run", "-f", str(path), "config"],
         check=False,
         capture_output=True,
         text=True,

@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -280,6 +281,85 @@ def test_compose_demo_rides_through_a_kill_9_of_the_master(
         out.wait_for(r"^result: CLEAN$", 10)
     except BaseException:
         for b in brokers:
+            print(f"---- {b} ----\n{topo.log_tail(b)}")
+        raise
+    finally:
+        topo.close()
+
+
+# ---- a fourth broker joins (issue 33) -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def compose_grow() -> dict[str, Any]:
+    return resolve_compose(COMPOSE, profiles=("grow",))
+
+
+@pytest.fixture
+def lab_grow(compose_grow: dict[str, Any]) -> Iterator[netns.NetLab | None]:
+    yield from _lab(compose_grow)
+
+
+def _exec(topo: Topology, service: str, *args: str) -> str:
+    """``docker compose exec <service> ledgermq ...``: the CLI in the service's place,
+    with its environment (``LEDGERMQ_BROKERS`` names the brokers)."""
+    argv = [topo.executable("ledgermq"), *(topo.placement.rewrite(service, a) for a in args)]
+    r = subprocess.run(
+        topo.wrap(service, argv),
+        env=topo.env(service),
+        cwd=str(topo.cwd(service)),
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert r.returncode == 0, f"ledgermq {' '.join(args)}: {r.stdout}{r.stderr}"
+    return r.stdout
+
+
+def test_compose_grows_by_a_fourth_broker_while_it_runs(
+    compose_grow: dict[str, Any], image: Image, lab_grow: netns.NetLab | None, work_dir: Path
+) -> None:
+    """The "grow" profile's broker3, as the compose file's comment says to run it: up
+    (it waits as a learner), `cluster add`, `cluster promote`, from inside broker0."""
+    services = compose_grow["services"]
+    env = services["broker3"]["environment"]
+    first = ["broker0", "broker1", "broker2"]
+    assert env["LEDGERMQ_JOIN"] == "1" and env["LEDGERMQ_NODE_ID"] == "broker3"
+    assert set(env["LEDGERMQ_PEERS"].split(";")) == {f"{b}-{b}:9080" for b in [*first, "broker3"]}
+    assert published_ports(services["broker3"]) == {8080: 8083, 10080: 10083}
+    assert services["broker3"]["profiles"] == ["grow"]
+    placement: NetnsPlacement | LoopbackPlacement = (
+        NetnsPlacement(lab_grow) if lab_grow is not None else LoopbackPlacement(services)
+    )
+    project = work_dir / "project"
+    project.mkdir()
+    topo = Topology(compose_grow, image, placement, work_dir, project_dir=project)
+    try:
+        topo.probe_user(first[0])
+        topo.prepare_volumes()
+        for b in first:
+            topo.start(b)
+        wait_until(lambda: all(topo.healthcheck(b) == 0 for b in first), 120, "three healthy")
+        topo.start("broker3")
+        _exec(
+            topo,
+            "broker0",
+            "cluster",
+            "add",
+            "broker3",
+            "--raft-addr",
+            "broker3:9080",
+            "--http-url",
+            "http://broker3:8080",
+        )
+        _exec(topo, "broker0", "cluster", "promote", "broker3")
+        members = _exec(topo, "broker0", "cluster", "members", "--json")
+        roles = {m["node_id"]: m["role"] for m in json.loads(members)["members"]}
+        assert roles == dict.fromkeys([*first, "broker3"], "voter"), roles
+        wait_until(lambda: topo.healthcheck("broker3") == 0, 120, "broker3 healthy")
+    except BaseException:
+        for b in [*first, "broker3"]:
             print(f"---- {b} ----\n{topo.log_tail(b)}")
         raise
     finally:
