@@ -213,6 +213,8 @@ class EntryDispatcher:
             leader_id=member_state.self_id,
             type=type_,
             commit_index=member_state.committed_index,
+            cluster=member_state.config.cluster,
+            leader_addr=member_state.peers.get(member_state.self_id, ""),
             **kw,  # type: ignore[arg-type]
         )
 
@@ -491,6 +493,8 @@ class EntryDispatcher:
             config_index=snap.config.index if snap.config else -1,
             config_term=snap.config.term if snap.config else 0,
             config=snap.config.body.decode() if snap.config else "",
+            cluster=member_state.config.cluster,
+            leader_addr=member_state.peers.get(member_state.self_id, ""),
             data=snap.data[offset : offset + s.snapshot_chunk_bytes],
         )
         self.control = PendingControl(

@@ -307,6 +307,7 @@ class LeaderElector:
                 leader_id=member_state.self_id,
                 ledger_end_index=end_index,
                 ledger_end_term=end_term,
+                cluster=member_state.config.cluster,
             )
             if peer == member_state.self_id:
                 result, resp_term = self.handle_vote(req, now_ms, self_vote=True)
@@ -400,6 +401,7 @@ class LeaderElector:
                     ledger_end_index=member_state.ledger_end_index,
                     ledger_end_term=member_state.ledger_end_term,
                     pre_vote=True,
+                    cluster=member_state.config.cluster,
                 )
             )
         self._check_pre_vote_round(now_ms)
@@ -580,6 +582,8 @@ class LeaderElector:
                     term=r.term,
                     req_id=r.req_id,
                     leader_id=member_state.self_id,
+                    cluster=member_state.config.cluster,
+                    leader_addr=member_state.peers.get(member_state.self_id, ""),
                 )
             )
         if len(member_state.peer_ids) == 1:

@@ -51,9 +51,13 @@ class Member:
 
 @dataclass(frozen=True, slots=True)
 class Configuration:
-    """Every member by id, sorted (so encoding and iteration are deterministic)."""
+    """Every member by id, sorted (so encoding and iteration are deterministic), and the
+    cluster's id: made by the first leader that seals the configuration (``sealed``),
+    sent in every leader's and candidate's frames; a node that knows it refuses frames
+    of another cluster (a node of another group of the same name, a stale address)."""
 
     members: Mapping[str, Member]
+    cluster: str = ""
 
     @staticmethod
     def of(voters: Mapping[str, str], learners: Mapping[str, str] | None = None) -> Configuration:
@@ -63,7 +67,7 @@ class Configuration:
         return Configuration.checked(members)
 
     @staticmethod
-    def checked(members: Mapping[str, Member]) -> Configuration:
+    def checked(members: Mapping[str, Member], cluster: str = "") -> Configuration:
         if not any(m.voter for m in members.values()):
             raise DLedgerError(DLedgerCode.UNEXPECTED_ARGUMENT, "a configuration needs a voter")
         if len(members) > MAX_MEMBERS:
@@ -73,7 +77,7 @@ class Configuration:
                 raise DLedgerError(
                     DLedgerCode.UNEXPECTED_ARGUMENT, f"member {node_id!r}: an id and an address"
                 )
-        return Configuration(dict(sorted(members.items())))
+        return Configuration(dict(sorted(members.items())), cluster)
 
     @property
     def voters(self) -> tuple[str, ...]:
@@ -92,7 +96,7 @@ class Configuration:
         return m is not None and m.voter
 
     def encode(self) -> bytes:
-        doc = {
+        doc: dict[str, object] = {
             "version": CONFIG_VERSION,
             "members": {
                 i: {"addr": m.addr, "voter": m.voter}
@@ -101,6 +105,8 @@ class Configuration:
                 for i, m in self.members.items()
             },
         }
+        if self.cluster:
+            doc["cluster"] = self.cluster
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
     @staticmethod
@@ -119,7 +125,7 @@ class Configuration:
                 )
                 for i, m in doc["members"].items()
             }
-            return Configuration.checked(members)
+            return Configuration.checked(members, str(doc.get("cluster", "")))
         except (KeyError, TypeError, AttributeError, ValueError, DLedgerError) as e:
             raise ValueError(f"not a configuration: {e}") from None
 
@@ -179,19 +185,20 @@ def check_change(config: Configuration, change: MembershipChange, leader_id: str
                 f"{node_id!r} leads: hand leadership to another voter first",
             )
         del members[node_id]
-    new = Configuration.checked(members)
+    new = Configuration.checked(members, config.cluster)
     assert changed_voters(config, new) <= 1
     return new
 
 
-def sealed(config: Configuration, heard: dict[str, str]) -> Configuration:
+def sealed(config: Configuration, heard: dict[str, str], new_cluster: str) -> Configuration:
     """``config`` with the incarnations ``heard`` filled in for voters that have none
-    yet (no voter moves: a change any time the rule allows one)."""
+    yet, and ``new_cluster`` as its cluster id if it has none (no voter moves: a change
+    any time the rule allows one)."""
     members = {
         i: replace(m, incarnation=heard[i]) if m.voter and not m.incarnation and heard.get(i) else m
         for i, m in config.members.items()
     }
-    return Configuration.checked(members)
+    return Configuration.checked(members, config.cluster or new_cluster)
 
 
 def same_member(config: Configuration, node_id: str, incarnation: str) -> bool:

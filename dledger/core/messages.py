@@ -103,6 +103,7 @@ class VoteRequest:
     ledger_end_index: int
     ledger_end_term: int
     pre_vote: bool = False
+    cluster: str = ""  # the sender's cluster id (``membership``); "" not known yet
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +126,8 @@ class HeartBeatRequest:
     term: int
     req_id: int
     leader_id: str
+    cluster: str = ""
+    leader_addr: str = ""  # the leader's Raft address (a node that does not know it yet)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,6 +158,8 @@ class PushEntryRequest:
     pre_log_term: int = -1
     first_index: int = -1
     count: int = 0
+    cluster: str = ""
+    leader_addr: str = ""
     entries: bytes = b""
 
 
@@ -229,6 +234,8 @@ class InstallSnapshotRequest:
     config_index: int = -1
     config_term: int = 0
     config: str = ""
+    cluster: str = ""
+    leader_addr: str = ""
     data: bytes = b""
 
 

@@ -188,6 +188,9 @@ class DLedgerCore:
         self.settings = settings or CoreSettings()
         self.store = store
         self.rng = rng
+        self._configs: list[tuple[int, Configuration]] = []  # the log's, by entry index
+        # leaders heard of before any configuration of the log named them (id -> address)
+        self._learned: dict[str, str] = {}
         bootstrap = Configuration.of(
             {i: a for i, a in peers.items() if i not in (learners or {})}, learners
         )
@@ -226,6 +229,7 @@ class DLedgerCore:
         self._proposal_seq = 0
         self._transfers: list[_Transfer] = []
         self.transfers_started = 0
+        self._new_cluster: str | None = None  # the cluster id this node would make
         self._take: _TakeLeadership | None = None
         # Transferee: the last take answered, (leader, term, req_id) and the answer,
         # so a request the leader sent again gets the same answer.
@@ -319,16 +323,19 @@ class DLedgerCore:
             msg.group != member_state.group
             or msg.remote_id != member_state.self_id
             or msg.local_id == member_state.self_id
-            or (
-                msg.local_id not in member_state.peers
-                # A leader this node's newest configuration leaves out: the entry that
-                # does may be one the leader truncates (Raft takes a current leader's
-                # entries whatever the configuration says). Only its pushes, only if
-                # some configuration of the log names it; never its votes.
-                and not (msg.local_id in member_state.known and isinstance(msg, _LEADER_FRAMES))
-            )
+            or (msg.local_id not in member_state.peers and not self._follows_stranger(msg))
         ):
             self.log_event("dropped", kind=type(msg).__name__, sender=msg.local_id)
+            return
+        theirs = getattr(msg, "cluster", "")
+        if theirs and theirs != (ours := self._committed_cluster()) and ours:
+            self.log_event(
+                "foreign_cluster",
+                kind=type(msg).__name__,
+                sender=msg.local_id,
+                cluster=theirs,
+                ours=ours,
+            )
             return
         if msg.term > member_state.curr_term + self.settings.max_term_jump or msg.term > MAX_TERM:
             self.log_event(
@@ -362,6 +369,26 @@ class DLedgerCore:
             self._on_transfer_response(msg)
         self._refresh_config()
         self._pump(now_ms, idle_commit=False)
+
+    def _follows_stranger(self, msg: RaftMessage) -> bool:
+        """A leader this node's newest configuration leaves out is followed all the same
+        (Raft takes a current leader's entries whatever the configuration says): one
+        that some configuration of the log names (the entry that leaves it out may be
+        one it truncates), or one added while this node was behind, which says where it
+        is (``leader_addr``: the runtime connects back). Only its pushes, heartbeats
+        and snapshots; never its votes."""
+        if not isinstance(msg, _LEADER_FRAMES):
+            return False
+        member_state = self.member_state
+        if msg.local_id in member_state.known:
+            return True
+        if not msg.leader_addr:
+            return False
+        self._learned[msg.local_id] = msg.leader_addr
+        member_state.known[msg.local_id] = msg.leader_addr
+        self._ready.addresses = dict(member_state.known)
+        self.log_event("leader_learned", leader=msg.local_id, addr=msg.leader_addr)
+        return True
 
     def peer_connection_lost(self, peer_id: str, now_ms: int) -> None:
         """A connection from or to ``peer_id`` ended: EOF, reset, or refused on reconnect
@@ -517,7 +544,7 @@ class DLedgerCore:
             # right after the NOOP, before any client's entry. No voter moves, so the
             # rule's wait for this term's first commit is not needed (``_seal`` does
             # the rest later, as more voters answer).
-            new = sealed(self.member_state.config, self._heard_incarnations())
+            new = sealed(self.member_state.config, self._heard_incarnations(), self._cluster_id())
             if new != self.member_state.config:
                 self._append_config(new, now_ms)
                 self.log_event("config_seal", index=self.store.ledger_end_index)
@@ -563,10 +590,21 @@ class DLedgerCore:
         the log holds (``MemberState.known``)."""
         records = self.store.config_records()
         configs = [Configuration.decode(r.body) for r in records]
-        known: dict[str, str] = {}
+        self._configs = [(r.index, c) for r, c in zip(records, configs, strict=True)]
+        known: dict[str, str] = dict(self._learned)
         for c in configs:
             known.update(c.addresses)
         return configs[-1], records[-1].index, known
+
+    def _committed_cluster(self) -> str:
+        """The cluster id of the newest committed configuration that has one ("": none).
+        Only a committed one is enforced: an uncommitted configuration (and the id a
+        leader made in it) may be truncated by a leader that made another."""
+        committed = self.store.committed_index
+        for index, config in reversed(self._configs):
+            if index <= committed and config.cluster:
+                return config.cluster
+        return ""
 
     def _refresh_config(self) -> None:
         """Take the log's newest configuration if it changed (an entry appended or
@@ -637,6 +675,15 @@ class DLedgerCore:
         self._pump(now_ms, idle_commit=False)
         return p
 
+    def _cluster_id(self) -> str:
+        """The configuration's cluster id, or a new one (drawn once, only when there is
+        none: the first seal or change of a group makes it)."""
+        if self.member_state.config.cluster:
+            return self.member_state.config.cluster
+        if self._new_cluster is None:
+            self._new_cluster = f"{self.rng.getrandbits(64):016x}"
+        return self._new_cluster
+
     def _heard_incarnations(self) -> dict[str, str]:
         member_state = self.member_state
         return {**member_state.heard_incarnations, member_state.self_id: member_state.incarnation}
@@ -648,7 +695,7 @@ class DLedgerCore:
         member_state = self.member_state
         if member_state.role is not Role.LEADER:
             return
-        new = sealed(member_state.config, self._heard_incarnations())
+        new = sealed(member_state.config, self._heard_incarnations(), self._cluster_id())
         if new == member_state.config:
             return
         try:
@@ -672,6 +719,7 @@ class DLedgerCore:
         new = sealed(
             check_change(member_state.config, change, member_state.self_id),
             self._heard_incarnations(),
+            self._cluster_id(),
         )
         promoted = new.is_voter(change.node_id) and not member_state.config.is_voter(change.node_id)
         if promoted:

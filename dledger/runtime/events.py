@@ -33,6 +33,7 @@ WARNING_EVENTS = frozenset(
         # a member's id answers from another data directory than the member's (issue 33)
         "stranger_incarnation",
         "stale_identity",
+        "foreign_cluster",  # a frame of another cluster that shares the group's name
     }
 )
 INFO_EVENTS = frozenset(

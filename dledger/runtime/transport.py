@@ -40,6 +40,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from ..core.messages import HeartBeatRequest, InstallSnapshotRequest, PushEntryRequest
 from .peer_auth import (
     CLIENT_PROOF_BYTES,
     HELLO_BYTES,
@@ -111,6 +112,23 @@ class TransportSettings:
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+
+
+LEADER_FRAMES = (HeartBeatRequest, PushEntryRequest, InstallSnapshotRequest)
+
+
+def _leader_addr(m: WireMessage) -> str | None:
+    """The Raft address a leader's frame says its sender has (a leader added while this
+    node was behind, so not configured here yet: the core decides whether to follow
+    it, ``DLedgerCore._follows_stranger``); None for any other frame."""
+    addr = getattr(m, "leader_addr", "") if isinstance(m, LEADER_FRAMES) else ""
+    if not addr:
+        return None
+    try:
+        parse_address(addr)
+    except ValueError:
+        return None
+    return str(addr)
 
 
 def _address(peername: object) -> str:
@@ -621,7 +639,8 @@ class Transport:
         it does."""
         if self.group is not None and m.group != self.group:
             return f"a {type(m).__name__} of group {m.group!r}, not {self.group!r}"
-        if m.local_id not in self.peers or m.local_id == self.self_id:
+        addr = self.peers.get(m.local_id) or _leader_addr(m)
+        if addr is None or m.local_id == self.self_id:
             return f"a {type(m).__name__} from {m.local_id!r}, not a member"
         if m.remote_id != self.self_id:
             return f"a {type(m).__name__} addressed to {m.remote_id!r}, not {self.self_id!r}"
@@ -629,19 +648,22 @@ class Transport:
             if m.local_id != member:
                 return f"a {type(m).__name__} as {m.local_id!r} on the connection of {member!r}"
             return None
-        if self.settings.check_peer_address and not await self._from_host_of(m.local_id, peer):
+        if self.settings.check_peer_address and not await self._from_host_of(
+            m.local_id, addr, peer
+        ):
             return (
                 f"a {type(m).__name__} as {m.local_id!r} from {_address(peer)}, not an"
-                f" address of {self.peers[m.local_id]}"
+                f" address of {addr}"
             )
         return None
 
-    async def _from_host_of(self, member: str, peer: object) -> bool:
-        """Does the connection's source address belong to ``member``'s configured host?"""
+    async def _from_host_of(self, member: str, addr: str, peer: object) -> bool:
+        """Does the connection's source address belong to ``member``'s host (``addr``,
+        its configured address, or the one a leader not configured here says it has)?"""
         src = _ip(str(peer[0])) if isinstance(peer, tuple) and peer else None
         if src is None:
             return False  # a unix socket or an unknown family: not a configured member
-        host, _ = parse_address(self.peers[member])
+        host, _ = parse_address(addr)
         addrs = await self._addresses_of(member, host, fresh=False)
         if src not in addrs and not (src.is_loopback and any(a.is_loopback for a in addrs)):
             # The host may have moved (a container restarted with a new address).

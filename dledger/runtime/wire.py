@@ -46,6 +46,10 @@ and the extra strings are: VoteRequest, HeartBeatRequest, PushEntryRequest,
 InstallSnapshotRequest, AppendResponse and GetResponse ``leader_id``;
 LeadershipTransferRequest ``transfer_id``, ``transferee_id``; InstallSnapshotRequest
 then ``config`` (the configuration in force at the snapshot, JSON; empty: none);
+VoteRequest, HeartBeatRequest, PushEntryRequest and InstallSnapshotRequest then
+``cluster`` (the sender's cluster id; empty: not known yet); HeartBeatRequest,
+PushEntryRequest and InstallSnapshotRequest then ``leader_addr`` (the leader's Raft
+address, for a node whose configuration does not name it yet);
 VoteResponse, HeartBeatResponse, PushEntryResponse and InstallSnapshotResponse
 ``incarnation`` (the answering node's data directory's, ``membership``).
 
@@ -267,7 +271,7 @@ _SPECS: Final = (
             ("ledger_end_term", "q", None),
             ("pre_vote", "B", _to_bool),
         ],
-        ["leader_id"],
+        ["leader_id", "cluster"],
     ),
     _spec(
         VoteResponse,
@@ -275,7 +279,7 @@ _SPECS: Final = (
         [("vote_result", "B", _VOTE_RESULT), ("pre_vote", "B", _to_bool)],
         ["incarnation"],
     ),
-    _spec(HeartBeatRequest, _REQ, strs=["leader_id"]),
+    _spec(HeartBeatRequest, _REQ, strs=["leader_id", "cluster", "leader_addr"]),
     _spec(HeartBeatResponse, _RESP, [("code", "h", _CODE)], ["incarnation"]),
     _spec(
         PushEntryRequest,
@@ -288,7 +292,7 @@ _SPECS: Final = (
             ("first_index", "q", None),
             ("count", "i", None),
         ],
-        ["leader_id"],
+        ["leader_id", "cluster", "leader_addr"],
         tail=_Tail.BYTES,
         tail_name="entries",
     ),
@@ -328,7 +332,7 @@ _SPECS: Final = (
             ("config_index", "q", None),
             ("config_term", "q", None),
         ],
-        ["leader_id", "config"],
+        ["leader_id", "config", "cluster", "leader_addr"],
         tail=_Tail.BYTES,
         tail_name="data",
     ),

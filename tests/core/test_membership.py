@@ -375,3 +375,78 @@ def test_pushes_from_a_non_member_are_dropped() -> None:
         )
     )
     assert len(c.sent) == since and c.role(leader) is Role.LEADER
+
+
+# ---- identity: incarnations and the cluster id -------------------------------------------
+
+
+def _sealed_cluster(seed: int) -> Cluster:
+    """Three nodes whose stores each have their own incarnation, sealed by the leader."""
+    stores = {f"n{i}": MemoryStore(incarnation=f"inc-{seed}-{i}") for i in range(3)}
+    c = Cluster(3, seed=seed, settings=CoreSettings(seal_members=True), stores=stores)
+    leader = c.wait_leader()
+
+    def sealed_everywhere() -> bool:
+        configs = [c.cores[i].member_state.config for i in c.ids]
+        return all(
+            cfg.cluster and all(m.incarnation for m in cfg.members.values()) for cfg in configs
+        )
+
+    assert c.tick_until(sealed_everywhere, 5000) is not None
+    assert c.cores[leader].member_state.config.members["n1"].incarnation == f"inc-{seed}-1"
+    return c
+
+
+def test_a_lost_data_directory_back_under_its_id_is_not_the_member() -> None:
+    """Issue 33's reproduction at the core: a follower's store is replaced by an empty
+    one (another incarnation) under the same id; with the leader gone, the third node's
+    campaign gets the empty node's vote, which does not count: no leader; the empty node,
+    on the log, reads that it is not the member and never votes or campaigns."""
+    c = _sealed_cluster(21)
+    leader = c.wait_leader()
+    p = c.propose([b"acknowledged"])
+    assert c.tick_until(lambda: c.stores[leader].committed_index >= p.first_index) is not None
+    lost, other = (i for i in c.ids if i != leader)
+    c.stop(leader)
+    c.stop(lost)
+    c.stores[lost] = MemoryStore(incarnation="inc-new")  # the disk is gone
+    c.restart(lost)
+    c.tick(3000)
+    assert c.leader() is None, "a leader elected with a lost directory's vote"
+    assert c.events_of("stranger_incarnation", other)
+    # The old leader comes back and leads; the empty node gets the log and learns.
+    c.restart(leader)
+    assert c.tick_until(lambda: c.leader() is not None, 10_000) is not None
+    assert c.tick_until(lambda: bool(c.events_of("stale_identity", lost)), 10_000) is not None
+    core = c.cores[lost]
+    assert (
+        core.member_state.stale_identity == "inc-21-" + lost[1:] and not core.member_state.is_voter
+    )
+    new = c.leader()
+    assert new is not None and c.stores[new].get(p.first_index).body == b"acknowledged"
+
+
+def test_frames_of_another_cluster_are_refused() -> None:
+    a, b = _sealed_cluster(31), _sealed_cluster(32)
+    la, lb = a.wait_leader(), b.wait_leader()
+    ours = a.cores[la].member_state.config.cluster
+    theirs = b.cores[lb].member_state.config.cluster
+    assert ours and theirs and ours != theirs
+    f = next(i for i in a.ids if i != la)
+    term = a.term(f)
+    since = len(a.sent)
+    a.inject(
+        PushEntryRequest(
+            group="g0",
+            local_id=la,
+            remote_id=f,
+            term=term + 5,
+            req_id=1,
+            leader_id=la,
+            type=2,  # type: ignore[arg-type]
+            commit_index=-1,
+            cluster=theirs,
+        )
+    )
+    assert a.term(f) == term and len(a.sent) == since  # not taken, not answered
+    assert a.events_of("foreign_cluster", f)

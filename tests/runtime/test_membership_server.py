@@ -113,3 +113,48 @@ async def test_grow_promote_remove_and_restart(tmp_path: Path) -> None:
     finally:
         for s in servers.values():
             await s.stop()
+
+
+async def test_a_learner_follows_a_leader_added_after_it_joined(tmp_path: Path) -> None:
+    """n3 is added while it is down, with ``--peers`` of that moment; n4 joins after it,
+    becomes a voter and takes leadership. n3, started then, has never heard of n4: it
+    follows it all the same (the leader's frames say where it is) and catches up."""
+    ports = free_ports(5)
+    addr = {f"n{i}": f"127.0.0.1:{p}" for i, p in enumerate(ports)}
+    three = {k: addr[k] for k in ("n0", "n1", "n2")}
+    servers = {n: DLedgerServer(_config(tmp_path, n, three)) for n in three}
+    for s in servers.values():
+        await s.start()
+    late: DLedgerServer | None = None
+    try:
+        await _change(servers, AddLearner("n3", addr["n3"]))  # n3 not started yet
+        n4 = DLedgerServer(
+            _config(
+                tmp_path,
+                "n4",
+                {**three, "n3": addr["n3"], "n4": addr["n4"]},
+                learners=frozenset({"n3", "n4"}),
+            )
+        )
+        await n4.start()
+        servers["n4"] = n4
+        await _change(servers, AddLearner("n4", addr["n4"]))
+        await _change(servers, Promote("n4"))
+        leader = await _leader(servers)
+        done = await leader.transfer_leadership("n4", timeout_s=10)
+        assert done.code is DLedgerCode.SUCCESS, done
+        await _until(lambda: n4.role is Role.LEADER, 15, "n4 leads")
+        ((index, _),) = await n4.append([b"from n4"])
+        # n3 as it was added: --peers naming n0..n2 and itself, no n4
+        late = DLedgerServer(
+            _config(tmp_path, "n3", {**three, "n3": addr["n3"]}, learners=frozenset({"n3"}))
+        )
+        await late.start()
+        await _until(lambda: late.committed_index >= index, 20, "n3 caught up from n4")
+        assert late.get(index).body == b"from n4"
+        assert late.status()["leader_id"] == "n4"
+    finally:
+        if late is not None:
+            await late.stop()
+        for s in servers.values():
+            await s.stop()
