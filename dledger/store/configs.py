@@ -49,12 +49,12 @@ class ConfigJournal:
             doc = [[r.index, r.term, r.body.decode()] for r in self.records]
             write_atomic(self.path, json.dumps(doc, separators=(",", ":")))
 
-    def add(self, new: Sequence[ConfigRecord], committed_index: int) -> None:
-        """Entries about to be written (call before their bytes go in); records that a
-        committed one supersedes are dropped on the way."""
+    def add(self, new: Sequence[ConfigRecord], floor_index: int) -> None:
+        """Entries about to be written (call before their bytes go in); records that one
+        at or below ``floor_index`` (committed and durable) supersedes are dropped."""
         if new:
             self.records = [r for r in self.records if r.index < new[0].index] + list(new)
-            self.compact(committed_index)
+            self.compact(floor_index)
             self._save()
 
     def truncated(self, from_index: int) -> None:

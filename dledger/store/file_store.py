@@ -248,7 +248,7 @@ class FileStore:
                         ConfigRecord(m.index, m.term, bytes(b))
                         for m, b in zip(metas, bodies, strict=True)
                     ],
-                    self._committed_index,
+                    self._config_floor(),
                 )
             self._write_runs(runs, metas, units, chain)
         if self.settings.flush == "sync":
@@ -303,7 +303,7 @@ class FileStore:
                 max_entry_bytes=self.settings.max_entry_bytes,
             )
             if metas:
-                self._configs.add(config_records(view, metas), self._committed_index)
+                self._configs.add(config_records(view, metas), self._config_floor())
                 self._write_runs(runs, metas, units, chain)
         if metas and self.settings.flush == "sync":
             self._sync_data()
@@ -525,6 +525,12 @@ class FileStore:
     @property
     def config_version(self) -> int:
         return self._configs.version
+
+    def _config_floor(self) -> int:
+        """Where the journal may forget older configurations: committed *and* on disk
+        here (a committed entry not yet synced can be lost by a crash, and the
+        configuration before it is then the one in force again; simulator seed 336)."""
+        return min(self._committed_index, self._durable_index)
 
     def config_records(self) -> list[ConfigRecord]:
         """The configuration entries the log holds, oldest first, after the newest one

@@ -331,11 +331,11 @@ def test_a_snapshot_carries_the_configuration_to_a_node_that_never_saw_its_entry
 def test_the_journal_skips_records_the_log_disagrees_with(tmp_path: Path) -> None:
     j = ConfigJournal(tmp_path / "members")
     j.bootstrap(b"boot")
-    j.add([ConfigRecord(3, 1, b"three"), ConfigRecord(5, 1, b"five")], committed_index=-1)
+    j.add([ConfigRecord(3, 1, b"three"), ConfigRecord(5, 1, b"five")], floor_index=-1)
     terms = {3: 2, 5: 1}  # entry 3 was replaced by another term's
     assert [r.index for r in j.valid(9, 0, terms.__getitem__)] == [-1, 5]
     assert [r.index for r in j.valid(4, 0, terms.__getitem__)] == [-1]  # 5 past the end
-    j.add([ConfigRecord(7, 2, b"seven")], committed_index=6)  # 5 is superseded: dropped
+    j.add([ConfigRecord(7, 2, b"seven")], floor_index=6)  # 5 is superseded: dropped
     assert [r.index for r in ConfigJournal(tmp_path / "members").records] == [5, 7]
     j.truncated(6)
     assert [r.index for r in ConfigJournal(tmp_path / "members").records] == [5]
