@@ -589,6 +589,12 @@ class DLedgerCore:
         node bootstrapped with), and the address of every member of any configuration
         the log holds (``MemberState.known``)."""
         records = self.store.config_records()
+        if not records:  # the journal's invariant (``store.configs``) says never
+            raise DLedgerError(
+                DLedgerCode.ILLEGAL_MEMBER_STATE,
+                "no configuration the log agrees with in the members file: the node"
+                " cannot tell who its members are (docs/formats.md, `members`)",
+            )
         configs = [Configuration.decode(r.body) for r in records]
         self._configs = [(r.index, c) for r, c in zip(records, configs, strict=True)]
         known: dict[str, str] = dict(self._learned)
