@@ -446,8 +446,20 @@ class DLedgerCore:
         the log head. Term, chain and next position come from the store; raises
         ``DLedgerError(UNEXPECTED_ARGUMENT)`` when ``last_index`` is not committed or is
         below ``ledger_begin_index - 1``. Returns the snapshot kept (an older one than the
-        one held is not kept)."""
-        snap = snapshot_of(self.store, last_index, data)
+        one held is not kept).
+
+        A leader whose commit index is behind the snapshot (its checkpoint lagged when it
+        restarted) commits up to it first: the application applies committed entries
+        only, so they were committed, and a leader holds every committed entry (§5.4),
+        so its entry there is that one. Otherwise the snapshot a follower needs could wait
+        for a commit that needs that follower (simulator, membership seed 707)."""
+        store = self.store
+        if (
+            self.member_state.role is Role.LEADER
+            and store.committed_index < last_index <= store.ledger_end_index
+        ):
+            self.commit_to(last_index)
+        snap = snapshot_of(store, last_index, data)
         if self.snapshot is None or snap.last_index >= self.snapshot.last_index:
             self.snapshot = snap
             self.log_event("snapshot", index=snap.last_index, bytes=len(snap.data))

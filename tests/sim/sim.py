@@ -722,6 +722,10 @@ class Simulation:
             return
         if snap.applied <= core.store.committed_index:
             core.set_snapshot(snap.applied, n.app_snapshot)
+        elif self.member_knobs.per_s and core.member_state.role is Role.LEADER:
+            # A leader behind its own snapshot commits up to it (``set_snapshot``). The
+            # other seeds keep their pinned traces: they never ask.
+            self.run(n, lambda c: c.set_snapshot(snap.applied, n.app_snapshot or b""))
 
     def _snapshot_event(self, n: SimNode, gen: int) -> None:
         if n.core is None or n.restarts != gen:
@@ -730,6 +734,8 @@ class Simulation:
         assert app is not None
         if not n.paused and app.applied >= 0:
             old = SimApp.decode(n.app_snapshot).applied if n.app_snapshot else -1
+            if self.member_knobs.per_s and app.applied <= old:
+                self._register(n)  # not registered yet (a leader behind it, say)
             if app.applied > old:
                 n.app_snapshot = app.encode()  # written atomically: durable from here
                 self._register(n)
