@@ -457,6 +457,9 @@ class DLedgerCore:
         if (
             self.member_state.role is Role.LEADER
             and store.committed_index < last_index <= store.ledger_end_index
+            # only entries of earlier terms (what a restart can leave uncounted): an
+            # entry of this term is committed by this leader's own count, never by a claim
+            and store.term_at(last_index) < self.member_state.curr_term
         ):
             self.commit_to(last_index)
         snap = snapshot_of(store, last_index, data)

@@ -29,7 +29,7 @@ from dledger.core.messages import (
     VoteResponse,
 )
 from dledger.core.settings import CoreSettings
-from dledger.store import MAGIC_CONFIG, FileStore, MemoryStore
+from dledger.store import MAGIC_CONFIG, FileStore, MemoryStore, TermVote
 from dledger.store.configs import ConfigJournal
 from dledger.store.entry import ConfigRecord
 from dledger.store.meta import MetaFileError
@@ -450,3 +450,34 @@ def test_frames_of_another_cluster_are_refused() -> None:
     )
     assert a.term(f) == term and len(a.sent) == since  # not taken, not answered
     assert a.events_of("foreign_cluster", f)
+
+
+def test_a_leader_behind_its_own_snapshot_commits_up_to_it() -> None:
+    """A leader restarted with a commit index behind its application's snapshot (the
+    checkpoint lagged) commits up to it when the snapshot is registered, for entries of
+    earlier terms; one of its own term is never committed by such a claim."""
+    c = Cluster(3, seed=41)
+    leader = c.wait_leader()
+    p = c.propose([b"a", b"b", b"c"])
+    assert c.tick_until(lambda: c.stores[leader].committed_index >= p.last_index) is not None
+    for f in (i for i in c.ids if i != leader):
+        c.stop(f)  # nothing commits any more
+    own = c.propose([b"of this term"], deliver=False)
+    core, store = c.cores[leader], c.stores[leader]
+    with pytest.raises(DLedgerError):
+        core.set_snapshot(own.last_index, b"a claim")  # this term's: refused
+    assert store.committed_index < own.last_index
+    # A new leader of a later term, whose commit index is behind entries of term 1
+    stores = {}
+    for nid in ("n0", "n1", "n2"):
+        stores[nid] = MemoryStore()
+        stores[nid].append_as_leader(1, [b"x", b"y", b"z"])
+        stores[nid].update_committed(0)
+        stores[nid].save_term_vote(TermVote(5, None))
+    d = Cluster(3, seed=42, stores=stores)
+    d.drop(lambda m: isinstance(m, PushEntryResponse))  # it commits nothing by count
+    assert d.tick_until(lambda: d.leader() is not None) is not None
+    new = d.leader()
+    assert new is not None and d.stores[new].committed_index == 0
+    assert d.cores[new].set_snapshot(2, b"app state at 2").last_index == 2
+    assert d.stores[new].committed_index == 2
