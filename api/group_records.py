@@ -24,16 +24,17 @@ Invariants:
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from starlette.responses import Response
 
 from broker import errors
 from broker.groups import ConsumerGroups, QueuePart
-from broker.message import RecordHead
+from broker.message import Buffer, RecordHead
 from broker.msgid import msg_id_prefix
 from broker.pop.service import PopGroups, Received
 from dledger.codes import DLedgerError
+from dledger.store import BODY_OFFSET
 
 from . import fetch, media, models
 from .metrics import NodeMetrics
@@ -60,6 +61,7 @@ PAGE_FRAME = struct.Struct(">II")
 RECEIPT = struct.Struct(">IqH")
 """delivery_attempt, invisible_until, receipt handle length (its ASCII follows): 14 bytes."""
 
+_SIZE_AND_OFFSET = struct.Struct(">i24xq")  # a record's TOTALSIZE and PHYSICALOFFSET (28)
 # A message of a POP answer: queue id, queue offset, its record's commitlog offset, its
 # index in the record.
 _Ref = tuple[int, int, int, int]
@@ -139,24 +141,40 @@ async def group_pull_response(
 class RecordRefs:
     """The ``MessageMaker`` of a POP receive in the record format: each message as
     ``(queue_id, queue_offset, commitlog_offset, index)`` of its record, whose bytes
-    are read (checked, ``read``) and kept once per answer, when the message is made:
-    before the receive is appended, as the JSON maker renders its messages."""
+    are kept once per answer, taken when the message is made: before the receive is
+    appended, as the JSON maker renders its messages then.
 
-    __slots__ = ("body_bytes", "read", "records")
+    The record is the one the message's views were cut from. A read of the log hands
+    each checked entry out as one ``bytes`` (``Reads.read_record``, ``_read_records``:
+    header and record), which the views are of (``memoryview.obj``): it is kept when
+    it is exactly that entry (its length, the record's TOTALSIZE and PHYSICALOFFSET);
+    otherwise the record is read again, checked (``read``)."""
+
+    __slots__ = ("body_bytes", "read", "records", "reread")
 
     def __init__(self, read: Callable[[int, int], memoryview]) -> None:
         self.read = read
-        self.records: dict[int, bytes] = {}  # by commitlog offset
+        self.records: dict[int, Buffer] = {}  # by commitlog offset
         self.body_bytes = 0  # of the messages made: the pulled-bytes metric
+        self.reread = 0  # records read again (their views were not of their entry)
 
     def __call__(
         self, h: RecordHead, queue_offset: int, address: int, body: memoryview, props: memoryview
     ) -> _Ref:
         offset = h.physical_offset
         if offset not in self.records:
-            self.records[offset] = bytes(self.read(offset, h.size))
+            self.records[offset] = self._record(h, body)
         self.body_bytes += len(body)
         return h.queue_id, queue_offset, offset, address - offset
+
+    def _record(self, h: RecordHead, body: memoryview) -> Buffer:
+        entry = body.obj
+        if isinstance(entry, bytes) and len(entry) == BODY_OFFSET + h.size:
+            size, physical = _SIZE_AND_OFFSET.unpack_from(entry, BODY_OFFSET)
+            if size == h.size and physical == h.physical_offset:
+                return memoryview(entry)[BODY_OFFSET:]
+        self.reread += 1
+        return bytes(self.read(h.physical_offset, h.size))
 
 
 def _runs(refs: list[_Ref]) -> list[list[_Ref]]:
@@ -170,10 +188,10 @@ def _runs(refs: list[_Ref]) -> list[list[_Ref]]:
     return runs
 
 
-def _pop_page(run: list[_Ref], records: dict[int, bytes], prefix: bytes) -> memoryview:
+def _pop_page(run: list[_Ref], records: Mapping[int, Buffer], prefix: bytes) -> memoryview:
     """A record page (``api.fetch``'s layout) of one queue's messages of a POP answer."""
     at: dict[int, int] = {}  # commitlog offset → position in the records area
-    area: list[bytes] = []
+    area: list[Buffer] = []
     size = 0
     entries: list[int] = []
     for _, queue_offset, offset, index in run:
@@ -191,7 +209,7 @@ def _pop_page(run: list[_Ref], records: dict[int, bytes], prefix: bytes) -> memo
 
 
 def encode_received(
-    received: list[Received[_Ref]], records: dict[int, bytes], prefix: str
+    received: list[Received[_Ref]], records: Mapping[int, Buffer], prefix: str
 ) -> bytes:
     """A POP receive's record answer (see the module docstring)."""
     name = prefix.encode("ascii")

@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from api import fetch, group_records, media
+from broker.message import decode_head
 from ledgermq import client
 from ledgermq.client import fetch as client_fetch
 from ledgermq.client.types import PopMessage, ReceivedMessage, decode_message, decode_pop_message
@@ -461,3 +462,26 @@ async def test_the_client_consumes_and_pops_the_same_both_ways(tmp_path: Path) -
         assert [
             (m.msg_id, m.body, m.tags, m.properties, m.delivery_attempt) for m in popped[True]
         ] == [(m.msg_id, m.body, m.tags, m.properties, m.delivery_attempt) for m in popped[False]]
+
+
+@pytest.mark.asyncio
+async def test_a_pop_answer_keeps_the_records_its_messages_were_read_from(tmp_path: Path) -> None:
+    """``RecordRefs`` keeps the checked entry a message's views were cut from (no second
+    read): a real receive reads nothing again, ordinary and batch records alike; views
+    of anything else make it read the record again, to the same bytes."""
+    async with running_node(node_settings(tmp_path / "n0", batch_records=True)) as n:
+        await produce(n, "rr", *[{"body": f"b{i}", "queue_id": 0} for i in range(5)])
+        await produce(n, "rr", {"body": "alone", "queue_id": 1})
+        await n.http.put("/v1/groups/p", json={"start": "earliest"})
+        reads = n.broker.reads
+        refs = group_records.RecordRefs(reads.read_record)
+        got = await n.broker.pop.receive(refs, "p", "rr", max_messages=10)
+        assert len(got) == 6 and refs.reread == 0 and len(refs.records) == 2
+        for offset, kept in refs.records.items():
+            record = reads.read_record(offset, len(kept))
+            assert bytes(kept) == bytes(record)
+            h = decode_head(record)
+            copy = memoryview(bytes(record))  # views of another buffer: read again
+            again = group_records.RecordRefs(reads.read_record)
+            again(h, 0, offset, copy[h.body_at : h.body_at + 1], copy[h.props_at : h.props_at])
+            assert again.reread == 1 and bytes(again.records[offset]) == bytes(record)
