@@ -23,7 +23,7 @@ from broker.message import decode_head
 from ledgermq import client
 from ledgermq.client import fetch as client_fetch
 from ledgermq.client.types import PopMessage, ReceivedMessage, decode_message, decode_pop_message
-from tests.api.conftest import TEST_LIMITS, Node, node_settings, running_node
+from tests.api.conftest import TEST_LIMITS, Node, node_settings, running_node, serving
 from tests.api.test_app import produce
 
 RECORDS = {"accept": media.RECORDS}
@@ -485,3 +485,27 @@ async def test_a_pop_answer_keeps_the_records_its_messages_were_read_from(tmp_pa
             again = group_records.RecordRefs(reads.read_record)
             again(h, 0, offset, copy[h.body_at : h.body_at + 1], copy[h.props_at : h.props_at])
             assert again.reread == 1 and bytes(again.records[offset]) == bytes(record)
+
+
+def test_the_blocking_client_reads_group_and_pop_answers_over_sockets(tmp_path: Path) -> None:
+    """Over real sockets (uvicorn on 127.0.0.1, httpx): the blocking Consumer and
+    PopConsumer ask for the record format by default and get what JSON gives."""
+    with serving(node_settings(tmp_path / "n0")) as node:
+        with client.Admin(node.url) as admin:
+            admin.create_topic("bl", queues=2)
+            for group in ("p-rec", "p-json"):
+                admin.configure_group(group, start="earliest")
+        with client.Producer(node.url) as p:
+            p.send("bl", [client.Message(f"m{i}", tags="T", queue_id=i % 2) for i in range(6)])
+        polled, popped = {}, {}
+        for record_pull, name in ((True, "rec"), (False, "json")):
+            with client.Consumer(node.url, f"g-{name}", "bl", record_pull=record_pull) as c:
+                polled[name] = c.poll(max_messages=10)
+            with client.PopConsumer(node.url, f"p-{name}", "bl", record_pull=record_pull) as pc:
+                got = pc.receive(max_messages=10)
+                assert all(r.ok for r in pc.ack(got))
+                popped[name] = got
+        assert polled["rec"] == polled["json"] and len(polled["rec"]) == 6
+        assert type(polled["rec"][0]) is client_fetch.RecordMessage
+        assert type(popped["rec"][0]) is client_fetch.RecordPopMessage
+        assert sorted(m.body for m in popped["rec"]) == sorted(m.body for m in popped["json"])
