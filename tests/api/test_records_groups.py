@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import pickle
 import random
 import struct
 from dataclasses import replace
@@ -459,6 +460,11 @@ async def test_the_client_consumes_and_pops_the_same_both_ways(tmp_path: Path) -
                 assert all(r.ok for r in await c.ack(ms))
                 popped[record_pull] = ms
         assert len(popped[True]) == 50  # (the handles differ: each group's epochs)
+        m = popped[True][0]
+        plain = m.plain() if isinstance(m, client_fetch.RecordPopMessage) else None
+        assert type(plain) is PopMessage and plain == m and m == plain
+        assert pickle.loads(pickle.dumps(m)) == plain and "RecordPopMessage(" in repr(m)
+        assert m != popped[False][0]  # another group's handle
         assert [
             (m.msg_id, m.body, m.tags, m.properties, m.delivery_attempt) for m in popped[True]
         ] == [(m.msg_id, m.body, m.tags, m.properties, m.delivery_attempt) for m in popped[False]]
