@@ -17,6 +17,7 @@ from broker.errors import BrokerError
 JSON = "application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 RECORDS = "application/vnd.ledgermq.records"
+RECORDS_ONLY = (RECORDS,)  # the binary answer of a group pull and a POP receive
 
 # Response headers of a binary pull: what the JSON body's fields say besides "messages".
 PULL_STATUS = "LedgerMQ-Pull-Status"

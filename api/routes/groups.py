@@ -40,7 +40,6 @@ def offsets_out(offsets: dict[int, int]) -> dict[str, int]:
 
 
 router = APIRouter(tags=["groups"])
-RECORDS_ONLY = (media.RECORDS,)  # a group pull's binary answer (api.group_records)
 
 # The groups and their committed offsets: list, read, commit, reset.
 
@@ -118,7 +117,7 @@ async def group_pull(
     long_poll: LongPollDep,
 ) -> Response:
     access.need("consume", body.topic)
-    if media.pull_format(request.headers.get("accept"), RECORDS_ONLY) == media.RECORDS:
+    if media.pull_format(request.headers.get("accept"), media.RECORDS_ONLY) == media.RECORDS:
         with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
             return await group_records.group_pull_response(groups, metrics, group, body)
     make = JSONMessages(groups.settings.group, body.encoding)

@@ -61,7 +61,7 @@ async def receive(
     long_poll: LongPollDep,
 ) -> Response:
     access.need("consume", body.topic)
-    if media.pull_format(request.headers.get("accept"), (media.RECORDS,)) == media.RECORDS:
+    if media.pull_format(request.headers.get("accept"), media.RECORDS_ONLY) == media.RECORDS:
         with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
             return await group_records.receive_response(pop, metrics, group, body)
     make = JSONMessages(pop.settings.group, body.encoding)
