@@ -104,11 +104,12 @@ class _Page:
     once for all of them (each record's parts, a batch record's inner records, the
     parsed property blocks and topics)."""
 
-    __slots__ = ("buf", "prefix", "props", "records", "topics")
+    __slots__ = ("buf", "prefix", "props", "queue_id", "records", "topics")
 
-    def __init__(self, buf: bytes, prefix: str) -> None:
+    def __init__(self, buf: bytes, prefix: str, queue_id: int | None = None) -> None:
         self.buf = buf
         self.prefix = prefix
+        self.queue_id = queue_id  # every record's QUEUEID (a page of many queues' answer)
         # by record position: its parts (ordinary) or its inner records' (batch)
         self.records: dict[int, list[_Parts]] = {}
         self.props: dict[bytes, _Props] = {}
@@ -137,6 +138,8 @@ class _Page:
         (props_len,) = _U16.unpack_from(buf, props_len_at)
         if props_len_at + 2 + props_len != at + size:
             raise RecordPageError(f"record at {at}: PROPERTIES length disagrees with TOTALSIZE")
+        if self.queue_id is not None and _QUEUE_ID.unpack_from(buf, at + 12)[0] != self.queue_id:
+            raise RecordPageError(f"record at {at}: not of queue {self.queue_id}")
         if sys_flag & _BATCH_FLAG:
             got = _walk(buf, at + 88, topic_at)
         else:
@@ -424,10 +427,14 @@ def decode_page(content: bytes | memoryview) -> RecordPage:
 
 
 def _decode_page(
-    buf: bytes, start: int, end: int, kind: type[RecordMessage] | type[RecordPopMessage]
+    buf: bytes,
+    start: int,
+    end: int,
+    kind: type[RecordMessage] | type[RecordPopMessage],
+    queue_id: int | None = None,
 ) -> RecordPage:
     """The record page ``buf[start:end]`` (no copy: its messages hold ``buf``), each
-    message made a ``kind``."""
+    message made a ``kind``; with ``queue_id``, every record of it that queue's."""
     size = end - start
     if size < HEADER.size:
         raise RecordPageError(f"{size} bytes: shorter than the {HEADER.size}-byte header")
@@ -449,7 +456,7 @@ def _decode_page(
         prefix = buf[start + HEADER.size : table].decode("ascii")
     except UnicodeDecodeError:
         raise RecordPageError("the msg id prefix is not ASCII") from None
-    page = _Page(buf, prefix)
+    page = _Page(buf, prefix, queue_id)
     flat = struct.unpack_from(f">{'qII' * n}", buf, table)
     messages: list[ReceivedMessage] = []
     new, append, record = kind.__new__, messages.append, page.record
@@ -513,9 +520,7 @@ def _decode_frames(
         at += PAGE_FRAME.size
         if at + size > len(buf):
             raise RecordPageError(f"page {i}: {size} bytes, past the end")
-        page = _decode_page(buf, at, at + size, kind)
-        if any(m.queue_id != queue_id for m in page.result.messages):
-            raise RecordPageError(f"page {i}: a message of another queue than {queue_id}")
+        page = _decode_page(buf, at, at + size, kind, queue_id)
         pages.append(QueuePage(queue_id, page.result))
         at += size
     if at != len(buf):

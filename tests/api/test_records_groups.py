@@ -26,6 +26,7 @@ from ledgermq.client import fetch as client_fetch
 from ledgermq.client.types import PopMessage, ReceivedMessage, decode_message, decode_pop_message
 from tests.api.conftest import TEST_LIMITS, Node, node_settings, running_node, serving
 from tests.api.test_app import produce
+from tests.fuzz.targets_api import _answer_seeds
 
 RECORDS = {"accept": media.RECORDS}
 
@@ -515,3 +516,14 @@ def test_the_blocking_client_reads_group_and_pop_answers_over_sockets(tmp_path: 
         assert type(polled["rec"][0]) is client_fetch.RecordMessage
         assert type(popped["rec"][0]) is client_fetch.RecordPopMessage
         assert sorted(m.body for m in popped["rec"]) == sorted(m.body for m in popped["json"])
+
+
+def test_a_page_framed_for_another_queue_is_refused() -> None:
+    """A frame names its page's queue: a record of another queue in it is refused."""
+    group, pop = (seed[1:] for seed in _answer_seeds())
+    assert client_fetch.decode_group(group)[0].queue_id == 1
+    at = group_records.GROUP_HEADER.size
+    wrong = group[:at] + group_records.PAGE_FRAME.pack(0, len(group) - at - 8)[:4] + group[at + 4 :]
+    with pytest.raises(client_fetch.RecordPageError, match="not of queue 0"):
+        client_fetch.decode_group(wrong)
+    assert [m.queue_id for m in client_fetch.decode_received(pop)] == [1, 0, 0]
