@@ -1344,7 +1344,7 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
                 batch=a.consume_batch,
                 clients=a.queues,
                 warmup=0.0,
-                extra={**extra, "group": f"bench-g{label.strip() or '-json'}"},
+                extra={**extra, "group": f"bench-g-{label.strip() or 'json'}"},
             )
             add("group pull (auto_commit), a group per client", r)
     finally:
