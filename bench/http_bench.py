@@ -1559,7 +1559,13 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
             )
         )
     for r in results["scenarios"]:
-        if r["kind"] in ("pull", "group"):
+        if r["kind"] == "group":
+            print(
+                f"  {r['scenario']}: {r['messages']:,} messages read in {r['seconds']} s by"
+                f" {r['clients']} groups, each reading the topic's"
+                f" {results['consume_available_messages']:,} from its first"
+            )
+        if r["kind"] == "pull":
             print(
                 f"  {r['scenario']}: {r['messages']:,} of "
                 f"{results['consume_available_messages']:,} messages read in {r['seconds']} s"
