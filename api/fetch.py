@@ -58,6 +58,7 @@ __all__ = [
     "STATUSES",
     "VERSION",
     "RecordsPull",
+    "encode_page",
     "encode_records",
     "pull_records",
     "pull_response",
@@ -90,13 +91,14 @@ class _Copier:
     and writes its table entries. A batch record's units may fall in two chunks (a
     chunk splits where a page's span halves): it is copied once, at its first."""
 
-    __slots__ = ("area", "body_bytes", "entries", "last", "last_at", "out", "pos")
+    __slots__ = ("area", "body_bytes", "entries", "last", "last_at", "out", "pos", "stored")
 
     def __init__(self, out: bytearray, area: int) -> None:
         self.out = out
         self.area = self.pos = area  # the records area's start in ``out``; the next byte
         self.entries: list[int] = []  # flat: queue offset, record position, inner index
         self.body_bytes = 0  # the messages' bodies: the pulled-bytes metric
+        self.stored = 0  # their stored bytes (``broker.reads.stored_size``): a group's budget
         self.last = -1  # the commitlog offset of the last record copied
         self.last_at = 0  # and its position in the records area
 
@@ -132,10 +134,13 @@ class _Copier:
                     )
                 entries += (taken[0], at, 0)
                 self.body_bytes += body_len
+                self.stored += size
             else:
-                self.body_bytes += _inner_bodies(
+                bodies, inner_sizes = _inner_bodies(
                     data, rel, body_len, taken, queue_base=queue_base, what=f"record at {offset}"
                 )
+                self.body_bytes += bodies
+                self.stored += inner_sizes
                 entries += itertools.chain.from_iterable(
                     zip(taken, itertools.repeat(at), range(first, last + 1), strict=False)
                     if isinstance(taken, range)
@@ -146,10 +151,11 @@ class _Copier:
 
 def _inner_bodies(
     data: memoryview, rel: int, body_len: int, taken: Sequence[int], *, queue_base: int, what: str
-) -> int:
-    """The sum of the BODY lengths of the batch record's messages ``taken`` (queue
-    offsets, ascending; the record at ``data[rel]``, its QUEUEOFFSET ``queue_base``):
-    its inner records walked up to the last one taken, each checked to fit."""
+) -> tuple[int, int]:
+    """The sums of the BODY lengths and of the TOTALSIZEs of the batch record's messages
+    ``taken`` (queue offsets, ascending; the record at ``data[rel]``, its QUEUEOFFSET
+    ``queue_base``): its inner records walked up to the last one taken, each checked to
+    fit."""
     first, last = taken[0] - queue_base, taken[-1] - queue_base
     if first < 0:
         raise MessageFormatError(f"{what}: queue offset {taken[0]} is before it")
@@ -157,7 +163,7 @@ def _inner_bodies(
     unpack_inner = _INNER.unpack_from
     at = rel + _BODY_AT
     stop = at + body_len
-    total = 0
+    total = sizes = 0
     for index in range(last + 1):
         if stop - at < _INNER_MIN:
             raise MessageFormatError(f"{what}: queue offset {queue_base + index} is not in it")
@@ -166,8 +172,9 @@ def _inner_bodies(
             raise MessageFormatError(f"{what}: inner record {index} does not fit")
         if index >= first and (wanted is None or index in wanted):
             total += inner_body
+            sizes += size
         at += size
-    return total
+    return total, sizes
 
 
 def _records_bytes(units: bytes) -> int:
@@ -199,6 +206,28 @@ def encode_records(
 ) -> tuple[memoryview, int]:
     """The record page of ``page`` (see the module docstring) and the sum of its
     messages' body lengths. ``prefix``: the node's msg id prefix (``msg_id_prefix``)."""
+    content, body_bytes, _ = encode_page(
+        page,
+        status=status,
+        next_offset=next_offset,
+        min_offset=min_offset,
+        max_offset=max_offset,
+        prefix=prefix,
+    )
+    return content, body_bytes
+
+
+def encode_page(
+    page: RawPage,
+    *,
+    status: str,
+    next_offset: int,
+    min_offset: int,
+    max_offset: int,
+    prefix: str,
+) -> tuple[memoryview, int, int]:
+    """``encode_records``, and the stored bytes of the page's messages (``Sized``'s
+    count: a batch record's inner records taken, an ordinary record whole)."""
     name = prefix.encode("ascii")
     n = page.count
     records_bytes = _records_bytes(page.units)
@@ -225,7 +254,7 @@ def encode_records(
             f"record page: {copier.pos - head} of {records_bytes} record bytes"
         )
     struct.pack_into(f">{'qII' * n}", out, HEADER.size + len(name), *copier.entries)
-    return memoryview(out), copier.body_bytes
+    return memoryview(out), copier.body_bytes, copier.stored
 
 
 async def pull_records(

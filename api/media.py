@@ -17,6 +17,7 @@ from broker.errors import BrokerError
 JSON = "application/json"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 RECORDS = "application/vnd.ledgermq.records"
+RECORDS_ONLY = (RECORDS,)  # the binary answer of a group pull and a POP receive
 
 # Response headers of a binary pull: what the JSON body's fields say besides "messages".
 PULL_STATUS = "LedgerMQ-Pull-Status"
@@ -37,12 +38,13 @@ def _quality(params: list[str]) -> float:
     return 1.0
 
 
-def pull_format(accept: str | None) -> str:
-    """The pull answer's media type: ``RECORDS`` or ``ARROW_STREAM`` when ``Accept``
-    names it with a quality above 0 and at least that of JSON and of the other binary
-    type it also names (a tie: the record page, then Arrow), else ``JSON``. ``*/*``, a
-    missing header, JSON alone, types the route does not make and qualities that do not
-    parse (0) keep the JSON default."""
+def pull_format(accept: str | None, offered: tuple[str, ...] = (RECORDS, ARROW_STREAM)) -> str:
+    """The pull answer's media type: one of the binary types ``offered`` (``RECORDS``,
+    ``ARROW_STREAM``) when ``Accept`` names it with a quality above 0 and at least that
+    of JSON and of the other binary type it also names (a tie: the record page, then
+    Arrow), else ``JSON``. ``*/*``, a missing header, JSON alone, types the route does
+    not make and qualities that do not parse (0) keep the JSON default. The group pull
+    and the POP receive offer ``RECORDS`` alone (an Arrow type they ignore)."""
     if not accept or "vnd." not in accept.lower():
         return JSON
     best, best_q = JSON, 0.0
@@ -54,6 +56,8 @@ def pull_format(accept: str | None) -> str:
             quality[media] = max(quality[media], _quality(params))
     for media in (RECORDS, ARROW_STREAM):
         q = quality[media]
+        if media not in offered:
+            continue
         if q > 0 and q >= quality[JSON] and q > best_q:
             best, best_q = media, q
     return best
@@ -109,6 +113,29 @@ ARROW_PULL_RESPONSE: dict[str, Any] = {
             (PULL_MAX_OFFSET, "the queue's next offset to write (binary answers)", "integer"),
             (PULL_COUNT, "messages in the answer (binary answers)", "integer"),
         )
+    },
+}
+
+
+GROUP_PULL_DOC = f"""With `Accept: {RECORDS}` the answer is binary: a record page per queue
+looked at, each as the one-queue pull makes it, with its queue's status and next offset
+(the JSON body's `next_offsets`), framed by a 16-byte header (magic `LMQG`, version,
+page and message counts) and 8 bytes per page (queue_id, the page's length); docs/formats.md
+"Record pages of many queues". The messages, budget, long poll, commit and errors are the
+JSON group pull's; `encoding` does not apply. The header `{PULL_COUNT}` says how many
+messages it holds."""
+
+RECEIVE_DOC = f"""With `Accept: {RECORDS}` the answer is binary (docs/formats.md "Record
+pages of many queues"): a 16-byte header (magic `LMQP`, version, page and message
+counts), a receipt per message (delivery_attempt, invisible_until, the receipt handle),
+then the messages as record pages, one per run of a queue's messages. What is handed out,
+the long poll and the errors are the JSON receive's; `encoding` does not apply."""
+
+RECORDS_RESPONSE: dict[str, Any] = {
+    "description": "JSON, or (when asked) record pages",
+    "content": {RECORDS: {"schema": {"type": "string", "format": "binary"}}},
+    "headers": {
+        PULL_COUNT: {"description": "messages (binary answers)", "schema": {"type": "integer"}}
     },
 }
 

@@ -26,10 +26,16 @@ Scenarios, each ``--seconds`` long (after ``--warmup`` s that are not counted):
    message's body and tags (``--no-consume-decode`` skips them). Then ``floor blob``:
    ``GET /blob`` answering as many bytes as the average pull answer of each format,
    from as many clients.
+3. ``group pull``: ``--queues`` clients, each a consumer group of its own reading the
+   topic from its first message, ``POST /v1/groups/G-k/pull`` of ``--consume-batch``
+   with ``auto_commit`` (a replicated commit per pull), as JSON, then as records
+   (issue 31: a record page per queue looked at). These clients count each answer's
+   messages by a scan (JSON) or its header (records) and parse one answer in full.
 
 For each: messages/s, MB/s (message bodies, 10^6 B; for the floor rows, the bodies the
-same requests carried), requests/s, p50/p99 request latency, errors, and the CPU used by
-each process (from /proc) during the measured window: the machine's cores are shared by
+same requests carried), requests/s, p50/p99 request latency, errors, the answering
+node's CPU µs per message, and the CPU used by each process (from /proc) during the
+measured window: the machine's cores are shared by
 the three nodes, the floor app and the load generator.
 
 The load generator runs in its own process (multiprocessing, spawn) on a uvloop loop:
@@ -51,7 +57,9 @@ produces ``--pop-messages`` (200,000) 1 KiB messages (not timed), then ``--pop-c
 (16) consumers, each one keep-alive connection, loop ``POST /v1/groups/G/receive``
 (``--pop-batch`` 32, invisible 30 s, long poll 1 s) and ``POST /v1/groups/G/ack`` of
 every handle received, until the group acked the backlog (or ``--pop-seconds``; a run
-also ends when no ack succeeded for ``--request-timeout``). It reports messages acked
+also ends when no ack succeeded for ``--request-timeout``). Each run does this once per
+``--pop-formats`` (``json,records``: the receives answered as JSON, then in the record
+format, whose receipts the consumers read without a look at the pages). It reports messages acked
 per second, receive / ack / round latencies, and CPU µs per message of the master and of
 all nodes; ``--profile`` samples the master with ``py-spy record`` over the drain and
 prints its top functions.
@@ -301,6 +309,27 @@ def _page_next(data: bytes) -> tuple[str, int]:
     return record_pages.STATUSES[status], next_offset
 
 
+def _json_receipts(data: bytes) -> tuple[list[bytes], int]:
+    """The receipt handles of a JSON receive answer and how many of its messages are
+    first deliveries, by a scan (no parse)."""
+    return HANDLE.findall(data), data.count(b'"delivery_attempt":1,')
+
+
+def _receipts(data: bytes) -> tuple[list[bytes], int]:
+    """The same of a receive answered in the record format (docs/formats.md "Record
+    pages of many queues"): its receipts, read without a look at the pages."""
+    _, _, _, n = record_pages.GROUP_HEADER.unpack_from(data)
+    at, handles, firsts = record_pages.GROUP_HEADER.size, [], 0
+    unpack = record_pages.RECEIPT.unpack_from
+    for _ in range(n):
+        attempt, _, length = unpack(data, at)
+        at += record_pages.RECEIPT.size
+        handles.append(data[at : at + length])
+        at += length
+        firsts += attempt == 1
+    return handles, firsts
+
+
 def _decode_all(data: bytes, records: bool) -> int:
     """What the Python client makes of a pull answer, every message's body and tags
     read (a consumer's least): the messages' count."""
@@ -463,6 +492,54 @@ class LoadGen:
         finally:
             await conn.aclose()
 
+    async def group_client(self, k: int, conn: RawConnection | HttpxConnection) -> None:
+        """A consumer group of its own (``group``-``k``): group pulls of ``batch`` from its
+        committed offsets with ``auto_commit`` (a commit per pull), as JSON or records,
+        until a pull finds nothing (the group read the topic) or the time is up."""
+        s = self.spec
+        records = bool(s.get("records"))
+        path = f"/v1/groups/{s['group']}-{k}/pull"
+        body = orjson.dumps({"topic": s["topic"], "max_messages": s["batch"], "auto_commit": True})
+        head = _post_head(s["host"], s["port"], path, len(body))
+        if records:
+            head = head[:-2] + f"Accept: {record_pages.MEDIA_TYPE}\r\n\r\n".encode()
+        req = (path, head, body)
+        checked = False
+        try:
+            while time.monotonic() < self.stop_at:
+                t0 = time.monotonic()
+                got = await self._one(conn, req)
+                t1 = time.monotonic()
+                if got is None:
+                    continue
+                data = got[1]
+                if records:
+                    n = record_pages.GROUP_HEADER.unpack_from(data)[3]
+                else:
+                    n = data.count(b'"queue_offset":')
+                if n and not checked:  # one answer per client parsed in full
+                    if records:
+                        msgs = [
+                            m for p in record_pages.decode_group(data) for m in p.result.messages
+                        ]
+                        bodies = [m.body for m in msgs]
+                    else:
+                        bodies = [m["body"] for m in orjson.loads(data)["messages"]]
+                    if len(bodies) != n or any(len(b) != s["body_size"] for b in bodies):
+                        raise WrongAnswerError(f"group {k}: a group pull does not add up")
+                    checked = True
+                self.progress.value += 1
+                if not n:
+                    break
+                if self._in_window(t1):
+                    self.tally.latencies.append(t1 - t0)
+                    self.tally.requests += 1
+                    self.tally.messages += n
+                    self.tally.response_bytes += len(data)
+                    self.pull_done = max(self.pull_done, t1)
+        finally:
+            await conn.aclose()
+
     async def pop_client(self, conn: RawConnection | HttpxConnection) -> None:
         """A consumer of a POP group: receive (``batch`` at most), ack every handle it
         got, again, until ``pop_messages`` were acked by all of them (or the time is
@@ -478,7 +555,11 @@ class LoadGen:
                 "wait_ms": s["wait_ms"],
             }
         )
-        receive = (path, _post_head(host, port, path, len(body)), body)
+        records = bool(s.get("records"))
+        head = _post_head(host, port, path, len(body))
+        if records:  # (issue 31: the answer in the record format)
+            head = head[:-2] + f"Accept: {record_pages.MEDIA_TYPE}\r\n\r\n".encode()
+        receive = (path, head, body)
         ack_path = f"/v1/groups/{s['group']}/ack"
         ack_head = b'{"topic":' + orjson.dumps(s["topic"]) + b',"receipt_handles":["'
         checked = False
@@ -492,7 +573,7 @@ class LoadGen:
                 if got is None:
                     continue
                 data = got[1]
-                handles = HANDLE.findall(data)
+                handles, firsts = _receipts(data) if records else _json_receipts(data)
                 p.receives += 1
                 if not handles:
                     p.empty += 1  # the long poll waited, or the rest is with others
@@ -501,9 +582,8 @@ class LoadGen:
                     continue
                 p.receive_latencies.append(t1 - t0)  # (an empty one waited its wait_ms)
                 if not checked:
-                    self._check_received(data, handles)
+                    self._check_received(data, handles, records)
                     checked = True
-                firsts = data.count(b'"delivery_attempt":1,')
                 p.redelivered = (p.redelivered or 0) + len(handles) - firsts
                 ack = ack_head + b'","'.join(handles) + b'"]}'
                 req = (ack_path, _post_head(host, port, ack_path, len(ack)), ack)
@@ -520,12 +600,21 @@ class LoadGen:
         finally:
             await conn.aclose()
 
-    def _check_received(self, data: bytes, handles: list[bytes]) -> None:
+    def _check_received(self, data: bytes, handles: list[bytes], records: bool) -> None:
         """One receive answer per consumer parsed in full: the handles the scan found are
         the messages', whose bodies are whole."""
-        msgs = orjson.loads(data)["messages"]
-        if [m["receipt_handle"].encode() for m in msgs] != handles or any(
-            len(m["body"]) != self.spec["body_size"] or m["delivery_attempt"] < 1 for m in msgs
+        if records:
+            got = [
+                (m.receipt_handle, len(m.body), m.delivery_attempt)
+                for m in record_pages.decode_received(data)
+            ]
+        else:
+            got = [
+                (m["receipt_handle"], len(m["body"]), m["delivery_attempt"])
+                for m in orjson.loads(data)["messages"]
+            ]
+        if [h.encode() for h, _, _ in got] != handles or any(
+            size != self.spec["body_size"] or attempt < 1 for _, size, attempt in got
         ):
             raise WrongAnswerError("a receive answer does not add up")
 
@@ -550,11 +639,13 @@ class LoadGen:
 
     async def run(self) -> dict[str, Any]:
         s = self.spec
-        if s["kind"] in ("pull", "pop"):
+        if s["kind"] in ("pull", "pop", "group"):
             n = s["queues"] if s["kind"] == "pull" else s["clients"]
             conns = [await self._connect() for _ in range(n)]
             if s["kind"] == "pull":
                 tasks = [self.pull_client(q, c) for q, c in enumerate(conns)]
+            elif s["kind"] == "group":
+                tasks = [self.group_client(k, c) for k, c in enumerate(conns)]
             else:
                 tasks = [self.pop_client(c) for c in conns]
         elif s["kind"] == "blob":
@@ -587,7 +678,7 @@ class LoadGen:
                 self.conn.send({"event": "window_end"})
         t = self.tally
         seconds = s["seconds"]
-        if s["kind"] in ("pull", "pop") and self.pull_done:
+        if s["kind"] in ("pull", "pop", "group") and self.pull_done:
             seconds = min(seconds, self.pull_done - self.measure_from)
         elif ended < self.stop_at:  # a fill that sent its budget
             seconds = max(1e-3, ended - self.measure_from)
@@ -1087,6 +1178,10 @@ class Bench:
         if server != "floor":
             term1 = self.term(server)
             row["term_changed"] = term0 is not None and term1 != term0
+            msgs = row["messages"]
+            row["node_cpu_us_per_msg"] = (
+                round(cpu_s[server] / msgs * 1e6, 1) if msgs and server in cpu_s else None
+            )
         line = (
             f"{name}: {row['msgs_per_s']:,} msg/s, {row['req_per_s']:,} req/s, "
             f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms, errors {row['errors']}"
@@ -1239,6 +1334,19 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
             add("consume", floor)
         for r in pulls:
             add("consume", r, floors[1 if r["scenario"].find(" records") > 0 else 0])
+        # Group pulls (issue 31): a group per client from the earliest message, each
+        # pull auto-committed, JSON then records (a page per queue looked at).
+        for label, extra in formats:
+            r = b.scenario(
+                f"group pull b={a.consume_batch}{label}",
+                "group",
+                b.master(),
+                batch=a.consume_batch,
+                clients=a.queues,
+                warmup=0.0,
+                extra={**extra, "group": f"bench-g-{label.strip() or 'json'}"},
+            )
+            add("group pull (auto_commit), a group per client", r)
     finally:
         b.close()
     return results
@@ -1262,10 +1370,12 @@ def run_pop(a: argparse.Namespace, root: Path) -> dict[str, Any]:
         print(f"cluster ready, master {master}", file=sys.stderr)
         b.create_topic(master)
         b.create_pop_group(master)
-        for k in range(1, a.repeat + 1):
+        runs = [(k, fmt) for k in range(1, a.repeat + 1) for fmt in a.pop_formats]
+        for k, fmt in runs:
+            label = "" if fmt == "json" else f" {fmt}"
             master = b.master()
             fill = b.scenario(
-                f"fill {a.pop_messages:,} ({k})",
+                f"fill {a.pop_messages:,} ({k}{label})",
                 "produce",
                 master,
                 path=f"/v1/topics/{TOPIC}/messages",
@@ -1280,11 +1390,11 @@ def run_pop(a: argparse.Namespace, root: Path) -> dict[str, Any]:
             backlog = b.pop_backlog(master)
             profiler = None
             if a.profile:
-                out = (a.profile_dir or root) / f"pop-master-{k}.txt"
+                out = (a.profile_dir or root) / f"pop-master-{k}{label.replace(' ', '-')}.txt"
                 out.parent.mkdir(parents=True, exist_ok=True)
                 profiler = Profiler(b.cluster.procs[master].pid, out, a.profile_rate, a.profile_gil)
             row = b.scenario(
-                f"pop run {k}",
+                f"pop run {k}{label}",
                 "pop",
                 master,
                 batch=a.pop_batch,
@@ -1296,6 +1406,7 @@ def run_pop(a: argparse.Namespace, root: Path) -> dict[str, Any]:
                     "invisible_ms": a.pop_invisible_ms,
                     "wait_ms": a.pop_wait_ms,
                     "pop_messages": backlog,
+                    "records": fmt == "records",
                 },
                 profiler=profiler,
             )
@@ -1333,7 +1444,7 @@ def print_pop_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
         "load: the 1-minute load average at the end."
     )
     hdr = (
-        f"  {'run':<10}{'acked':>9}{'s':>7}{'msg/s':>8}{'receive p50/p99':>17}"
+        f"  {'run':<18}{'acked':>9}{'s':>7}{'msg/s':>8}{'receive p50/p99':>17}"
         f"{'ack p50/p99':>14}{'round p50/p99':>15}{'empty':>7}{'redeliv':>8}{'errors':>7}"
         f"{'master µs/msg':>14}{'nodes µs/msg':>13}{'busy%':>7}{'load':>6}  CPU%"
     )
@@ -1347,7 +1458,7 @@ def print_pop_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
         cpu = " ".join(f"{k} {v}" for k, v in r["cpu_pct"].items())
         err = f"{r['errors']}" + ("!" if r.get("term_changed") else "")
         print(
-            f"  {r['scenario']:<10}{r['acked']:>9,}{r['seconds']:>7.1f}{r['msgs_per_s']:>8,}"
+            f"  {r['scenario']:<18}{r['acked']:>9,}{r['seconds']:>7.1f}{r['msgs_per_s']:>8,}"
             f"{pair(r, 'receive'):>17}{pair(r, 'ack'):>14}"
             f"{_fmt(r['p50_ms'], '.1f') + '/' + _fmt(r['p99_ms'], '.1f'):>15}"
             f"{r['empty_receives']:>7}{_fmt(r['redelivered']):>8}{err:>7}"
@@ -1412,11 +1523,12 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
         "  their msg/s and MB/s count the messages those requests carried. b: messages per\n"
         "  request, c: concurrent clients (keep-alive connections). vs floor: req/s of the\n"
         "  row / req/s of its floor row. CPU%: per process over the measured window (100 =\n"
-        "  one core); node: the node answering (the others only replicate)."
+        "  one core); node: the node answering (the others only replicate). node µs/msg:\n"
+        "  that node's CPU time (/proc utime+stime) in the window / messages."
     )
     hdr = (
         f"  {'scenario':<30}{'node':>6}{'msg/s':>9}{'MB/s':>7}{'req/s':>8}"
-        f"{'p50 ms':>8}{'p99 ms':>8}{'errors':>7}{'vs floor':>9}  CPU%"
+        f"{'p50 ms':>8}{'p99 ms':>8}{'errors':>7}{'vs floor':>9}{'node µs/msg':>12}  CPU%"
     )
     group = None
     for r in results["scenarios"]:
@@ -1433,7 +1545,8 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
         print(
             f"  {r['scenario']:<30}{node:>6}{msgs:>9}{mb:>7}{r['req_per_s']:>8,.0f}"
             f"{_fmt(r['p50_ms'], '.1f'):>8}{_fmt(r['p99_ms'], '.1f'):>8}{err:>7}"
-            f"{_fmt(r.get('vs_floor'), '.2f'):>9}  {cpu}"
+            f"{_fmt(r.get('vs_floor'), '.2f'):>9}{_fmt(r.get('node_cpu_us_per_msg'), '.1f'):>12}"
+            f"  {cpu}"
         )
     if any(r.get("term_changed") for r in results["scenarios"]):
         print("  !: the Raft term changed during the scenario (a leader election under load)")
@@ -1446,6 +1559,12 @@ def print_table(a: argparse.Namespace, results: dict[str, Any]) -> None:
             )
         )
     for r in results["scenarios"]:
+        if r["kind"] == "group":
+            print(
+                f"  {r['scenario']}: {r['messages']:,} messages read in {r['seconds']} s by"
+                f" {r['clients']} groups, each reading the topic's"
+                f" {results['consume_available_messages']:,} from its first"
+            )
         if r["kind"] == "pull":
             print(
                 f"  {r['scenario']}: {r['messages']:,} of "
@@ -1546,6 +1665,13 @@ def main() -> int:
     pop.add_argument("--pop-fill-clients", type=int, default=16)
     pop.add_argument("--pop-seconds", type=float, default=300.0, help="bound on a fill or drain")
     pop.add_argument("--repeat", type=int, default=1, help="runs (fill + drain) on one cluster")
+    pop.add_argument(
+        "--pop-formats",
+        type=lambda s: [f for f in s.split(",") if f],
+        default=["json", "records"],
+        help="answer formats of the receives, alternating within each run: json,records"
+        " (issue 31: Accept: application/vnd.ledgermq.records)",
+    )
     pop.add_argument(
         "--profile",
         action="store_true",

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from . import errors
 from .gate import WriteGate
@@ -27,12 +27,36 @@ if TYPE_CHECKING:
     from .dispatch import Dispatch
 
 _M = TypeVar("_M")
+_P = TypeVar("_P")
 
 
 @dataclass(frozen=True, slots=True)
 class GroupPullResult(Generic[_M]):
     messages: list[_M]
     next_offsets: dict[int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePart(Generic[_P]):
+    """One queue's part of a group pull (``QueuePull``): what was found there, how many
+    messages, their stored bytes (``Sized``: what the response budget counts) and the
+    queue's next offset."""
+
+    queue_id: int
+    found: _P
+    count: int
+    size: int
+    next_offset: int
+
+
+class QueuePull(Protocol[_P]):
+    """``pull_queue(topic, queue_id, queue_offset, max_messages, max_bytes)``: one
+    queue's part of a group pull, without waiting (``Reads.pull``'s rules: at most
+    ``max_messages``, within ``max_bytes`` past the first message)."""
+
+    def __call__(
+        self, topic: str, queue_id: int, queue_offset: int, max_messages: int, max_bytes: int, /
+    ) -> Awaitable[QueuePart[_P]]: ...
 
 
 class ConsumerGroups:
@@ -182,6 +206,44 @@ class ConsumerGroups:
         """Messages from the group's committed offsets (a new group starts at the
         earliest retained message), across the chosen queues, each made by ``make``
         (``Reads.pull``'s ``MessageMaker``)."""
+
+        async def pull_queue(
+            topic: str, queue_id: int, queue_offset: int, max_messages: int, max_bytes: int
+        ) -> QueuePart[list[_M]]:
+            sized = Sized(make)
+            r = await self.reads.pull(
+                sized, topic, queue_id, queue_offset, max_messages=max_messages, max_bytes=max_bytes
+            )
+            return QueuePart(queue_id, r.messages, len(r.messages), sized.size, r.next_offset)
+
+        parts = await self.group_pull_parts(
+            pull_queue,
+            group,
+            topic,
+            max_messages=max_messages,
+            wait_ms=wait_ms,
+            queue_ids=queue_ids,
+            auto_commit=auto_commit,
+        )
+        out = [m for p in parts for m in p.found]
+        return GroupPullResult(out, {p.queue_id: p.next_offset for p in parts})
+
+    async def group_pull_parts(
+        self,
+        pull_queue: QueuePull[_P],
+        group: str,
+        topic: str,
+        *,
+        max_messages: int = 32,
+        wait_ms: int = 0,
+        queue_ids: Sequence[int] | None = None,
+        auto_commit: bool = False,
+    ) -> list[QueuePart[_P]]:
+        """``group_pull`` with each queue pulled by ``pull_queue`` (the JSON messages,
+        a record page): the part of every queue it looked at, in the order looked at.
+        The rules are the same whatever the parts hold: from the committed offsets, one
+        response budget across the queues (each part's ``size``), a long poll of all of
+        them at once, the commit of every part's ``next_offset`` with ``auto_commit``."""
         if auto_commit:
             self.gate.require_master()  # the commit is a write: go to the master before pulling
         self._check_offsets_mode(group)
@@ -193,8 +255,8 @@ class ConsumerGroups:
             self.reads.check_queue(topic, qid)
         deadline = time.monotonic() + wait_ms / 1000
         while True:
-            out: list[_M] = []
-            next_offsets: dict[int, int] = {}
+            parts: list[QueuePart[_P]] = []
+            count = 0
             # One response budget across the queues: once spent, the other queues wait
             # for the next pull (a queue's one message may pass what is left of it).
             budget = self.settings.limits.max_response_bytes
@@ -202,27 +264,19 @@ class ConsumerGroups:
                 lo, _ = self.reads.queue_bounds(topic, qid)
                 start = self.meta.committed_offset(group, topic, qid)
                 start = lo if start is None or start < lo else start
-                sized = Sized(make)
-                r = await self.reads.pull(
-                    sized,
-                    topic,
-                    qid,
-                    start,
-                    max_messages=max_messages - len(out),
-                    max_bytes=budget,
-                )
-                next_offsets[qid] = r.next_offset
-                out.extend(r.messages)
-                budget -= sized.size
-                if len(out) >= max_messages or budget <= 0:
+                part = await pull_queue(topic, qid, start, max_messages - count, budget)
+                parts.append(part)
+                count += part.count
+                budget -= part.size
+                if count >= max_messages or budget <= 0:
                     break
             left = deadline - time.monotonic()
-            if out or left <= 0:
+            if count or left <= 0:
                 break
-            await self._wait_any(topic, next_offsets, left)
-        if auto_commit and out:
-            await self.commit_offsets(group, topic, next_offsets)
-        return GroupPullResult(out, next_offsets)
+            await self._wait_any(topic, {p.queue_id: p.next_offset for p in parts}, left)
+        if auto_commit and count:
+            await self.commit_offsets(group, topic, {p.queue_id: p.next_offset for p in parts})
+        return parts
 
     async def _wait_any(self, topic: str, next_offsets: dict[int, int], timeout_s: float) -> None:
         """Until one of the queues holds a message at its next offset (or the timeout)."""

@@ -342,6 +342,11 @@ class Reads:
         except CorruptEntryError as e:
             raise self._damaged(commitlog_offset, e.index, e.message) from None
 
+    def read_record(self, commitlog_offset: int, size: int) -> memoryview:
+        """The committed record a consume-queue unit names (``commitlog_offset``,
+        ``size``), checked as every read is (``_record``)."""
+        return self._record(commitlog_offset, size)
+
     def _check_page(self, data: memoryview, units: bytes, base: int) -> None:
         """The Arrow pull's check of a chunk of records (``RawPage.check``): the same
         refusal as ``_record`` for the first damaged one."""
@@ -478,20 +483,24 @@ class Reads:
         wait_ms: int = 0,
         tags: str | None = None,
         json_limits: bool = False,
+        max_bytes: int | None = None,
     ) -> RawPullResult:
         """``pull``, with the messages as stored (``broker.pages``) for columnar encoders;
         a page's records hold at most ``max_arrow_page_bytes`` (or one record) and it
         takes at most ``max_arrow_pull_messages``. ``json_limits``: the JSON pull's
         limits instead (``max_response_bytes``, ``max_pull_messages``), for the record
-        pages of ``api.fetch``, which answer exactly what a JSON pull would."""
+        pages of ``api.fetch``, which answer exactly what a JSON pull would; with
+        ``max_bytes`` (a group pull's budget left), that many bytes instead."""
         lim = self.settings.limits
+        if max_bytes is None:
+            max_bytes = lim.max_response_bytes if json_limits else lim.max_arrow_page_bytes
         status, page, next_offset, lo, hi = await self._pull_loop(
             self._scan_page,
             topic,
             queue_id,
             queue_offset,
             max_messages=max_messages,
-            max_bytes=lim.max_response_bytes if json_limits else lim.max_arrow_page_bytes,
+            max_bytes=max_bytes,
             wait_ms=wait_ms,
             tags=tags,
             limit=None if json_limits else lim.max_arrow_pull_messages,

@@ -16,9 +16,11 @@ import struct
 from collections.abc import Iterator
 
 from api.fetch import encode_records
+from api.group_records import encode_received
 from broker.message import decode_message, encode_message, message_properties
 from broker.msgid import msg_id_prefix
 from broker.pages import RawPage
+from broker.pop.service import Received
 from consumequeue.filter import tags_hash
 from consumequeue.queue import UNIT
 from dledger.store.entry import (
@@ -29,7 +31,7 @@ from dledger.store.entry import (
     encode_entry,
     encode_index_unit,
 )
-from ledgermq.client.fetch import decode_page
+from ledgermq.client.fetch import decode_page, decode_received
 
 TERM = 1
 BORN_MS = 1_764_115_200_000  # 2025-11-26T00:00:00Z
@@ -79,6 +81,21 @@ PAGE_FIELDS = [
     ("records bytes", 36, ">I"),
 ]
 ENTRY_TABLE_FIELDS = [("queue_offset", 0, ">q"), ("record at", 8, ">I"), ("inner index", 12, ">I")]
+GROUP_HEADER_FIELDS = [
+    ("magic", 0, ">4s"),
+    ("version", 4, ">B"),
+    ("reserved", 5, ">3s"),
+    ("page count", 8, ">I"),
+    ("message count", 12, ">I"),
+]
+RECEIPT_FIELDS = [
+    ("delivery_attempt", 0, ">I"),
+    ("invisible_until", 4, ">q"),
+    ("handle length", 12, ">H"),
+]
+FRAME_FIELDS = [("queue_id", 0, ">I"), ("page bytes", 4, ">I")]
+POP_HANDLE = "v1:0:0:7"  # queue 0, offset 0, the flight's epoch (broker.pop.service)
+POP_UNTIL_MS = STORE_MS + 30_000
 GROUP = "g0"
 
 
@@ -95,6 +112,8 @@ def hexdump(data: bytes, base: int = 0) -> str:
 
 def _value(fmt: str, raw: bytes) -> str:
     values = struct.unpack(fmt, raw)
+    if isinstance(values[0], bytes) and not values[0].strip(b"\0"):  # reserved: zeros
+        return "0"
     if isinstance(values[0], bytes) and len(values) == 1:  # a magic
         return f"`{values[0].decode()}`"
     if len(values) == 2:  # a host: 4 address bytes and a port
@@ -141,6 +160,9 @@ class Example:
             self.message_pos + BODY_OFFSET, len(self.record), tags_hash("paid")
         )
         self.page = self._record_page()
+        physical = self.message_pos + BODY_OFFSET
+        received = Received((0, 0, physical, 0), POP_HANDLE, 1, POP_UNTIL_MS)
+        self.pop = encode_received([received], {physical: self.record}, msg_id_prefix(GROUP))
         self._check()
 
     def _record_page(self) -> bytes:
@@ -183,6 +205,11 @@ class Example:
         )
         assert got.msg_id == msg_id_prefix(GROUP) + f"{m.physical_offset:016X}"
         assert self.page.endswith(self.record)
+        (popped,) = decode_received(self.pop)
+        assert (popped.msg_id, popped.body, popped.tags) == (got.msg_id, got.body, got.tags)
+        assert popped.receipt_handle == POP_HANDLE
+        assert (popped.delivery_attempt, popped.invisible_until) == (1, POP_UNTIL_MS)
+        assert self.pop.endswith(self.record)
 
     def regions(self) -> dict[str, str]:
         """The generated regions of docs/formats.md, by name."""
@@ -200,6 +227,12 @@ class Example:
             "page-fields": "\n".join(field_table(self.page, PAGE_FIELDS)),
             "page-entry-fields": "\n".join(
                 field_table(self.page[40 + len(GROUP) * 2 :], ENTRY_TABLE_FIELDS)
+            ),
+            "pop-hexdump": _block(hexdump(self.pop[: len(self.pop) - len(self.record)])),
+            "group-header-fields": "\n".join(field_table(self.pop, GROUP_HEADER_FIELDS)),
+            "receipt-fields": "\n".join(field_table(self.pop[16:], RECEIPT_FIELDS)),
+            "frame-fields": "\n".join(
+                field_table(self.pop[16 + 14 + len(POP_HANDLE) :], FRAME_FIELDS)
             ),
         }
 

@@ -3,13 +3,13 @@ resets and group pulls."""
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from broker import errors
 from broker.jsonint import decimal
 
-from .. import models
+from .. import group_records, media, models
 from ..json_messages import JSONMessages, group_pull_json
 from .common import (
     AccessDep,
@@ -102,11 +102,13 @@ async def reset_offsets(
 @router.post(
     "/v1/groups/{group}/pull",
     summary="pull from the group's committed offsets (long polling with wait_ms)",
+    description=media.GROUP_PULL_DOC,
     response_model=models.GroupPullResponse,
-    responses=error_docs(307, 404, 413, 429, 503),
+    responses={200: media.RECORDS_RESPONSE, **error_docs(307, 404, 413, 429, 503)},
 )
 async def group_pull(
     *,
+    request: Request,
     group: GroupPath,
     body: models.GroupPull,
     groups: GroupsDep,
@@ -115,6 +117,9 @@ async def group_pull(
     long_poll: LongPollDep,
 ) -> Response:
     access.need("consume", body.topic)
+    if media.pull_format(request.headers.get("accept"), media.RECORDS_ONLY) == media.RECORDS:
+        with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
+            return await group_records.group_pull_response(groups, metrics, group, body)
     make = JSONMessages(groups.settings.group, body.encoding)
     with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
         r = await groups.group_pull(

@@ -2,12 +2,12 @@
 changes of the invisible time and dead letters. Every write goes to the master, as a
 produce does."""
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from broker import errors
 
-from .. import models
+from .. import group_records, media, models
 from ..json_messages import JSONMessages, received_json
 from .common import AccessDep, GroupPath, JSONBytes, LongPollDep, MetricsDep, PopDep, error_docs
 
@@ -46,11 +46,13 @@ async def describe(group: GroupPath, pop: PopDep, access: AccessDep) -> Response
 @router.post(
     "/v1/groups/{group}/receive",
     summary="receive messages, each invisible to the group until acked or its time ends",
+    description=media.RECEIVE_DOC,
     response_model=models.ReceiveResponse,
-    responses=error_docs(307, 404, 409, 413, 429, 503),
+    responses={200: media.RECORDS_RESPONSE, **error_docs(307, 404, 409, 413, 429, 503)},
 )
 async def receive(
     *,
+    request: Request,
     group: GroupPath,
     body: models.Receive,
     pop: PopDep,
@@ -59,6 +61,9 @@ async def receive(
     long_poll: LongPollDep,
 ) -> Response:
     access.need("consume", body.topic)
+    if media.pull_format(request.headers.get("accept"), media.RECORDS_ONLY) == media.RECORDS:
+        with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
+            return await group_records.receive_response(pop, metrics, group, body)
     make = JSONMessages(pop.settings.group, body.encoding)
     with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
         got = await pop.receive(

@@ -95,7 +95,14 @@ from .exchange import (
     redirect_target,
     retry_after_s,
 )
-from .fetch import RecordMessage, RecordPageError, decode_page
+from .fetch import (
+    RecordMessage,
+    RecordPageError,
+    RecordPopMessage,
+    decode_group,
+    decode_page,
+    decode_received,
+)
 from .fronts import (
     Admin,
     AsyncAdmin,
@@ -224,6 +231,7 @@ __all__ = [
     "ReceivedMessage",
     "RecordMessage",
     "RecordPageError",
+    "RecordPopMessage",
     "Redriven",
     "Reply",
     "Request",
@@ -253,9 +261,11 @@ __all__ = [
     "UnknownOutcomeError",
     "Unreachable",
     "backoff_delay_s",
+    "decode_group",
     "decode_message",
     "decode_page",
     "decode_pop_message",
+    "decode_received",
     "dlq_topic",
     "encode_body",
     "encode_message",

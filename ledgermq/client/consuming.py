@@ -8,8 +8,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import GroupNotFoundError, InvalidArgumentError
-from .exchange import Call, Exchange, Gen
+from .errors import GroupNotFoundError, InvalidArgumentError, LedgerMQError
+from .exchange import RECORD_PAGE, Call, Exchange, Gen
+from .fetch import decode_group
 from .operations import AdminOps, api_path, queue_map
 from .types import PullResult, ReceivedMessage, decode_message
 
@@ -105,10 +106,22 @@ class ConsumerOps:
         body["wait_ms"] = wait_ms
         if self.queue_ids is not None:
             body["queue_ids"] = self.queue_ids
-        call = Call("POST", api_path("groups", group, "pull"), body=body, wait_ms=wait_ms)
-        reply = yield from self.ex.exchange(call)
-        nexts = queue_map(reply.body["next_offsets"])
-        got = [decode_message(m) for m in reply.body["messages"]]
+        path = api_path("groups", group, "pull")
+        accept = RECORD_PAGE if self.ex.settings.record_pull else None
+        reply = yield from self.ex.exchange(
+            Call("POST", path, body=body, wait_ms=wait_ms, accept=accept)
+        )
+        if reply.headers.get("content-type") == RECORD_PAGE:
+            pages = decode_group(reply.content)
+            nexts = {p.queue_id: p.result.next_offset for p in pages}
+            got = [m for p in pages for m in p.result.messages]
+        elif reply.body is not None:  # (asked for JSON, or a node that makes no record pages)
+            nexts = queue_map(reply.body["next_offsets"])
+            got = [decode_message(m) for m in reply.body["messages"]]
+        else:
+            raise LedgerMQError(
+                "BAD_RECORD_PAGE", f"{path}: answered {reply.headers.get('content-type')}"
+            )
         # What the group's committed offsets were (as this node saw them): the first
         # message of a queue, or where it stands with none.
         starts = dict(nexts)

@@ -37,9 +37,18 @@ from typing import Any
 
 from .errors import LedgerMQError
 from .exchange import RECORD_PAGE
-from .types import PullResult, ReceivedMessage
+from .types import PopMessage, PullResult, ReceivedMessage
 
-__all__ = ["MEDIA_TYPE", "RecordMessage", "RecordPageError", "decode_page"]
+__all__ = [
+    "MEDIA_TYPE",
+    "QueuePage",
+    "RecordMessage",
+    "RecordPageError",
+    "RecordPopMessage",
+    "decode_group",
+    "decode_page",
+    "decode_received",
+]
 
 MEDIA_TYPE = RECORD_PAGE
 MAGIC = b"LMQR"
@@ -95,11 +104,12 @@ class _Page:
     once for all of them (each record's parts, a batch record's inner records, the
     parsed property blocks and topics)."""
 
-    __slots__ = ("buf", "prefix", "props", "records", "topics")
+    __slots__ = ("buf", "prefix", "props", "queue_id", "records", "topics")
 
-    def __init__(self, buf: bytes, prefix: str) -> None:
+    def __init__(self, buf: bytes, prefix: str, queue_id: int | None = None) -> None:
         self.buf = buf
         self.prefix = prefix
+        self.queue_id = queue_id  # every record's QUEUEID (a page of many queues' answer)
         # by record position: its parts (ordinary) or its inner records' (batch)
         self.records: dict[int, list[_Parts]] = {}
         self.props: dict[bytes, _Props] = {}
@@ -128,6 +138,8 @@ class _Page:
         (props_len,) = _U16.unpack_from(buf, props_len_at)
         if props_len_at + 2 + props_len != at + size:
             raise RecordPageError(f"record at {at}: PROPERTIES length disagrees with TOTALSIZE")
+        if self.queue_id is not None and _QUEUE_ID.unpack_from(buf, at + 12)[0] != self.queue_id:
+            raise RecordPageError(f"record at {at}: not of queue {self.queue_id}")
         if sys_flag & _BATCH_FLAG:
             got = _walk(buf, at + 88, topic_at)
         else:
@@ -215,23 +227,18 @@ _set = object.__setattr__
 _LOOKED: Any = object()
 
 
-class RecordMessage(ReceivedMessage):
-    """A message of a record page: its fields read from the record on first access (see
-    the module docstring). It compares equal to the ``ReceivedMessage`` of the same
-    fields; pickling makes a plain ``ReceivedMessage``."""
+class _RecordFields:
+    """A record page message's fields, read from its record on first access (see the
+    module docstring): what ``RecordMessage`` and ``RecordPopMessage`` share. No slots
+    of its own: each of them holds ``_page``, ``_props`` and ``_where``."""
 
-    __slots__ = ("_page", "_props", "_where")
+    __slots__ = ()
 
     _page: _Page
     # record position in the buffer, inner index, queue offset, then where the message's
     # body and properties lie (``_Parts``)
     _where: tuple[int, int, int, int, int, int, int]
     _props: _Props | None  # once parsed; ``_LOOKED`` once a field was found alone
-
-    def __init__(self, page: _Page, where: tuple[int, int, int, int, int, int, int]) -> None:
-        _set(self, "_props", None)
-        _set(self, "_page", page)
-        _set(self, "_where", where)
 
     # ---- the fields -----------------------------------------------------------------------
 
@@ -322,12 +329,25 @@ class RecordMessage(ReceivedMessage):
     def store_timestamp(self) -> int:
         return int(_TIMES.unpack_from(self._page.buf, self._where[0] + 40)[1])
 
-    # ---- as a ReceivedMessage -------------------------------------------------------------
-
     def fields(self) -> tuple[Any, ...]:
         """Every field, in ``ReceivedMessage``'s order (all read now)."""
         self._properties()  # one parse for key, keys, tags and properties
         return tuple(getattr(self, f) for f in _FIELDS)
+
+
+class RecordMessage(_RecordFields, ReceivedMessage):
+    """A message of a record page: its fields read from the record on first access (see
+    the module docstring). It compares equal to the ``ReceivedMessage`` of the same
+    fields; pickling makes a plain ``ReceivedMessage``."""
+
+    __slots__ = ("_page", "_props", "_where")
+
+    def __init__(self, page: _Page, where: tuple[int, int, int, int, int, int, int]) -> None:
+        _set(self, "_props", None)
+        _set(self, "_page", page)
+        _set(self, "_where", where)
+
+    # ---- as a ReceivedMessage -------------------------------------------------------------
 
     def plain(self) -> ReceivedMessage:
         """This message as a plain ``ReceivedMessage`` (every field read now; it does
@@ -352,6 +372,45 @@ class RecordMessage(ReceivedMessage):
         return repr(self.plain()).replace("ReceivedMessage(", "RecordMessage(", 1)
 
 
+_POP_FIELDS = ("receipt_handle", "delivery_attempt", "invisible_until")
+
+
+class RecordPopMessage(_RecordFields, PopMessage):
+    """A message a POP receive answered in the record format (``decode_received``): a
+    ``PopMessage`` whose message fields are read from its record on first access, its
+    receipt as the answer gave it. It compares equal to the ``PopMessage`` of the same
+    fields (the JSON receive's); pickling makes a plain ``PopMessage``."""
+
+    __slots__ = ("_page", "_props", "_where")
+
+    def plain(self) -> PopMessage:
+        """This message as a plain ``PopMessage`` (every field read now)."""
+        receipt = {f: getattr(self, f) for f in _POP_FIELDS}
+        return PopMessage(*self.fields(), **receipt)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PopMessage) or type(other) not in (PopMessage, RecordPopMessage):
+            return NotImplemented
+        names = (*_FIELDS, *_POP_FIELDS)
+        mine = (*self.fields(), *(getattr(self, f) for f in _POP_FIELDS))
+        return mine == tuple(getattr(other, f) for f in names)
+
+    def __hash__(self) -> int:
+        return hash(self.plain())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _pop_message, (self.fields(), {f: getattr(self, f) for f in _POP_FIELDS})
+
+    def __repr__(self) -> str:
+        return repr(self.plain()).replace("PopMessage(", "RecordPopMessage(", 1)
+
+
+def _pop_message(fields: tuple[Any, ...], receipt: dict[str, Any]) -> PopMessage:
+    """A plain ``PopMessage`` (what a ``RecordPopMessage`` pickles as: its fields are
+    keyword-only past the message's)."""
+    return PopMessage(*fields, **receipt)
+
+
 @dataclass(frozen=True, slots=True)
 class RecordPage:
     """A decoded record page: the pull's result, and how big the records area was."""
@@ -364,41 +423,139 @@ def decode_page(content: bytes | memoryview) -> RecordPage:
     """The pull result a record page holds (see the module docstring); ``RecordPageError``
     if its framing does not hold together."""
     buf = bytes(content)
-    if len(buf) < HEADER.size:
-        raise RecordPageError(f"{len(buf)} bytes: shorter than the {HEADER.size}-byte header")
+    return _decode_page(buf, 0, len(buf), RecordMessage)
+
+
+def _decode_page(
+    buf: bytes,
+    start: int,
+    end: int,
+    kind: type[RecordMessage] | type[RecordPopMessage],
+    queue_id: int | None = None,
+) -> RecordPage:
+    """The record page ``buf[start:end]`` (no copy: its messages hold ``buf``), each
+    message made a ``kind``; with ``queue_id``, every record of it that queue's."""
+    size = end - start
+    if size < HEADER.size:
+        raise RecordPageError(f"{size} bytes: shorter than the {HEADER.size}-byte header")
     magic, version, status, prefix_len, next_offset, lo, hi, n, records_bytes = HEADER.unpack_from(
-        buf, 0
+        buf, start
     )
     if magic != MAGIC or version != VERSION:
         raise RecordPageError(f"not a record page of version {VERSION} ({magic!r}, {version})")
     if status >= len(STATUSES):
         raise RecordPageError(f"status code {status} is not one of 0..{len(STATUSES) - 1}")
-    table = HEADER.size + prefix_len
+    table = start + HEADER.size + prefix_len
     area = table + n * ENTRY_SIZE
-    if area + records_bytes != len(buf):
+    if area + records_bytes != end:
         raise RecordPageError(
-            f"{len(buf)} bytes, the header says {area + records_bytes}"
+            f"{size} bytes, the header says {area + records_bytes - start}"
             f" ({n} messages, {records_bytes} record bytes)"
         )
     try:
-        prefix = buf[HEADER.size : table].decode("ascii")
+        prefix = buf[start + HEADER.size : table].decode("ascii")
     except UnicodeDecodeError:
         raise RecordPageError("the msg id prefix is not ASCII") from None
-    page = _Page(buf, prefix)
+    page = _Page(buf, prefix, queue_id)
     flat = struct.unpack_from(f">{'qII' * n}", buf, table)
-    end = len(buf)
     messages: list[ReceivedMessage] = []
-    new, append, record = RecordMessage.__new__, messages.append, page.record
+    new, append, record = kind.__new__, messages.append, page.record
     for i in range(0, 3 * n, 3):
         queue_offset, rel, inner = flat[i], flat[i + 1], flat[i + 2]
         at = area + rel
         parts = record(at, end)
         if inner >= len(parts):
             raise RecordPageError(f"entry {i // 3}: the record at {rel} has no message {inner}")
-        m = new(RecordMessage)
+        m = new(kind)
         _set(m, "_props", None)
         _set(m, "_page", page)
         _set(m, "_where", (at, inner, queue_offset, *parts[inner]))
         append(m)
     result = PullResult(STATUSES[status], messages, next_offset, lo, hi)
     return RecordPage(result, records_bytes)
+
+
+# ---- answers of many queues: the group pull, the POP receive -------------------------------
+
+GROUP_MAGIC = b"LMQG"
+POP_MAGIC = b"LMQP"
+GROUP_VERSION = 1
+GROUP_HEADER = struct.Struct(">4sB3xII")  # magic, version, (reserved), pages, messages
+PAGE_FRAME = struct.Struct(">II")  # queue_id, the page's bytes
+RECEIPT = struct.Struct(">IqH")  # delivery_attempt, invisible_until, handle length
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePage:
+    """One queue's page of a group pull's record answer."""
+
+    queue_id: int
+    result: PullResult
+
+
+def _decode_frames(
+    buf: bytes, magic: bytes, kind: type[RecordMessage] | type[RecordPopMessage]
+) -> tuple[list[QueuePage], int, int]:
+    """The pages of an answer of many queues (``magic``), the message count its header
+    says and where its receipts start."""
+    if len(buf) < GROUP_HEADER.size:
+        raise RecordPageError(f"{len(buf)} bytes: shorter than the {GROUP_HEADER.size}-byte header")
+    got_magic, version, n_pages, n_messages = GROUP_HEADER.unpack_from(buf, 0)
+    if got_magic != magic or version != GROUP_VERSION:
+        raise RecordPageError(
+            f"not an answer {magic.decode()} of version {GROUP_VERSION} ({got_magic!r}, {version})"
+        )
+    at = GROUP_HEADER.size
+    receipts_at = at
+    if magic == POP_MAGIC:  # the receipts come first: pass over them
+        for i in range(n_messages):
+            if at + RECEIPT.size > len(buf):
+                raise RecordPageError(f"receipt {i}: past the end")
+            at += RECEIPT.size + RECEIPT.unpack_from(buf, at)[2]
+    pages: list[QueuePage] = []
+    for i in range(n_pages):
+        if at + PAGE_FRAME.size > len(buf):
+            raise RecordPageError(f"page {i}: its frame is past the end")
+        queue_id, size = PAGE_FRAME.unpack_from(buf, at)
+        at += PAGE_FRAME.size
+        if at + size > len(buf):
+            raise RecordPageError(f"page {i}: {size} bytes, past the end")
+        page = _decode_page(buf, at, at + size, kind, queue_id)
+        pages.append(QueuePage(queue_id, page.result))
+        at += size
+    if at != len(buf):
+        raise RecordPageError(f"{len(buf) - at} bytes after the last page")
+    if sum(len(p.result.messages) for p in pages) != n_messages:
+        raise RecordPageError(f"the header says {n_messages} messages, the pages hold others")
+    return pages, n_messages, receipts_at
+
+
+def decode_group(content: bytes | memoryview) -> list[QueuePage]:
+    """A group pull's record answer (``LMQG``): the page of each queue it looked at, in
+    the answer's order; ``RecordPageError`` if its framing does not hold together."""
+    pages, _, _ = _decode_frames(bytes(content), GROUP_MAGIC, RecordMessage)
+    return pages
+
+
+def decode_received(content: bytes | memoryview) -> list[PopMessage]:
+    """A POP receive's record answer (``LMQP``): its messages, each with its receipt;
+    ``RecordPageError`` if its framing does not hold together."""
+    buf = bytes(content)
+    pages, n, at = _decode_frames(buf, POP_MAGIC, RecordPopMessage)
+    out: list[PopMessage] = []
+    messages = (m for p in pages for m in p.result.messages)
+    for m in messages:
+        attempt, invisible_until, length = RECEIPT.unpack_from(buf, at)
+        at += RECEIPT.size
+        try:
+            handle = buf[at : at + length].decode("ascii")
+        except UnicodeDecodeError:
+            raise RecordPageError(f"receipt {len(out)}: the handle is not ASCII") from None
+        at += length
+        assert isinstance(m, RecordPopMessage)
+        _set(m, "receipt_handle", handle)
+        _set(m, "delivery_attempt", attempt)
+        _set(m, "invisible_until", invisible_until)
+        out.append(m)
+    assert len(out) == n
+    return out

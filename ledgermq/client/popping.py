@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import Any, TypeAlias, TypedDict, TypeVar
 
 from .consuming import Pacer
-from .errors import InvalidReceiptHandleError
-from .exchange import Action, Call, Exchange, Gen, Outcome
+from .errors import InvalidReceiptHandleError, LedgerMQError
+from .exchange import RECORD_PAGE, Action, Call, Exchange, Gen, Outcome
+from .fetch import decode_received
 from .operations import api_path
 from .types import AckResult, PopMessage, decode_pop_message
 
@@ -195,8 +196,17 @@ class PopOps:
         }
         if tags is not None:
             body["tags"] = tags
-        call = Call("POST", self._path("receive"), body=body, write=True, wait_ms=wait_ms)
+        accept = RECORD_PAGE if self.ex.settings.record_pull else None
+        call = Call(
+            "POST", self._path("receive"), body=body, write=True, wait_ms=wait_ms, accept=accept
+        )
         reply = yield from self.ex.exchange(call)
+        if reply.headers.get("content-type") == RECORD_PAGE:
+            return decode_received(reply.content)
+        if reply.body is None:
+            raise LedgerMQError(
+                "BAD_RECORD_PAGE", f"receive: answered {reply.headers.get('content-type')}"
+            )
         return [decode_pop_message(m) for m in reply.body["messages"]]
 
     def _settle(

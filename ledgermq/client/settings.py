@@ -50,9 +50,9 @@ class ClientSettings:
     # they came: no JSON to read, no object per message. False: JSON, as every batch
     # the format cannot say (a delay message, messages for different queues) goes.
     record_format: bool = True
-    # Pulls are answered as record pages (docs/http.md "Pull in the record format"): the
-    # stored records, decoded lazily, field by field (``ledgermq.client.fetch``). False:
-    # JSON, every message decoded when it arrives.
+    # Pulls, group pulls and POP receives are answered as record pages (docs/http.md
+    # "Pull in the record format"): the stored records, decoded lazily, field by field
+    # (``ledgermq.client.fetch``). False: JSON, every message decoded when it arrives.
     record_pull: bool = True
 
     def __post_init__(self) -> None:

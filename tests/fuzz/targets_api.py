@@ -3,8 +3,9 @@ of ``api/models.py`` bytes straight; ``http_bodies`` sends a body (JSON, or NDJS
 produce) and path parameters to each of the endpoints that take one, through the
 real app (``create_app``), to a broker that runs every check and encodes every record
 but appends nothing: any answer but a 500 is fine, a 500 is an exception the API did not
-turn into its error body. And one answer: ``record_page``, a pull's record page as the
-Python client decodes it (``ledgermq.client.fetch``)."""
+turn into its error body. And two answers, as the Python client decodes them
+(``ledgermq.client.fetch``): ``record_page``, a pull's record page, and
+``record_answers``, a group pull's or a POP receive's pages of many queues."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from urllib.parse import quote
 import orjson
 from pydantic import BaseModel, ValidationError
 
-from api import fetch, models
+from api import fetch, group_records, models
 from api.app import create_app
 from api.json_shape import check_json_shape, ndjson_lines
 from api.routes.common import NDJSON
@@ -32,6 +33,7 @@ from broker.gate import BrokerRole
 from broker.message import encode_message, set_physical_offset
 from broker.metadata import POP_OP_PREFIX, TIMER_OP_PREFIX, TX_OP_PREFIX, TopicMeta
 from broker.pages import RawPage
+from broker.pop.service import Received
 from broker.pop.state import PopState
 from broker.properties import encode_properties, inner_properties, message_properties
 from broker.settings import BrokerSettings, Limits
@@ -40,7 +42,7 @@ from broker.timers.state import TimerState
 from broker.transactions.state import TransactionState
 from consumequeue.queue import UNIT
 from dledger.store import FileStore
-from ledgermq.client.fetch import RecordPageError, decode_page
+from ledgermq.client.fetch import RecordPageError, decode_group, decode_page, decode_received
 
 from ..asgi import http_scope
 from .reader import Reader, Writer
@@ -430,3 +432,59 @@ def record_page(data: bytes) -> None:
         except RecordPageError:
             continue
         assert alone[:3] == [m.tags, m.keys, m.key], (alone[:3], m.properties)
+
+
+def _answer_seeds() -> list[bytes]:
+    """A group answer (two queues' pages, one of them empty) and a POP answer (two
+    queues, a batch record's messages), each behind the byte that picks the decoder."""
+    plain = encode_message(
+        topic="t", body=b"\xffp", properties=b"TAGS\x01T\x02", queue_id=1, born_timestamp=1
+    )
+    inner = [(b"a", encode_properties(inner_properties({}, tags="A", keys=["x"]))), (b"bb", b"")]
+    batch = encode_batch_record("t", inner, session=None, timestamp=3, store_host=("127.0.0.1", 1))
+    set_queue_base(batch, 4)
+    set_physical_offset(batch, 500)
+    page = record_page_of([(plain, [0])])
+    empty = fetch.HEADER.pack(fetch.MAGIC, fetch.VERSION, 1, 0, 9, 0, 9, 0, 0)
+    group = (
+        group_records.GROUP_HEADER.pack(group_records.GROUP_MAGIC, 1, 2, 1)
+        + group_records.PAGE_FRAME.pack(1, len(page))
+        + page
+        + group_records.PAGE_FRAME.pack(0, len(empty))
+        + empty
+    )
+    set_physical_offset(plain, 0)
+    refs = [(1, 0, 0, 0), (0, 4, 500, 0), (0, 5, 500, 1)]
+    received = [Received(r, f"v1:{r[0]}:{r[1]}:9", 2, 77) for r in refs]
+    pop = group_records.encode_received(
+        received, {0: bytes(plain), 500: bytes(batch)}, prefix="6730"
+    )
+    return [b"\x00" + group, b"\x01" + pop]
+
+
+@target("record_answers", max_len=4096, seeds=_answer_seeds)
+def record_answers(data: bytes) -> None:
+    """A group pull's answer (first byte even) or a POP receive's (odd) in the record
+    format, as the client decodes them (``decode_group``, ``decode_received``): pages or
+    ``RecordPageError``, never anything else; every page's messages are its queue's, a
+    POP message's receipt reads, and every field of every message reads or raises
+    ``RecordPageError``."""
+    if not data:
+        return
+    try:
+        if data[0] % 2 == 0:
+            pages = decode_group(data[1:])
+            messages = [m for p in pages for m in p.result.messages]
+            assert all(m.queue_id == p.queue_id for p in pages for m in p.result.messages)
+        else:
+            popped = decode_received(data[1:])
+            assert all(isinstance(m.receipt_handle, str) for m in popped)
+            assert all(m.delivery_attempt >= 0 for m in popped)
+            messages = list(popped)
+    except RecordPageError:
+        return
+    for m in messages:
+        try:
+            cast(Any, m).fields()
+        except RecordPageError:
+            continue

@@ -59,6 +59,7 @@ def test_every_decoder_the_issue_names_has_a_target() -> None:
         "http_bodies",
         "json_shape",
         "record_page",
+        "record_answers",
     }
 
 
