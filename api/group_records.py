@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from starlette.responses import Response
 
@@ -33,6 +34,7 @@ from broker.groups import ConsumerGroups, QueuePart
 from broker.message import Buffer, RecordHead
 from broker.msgid import msg_id_prefix
 from broker.pop.service import PopGroups, Received
+from broker.reads import MessageMaker
 from dledger.codes import DLedgerError
 from dledger.store import BODY_OFFSET
 
@@ -48,8 +50,11 @@ __all__ = [
     "VERSION",
     "RecordRefs",
     "group_pull_response",
+    "receive",
     "receive_response",
 ]
+
+M = TypeVar("M")
 
 GROUP_MAGIC = b"LMQG"
 POP_MAGIC = b"LMQP"
@@ -223,13 +228,12 @@ def encode_received(
     return _framed(POP_MAGIC, pages, len(received), b"".join(receipts))
 
 
-async def receive_response(
-    pop: PopGroups, metrics: NodeMetrics, group: str, body: models.Receive
-) -> Response:
-    """The POP receive's record answer."""
-    reads = pop.reads
-    make = RecordRefs(reads.read_record)
-    got = await pop.receive(
+async def receive(
+    pop: PopGroups, make: MessageMaker[M], group: str, body: models.Receive
+) -> list[Received[M]]:
+    """``PopGroups.receive`` as a request asks it, whatever the answer's format
+    (``make`` builds each message: JSON or record references)."""
+    return await pop.receive(
         make,
         group,
         body.topic,
@@ -239,6 +243,15 @@ async def receive_response(
         tags=body.tags,
         attempt_id=body.attempt_id,
     )
+
+
+async def receive_response(
+    pop: PopGroups, metrics: NodeMetrics, group: str, body: models.Receive
+) -> Response:
+    """The POP receive's record answer."""
+    reads = pop.reads
+    make = RecordRefs(reads.read_record)
+    got = await receive(pop, make, group, body)
     metrics.count_pulled(body.topic, len(got), make.body_bytes)
     content = encode_received(got, make.records, msg_id_prefix(reads.settings.group))
     return Response(content, media_type=fetch.MEDIA_TYPE, headers=_headers(len(got)))

@@ -66,16 +66,7 @@ async def receive(
             return await group_records.receive_response(pop, metrics, group, body)
     make = JSONMessages(pop.settings.group, body.encoding)
     with long_poll(body.wait_ms), metrics.long_polls.track_inprogress():
-        got = await pop.receive(
-            make,
-            group,
-            body.topic,
-            max_messages=body.max_messages,
-            invisible_ms=body.invisible_ms,
-            wait_ms=body.wait_ms,
-            tags=body.tags,
-            attempt_id=body.attempt_id,
-        )
+        got = await group_records.receive(pop, make, group, body)
     metrics.count_pulled(body.topic, len(got), make.body_bytes)
     return Response(received_json(got), media_type=JSONBytes.media_type)
 
