@@ -132,10 +132,11 @@ class AdminOps:
     # ---- membership (docs/operations.md "Changing the members") ----------------------------
 
     def members(self) -> Gen[dict[str, Any]]:
-        """The group's configuration: ``members`` (node id, role ``voter`` or
-        ``learner``, addresses, and on the master ``match_index``), ``leader_id``."""
-        d = yield from self.ex.get("/v1/cluster/members")
-        return dict(d)
+        """The group's configuration as the master has it: ``members`` (node id, role
+        ``voter`` or ``learner``, addresses, ``match_index``), ``leader_id``. Asked of
+        the master: a removed member is told nothing more, so its own view is stale."""
+        reply = yield from self.ex.exchange(Call("GET", "/v1/cluster/members", write=True))
+        return dict(reply.body or {})
 
     def add_member(
         self, node_id: str, raft_addr: str, http_url: str | None = None, timeout_s: float = 30.0

@@ -216,3 +216,14 @@ def test_a_node_whose_disk_was_lost_is_replaced_with_one_command(
     with httpx.Client(timeout=5) as http:
         assert http.get(c.urls["n3"] + "/readyz").status_code in (200, 503)
     print(f"\nreplace {lost} by n3: {took:.2f} s")
+
+    # Removing the master itself: it hands leadership over, the new master removes it.
+    master = c.master()
+    assert master is not None
+    _cli(c, "remove", master)
+    members = _members(c)
+    assert master not in members and len(members) == 2, members
+    new = wait_until(lambda: c.master() if c.master() not in (None, master) else None, 60)
+    assert new in members
+    with Producer(c.brokers) as p:
+        p.send(TOPIC, ["after-the-master-left"])
