@@ -135,6 +135,9 @@ class Member(BaseModel):
     role: Literal["voter", "learner"]
     raft_addr: str
     http_url: str | None = None
+    incarnation: str | None = Field(
+        default=None, description="its data directory's identity, once the master heard it"
+    )
     match_index: int | None = Field(
         default=None, description="how far it has the log (on the master; None elsewhere)"
     )

@@ -81,6 +81,7 @@ class Membership:
                     "role": "voter" if m.voter else "learner",
                     "raft_addr": m.addr,
                     "http_url": self.url_of(node_id),
+                    "incarnation": m.incarnation or None,
                     "match_index": match,
                 }
             )

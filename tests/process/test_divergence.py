@@ -41,6 +41,18 @@ def _reproduce(c: LocalBrokerCluster, http: httpx.Client) -> None:
     assert r.status_code in (200, 201), r.text
     wait_until(lambda: all(c.ready(n) for n in c.ids), 30, "every node caught up")
 
+    def sealed_everywhere() -> bool:
+        """Every node holds the configuration that names every voter's incarnation:
+        what lets the survivors tell A's empty directory from A (a node cut off before
+        the first leader sealed it could not; CI saw C paused that early)."""
+        for n in c.ids:
+            r = http.get(c.urls[n] + "/v1/cluster/members")
+            if r.status_code != 200 or not all(m["incarnation"] for m in r.json()["members"]):
+                return False
+        return True
+
+    wait_until(sealed_everywhere, 30, "every node has the members' incarnations")
+
     os.kill(c.procs[paused].pid, signal.SIGSTOP)
     try:
         # 64 MiB: more than the kernel's socket buffers between M and the paused C hold
