@@ -124,16 +124,15 @@ class Ready:
     # Follower: install this snapshot (the application first, then store.reset) before
     # any message of this Ready is sent; then call core.on_snapshot_installed.
     install_snapshot: Snapshot | None = None
-    # The configuration changed (an entry appended or truncated, a snapshot installed);
-    # ``addresses``: every member of any configuration the log holds, whose frames
-    # this node takes (``MemberState.known``): the runtime connects to them, no others.
-    config: Configuration | None = None
+    # The members changed (a configuration entry appended or truncated, a snapshot
+    # installed, a leader learned): every member of any configuration the log holds,
+    # whose frames this node takes (``MemberState.known``); the runtime connects to
+    # them, no others.
     addresses: dict[str, str] | None = None
 
     def __bool__(self) -> bool:
         return bool(
             self.hard_state is not None
-            or self.config is not None
             or self.addresses is not None
             or self.install_snapshot is not None
             or self.must_sync
@@ -198,12 +197,12 @@ class DLedgerCore:
             raise ValueError(f"self id {self_id!r} is not among the peers {sorted(peers)}")
         store.bootstrap_config(bootstrap.encode())
         self._config_version = store.config_version
-        config, self.config_index, known = self._log_config()
+        config, config_index, known = self._log_config()
         if config.addresses != bootstrap.addresses and event_log is not None:
-            event_log("config_from_log", {"index": self.config_index, **config.describe()})
+            event_log("config_from_log", {"index": config_index, **config.describe()})
         self.member_state = MemberState(group, self_id, config, store, store.load_term_vote())
         self.member_state.known = known
-        self.member_state.config_index = self.config_index
+        self.member_state.config_index = config_index
         self.now_ms = now_ms
         self._event_log = event_log
         self._req_seq = 0
@@ -617,6 +616,11 @@ class DLedgerCore:
             known.update(c.addresses)
         return configs[-1], records[-1].index, known
 
+    @property
+    def config_index(self) -> int:
+        """The entry of the configuration in force (-1: the bootstrap one)."""
+        return self.member_state.config_index
+
     def _committed_cluster(self) -> str:
         """The cluster id of the newest committed configuration that has one ("": none).
         Only a committed one is enforced: an uncommitted configuration (and the id a
@@ -634,9 +638,9 @@ class DLedgerCore:
         if version == self._config_version:
             return
         self._config_version = version
-        config, self.config_index, known = self._log_config()
+        config, config_index, known = self._log_config()
         member_state = self.member_state
-        member_state.config_index = self.config_index
+        member_state.config_index = config_index
         if known != member_state.known:
             member_state.known = known
             self._ready.addresses = dict(known)
@@ -651,7 +655,6 @@ class DLedgerCore:
                 self.dispatchers[p] = EntryDispatcher(
                     p, member_state, self.store, self.settings, self
                 )
-        self._ready.config = config
         self._ready.addresses = dict(known)
         self.log_event("config", index=self.config_index, **config.describe())
         if member_state.stale_identity is not None:
