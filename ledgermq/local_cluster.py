@@ -51,16 +51,20 @@ class LocalBrokerCluster(ChildNodes):
             inherit_output=inherit_output,
             env=peer_secret_env(peer_secret),
         )
-        ports = free_ports(2 * n) if http_ports is None or raft_ports is None else []
+        # Every port this cluster takes comes from one free_ports call, so no two are
+        # alike: a node's gRPC port that equals another's HTTP port (two calls can hand out
+        # the same port) leaves one of them unstarted and the other answering the wrong
+        # protocol on it.
+        want_grpc = grpc_ports is None and http_ports is None
+        given = http_ports is not None and raft_ports is not None
+        ports = free_ports((0 if given else 2 * n) + (n if want_grpc else 0))
         self.http_ports = list(http_ports) if http_ports is not None else ports[:n]
-        self.raft_ports = list(raft_ports) if raft_ports is not None else ports[n:]
+        self.raft_ports = list(raft_ports) if raft_ports is not None else ports[n : 2 * n]
         # gRPC (RocketMQ 5): given, or next to HTTP as a node's default when HTTP ports
         # were given (``cluster up``), else free ports like the others.
         if grpc_ports is None:
             grpc_ports = (
-                free_ports(n)
-                if http_ports is None
-                else [p + GRPC_PORT_OFFSET for p in self.http_ports]
+                ports[-n:] if want_grpc else [p + GRPC_PORT_OFFSET for p in self.http_ports]
             )
         self.grpc_ports = list(grpc_ports)
         self.grpc_addrs = {
@@ -96,7 +100,8 @@ class LocalBrokerCluster(ChildNodes):
         ``start``; the master adds it (``ledgermq cluster add``)."""
         if node in self.ids:
             raise ValueError(f"{node} is here already")
-        http, raft, grpc = free_ports(3)
+        taken = {*self.http_ports, *self.raft_ports, *self.grpc_ports}  # a stopped node's too
+        http, raft, grpc = [p for p in free_ports(3 + len(taken)) if p not in taken][:3]
         self.ids.append(node)
         self.http_ports.append(http)
         self.raft_ports.append(raft)

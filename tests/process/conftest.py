@@ -26,7 +26,7 @@ def start_cluster(data_dir: Path, extra_args: Sequence[str] = CLUSTER_ARGS) -> L
     c = LocalBrokerCluster(3, data_dir, extra_args=extra_args)
     c.start_all()
     try:
-        c.wait_ready(timeout_s=90)
+        c.wait_ready(c.ids, timeout_s=90)  # every node: one that exited is an error
     except BaseException:
         c.stop_all()
         raise
