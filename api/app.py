@@ -123,7 +123,7 @@ def create_app(
         app.add_exception_handler(exc, handler)
     app.add_middleware(RequestGuard, limits=settings.limits, tokens=tokens, metrics=metrics)
     # Outermost: a preflight from another node's console is answered before the guard.
-    app.add_middleware(ClusterCORS, settings=settings)
+    app.add_middleware(ClusterCORS, settings=settings, members=broker.member_urls)
 
     # The routers are the modules' own, shared by every app of the process; what differs
     # between apps is chosen here, where they are included: the token check of /v1 and
@@ -154,7 +154,8 @@ def create_app(
     # The web console: static files that call the API above from the browser, with the
     # same tokens (docs/console.md); open, like any page: the data is what the API guards.
     app.add_route("/console", _to_console, include_in_schema=False)
-    app.mount("/console", ConsoleFiles(directory=CONSOLE_DIR, settings=settings), name="console")
+    console = ConsoleFiles(directory=CONSOLE_DIR, settings=settings, members=broker.member_urls)
+    app.mount("/console", console, name="console")
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 

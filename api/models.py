@@ -48,6 +48,10 @@ class ClusterNode(BaseModel):
     )
     raft_addr: str
     http_url: str | None = None
+    console_url: str | None = Field(
+        default=None,
+        description="where a browser reaches it (--console-urls), else its HTTP URL",
+    )
     grpc_addr: str | None = Field(
         default=None, description="its RocketMQ 5 gRPC front (host:port), if known"
     )

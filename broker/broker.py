@@ -362,6 +362,14 @@ class Broker:
 
     # ---- status ------------------------------------------------------------------------
 
+    def member_urls(self) -> list[str]:
+        """The HTTP URLs the configuration in force gives its members (a member added
+        while running brings its own; none before the server starts)."""
+        core = self.server.core
+        if core is None:
+            return []
+        return [m.url for m in core.member_state.config.members.values() if m.url]
+
     def status(self) -> BrokerStatus:
         core = self.server.core
         store = self.store

@@ -95,6 +95,10 @@ class BrokerSettings:
     # forwards what needs the master; shown in GET /v1/cluster.
     peer_grpc: dict[str, str] = field(default_factory=dict)
     advertised_url: str | None = None
+    # node id → the URL a browser reaches it at, where that differs from its HTTP URL
+    # (compose: a container's name inside, a published port on the host): the console
+    # asks these, and CORS admits their origins (docs/console.md).
+    console_urls: dict[str, str] = field(default_factory=dict)
     auto_create_topics: bool = True
     # The Raft runtime on an event loop and thread of its own, where no HTTP request can
     # stall its heartbeats and votes (``dledger.runtime.server``); off: on the HTTP loop

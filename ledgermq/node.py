@@ -559,6 +559,13 @@ def _add_membership_options(p: argparse.ArgumentParser) -> None:
     add_option(p, "--peer-urls", default="", help='"n0=http://h0:8080,n1=..." for redirects')
     add_option(
         p,
+        "--console-urls",
+        default="",
+        help='"n0=http://localhost:8080,n1=..." where a browser reaches each node, when that'
+        " is not its --peer-urls URL (the web console; default: the --peer-urls ones)",
+    )
+    add_option(
+        p,
         "--grpc",
         default=None,
         help="RocketMQ 5 gRPC listen address host:port, or off (default: the --http host,"
@@ -941,6 +948,7 @@ def settings_from_args(args: argparse.Namespace) -> tuple[BrokerSettings, HttpSe
         data_dir=args.data_dir,
         flush=args.flush,
         peer_urls=peer_urls,
+        console_urls=_peer_urls(args.console_urls),
         peer_grpc=peer_grpc,
         advertised_url=advertised.rstrip("/"),
         auto_create_topics=args.auto_create_topics,

@@ -34,6 +34,14 @@ export function originOf(url) {
   }
 }
 
+/** Origins this page may not ask: its Content-Security-Policy (connect-src: the cluster's
+ * nodes when the page was loaded) predates them, as for a member added since. */
+export const blocked = new Set();
+document.addEventListener("securitypolicyviolation", (e) => {
+  const origin = originOf(e.blockedURI);
+  if (origin && e.effectiveDirective === "connect-src") blocked.add(origin);
+});
+
 /** A write that reached a node no longer master: it answered 307 to the new one. */
 class MasterMoved extends Error {}
 
@@ -111,8 +119,11 @@ export async function pollCluster() {
     cluster.views.set(a.origin, { ...a, at: Date.now() });
     if (!a.ok) continue;
     for (const n of a.view.nodes) {
-      const origin = n.http_url ? originOf(n.http_url) : null;
-      nodes.set(n.node_id, { node_id: n.node_id, http_url: n.http_url, origin });
+      // where this browser reaches it: --console-urls where the nodes' own URLs are not
+      // reachable from here (compose: container names inside, published ports outside)
+      const url = n.console_url || n.http_url;
+      const origin = url ? originOf(url) : null;
+      nodes.set(n.node_id, { node_id: n.node_id, http_url: url, origin, role: n.role });
       if (origin && !cluster.urls.includes(origin)) cluster.urls.push(origin);
     }
   }

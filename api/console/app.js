@@ -1,7 +1,7 @@
 // The console's pages (docs/console.md): hash routes, each a function that draws into
 // <main> and returns its cleanup. DOM is built with h(): text is never parsed as HTML.
 import {
-  ApiError, POLL_MS, cluster, metricsOfEveryNode, onCluster, pollCluster, read, request, setToken,
+  ApiError, POLL_MS, blocked, cluster, metricsOfEveryNode, onCluster, pollCluster, read, request, setToken,
   token, viewOf, write,
 } from "./api.js";
 
@@ -126,6 +126,12 @@ function drawBanner(c) {
     parts.push(" · ", h("span", { class: "warn", "data-state": "node-down" },
       `Down: ${down.map((n) => n.node_id).join(", ")}`));
   }
+  const unreachable = c.nodes.filter((n) => n.origin && blocked.has(n.origin));
+  if (unreachable.length) {
+    parts.push(" · ", h("span", { class: "warn", "data-state": "reload" },
+      `Reload the page to reach ${unreachable.map((n) => n.node_id).join(", ")}: `
+      + "it joined after this page was loaded."));
+  }
   banner.replaceChildren(...parts);
 }
 
@@ -173,6 +179,77 @@ function masterHistory(histories) {
   }));
 }
 
+/** The Raft members (GET /v1/cluster/members, the master's view): add a learner, promote
+ * it once it caught up, remove a member (the master itself hands leadership over first).
+ * Each change is one configuration entry in the log (docs/operations.md "Changing the
+ * members"); the page waits for it to commit. */
+function membersBox(box) {
+  const list = h("div", { class: "scroll" });
+  const id = h("input", { name: "node_id", required: true, pattern: "[A-Za-z0-9_.\\-]{1,64}", size: 10 });
+  const raft = h("input", { name: "raft_addr", required: true, placeholder: "host:port", size: 20 });
+  const url = h("input", { name: "http_url", placeholder: "http://host:port", size: 24 });
+  const add = h("form", { class: "inline", id: "add-member" },
+    field("Node id", id), field("Raft address", raft), field("HTTP URL", url),
+    h("button", { type: "submit" }, "Add learner"));
+  add.addEventListener("submit", (e) => {
+    e.preventDefault();
+    busy(add.querySelector("button"), box, async () => {
+      say(box, `Adding ${id.value} as a learner…`);
+      const body = { node_id: id.value, raft_addr: raft.value };
+      if (url.value) body.http_url = url.value;
+      const r = await write("POST", "/v1/cluster/members", body);
+      say(box, `${id.value} is a learner (configuration entry ${r.config_index}); promote it once it caught up.`);
+      await load();
+    });
+  });
+
+  async function change(label, method, path, done) {
+    say(box, `${label}…`);
+    const r = await write(method, `${path}?timeout_s=60`);
+    say(box, `${done} (configuration entry ${r.config_index}).`);
+    await pollCluster();
+    await load();
+  }
+
+  let drawn = null;
+  async function load() {
+    const m = await read("/v1/cluster/members");
+    // Drawn again only when the members change (an armed Remove keeps its state while
+    // the log grows); how far each has the log is updated in place.
+    const key = JSON.stringify([m.config_index, m.members.map(({ match_index, ...x }) => x)]);
+    if (key === drawn) {
+      for (const x of m.members) {
+        const cell = list.querySelector(`tr[data-member="${CSS.escape(x.node_id)}"] td.match`);
+        if (cell) cell.textContent = x.match_index ?? "—";
+      }
+      return;
+    }
+    drawn = key;
+    const rows = m.members.map((x) => h("tr", { "data-member": x.node_id, "data-role": x.role },
+      h("th", { scope: "row" }, x.node_id), h("td", {}, x.role), h("td", {}, x.raft_addr),
+      h("td", {}, x.http_url || "—"), h("td", { class: "muted" }, x.incarnation || "—"),
+      h("td", { class: "num match" }, x.match_index ?? "—"),
+      h("td", {},
+        x.role === "learner"
+          ? h("button", { type: "button", class: "secondary", "aria-label": `Promote ${x.node_id} to voter`,
+            onclick: (e) => busy(e.target, box, () => change(`Promoting ${x.node_id} (once it caught up)`,
+              "POST", `/v1/cluster/members/${enc(x.node_id)}/promote`, `${x.node_id} is a voter`)) }, "Promote")
+          : null, " ",
+        confirmButton("Remove", (b) => busy(b, box, () => change(`Removing ${x.node_id}`,
+          "DELETE", `/v1/cluster/members/${enc(x.node_id)}`, `${x.node_id} is removed`))))));
+    list.replaceChildren(table(
+      `${m.members.length} member(s), configuration entry ${m.config_index}; a learner receives the log and does not vote`,
+      ["Node", "Role", "Raft address", "HTTP URL", "Incarnation", { label: "Has the log to", num: 1 }, ""],
+      rows, { id: "members" }));
+  }
+  const refresh = () => load().catch((e) => say(box, e));
+  refresh();
+  const off = onCluster(() => { if (!list.isConnected) off(); else refresh(); });
+  return h("div", {}, list, add,
+    h("p", { class: "muted" }, "Start the new node with --join first; it learns the log from the master. "
+      + "Removing the master hands leadership to another node first."));
+}
+
 function clusterPage(main) {
   const box = h("div");
   const tableBox = h("div", { class: "scroll" });
@@ -181,6 +258,7 @@ function clusterPage(main) {
     h("p", { class: "muted" }, "Each row is the node's own answer to GET /v1/cluster, asked every ",
       String(POLL_MS / 1000), " s. Replication lag: the master's last log index minus what the node holds.",
       " Disk: the data directory's file system (the nodes of one machine share it) and the Raft log the node keeps."),
+    h("h3", {}, "Members"), membersBox(box),
     h("h3", {}, "Master history"), historyBox);
 
   let drawn = null; // what the table shows: drawn again only when it changes (keeps focus)
@@ -609,17 +687,40 @@ function groupsPage(main) {
     const attempts = h("input", { name: "max_delivery_attempts", type: "number", min: 1, max: 1000,
       value: d.max_delivery_attempts, size: 4 });
     const retryNow = d.retry ? JSON.stringify(d.retry) : "the default";
-    const delays = h("input", { name: "delays_ms", size: 24, placeholder: "empty: keep the current" });
+    // The retry policy: kept, a list of delays, or exponential (initial × multiplier^n,
+    // capped): the fields of the other policy are hidden.
+    const exp = d.retry && d.retry.policy === "exponential" ? d.retry : {};
+    const policy = h("select", { name: "retry_policy" },
+      h("option", { value: "keep" }, "keep the current"), h("option", { value: "list" }, "delays, one per attempt"),
+      h("option", { value: "exponential" }, "exponential"));
+    const delays = h("input", { name: "delays_ms", size: 24, placeholder: "1000, 5000, 30000" });
+    const initial = h("input", { name: "initial_ms", type: "number", min: 0, max: 604800000, size: 8,
+      value: exp.initial_ms ?? 1000 });
+    const multiplier = h("input", { name: "multiplier", type: "number", min: 1, max: 10, step: "any", size: 4,
+      value: exp.multiplier ?? 2 });
+    const maxMs = h("input", { name: "max_ms", type: "number", min: 0, max: 604800000, size: 9,
+      value: exp.max_ms ?? 7200000 });
+    const listFields = h("span", { class: "policy-fields", hidden: true },
+      field("Retry delays, ms (comma-separated)", delays));
+    const expFields = h("span", { class: "policy-fields", hidden: true },
+      field("First delay, ms", initial), field("Multiplier", multiplier), field("At most, ms", maxMs));
+    policy.addEventListener("change", () => {
+      listFields.hidden = policy.value !== "list";
+      expFields.hidden = policy.value !== "exponential";
+    });
     const form = h("form", { class: "inline", id: "pop-config" },
       field("FIFO (one message of a sharding key at a time)", fifo),
-      field("Max delivery attempts", attempts), field("Retry delays, ms (comma-separated)", delays),
+      field("Max delivery attempts", attempts), field("Retry", policy), listFields, expFields,
       h("button", { type: "submit" }, "Save"));
     form.addEventListener("submit", (e) => {
       e.preventDefault();
       busy(form.querySelector("button"), box, async () => {
         const body = { mode: "pop", fifo: fifo.checked, max_delivery_attempts: Number(attempts.value), start: d.start };
-        if (delays.value.trim()) {
+        if (policy.value === "list") {
           body.retry = { policy: "list", delays_ms: delays.value.split(",").map((x) => Number(x.trim())) };
+        } else if (policy.value === "exponential") {
+          body.retry = { policy: "exponential", initial_ms: Number(initial.value),
+            multiplier: Number(multiplier.value), max_ms: Number(maxMs.value) };
         } else if (d.retry) {
           body.retry = d.retry;
         }

@@ -44,6 +44,7 @@ async def cluster(broker: BrokerDep, settings: SettingsDep) -> Response:
                 "role": "voter" if node_id in voters else "learner",
                 "raft_addr": addr,
                 "http_url": url,
+                "console_url": settings.console_urls.get(node_id, url),
                 "grpc_addr": settings.peer_grpc.get(node_id),
                 "match_index": match,
             }

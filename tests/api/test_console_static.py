@@ -7,6 +7,7 @@ others.
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import re
 import tomllib
@@ -16,6 +17,7 @@ import httpx
 import pytest
 
 from api.app import CONSOLE_DIR, create_app
+from ledgermq.node import add_broker_options, settings_from_args
 from tests.api.conftest import node_settings, running_node
 from tools.browser import find_chromium
 
@@ -70,6 +72,8 @@ async def test_console_files_with_their_content_types(tmp_path: Path) -> None:
             csp = r.headers["content-security-policy"]
             assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
             assert r.headers["x-content-type-options"] == "nosniff"
+            cache = "no-store" if name.endswith(".html") else "no-cache"
+            assert r.headers["cache-control"] == cache, name
         r = await node.http.get("/console/missing.js")
         assert r.status_code == 404 and r.json()["error"]["code"] == "NOT_FOUND"
         r = await node.http.get("/console/../api/app.py")
@@ -135,3 +139,34 @@ def test_a_missing_chromium_fails_and_says_how_to_get_it(
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(AssertionError, match=r"Run `make chromium`"):
         find_chromium((str(tmp_path / "chromium"),))
+
+
+@pytest.mark.asyncio
+async def test_console_urls_are_shown_and_admitted_where_browsers_reach_the_nodes(
+    tmp_path: Path,
+) -> None:
+    # compose: the nodes know each other by container names, a browser on the host
+    # reaches them at published ports (--console-urls)
+    outside = "http://localhost:18081"
+    settings = node_settings(tmp_path / "n0")
+    settings.peer_urls["n1"] = "http://broker1:8080"
+    settings.console_urls.update({"n0": "http://localhost:18080", "n1": outside})
+    async with running_node(settings) as node:
+        (n0,) = (await node.http.get("/v1/cluster")).json()["nodes"]
+        assert n0["http_url"] == settings.advertised_url
+        assert n0["console_url"] == "http://localhost:18080"
+        csp = (await node.http.get("/console/")).headers["content-security-policy"]
+        connect = next(d for d in csp.split(";") if d.strip().startswith("connect-src"))
+        assert outside in connect.split()
+        r = await node.http.get("/v1/cluster", headers={"Origin": outside})
+        assert r.headers["access-control-allow-origin"] == outside
+
+
+def test_console_urls_option_is_checked() -> None:
+    parser = argparse.ArgumentParser()
+    add_broker_options(parser)
+    urls = "n0=http://localhost:8080,n1=http://localhost:8081"
+    settings, _ = settings_from_args(parser.parse_args(["--console-urls", urls]))
+    assert settings.console_urls == {"n0": "http://localhost:8080", "n1": "http://localhost:8081"}
+    with pytest.raises(ValueError, match="want node=http://host:port"):
+        settings_from_args(parser.parse_args(["--console-urls", "n1=localhost:8081"]))

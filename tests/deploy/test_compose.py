@@ -115,6 +115,11 @@ def test_compose_topology_is_wired_by_service_names(compose: dict[str, Any], ima
         assert test == ["CMD", *image.healthcheck], "compose and Dockerfile healthchecks differ"
         assert services[b]["env_file"] == [{"path": "./ledgermq.env", "required": False}]
     assert host_ports == [8080, 8081, 8082]
+    # the console on the host reaches every broker where its HTTP port is published
+    console = ",".join(
+        f"{b}=http://localhost:{p}" for b, p in zip(brokers, host_ports, strict=True)
+    )
+    assert {envs[b]["LEDGERMQ_CONSOLE_URLS"] for b in brokers} == {console}
     assert len({services[b]["volumes"][0].split(":")[0] for b in brokers}) == 3
     assert set(compose["volumes"]) >= {services[b]["volumes"][0].split(":")[0] for b in brokers}
 
@@ -328,6 +333,7 @@ def test_compose_grows_by_a_fourth_broker_while_it_runs(
     assert env["LEDGERMQ_JOIN"] == "1" and env["LEDGERMQ_NODE_ID"] == "broker3"
     assert set(env["LEDGERMQ_PEERS"].split(";")) == {f"{b}-{b}:9080" for b in [*first, "broker3"]}
     assert published_ports(services["broker3"]) == {8080: 8083, 10080: 10083}
+    assert env["LEDGERMQ_CONSOLE_URLS"].endswith(",broker3=http://localhost:8083")
     assert services["broker3"]["profiles"] == ["grow"]
     placement: NetnsPlacement | LoopbackPlacement = (
         NetnsPlacement(lab_grow) if lab_grow is not None else LoopbackPlacement(services)

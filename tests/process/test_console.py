@@ -556,6 +556,7 @@ def test_a_pop_group_s_configuration_dead_letters_and_redrive(
 
     # The configuration: saved from the page, read back from the API.
     browser.fill("#pop-config input[name=max_delivery_attempts]", "5")
+    browser.fill("#pop-config select[name=retry_policy]", "list")
     browser.fill("#pop-config input[name=delays_ms]", "1000, 2000")
     browser.click("#pop-config button")
     browser.wait_for(
@@ -565,6 +566,30 @@ def test_a_pop_group_s_configuration_dead_letters_and_redrive(
     d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
     assert d["max_delivery_attempts"] == 5 and d["retry"]["delays_ms"] == [1000, 2000], d
     assert d["start"] == "earliest" and d["fifo"] is False
+    # An exponential policy; then "keep" keeps it.
+    browser.fill("#pop-config select[name=retry_policy]", "exponential")
+    assert browser.evaluate(
+        "document.querySelector('#pop-config input[name=initial_ms]').offsetParent !== null"
+    )
+    browser.fill("#pop-config input[name=initial_ms]", "500")
+    browser.fill("#pop-config input[name=multiplier]", "3")
+    browser.fill("#pop-config input[name=max_ms]", "60000")
+    browser.click("#pop-config button")
+    browser.wait_for(
+        "(document.querySelector('#pop-config-now') || {}).innerText?.includes('exponential')",
+        what="the exponential policy saved",
+    )
+    exponential = {"policy": "exponential", "initial_ms": 500, "multiplier": 3.0, "max_ms": 60000}
+    d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
+    assert d["retry"] == exponential, d
+    browser.fill("#pop-config input[name=max_delivery_attempts]", "6")
+    browser.click("#pop-config button")  # the policy select is back at "keep"
+    browser.wait_for(
+        "(document.querySelector('#pop-config-now') || {}).innerText?.includes('at most 6')",
+        what="the attempts saved",
+    )
+    d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
+    assert d["max_delivery_attempts"] == 6 and d["retry"] == exponential, d
     assert browser.errors() == []
     assert others(browser.requests()) == []
 
@@ -703,3 +728,70 @@ def test_transfer_then_kill_9_of_the_master_then_no_master(
         what="no master shown",
     )
     assert f"Down: {min(old, new)}, {max(old, new)}" in browser.text("#banner")
+
+
+def test_a_compose_like_cluster_seen_and_grown_from_the_console(
+    tmp_path: Path, browser: Browser
+) -> None:
+    """The nodes know each other by names this browser cannot resolve (compose's
+    container names); ``--console-urls`` says where the browser reaches them. From the
+    page: every node up, a learner added, promoted and removed again."""
+    c = LocalBrokerCluster(3, tmp_path / "cluster", extra_args=CLUSTER_ARGS)
+    inside = ",".join(
+        f"{n}=http://{n}.invalid:{p}" for n, p in zip(c.ids, c.http_ports, strict=True)
+    )
+    outside = ",".join(f"{n}={c.urls[n]}" for n in c.ids)
+    c.extra_args += ["--peer-urls", inside, "--console-urls", outside]
+    c.start_all()
+    try:
+        c.wait_ready(c.ids, timeout_s=90)
+        browser.reset()
+        browser.open(c.urls["n1"] + "/console/#/cluster")
+        browser.wait_for(
+            "document.querySelectorAll('#nodes tr[data-state=up]').length === 3"
+            " && !!document.querySelector('#banner [data-master]')"
+            " && document.querySelectorAll('#members tr[data-role=voter]').length === 3",
+            what="3 nodes up and 3 voters",
+        )
+
+        c.add_node("n3")
+        c.start("n3")
+        browser.fill("#add-member input[name=node_id]", "n3")
+        browser.fill("#add-member input[name=raft_addr]", c.raft_addrs["n3"])
+        browser.fill("#add-member input[name=http_url]", c.urls["n3"])
+        browser.click("#add-member button")
+        learner = "document.querySelector('#members tr[data-member=n3]')?.dataset.role"
+        browser.wait_for(f"{learner} === 'learner'", timeout_s=45, what="n3 a learner")
+        # This page's policy lets it ask the nodes it knew when it was loaded: it says
+        # to reload for n3, and once reloaded it reaches n3.
+        browser.wait_for(
+            "(document.querySelector('#banner [data-state=reload]')?.innerText || '')"
+            ".includes('to reach n3')",
+            what="the page asks to be reloaded for n3",
+        )
+        browser.reset()
+        browser.open(c.urls["n1"] + "/console/#/cluster")
+        browser.wait_for(
+            "document.querySelector('#nodes tr[data-node=n3]')?.dataset.state === 'up'"
+            " && !!document.querySelector('#members tr[data-member=n3]')",
+            what="n3 up in the nodes' table",
+        )
+        browser.click("#members tr[data-member=n3] button.secondary")  # Promote
+        browser.wait_for(f"{learner} === 'voter'", timeout_s=90, what="n3 a voter")
+        assert "n3 is a voter" in browser.text("main .msg.ok")
+
+        browser.click("#members tr[data-member=n3] button.danger")  # arms it
+        browser.click("#members tr[data-member=n3] button.danger")  # confirms
+        browser.wait_for(
+            "!document.querySelector('#members tr[data-member=n3]')"
+            " && document.querySelectorAll('#members tr[data-role=voter]').length === 3",
+            timeout_s=45,
+            what="n3 removed",
+        )
+        with httpx.Client(timeout=10) as http:
+            m = http.get(c.urls[c.wait_ready(["n0", "n1", "n2"])] + "/v1/cluster/members").json()
+        assert sorted(x["node_id"] for x in m["members"]) == ["n0", "n1", "n2"]
+        assert browser.errors() == []
+        assert others(browser.requests()) == []  # never the nodes' own (unresolvable) URLs
+    finally:
+        c.stop_all()
