@@ -173,6 +173,7 @@ def take(out: Path) -> list[Path]:
                 " && document.querySelector('#history tbody tr')?.dataset.how === 'transfer'"
                 " && document.querySelector('#history tbody tr td:last-child')?.innerText"
                 " === 'n0, n1, n2'"
+                " && document.querySelectorAll('#members tbody tr').length === 3"
             )
             shots.append(shoot(b, "cluster", out, full_page=True))
 
