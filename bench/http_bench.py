@@ -1211,6 +1211,21 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
             )
         rows.append(row)
 
+    def profiler_for(name: str, node: str) -> Profiler | None:
+        """--profile: py-spy on ``node`` over a row's measured window."""
+        if not a.profile:
+            return None
+        out = (a.profile_dir or root) / f"{name}.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Profiler(b.cluster.procs[node].pid, out, a.profile_rate, a.profile_gil)
+
+    def profiled(r: dict[str, Any], profiler: Profiler | None, node: str) -> dict[str, Any]:
+        if profiler is not None:
+            r["master"] = node
+            r["profile"] = profile_top(profiler.out, a.profile_top)
+            r["profile"]["file"] = str(profiler.out) if a.profile_dir else None
+        return r
+
     try:
         master = b.start()
         print(f"cluster ready, master {master}; floor app on :{b.floor_port}", file=sys.stderr)
@@ -1239,6 +1254,7 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
                 )
                 add("produce", floor)
                 master = b.master()
+                profiler = profiler_for(f"produce-b{batch}-c{c}", master)
                 r = b.scenario(
                     f"produce b={batch} c={c}",
                     "produce",
@@ -1246,19 +1262,23 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
                     path=f"/v1/topics/{TOPIC}/messages",
                     batch=batch,
                     clients=c,
+                    profiler=profiler,
                 )
-                add("produce", r, floor)
+                add("produce", profiled(r, profiler, master), floor)
                 if batch > 1:  # the record format (issue 31): the same bodies, no JSON
+                    master = b.master()
+                    profiler = profiler_for(f"produce-records-b{batch}-c{c}", master)
                     r = b.scenario(
                         f"produce records b={batch} c={c}",
                         "produce",
-                        b.master(),
+                        master,
                         path=f"/v1/topics/{TOPIC}/messages?results=runs",
                         batch=batch,
                         clients=c,
                         extra={"records": True},
+                        profiler=profiler,
                     )
-                    add("produce", r, floor)
+                    add("produce", profiled(r, profiler, master), floor)
         master = b.master()
         b.wait_dispatched(master, master)
         results["consume_available_messages"] = b.topic_messages(master)
@@ -1268,12 +1288,7 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
         formats = (("", {}), (" records", {"records": True}))
         pulls = []
         for k, (label, extra) in enumerate(formats):
-            profiler = None
-            if a.profile:  # (--profile: the master's consume rows)
-                out = (a.profile_dir or root) / f"consume-master-{k}.txt"
-                out.parent.mkdir(parents=True, exist_ok=True)
-                pid = b.cluster.procs[master].pid
-                profiler = Profiler(pid, out, a.profile_rate, a.profile_gil)
+            profiler = profiler_for(f"consume-master-{k}", master)
             r = b.scenario(
                 f"consume master b={a.consume_batch}{label}",
                 "pull",
@@ -1284,11 +1299,7 @@ def run(a: argparse.Namespace, root: Path) -> dict[str, Any]:
                 extra=extra,
                 profiler=profiler,
             )
-            if profiler is not None:
-                r["master"] = master
-                r["profile"] = profile_top(profiler.out, a.profile_top)
-                r["profile"]["file"] = str(profiler.out) if a.profile_dir else None
-            pulls.append(r)
+            pulls.append(profiled(r, profiler, master))
         floors = []
         for r in pulls:
             size = max(2, r["avg_response_bytes"])
@@ -1675,7 +1686,7 @@ def main() -> int:
     pop.add_argument(
         "--profile",
         action="store_true",
-        help="py-spy record of the master (POP drains; else its consume rows)",
+        help="py-spy record of the master (POP drains; else its produce and consume rows)",
     )
     pop.add_argument("--profile-rate", type=int, default=100, help="py-spy samples/s")
     pop.add_argument(

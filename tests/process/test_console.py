@@ -20,6 +20,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
@@ -555,40 +556,30 @@ def test_a_pop_group_s_configuration_dead_letters_and_redrive(
     assert r.json()["max_offset"] == 5
 
     # The configuration: saved from the page, read back from the API.
-    browser.fill("#pop-config input[name=max_delivery_attempts]", "5")
-    browser.fill("#pop-config select[name=retry_policy]", "list")
-    browser.fill("#pop-config input[name=delays_ms]", "1000, 2000")
-    browser.click("#pop-config button")
-    browser.wait_for(
-        "(document.querySelector('#pop-config-now') || {}).innerText?.includes('at most 5')",
-        what="the configuration saved",
-    )
-    d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
+    def save(fields: dict[str, str], shown: str) -> dict[str, Any]:
+        for name, value in fields.items():
+            tag = "select" if name == "retry_policy" else "input"
+            browser.fill(f"#pop-config {tag}[name={name}]", value)
+        browser.click("#pop-config button")
+        browser.wait_for(
+            f"(document.querySelector('#pop-config-now') || {{}}).innerText?.includes('{shown}')",
+            what=f"the configuration saved ({shown})",
+        )
+        return dict(api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json())
+
+    fields = {"max_delivery_attempts": "5", "retry_policy": "list", "delays_ms": "1000, 2000"}
+    d = save(fields, "at most 5")
     assert d["max_delivery_attempts"] == 5 and d["retry"]["delays_ms"] == [1000, 2000], d
     assert d["start"] == "earliest" and d["fifo"] is False
-    # An exponential policy; then "keep" keeps it.
+    # An exponential policy (its fields shown once chosen); then "keep" keeps it.
     browser.fill("#pop-config select[name=retry_policy]", "exponential")
-    assert browser.evaluate(
-        "document.querySelector('#pop-config input[name=initial_ms]').offsetParent !== null"
-    )
-    browser.fill("#pop-config input[name=initial_ms]", "500")
-    browser.fill("#pop-config input[name=multiplier]", "3")
-    browser.fill("#pop-config input[name=max_ms]", "60000")
-    browser.click("#pop-config button")
-    browser.wait_for(
-        "(document.querySelector('#pop-config-now') || {}).innerText?.includes('exponential')",
-        what="the exponential policy saved",
-    )
+    shown = "document.querySelector('#pop-config input[name=initial_ms]').offsetParent !== null"
+    assert browser.evaluate(shown)
+    fields = {"retry_policy": "exponential", "initial_ms": "500", "multiplier": "3"}
+    d = save({**fields, "max_ms": "60000"}, "exponential")
     exponential = {"policy": "exponential", "initial_ms": 500, "multiplier": 3.0, "max_ms": 60000}
-    d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
     assert d["retry"] == exponential, d
-    browser.fill("#pop-config input[name=max_delivery_attempts]", "6")
-    browser.click("#pop-config button")  # the policy select is back at "keep"
-    browser.wait_for(
-        "(document.querySelector('#pop-config-now') || {}).innerText?.includes('at most 6')",
-        what="the attempts saved",
-    )
-    d = api_ok(httpx.get(f"{api}/v1/groups/{group}", timeout=10)).json()
+    d = save({"max_delivery_attempts": "6"}, "at most 6")  # the policy select is back at "keep"
     assert d["max_delivery_attempts"] == 6 and d["retry"] == exponential, d
     assert browser.errors() == []
     assert others(browser.requests()) == []
