@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from .batch import InnerRecord, batch_inners
+from .batch import batch_inners
 from .message import (
     BODY_LENGTH_POS,
     BODY_POS,
@@ -244,30 +244,45 @@ def _place_inner_messages(
     addresses: Int64Array,
 ) -> None:
     """For the units ``batched`` (of batch records, ``broker.batch``): their message's
-    body and properties spans, queue offset and address, in place. A record's inner
-    records are walked once (Python, per record), the rest stays vectorised."""
+    body and properties spans, queue offset and address, in place. Each distinct record's
+    inner records are walked once (Python, per record: ``inner_records``) into flat
+    columns; which inner record each unit is, and the spans it takes, are vectorised."""
     if len(chunk.queue_offsets) != len(starts):
         raise PageFormatError("a page of batch records without its units' queue offsets")
     body_starts, body_ends, props_starts, props_ends = spans
-    walked: dict[int, tuple[int, list[InnerRecord]]] = {}
+    records, which = np.unique(starts[batched], return_inverse=True)
+    bases = np.empty(len(records), dtype=np.int64)
+    firsts = np.empty(len(records) + 1, dtype=np.int64)
+    body_at: list[int] = []
+    body_len: list[int] = []
+    props_at: list[int] = []
+    props_len: list[int] = []
     try:
-        for k in batched.tolist():
-            start = int(starts[k])
-            base, inners = walked.get(start) or walked.setdefault(
-                start, batch_inners(chunk.data, start)
-            )
-            i = chunk.queue_offsets[k] - base
-            if not 0 <= i < len(inners):
-                raise PageFormatError(f"queue offset {chunk.queue_offsets[k]} is not in its record")
-            r = inners[i]
-            body_starts[k], body_ends[k] = r.body_at, r.body_at + r.body_len
-            props_starts[k], props_ends[k] = r.props_at, r.props_at + r.props_len
-            queue_offsets[k] = base + i
-            addresses[k] += i
-    except PageFormatError:
-        raise
+        for j, start in enumerate(records.tolist()):
+            base, inners = batch_inners(chunk.data, start)
+            bases[j], firsts[j] = base, len(body_at)
+            _sizes, _flags, b_at, b_len, p_at, p_len = zip(*inners, strict=True)
+            body_at += b_at
+            body_len += b_len
+            props_at += p_at
+            props_len += p_len
     except MessageFormatError as e:
         raise PageFormatError(str(e)) from None
+    firsts[-1] = len(body_at)
+    unit_offsets = np.asarray(chunk.queue_offsets, dtype=np.int64)[batched]
+    i = unit_offsets - bases[which]
+    outside = (i < 0) | (i >= (firsts[1:] - firsts[:-1])[which])
+    if outside.any():
+        bad = unit_offsets[np.flatnonzero(outside)[0]]
+        raise PageFormatError(f"queue offset {bad} is not in its record")
+    at = firsts[:-1][which] + i
+    b_at_col, p_at_col = np.asarray(body_at, np.int64)[at], np.asarray(props_at, np.int64)[at]
+    body_starts[batched] = b_at_col
+    body_ends[batched] = b_at_col + np.asarray(body_len, np.int64)[at]
+    props_starts[batched] = p_at_col
+    props_ends[batched] = p_at_col + np.asarray(props_len, np.int64)[at]
+    queue_offsets[batched] = unit_offsets
+    addresses[batched] += i
 
 
 def _msg_ids(prefix: bytes, addresses: Int64Array) -> UInt8Array:
