@@ -258,6 +258,13 @@ class Tally:
     def error(self, kind: str) -> None:
         self.errors[kind] = self.errors.get(kind, 0) + 1
 
+    def answered(self, latency: float, messages: int, response_bytes: int = 0) -> None:
+        """One answered request inside the window."""
+        self.latencies.append(latency)
+        self.requests += 1
+        self.messages += messages
+        self.response_bytes += response_bytes
+
 
 @dataclass
 class PopTally:
@@ -435,10 +442,7 @@ class LoadGen:
                     checked = True
                 self.progress.value += 1
                 if self._in_window(t1):
-                    self.tally.latencies.append(t1 - t0)
-                    self.tally.requests += 1
-                    self.tally.messages += s["batch"]
-                    self.tally.response_bytes += len(got[1])
+                    self.tally.answered(t1 - t0, s["batch"], len(got[1]))
         finally:
             await conn.aclose()
 
@@ -484,10 +488,7 @@ class LoadGen:
                     break
                 offset = nxt
                 if self._in_window(t1):
-                    self.tally.latencies.append(t1 - t0)
-                    self.tally.requests += 1
-                    self.tally.messages += n
-                    self.tally.response_bytes += len(data)
+                    self.tally.answered(t1 - t0, n, len(data))
                     self.pull_done = max(self.pull_done, t1)
         finally:
             await conn.aclose()
@@ -532,10 +533,7 @@ class LoadGen:
                 if not n:
                     break
                 if self._in_window(t1):
-                    self.tally.latencies.append(t1 - t0)
-                    self.tally.requests += 1
-                    self.tally.messages += n
-                    self.tally.response_bytes += len(data)
+                    self.tally.answered(t1 - t0, n, len(data))
                     self.pull_done = max(self.pull_done, t1)
         finally:
             await conn.aclose()
@@ -632,9 +630,7 @@ class LoadGen:
             )
         self.progress.value += 1
         if self._in_window(t3):
-            self.tally.latencies.append(t3 - t0)
-            self.tally.requests += 1
-            self.tally.messages += acked
+            self.tally.answered(t3 - t0, acked)
             self.pull_done = max(self.pull_done, t3)
 
     async def run(self) -> dict[str, Any]:
