@@ -4,7 +4,7 @@ the layout in docs/formats.md "Record pages").
 
 The pull runs exactly as the JSON pull's (``Reads.pull_page`` with the JSON limits: the
 same selection, tag filter, long poll, statuses and offsets); only the rendering
-differs. ``encode_records`` copies each record of the page once, straight from the
+differs. ``encode_page`` copies each record of the page once, straight from the
 commitlog's view (``broker.pages``) into the answer's buffer, and writes one 16-byte
 table entry per message. Nothing is decoded into a Python object per message: per record
 it reads the few header integers it checks (TOTALSIZE, QUEUEOFFSET, PHYSICALOFFSET,
@@ -59,7 +59,6 @@ __all__ = [
     "VERSION",
     "RecordsPull",
     "encode_page",
-    "encode_records",
     "pull_records",
     "pull_response",
 ]
@@ -195,28 +194,6 @@ class RecordsPull:
     body_bytes: int
 
 
-def encode_records(
-    page: RawPage,
-    *,
-    status: str,
-    next_offset: int,
-    min_offset: int,
-    max_offset: int,
-    prefix: str,
-) -> tuple[memoryview, int]:
-    """The record page of ``page`` (see the module docstring) and the sum of its
-    messages' body lengths. ``prefix``: the node's msg id prefix (``msg_id_prefix``)."""
-    content, body_bytes, _ = encode_page(
-        page,
-        status=status,
-        next_offset=next_offset,
-        min_offset=min_offset,
-        max_offset=max_offset,
-        prefix=prefix,
-    )
-    return content, body_bytes
-
-
 def encode_page(
     page: RawPage,
     *,
@@ -226,8 +203,10 @@ def encode_page(
     max_offset: int,
     prefix: str,
 ) -> tuple[memoryview, int, int]:
-    """``encode_records``, and the stored bytes of the page's messages (``Sized``'s
-    count: a batch record's inner records taken, an ordinary record whole)."""
+    """The record page of ``page`` (see the module docstring), the sum of its messages'
+    body lengths, and their stored bytes (``Sized``'s count: a batch record's inner
+    records taken, an ordinary record whole). ``prefix``: the node's msg id prefix
+    (``msg_id_prefix``)."""
     name = prefix.encode("ascii")
     n = page.count
     records_bytes = _records_bytes(page.units)
@@ -279,7 +258,7 @@ async def pull_records(
         json_limits=True,
     )
     try:
-        content, body_bytes = encode_records(
+        content, body_bytes, _ = encode_page(
             r.page,
             status=r.status,
             next_offset=r.next_offset,

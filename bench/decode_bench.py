@@ -33,7 +33,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from api.fetch import encode_records
+from api.fetch import encode_page
 from api.json_messages import JSONMessages, pull_json
 from broker.batch import encode_batch_record, set_queue_base
 from broker.message import encode_message, set_physical_offset
@@ -106,7 +106,7 @@ def pages(recs: list[bytearray], n: int) -> tuple[bytes, bytes]:
 
     page = RawPage(units, view, segment_bytes=len(log) + 1, queue_offsets=offsets)
     args: dict[str, Any] = {"status": "FOUND", "next_offset": n, "min_offset": 0}
-    content, _ = encode_records(page, max_offset=n, prefix=msg_id_prefix(GROUP), **args)
+    content, _, _ = encode_page(page, max_offset=n, prefix=msg_id_prefix(GROUP), **args)
     answer = pull_json(PullResult("FOUND", rendered, n, 0, n))
     return answer, bytes(content)
 

@@ -15,7 +15,7 @@ import contextlib
 import struct
 from collections.abc import Iterator
 
-from api.fetch import encode_records
+from api.fetch import encode_page
 from api.group_records import encode_received
 from broker.message import decode_message, encode_message, message_properties
 from broker.msgid import msg_id_prefix
@@ -176,7 +176,7 @@ class Example:
                 yield v[start : start + size]
 
         page = RawPage(self.cq_unit, view, segment_bytes=1 << 30, queue_offsets=[0])
-        content, _ = encode_records(
+        content, _, _ = encode_page(
             page,
             status="FOUND",
             next_offset=1,

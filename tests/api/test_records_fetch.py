@@ -179,9 +179,9 @@ async def test_a_record_split_across_chunks_is_sent_once(tmp_path: Path) -> None
         for tags in (None, "T"):
             r = await n.broker.reads.pull_page("sp", 0, 5, max_messages=40, tags=tags)
             args = {"status": r.status, "next_offset": r.next_offset, "min_offset": 0}
-            one = fetch.encode_records(r.page, max_offset=39, prefix="6730", **args)
+            one = fetch.encode_page(r.page, max_offset=39, prefix="6730", **args)
             split = replace(r.page, max_span_bytes=1)
-            many = fetch.encode_records(split, max_offset=39, prefix="6730", **args)
+            many = fetch.encode_page(split, max_offset=39, prefix="6730", **args)
             assert bytes(one[0]) == bytes(many[0]) and one[1] == many[1]
             msgs = client_fetch.decode_page(one[0]).result.messages
             expected = [f"b{i}" for i in range(5, 30)] if tags is None else []

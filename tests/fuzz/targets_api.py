@@ -380,7 +380,7 @@ def record_page_of(records: list[tuple[bytearray, list[int]]]) -> bytes:
             yield v[start : start + size]
 
     page = RawPage(units, view, segment_bytes=1 << 20, queue_offsets=offsets)
-    content, _ = fetch.encode_records(
+    content, _, _ = fetch.encode_page(
         page, status="FOUND", next_offset=9, min_offset=0, max_offset=9, prefix="6730"
     )
     return bytes(content)
